@@ -1,0 +1,45 @@
+//! plugreg's wire API, generated at build time from our own `.proto` files.
+//!
+//! - [`pluginregistration`]: the kubelet plugin registration service (`GetInfo`,
+//!   `NotifyRegistrationStatus`), the same on the wire for v1alpha1, v1beta1 and v1.
+//! - [`csi`]: CSI v1 Identity and the Node RPCs that registration uses.
+//! - [`example`]: the small versioned example services used by tests and the demo.
+
+/// The kubelet plugin registration API (proto package `pluginregistration`).
+pub mod pluginregistration {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("pluginregistration");
+
+    /// Plugin type of a CSI driver.
+    pub const CSI_PLUGIN: &str = "CSIPlugin";
+    /// Plugin type of a device plugin.
+    pub const DEVICE_PLUGIN: &str = "DevicePlugin";
+    /// Plugin type of a dynamic resource allocation driver.
+    pub const DRA_PLUGIN: &str = "DRAPlugin";
+}
+
+/// CSI (proto package `csi.v1`): Identity, and the Node RPCs registration needs.
+pub mod csi {
+    /// Package `csi.v1`.
+    pub mod v1 {
+        #![allow(missing_docs, clippy::all)]
+        tonic::include_proto!("csi.v1");
+    }
+}
+
+/// The example services, one module per API version.
+pub mod example {
+    /// Package `v1beta1`.
+    pub mod v1beta1 {
+        #![allow(missing_docs, clippy::all)]
+        tonic::include_proto!("v1beta1");
+    }
+    /// Package `v1beta2`.
+    pub mod v1beta2 {
+        #![allow(missing_docs, clippy::all)]
+        tonic::include_proto!("v1beta2");
+    }
+}
+
+/// Largest gRPC message plugreg sends or accepts (4 MiB, gRPC's default receive limit).
+pub const MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;

@@ -1,0 +1,398 @@
+//! gRPC over Unix-domain sockets: the one place plugreg binds a socket ([`bind`]) and the one
+//! place it dials one ([`connect`]).
+//!
+//! Binding removes a stale socket at the path, refuses to touch a file that is not a socket, and
+//! makes the socket connectable by its owner only (mode 0700, as upstream's umask 0077 gives).
+//! The socket is bound under a hidden temporary name in the same directory, made private, and
+//! then renamed into place, so it appears at its final path already listening and already
+//! private: a watcher that dials it on sight is never refused, and nobody else can connect in
+//! between.
+
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Largest gRPC message sent or accepted, both ways (4 MiB, gRPC's default receive limit).
+pub const MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
+
+/// Longest socket path the kernel accepts: `sun_path` is 108 bytes including the final NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Mode of every socket plugreg creates: only the owner may connect.
+pub const SOCKET_MODE: u32 = 0o700;
+
+/// What went wrong while binding, serving or dialing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The path does not fit in `sun_path`.
+    #[error(
+        "socket path {path:?} is {len} bytes, longer than the {MAX_SOCKET_PATH} a Unix socket address can hold"
+    )]
+    PathTooLong {
+        /// The path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// Something other than a socket is at the path; it was left untouched.
+    #[error("file exists in socketPath {path:?} but it's not a socket")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The path could not be inspected.
+    #[error("failed to stat {path:?}")]
+    Stat {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A stale socket could not be removed.
+    #[error("failed to remove stale socket {path:?}")]
+    RemoveStale {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// bind/listen, chmod or rename failed.
+    #[error("failed to listen on socket {path:?}")]
+    Listen {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// An address is neither an absolute path nor `unix://` followed by a path.
+    #[error("invalid address {address:?}: {reason}")]
+    InvalidAddress {
+        /// The address as given.
+        address: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// Connecting failed.
+    #[error("failed to connect to {path:?}")]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// Connecting took longer than allowed.
+    #[error("timed out after {timeout:?} connecting to {path:?}")]
+    ConnectTimeout {
+        /// The socket path.
+        path: PathBuf,
+        /// The limit.
+        timeout: Duration,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server on {path:?} failed")]
+    Serve {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Checks that `path` fits in `sun_path`.
+pub fn check_path_len(path: &Path) -> Result<()> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(Error::PathTooLong {
+            path: path.to_owned(),
+            len,
+        });
+    }
+    Ok(())
+}
+
+/// Turns a socket address into a path: an absolute path, or `unix://` followed by a path
+/// (`unix:///csi/csi.sock` is `/csi/csi.sock`; a relative path after `unix://` is allowed, as in
+/// csi-lib-utils).
+pub fn parse_address(address: &str) -> Result<PathBuf> {
+    let invalid = |reason| Error::InvalidAddress {
+        address: address.to_owned(),
+        reason,
+    };
+    let path = match address.strip_prefix("unix://") {
+        Some(rest) => rest,
+        None if address.starts_with('/') => address,
+        None => return Err(invalid("expected an absolute path or unix://PATH")),
+    };
+    if path.is_empty() {
+        return Err(invalid("the path is empty"));
+    }
+    if path.contains('\0') {
+        return Err(invalid("the path contains a NUL byte"));
+    }
+    let path = PathBuf::from(path);
+    check_path_len(&path)?;
+    Ok(path)
+}
+
+/// What is at a path, as far as socket handling cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    /// Nothing.
+    Missing,
+    /// A Unix socket (not following symlinks).
+    Socket,
+    /// Anything else.
+    Other,
+}
+
+/// Looks at `path` without following symlinks.
+pub fn path_kind(path: &Path) -> Result<PathKind> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => Ok(PathKind::Socket),
+        Ok(_) => Ok(PathKind::Other),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(PathKind::Missing),
+        Err(source) => Err(Error::Stat {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Removes a stale socket at `path`; refuses (and leaves untouched) anything that is not one.
+pub fn remove_stale_socket(path: &Path) -> Result<()> {
+    match path_kind(path)? {
+        PathKind::Missing => Ok(()),
+        PathKind::Other => Err(Error::NotASocket {
+            path: path.to_owned(),
+        }),
+        PathKind::Socket => match std::fs::remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error::RemoveStale {
+                path: path.to_owned(),
+                source,
+            }),
+        },
+    }
+}
+
+/// A listening socket that plugreg owns. Dropping it removes the socket file, but only while the
+/// file at the path is still this socket (someone may have replaced it since).
+#[derive(Debug)]
+pub struct BoundSocket {
+    listener: Option<UnixListener>,
+    guard: SocketGuard,
+}
+
+impl BoundSocket {
+    /// The path the socket is reachable at.
+    pub fn path(&self) -> &Path {
+        &self.guard.path
+    }
+
+    /// Whether the file at the path is still this socket (false once it was deleted or
+    /// replaced).
+    pub fn is_in_place(&self) -> bool {
+        self.guard.is_in_place()
+    }
+
+    /// Splits into the listener and the guard that removes the socket when dropped.
+    pub fn into_parts(mut self) -> (UnixListener, SocketGuard) {
+        let listener = self
+            .listener
+            .take()
+            .expect("listener present until into_parts");
+        let guard = SocketGuard {
+            path: std::mem::take(&mut self.guard.path),
+            dev: self.guard.dev,
+            ino: self.guard.ino,
+        };
+        (listener, guard)
+    }
+}
+
+/// Removes a socket file on drop if it is still the one that was bound (same device and inode).
+#[derive(Debug)]
+pub struct SocketGuard {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketGuard {
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the file at the path is still this socket.
+    pub fn is_in_place(&self) -> bool {
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) => m.dev() == self.dev && m.ino() == self.ino,
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if !self.path.as_os_str().is_empty() && self.is_in_place() {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::warn!(path = %self.path.display(), error = %e, "failed to remove socket");
+            }
+        }
+    }
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Binds a private, listening Unix socket at `path`: checks the length, removes a stale socket,
+/// refuses a non-socket, binds under a hidden temporary name, sets mode 0700 and renames it into
+/// place. Must be called inside a tokio runtime.
+pub fn bind(path: &Path) -> Result<BoundSocket> {
+    check_path_len(path)?;
+    remove_stale_socket(path)?;
+    let listen_err = |source| Error::Listen {
+        path: path.to_owned(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let temp = dir.join(format!(".{}-{n}~", std::process::id()));
+    let listener = if temp.as_os_str().len() <= MAX_SOCKET_PATH {
+        let _ = std::fs::remove_file(&temp);
+        let listener = UnixListener::bind(&temp).map_err(listen_err)?;
+        let placed = std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(SOCKET_MODE))
+            .and_then(|()| std::fs::rename(&temp, path));
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&temp);
+            return Err(listen_err(e));
+        }
+        listener
+    } else {
+        // The directory is so long that only the final name fits: bind in place and narrow
+        // the mode right after (a short window in which the mode is the umask's).
+        let listener = UnixListener::bind(path).map_err(listen_err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+            .map_err(listen_err)?;
+        listener
+    };
+    let meta = std::fs::symlink_metadata(path).map_err(listen_err)?;
+    Ok(BoundSocket {
+        listener: Some(listener),
+        guard: SocketGuard {
+            path: path.to_owned(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        },
+    })
+}
+
+/// Serves `router` on `socket` until `shutdown` completes, then removes the socket (if it is
+/// still ours).
+pub async fn serve(
+    router: tonic::transport::server::Router,
+    socket: BoundSocket,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let (listener, guard) = socket.into_parts();
+    let result = router
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await;
+    let path = guard.path().to_owned();
+    drop(guard);
+    result.map_err(|source| Error::Serve { path, source })
+}
+
+/// A tonic server builder with plugreg's defaults.
+pub fn server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+}
+
+/// Dials the gRPC server on the Unix socket at `address` (absolute path or `unix://PATH`),
+/// connecting eagerly within `timeout`.
+pub async fn connect(address: &str, timeout: Duration) -> Result<Channel> {
+    let path = parse_address(address)?;
+    connect_path(&path, timeout).await
+}
+
+/// Dials the gRPC server on the Unix socket at `path`, connecting eagerly within `timeout`.
+pub async fn connect_path(path: &Path, timeout: Duration) -> Result<Channel> {
+    check_path_len(path)?;
+    let endpoint = endpoint(path, timeout);
+    let dial_path = path.to_owned();
+    let connector = tower::service_fn(move |_: Uri| {
+        let p = dial_path.clone();
+        async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(p).await?)) }
+    });
+    match tokio::time::timeout(timeout, endpoint.connect_with_connector(connector)).await {
+        Ok(Ok(channel)) => Ok(channel),
+        Ok(Err(source)) => Err(Error::Connect {
+            path: path.to_owned(),
+            source,
+        }),
+        Err(_) => Err(Error::ConnectTimeout {
+            path: path.to_owned(),
+            timeout,
+        }),
+    }
+}
+
+fn endpoint(_path: &Path, timeout: Duration) -> Endpoint {
+    // The URI is never resolved: the connector dials the socket path.
+    Endpoint::from_static("http://[::]:0")
+        .connect_timeout(timeout)
+        .tcp_nodelay(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_plain_and_unix_addresses() {
+        assert_eq!(
+            parse_address("/a/b.sock").unwrap(),
+            PathBuf::from("/a/b.sock")
+        );
+        assert_eq!(
+            parse_address("unix:///a/b.sock").unwrap(),
+            PathBuf::from("/a/b.sock")
+        );
+        assert_eq!(
+            parse_address("unix://rel.sock").unwrap(),
+            PathBuf::from("rel.sock")
+        );
+        for bad in ["", "csi.sock", "unix://", "tcp://1.2.3.4:5", "/a\0b"] {
+            assert!(parse_address(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn refuses_paths_longer_than_sun_path() {
+        let long = format!("/{}", "x".repeat(MAX_SOCKET_PATH));
+        let err = parse_address(&long).unwrap_err();
+        assert!(matches!(err, Error::PathTooLong { len, .. } if len == MAX_SOCKET_PATH + 1));
+        assert!(err.to_string().contains("longer than the 107"));
+        assert!(parse_address(&long[..MAX_SOCKET_PATH]).is_ok());
+    }
+}
