@@ -196,52 +196,43 @@ pub fn remove_stale_socket(path: &Path) -> Result<()> {
 /// file at the path is still this socket (someone may have replaced it since).
 #[derive(Debug)]
 pub struct BoundSocket {
-    listener: Option<UnixListener>,
+    listener: UnixListener,
     guard: SocketGuard,
 }
 
 impl BoundSocket {
     /// The path the socket is reachable at.
     pub fn path(&self) -> &Path {
-        &self.guard.path
+        &self.guard.0.path
     }
 
-    /// Whether the file at the path is still this socket (false once it was deleted or
-    /// replaced).
-    pub fn is_in_place(&self) -> bool {
-        self.guard.is_in_place()
+    /// Which file this socket is, to check later whether it is still in place.
+    pub fn identity(&self) -> SocketIdentity {
+        self.guard.0.clone()
     }
 
     /// Splits into the listener and the guard that removes the socket when dropped.
-    pub fn into_parts(mut self) -> (UnixListener, SocketGuard) {
-        let listener = self
-            .listener
-            .take()
-            .expect("listener present until into_parts");
-        let guard = SocketGuard {
-            path: std::mem::take(&mut self.guard.path),
-            dev: self.guard.dev,
-            ino: self.guard.ino,
-        };
-        (listener, guard)
+    pub fn into_parts(self) -> (UnixListener, SocketGuard) {
+        (self.listener, self.guard)
     }
 }
 
-/// Removes a socket file on drop if it is still the one that was bound (same device and inode).
-#[derive(Debug)]
-pub struct SocketGuard {
+/// A socket file by path, device and inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketIdentity {
     path: PathBuf,
     dev: u64,
     ino: u64,
 }
 
-impl SocketGuard {
+impl SocketIdentity {
     /// The socket path.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Whether the file at the path is still this socket.
+    /// Whether the file at the path is still this socket (false once it was deleted or
+    /// replaced).
     pub fn is_in_place(&self) -> bool {
         match std::fs::symlink_metadata(&self.path) {
             Ok(m) => m.dev() == self.dev && m.ino() == self.ino,
@@ -250,12 +241,23 @@ impl SocketGuard {
     }
 }
 
+/// Removes a socket file on drop if it is still the one that was bound (same device and inode).
+#[derive(Debug)]
+pub struct SocketGuard(SocketIdentity);
+
+impl SocketGuard {
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.0.path
+    }
+}
+
 impl Drop for SocketGuard {
     fn drop(&mut self) {
-        if !self.path.as_os_str().is_empty() && self.is_in_place() {
-            if let Err(e) = std::fs::remove_file(&self.path) {
-                tracing::warn!(path = %self.path.display(), error = %e, "failed to remove socket");
-            }
+        if self.0.is_in_place()
+            && let Err(e) = std::fs::remove_file(&self.0.path)
+        {
+            tracing::warn!(path = %self.0.path.display(), error = %e, "failed to remove socket");
         }
     }
 }
@@ -298,12 +300,12 @@ pub fn bind(path: &Path) -> Result<BoundSocket> {
     };
     let meta = std::fs::symlink_metadata(path).map_err(listen_err)?;
     Ok(BoundSocket {
-        listener: Some(listener),
-        guard: SocketGuard {
+        listener,
+        guard: SocketGuard(SocketIdentity {
             path: path.to_owned(),
             dev: meta.dev(),
             ino: meta.ino(),
-        },
+        }),
     })
 }
 

@@ -103,7 +103,7 @@ async fn leaves_a_socket_that_replaced_ours() {
     let first = bind(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
     let second = bind(&path).unwrap();
-    assert!(!first.is_in_place());
+    assert!(!first.identity().is_in_place());
     drop(first);
     assert!(
         path.exists(),
