@@ -1,0 +1,244 @@
+//! The plugin side of kubelet plugin registration.
+//!
+//! A plugin describes itself with a [`PluginInfo`], serves the `pluginregistration.Registration`
+//! service on a socket in the kubelet's registry directory, and learns the kubelet's verdict from
+//! `NotifyRegistrationStatus`. [`Registrar`] does the serving; [`Registrar::status`] is a watch
+//! channel with the latest verdict and counters.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), plugreg_registrar::Error> {
+//! use plugreg_registrar::{PluginInfo, Registrar};
+//! let registrar = Registrar::new(PluginInfo {
+//!     r#type: "DevicePlugin".into(),
+//!     name: "example.com/gpu".into(),
+//!     endpoint: "/var/lib/kubelet/device-plugins/gpu.sock".into(),
+//!     supported_versions: vec!["v1beta1".into()],
+//! });
+//! let token = tokio_util::sync::CancellationToken::new();
+//! let socket = "/var/lib/kubelet/plugins_registry/example.com-gpu-reg.sock".as_ref();
+//! registrar.serve(socket, Default::default(), token).await
+//! # }
+//! ```
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use plugreg_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
+use plugreg_proto::pluginregistration::{InfoRequest, RegistrationStatusResponse};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::Router;
+use tonic::{Request, Response};
+
+pub use plugreg_proto::pluginregistration::{PluginInfo, RegistrationStatus};
+pub use plugreg_transport::MAX_MESSAGE_SIZE;
+
+/// What went wrong while serving.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The registration socket could not be created.
+    #[error("failed to create the registration socket")]
+    Bind(#[source] plugreg_transport::Error),
+    /// The gRPC server failed.
+    #[error("registration server stopped serving")]
+    Serve(#[source] plugreg_transport::Error),
+}
+
+/// What the plugin has heard from the kubelet so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    /// The latest notification, if any came.
+    pub last: Option<RegistrationStatus>,
+    /// Notifications with `plugin_registered = true`.
+    pub accepted_total: u64,
+    /// Notifications with `plugin_registered = false`.
+    pub rejected_total: u64,
+    /// When the latest rejection came.
+    pub last_rejected_at: Option<SystemTime>,
+}
+
+impl Status {
+    /// True when the latest notification accepted the plugin.
+    pub fn is_registered(&self) -> bool {
+        self.last.as_ref().is_some_and(|s| s.plugin_registered)
+    }
+
+    /// Notifications received in all.
+    pub fn notifications(&self) -> u64 {
+        self.accepted_total + self.rejected_total
+    }
+}
+
+/// How [`Registrar::serve`] behaves.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// How often to check that the registration socket is still in place; when it is gone or
+    /// replaced it is created again. `None` turns the check off.
+    pub recreate_check: Option<Duration>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            recreate_check: Some(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// Serves `Registration` for one [`PluginInfo`].
+#[derive(Debug, Clone)]
+pub struct Registrar {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    info: PluginInfo,
+    status: watch::Sender<Status>,
+    get_info_total: AtomicU64,
+}
+
+impl Registrar {
+    /// A registrar answering GetInfo with `info`.
+    pub fn new(info: PluginInfo) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                info,
+                status: watch::Sender::new(Status::default()),
+                get_info_total: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// What GetInfo answers.
+    pub fn info(&self) -> &PluginInfo {
+        &self.inner.info
+    }
+
+    /// The latest verdict and counters; changes on every NotifyRegistrationStatus.
+    pub fn status(&self) -> watch::Receiver<Status> {
+        self.inner.status.subscribe()
+    }
+
+    /// How many GetInfo calls were answered.
+    pub fn get_info_total(&self) -> u64 {
+        self.inner.get_info_total.load(Ordering::Relaxed)
+    }
+
+    /// The gRPC service, to add to a router that also serves other services on the socket.
+    pub fn service(&self) -> RegistrationServer<Registrar> {
+        RegistrationServer::new(self.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    /// Serves only `Registration` on `socket` until `token` is cancelled; see
+    /// [`serve_router`](Self::serve_router).
+    pub async fn serve(
+        &self,
+        socket: &Path,
+        options: ServeOptions,
+        token: CancellationToken,
+    ) -> Result<(), Error> {
+        let this = self.clone();
+        serve_router(
+            socket,
+            move || plugreg_transport::server().add_service(this.service()),
+            options,
+            token,
+        )
+        .await
+    }
+}
+
+/// Serves the router made by `make_router` on `socket` until `token` is cancelled, then removes
+/// the socket. A stale socket at the path is replaced; a file that is not a socket is an error
+/// and stays untouched. If the socket disappears (or is replaced) while serving, it is created
+/// again and a fresh router is served on it.
+pub async fn serve_router(
+    socket: &Path,
+    mut make_router: impl FnMut() -> Router,
+    options: ServeOptions,
+    token: CancellationToken,
+) -> Result<(), Error> {
+    let mut bound = plugreg_transport::bind(socket).map_err(Error::Bind)?;
+    loop {
+        tracing::info!(socketPath = %socket.display(), "Registration Server started");
+        let identity = bound.identity();
+        let vanished = token.child_token();
+        let watchdog = options.recreate_check.map(|period| {
+            let vanished = vanished.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = vanished.cancelled() => return,
+                        _ = tick.tick() => {}
+                    }
+                    if !identity.is_in_place() {
+                        vanished.cancel();
+                        return;
+                    }
+                }
+            })
+        });
+        let result =
+            plugreg_transport::serve(make_router(), bound, vanished.clone().cancelled_owned())
+                .await;
+        vanished.cancel();
+        if let Some(w) = watchdog {
+            let _ = w.await;
+        }
+        result.map_err(Error::Serve)?;
+        if token.is_cancelled() {
+            return Ok(());
+        }
+        tracing::warn!(socketPath = %socket.display(), "registration socket disappeared; re-creating it");
+        bound = loop {
+            match plugreg_transport::bind(socket) {
+                Ok(b) => break b,
+                Err(e) => {
+                    tracing::warn!(socketPath = %socket.display(), error = %e, "cannot re-create the registration socket yet");
+                    let retry = options.recreate_check.unwrap_or(Duration::from_secs(1));
+                    tokio::select! {
+                        _ = token.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(retry) => {}
+                    }
+                }
+            }
+        };
+    }
+}
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn get_info(
+        &self,
+        request: Request<InfoRequest>,
+    ) -> Result<Response<PluginInfo>, tonic::Status> {
+        tracing::debug!(request = ?request.get_ref(), "Received GetInfo call");
+        self.inner.get_info_total.fetch_add(1, Ordering::Relaxed);
+        Ok(Response::new(self.inner.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, tonic::Status> {
+        let status = request.into_inner();
+        tracing::info!(status = ?status, "Received NotifyRegistrationStatus call");
+        self.inner.status.send_modify(|s| {
+            if status.plugin_registered {
+                s.accepted_total += 1;
+            } else {
+                s.rejected_total += 1;
+                s.last_rejected_at = Some(SystemTime::now());
+            }
+            s.last = Some(status);
+        });
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
