@@ -1,0 +1,537 @@
+//! A real kube-apiserver (v1.20) with its own etcd, on loopback only.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tempfile::TempDir;
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::peers::{APISERVER, ETCD, peer};
+
+/// How long [`ApiServer::start`] waits for etcd and for the API server.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// How often readiness is polled.
+const POLL: Duration = Duration::from_millis(200);
+/// How many times start-up is retried when a chosen port was taken meanwhile.
+const PORT_ATTEMPTS: usize = 4;
+/// How many bytes of a log an error message shows.
+const LOG_TAIL_BYTES: u64 = 6000;
+
+/// A running kube-apiserver v1.20.2 backed by its own etcd, both listening on
+/// free ports of 127.0.0.1, with a throw-away CA, server certificate,
+/// service-account key pair and a static admin token (group
+/// `system:masters`), all in a temporary directory.
+///
+/// Dropping it kills both processes, waits for them and removes the
+/// directory. Each instance is independent, so tests may run several in
+/// parallel (about 300 MB of memory each).
+#[derive(Debug)]
+pub struct ApiServer {
+    etcd: Option<Child>,
+    apiserver: Option<Child>,
+    url: String,
+    token: String,
+    kubeconfig: PathBuf,
+    ca_cert: PathBuf,
+    log: PathBuf,
+    // Dropped last (fields drop in declaration order, after Drop::drop).
+    dir: TempDir,
+}
+
+impl ApiServer {
+    /// Starts etcd and kube-apiserver and waits (at most 90 s) until
+    /// `/readyz` answers `ok`, the `default` namespace exists and nodes can
+    /// be listed.
+    ///
+    /// Fails with [`Error::MissingPeer`] if the peers are not built.
+    pub async fn start() -> Result<ApiServer, Error> {
+        let etcd_bin = peer(ETCD)?;
+        let apiserver_bin = peer(APISERVER)?;
+        let dir = tempfile::Builder::new()
+            .prefix("plugreg-apiserver-")
+            .tempdir()
+            .map_err(|e| Error::io("creating the API server's temp dir", e))?;
+        let d = dir.path().to_path_buf();
+        let pki = make_pki(&d)?;
+        let token = new_token();
+        let token_file = d.join("tokens.csv");
+        write_file(
+            &token_file,
+            &format!("{token},plugreg-admin,plugreg-admin-uid,\"system:masters\"\n"),
+        )?;
+
+        let etcd_log = d.join("etcd.log");
+        let etcd = start_etcd(&etcd_bin, &d, &etcd_log).await?;
+        let mut server = ApiServer {
+            etcd: Some(etcd.child),
+            apiserver: None,
+            url: String::new(),
+            token,
+            kubeconfig: d.join("kubeconfig"),
+            ca_cert: pki.ca_cert.clone(),
+            log: d.join("kube-apiserver.log"),
+            dir,
+        };
+
+        let mut last_err = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            let log = File::create(&server.log)
+                .map_err(|e| Error::io("creating kube-apiserver.log", e))?;
+            let log2 = log
+                .try_clone()
+                .map_err(|e| Error::io("cloning a log handle", e))?;
+            let child = Command::new(&apiserver_bin)
+                .args(apiserver_args(
+                    &d,
+                    &pki,
+                    &token_file,
+                    etcd.client_port,
+                    port,
+                ))
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(log2)
+                .spawn()
+                .map_err(|e| Error::io(format!("spawning {}", apiserver_bin.display()), e))?;
+            server.apiserver = Some(child);
+            server.url = format!("https://127.0.0.1:{port}");
+            server.write_kubeconfig()?;
+            match server.wait_ready().await {
+                Ok(()) => return Ok(server),
+                Err(e) => {
+                    let log = tail_of(&server.log);
+                    if let Some(mut c) = server.apiserver.take() {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    if !log.contains("address already in use") {
+                        return Err(e);
+                    }
+                    last_err = Some(e);
+                }
+            }
+        }
+        Err(last_err.unwrap_or_else(|| Error::NotReady {
+            peer: APISERVER.to_owned(),
+            reason: "no free port".to_owned(),
+            log: String::new(),
+        }))
+    }
+
+    /// The API server's URL, `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The bearer token of a `system:masters` user.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// A kubeconfig file (usable with `kubectl --kubeconfig`) for the admin
+    /// user.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The PEM file of the CA that signed the server certificate.
+    pub fn ca_cert_path(&self) -> &Path {
+        &self.ca_cert
+    }
+
+    /// The temporary directory holding certificates, logs and etcd's data.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The end of kube-apiserver's log.
+    pub fn log_tail(&self) -> String {
+        tail_of(&self.log)
+    }
+
+    /// A client for the admin user, built from [`kubeconfig_path`](Self::kubeconfig_path).
+    pub async fn client(&self) -> Result<kube::Client, Error> {
+        let kc = Kubeconfig::read_from(&self.kubeconfig)?;
+        let mut config =
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        config.connect_timeout = Some(Duration::from_secs(5));
+        config.read_timeout = Some(Duration::from_secs(30));
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    fn write_kubeconfig(&self) -> Result<(), Error> {
+        let kc = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{
+                "name": "plugreg-test",
+                "cluster": {
+                    "server": self.url,
+                    "certificate-authority": self.ca_cert,
+                },
+            }],
+            "users": [{ "name": "plugreg-admin", "user": { "token": self.token } }],
+            "contexts": [{
+                "name": "plugreg-test",
+                "context": { "cluster": "plugreg-test", "user": "plugreg-admin" },
+            }],
+            "current-context": "plugreg-test",
+        });
+        write_file(&self.kubeconfig, &format!("{kc:#}\n"))
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), Error> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let client = self.client().await?;
+        loop {
+            if let Some(c) = self.apiserver.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                return Err(self.not_ready(format!("kube-apiserver exited ({st})")));
+            }
+            if let Some(c) = self.etcd.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                return Err(Error::NotReady {
+                    peer: ETCD.to_owned(),
+                    reason: format!("etcd exited ({st})"),
+                    log: tail_of(&self.dir.path().join("etcd.log")),
+                });
+            }
+            let last = match tokio::time::timeout(Duration::from_secs(10), probe(&client)).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => e,
+                Err(_) => "probe timed out".to_owned(),
+            };
+            if Instant::now() >= deadline {
+                return Err(self.not_ready(format!(
+                    "not ready within {READY_TIMEOUT:?}; last probe: {last}"
+                )));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn not_ready(&self, reason: String) -> Error {
+        Error::NotReady {
+            peer: APISERVER.to_owned(),
+            reason,
+            log: tail_of(&self.log),
+        }
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        for child in [self.apiserver.take(), self.etcd.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One readiness probe: `/readyz` is `ok`, the `default` namespace exists,
+/// nodes can be listed.
+async fn probe(client: &kube::Client) -> Result<(), String> {
+    let req = kube::core::Request::new("")
+        .get("readyz", &Default::default())
+        .map_err(|e| e.to_string())?;
+    let body = client
+        .request_text(req)
+        .await
+        .map_err(|e| format!("/readyz: {e}"))?;
+    if body.trim() != "ok" {
+        return Err(format!("/readyz: {body}"));
+    }
+    Api::<Namespace>::all(client.clone())
+        .get("default")
+        .await
+        .map_err(|e| format!("get namespace default: {e}"))?;
+    Api::<Node>::all(client.clone())
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| format!("list nodes: {e}"))?;
+    Ok(())
+}
+
+struct Etcd {
+    child: Child,
+    client_port: u16,
+}
+
+/// Starts etcd on two free ports and waits for its `/health`; retries with
+/// new ports when one was taken meanwhile.
+async fn start_etcd(bin: &Path, dir: &Path, log_path: &Path) -> Result<Etcd, Error> {
+    let mut last = String::new();
+    for attempt in 0..PORT_ATTEMPTS {
+        let client_port = free_port()?;
+        let peer_port = free_port()?;
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let data = dir.join(format!("etcd-data-{attempt}"));
+        let log = File::create(log_path).map_err(|e| Error::io("creating etcd.log", e))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| Error::io("cloning a log handle", e))?;
+        let mut child = Command::new(bin)
+            .arg("--name=default")
+            .arg(format!("--data-dir={}", data.display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=default={peer_url}"))
+            .env_remove("ETCD_NAME")
+            .env_remove("ETCD_DATA_DIR")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|e| Error::io(format!("spawning {}", bin.display()), e))?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                last = format!("etcd exited ({st})");
+                break;
+            }
+            if etcd_healthy(client_port) {
+                return Ok(Etcd { child, client_port });
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::NotReady {
+                    peer: ETCD.to_owned(),
+                    reason: format!("/health not ok within {READY_TIMEOUT:?}"),
+                    log: tail_of(log_path),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !tail_of(log_path).contains("address already in use") {
+            break;
+        }
+    }
+    Err(Error::NotReady {
+        peer: ETCD.to_owned(),
+        reason: last,
+        log: tail_of(log_path),
+    })
+}
+
+/// A blocking but short (loopback, 1 s timeouts) HTTP/1.0 `GET /health`.
+fn etcd_healthy(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    resp.starts_with("HTTP/1.") && resp.contains("200") && resp.contains("\"health\":\"true\"")
+}
+
+fn apiserver_args(
+    dir: &Path,
+    pki: &Pki,
+    token_file: &Path,
+    etcd_port: u16,
+    port: u16,
+) -> Vec<String> {
+    vec![
+        format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+        "--bind-address=127.0.0.1".to_owned(),
+        "--advertise-address=127.0.0.1".to_owned(),
+        format!("--secure-port={port}"),
+        "--insecure-port=0".to_owned(),
+        format!("--tls-cert-file={}", pki.server_cert.display()),
+        format!("--tls-private-key-file={}", pki.server_key.display()),
+        format!("--client-ca-file={}", pki.ca_cert.display()),
+        format!("--token-auth-file={}", token_file.display()),
+        "--authorization-mode=RBAC".to_owned(),
+        format!("--service-account-key-file={}", pki.sa_pub.display()),
+        format!(
+            "--service-account-signing-key-file={}",
+            pki.sa_key.display()
+        ),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        format!("--cert-dir={}", dir.join("cert-dir").display()),
+        "--endpoint-reconciler-type=none".to_owned(),
+        "--profiling=false".to_owned(),
+    ]
+}
+
+/// Picks a currently free TCP port on 127.0.0.1 (by binding port 0). Another
+/// process may take it before it is used; callers retry on collision.
+fn free_port() -> Result<u16, Error> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| Error::io("binding 127.0.0.1:0 to find a free port", e))?;
+    let port = l
+        .local_addr()
+        .map_err(|e| Error::io("reading a bound port", e))?
+        .port();
+    Ok(port)
+}
+
+struct Pki {
+    ca_cert: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    sa_key: PathBuf,
+    sa_pub: PathBuf,
+}
+
+/// Makes a CA, a server certificate for 127.0.0.1 and a service-account key
+/// pair with the `openssl` command.
+fn make_pki(dir: &Path) -> Result<Pki, Error> {
+    let p = |n: &str| dir.join(n);
+    let s = |n: &str| p(n).display().to_string();
+    let ec = [
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+    ];
+    openssl(&[&ec[..], &["-out", &s("ca.key")]].concat())?;
+    openssl(&[
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        &s("ca.key"),
+        "-sha256",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=plugreg-test-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        "-out",
+        &s("ca.crt"),
+    ])?;
+    openssl(&[&ec[..], &["-out", &s("server.key")]].concat())?;
+    openssl(&[
+        "req",
+        "-new",
+        "-key",
+        &s("server.key"),
+        "-subj",
+        "/CN=kube-apiserver",
+        "-out",
+        &s("server.csr"),
+    ])?;
+    write_file(
+        &p("server.ext"),
+        "basicConstraints=critical,CA:FALSE\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\n\
+         extendedKeyUsage=serverAuth\n\
+         subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &s("server.csr"),
+        "-CA",
+        &s("ca.crt"),
+        "-CAkey",
+        &s("ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        &s("server.ext"),
+        "-out",
+        &s("server.crt"),
+    ])?;
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-out",
+        &s("sa.key"),
+    ])?;
+    openssl(&["pkey", "-in", &s("sa.key"), "-pubout", "-out", &s("sa.pub")])?;
+    Ok(Pki {
+        ca_cert: p("ca.crt"),
+        server_cert: p("server.crt"),
+        server_key: p("server.key"),
+        sa_key: p("sa.key"),
+        sa_pub: p("sa.pub"),
+    })
+}
+
+fn openssl(args: &[&str]) -> Result<(), Error> {
+    let out = Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::io("running openssl (is it installed?)", e))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(Error::Command {
+        command: format!("openssl {}", args.join(" ")),
+        status: out.status.to_string(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), Error> {
+    std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+/// A token unique enough for a throw-away loopback server.
+fn new_token() -> String {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(nanos);
+    h.write_u32(std::process::id());
+    let a = h.finish();
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(a);
+    format!("plugreg-{a:016x}{:016x}", h.finish())
+}
+
+/// The last few KB of a log file, or a note that it cannot be read.
+fn tail_of(path: &Path) -> String {
+    use std::io::{Seek, SeekFrom};
+    let Ok(mut f) = File::open(path) else {
+        return format!("({} not readable)", path.display());
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}

