@@ -1,8 +1,135 @@
 //! The kubelet side of plugin registration.
 //!
 //! Data flows one way: file-system event ([`watcher`]) -> desired state ([`state`]) ->
-//! [`reconciler`] -> per-socket operation ([`operation`]) -> [`handler`] -> notify.
+//! reconciler -> per-socket operation ([`operation`]) -> [`handler`] -> notify. Start it with
+//! [`PluginManager::start`]; read it with [`PluginManager::snapshot`],
+//! [`PluginManager::subscribe`] and [`PluginManager::render_metrics`].
 
+pub mod backoff;
+pub mod config;
 pub mod handler;
+pub mod metrics;
+pub mod operation;
+pub mod record;
+mod reconciler;
+pub mod state;
+pub mod watcher;
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use config::{DEFAULT_REGISTRY_DIR, LivenessConfig, ManagerConfig};
 pub use handler::{HandlerError, HandlerRegistry, PluginHandler, async_trait};
+pub use operation::Step;
+pub use record::{ManagerEvent, PluginRecord, PluginState};
+
+use reconciler::{Reconciler, Shared};
+
+/// Why the plugin manager could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The watcher could not start (the registry directory could not be created or watched).
+    #[error("The desired_state_of_world populator (plugin watcher) starts failed!")]
+    Watcher(#[from] watcher::WatchError),
+}
+
+/// A running plugin manager. Cheap to clone; every clone sees the same manager.
+#[derive(Debug, Clone)]
+pub struct PluginManager {
+    shared: Arc<Shared>,
+    tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    token: CancellationToken,
+}
+
+impl PluginManager {
+    /// Creates the registry directory when missing, starts the watcher, the reconciler and (when
+    /// configured) the liveness prober, and returns at once. Everything stops when `token` is
+    /// cancelled; [`stopped`](Self::stopped) waits for that.
+    pub async fn start(
+        config: ManagerConfig,
+        handlers: HandlerRegistry,
+        token: CancellationToken,
+    ) -> Result<Self, Error> {
+        tracing::info!(
+            registry_dir = %config.registry_dir.display(),
+            plugin_types = ?handlers.types(),
+            "Starting Kubelet Plugin Manager"
+        );
+        let watcher = watcher::Watcher::new(config.registry_dir.clone())?;
+        let shared = Arc::new(Shared {
+            records: Mutex::new(BTreeMap::new()),
+            events: broadcast::channel(4096).0,
+            metrics: metrics::Metrics::default(),
+        });
+        let (watch_tx, watch_rx) = mpsc::channel(4096);
+        let (probe_tx, probe_rx) = mpsc::channel(1024);
+        let mut tasks = Vec::new();
+
+        let t = token.clone();
+        let retry = config.resync_period;
+        tasks.push(tokio::spawn(
+            async move {
+                if let Err(e) = watcher.run(watch_tx, retry, t).await {
+                    tracing::error!(error = %e, "plugin watcher stopped");
+                }
+            }
+            .instrument(tracing::info_span!("watcher")),
+        ));
+        if let Some(l) = config.liveness {
+            tasks.push(tokio::spawn(
+                reconciler::probe_loop(shared.clone(), l.interval, probe_tx, token.clone())
+                    .instrument(tracing::info_span!("liveness")),
+            ));
+        }
+        let reconciler = Reconciler::new(config, handlers, shared.clone());
+        tasks.push(tokio::spawn(
+            reconciler
+                .run(watch_rx, probe_rx, token.clone())
+                .instrument(tracing::info_span!("reconciler")),
+        ));
+        Ok(Self {
+            shared,
+            tasks: Arc::new(Mutex::new(tasks)),
+            token,
+        })
+    }
+
+    /// Every known socket, sorted by path.
+    pub fn snapshot(&self) -> Vec<PluginRecord> {
+        self.shared
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Events from now on (a slow receiver may miss some: see `broadcast`).
+    pub fn subscribe(&self) -> broadcast::Receiver<ManagerEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Prometheus text exposition of the manager's metrics.
+    pub fn render_metrics(&self) -> String {
+        self.shared.metrics.render(&self.snapshot())
+    }
+
+    /// Stops the manager (as cancelling its token does).
+    pub fn stop(&self) {
+        self.token.cancel();
+    }
+
+    /// Waits until every task of the manager has finished (after the token was cancelled).
+    pub async fn stopped(&self) {
+        let tasks: Vec<_> = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in tasks {
+            let _ = t.await;
+        }
+        tracing::info!("Shutting down Kubelet Plugin Manager");
+    }
+}

@@ -1,0 +1,72 @@
+//! Every tunable of the plugin manager, with upstream's defaults in one place.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where upstream's kubelet watches for registration sockets.
+pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+
+/// How the plugin manager behaves. Build with [`ManagerConfig::new`] and adjust the fields.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// The directory watched for registration sockets (created 0755 when missing).
+    pub registry_dir: PathBuf,
+    /// Limit for connecting to a plugin's registration socket (upstream: 10 s).
+    pub dial_timeout: Duration,
+    /// Limit for GetInfo (upstream: 1 s).
+    pub get_info_timeout: Duration,
+    /// Limit for NotifyRegistrationStatus (upstream: 5 s).
+    pub notify_timeout: Duration,
+    /// Safety-net full reconcile period (D1; upstream's only trigger, 1 s).
+    pub resync_period: Duration,
+    /// First back-off after a failed registration (upstream: 500 ms).
+    pub backoff_initial: Duration,
+    /// Back-off cap (upstream: 2 min 2 s).
+    pub backoff_max: Duration,
+    /// Most registrations and deregistrations running at once (D7).
+    pub max_concurrent_operations: usize,
+    /// Dead-plugin detection (D5); `None` turns it off.
+    pub liveness: Option<LivenessConfig>,
+}
+
+/// Dead-plugin detection (D5): a registered socket whose file stays but refuses connections is
+/// deregistered after `failure_threshold` refusals in a row, probed every `interval`.
+#[derive(Debug, Clone, Copy)]
+pub struct LivenessConfig {
+    /// Time between probes of each registered socket.
+    pub interval: Duration,
+    /// Refused connects in a row that make a plugin dead.
+    pub failure_threshold: u32,
+}
+
+impl Default for LivenessConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(10),
+            failure_threshold: 3,
+        }
+    }
+}
+
+impl ManagerConfig {
+    /// Upstream's defaults, watching `registry_dir`.
+    pub fn new(registry_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            registry_dir: registry_dir.into(),
+            dial_timeout: Duration::from_secs(10),
+            get_info_timeout: Duration::from_secs(1),
+            notify_timeout: Duration::from_secs(5),
+            resync_period: Duration::from_secs(1),
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(122),
+            max_concurrent_operations: 64,
+            liveness: Some(LivenessConfig::default()),
+        }
+    }
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self::new(DEFAULT_REGISTRY_DIR)
+    }
+}

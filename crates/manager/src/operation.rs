@@ -1,0 +1,404 @@
+//! One registration attempt and one deregistration, with upstream's steps and error strings.
+//!
+//! Register: dial -> GetInfo -> check the reply (D7) -> handler by type -> validate -> register
+//! -> Notify(true). An unknown type, a refused check or a failed validate is answered with
+//! Notify(false, reason). A failed register or a failed final notify is rolled back: the
+//! handler's deregister is called (D2), so the caller can back off and retry from scratch.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
+use plugreg_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
+use plugreg_transport::MAX_MESSAGE_SIZE;
+use tonic::transport::Channel;
+
+use crate::handler::HandlerRegistry;
+
+/// The step of a registration that failed (a metrics label and a log key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// Connecting to the registration socket.
+    Dial,
+    /// Calling GetInfo.
+    GetInfo,
+    /// The plugin's reply failed plugreg's checks (D7).
+    CheckInfo,
+    /// No handler for the plugin type.
+    NoHandler,
+    /// The handler refused the plugin.
+    Validate,
+    /// The handler failed to register the plugin.
+    Register,
+    /// The final NotifyRegistrationStatus failed.
+    Notify,
+}
+
+impl Step {
+    /// Every step, in order.
+    pub const ALL: [Step; 7] = [
+        Step::Dial,
+        Step::GetInfo,
+        Step::CheckInfo,
+        Step::NoHandler,
+        Step::Validate,
+        Step::Register,
+        Step::Notify,
+    ];
+
+    /// The label used in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Dial => "dial",
+            Step::GetInfo => "get_info",
+            Step::CheckInfo => "check_info",
+            Step::NoHandler => "no_handler",
+            Step::Validate => "validate",
+            Step::Register => "register",
+            Step::Notify => "notify",
+        }
+    }
+}
+
+/// A failed registration attempt. The message is upstream's.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct RegisterError {
+    /// Which step failed.
+    pub step: Step,
+    /// Upstream-style message (`RegisterPlugin error -- ...`).
+    pub message: String,
+    /// What GetInfo answered, when it got that far.
+    pub info: Option<PluginInfo>,
+}
+
+/// Timeouts of one registration attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Connecting.
+    pub dial: Duration,
+    /// GetInfo.
+    pub get_info: Duration,
+    /// NotifyRegistrationStatus.
+    pub notify: Duration,
+}
+
+/// What a successful registration recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    /// Plugin type.
+    pub plugin_type: String,
+    /// Plugin name.
+    pub name: String,
+    /// Endpoint handed to the handler (the socket path when the plugin gave none).
+    pub endpoint: String,
+    /// Advertised versions.
+    pub versions: Vec<String>,
+}
+
+/// Longest plugin name accepted (a DNS subdomain prefix plus a name, with room to spare).
+pub const MAX_NAME_LEN: usize = 316;
+/// Longest plugin type accepted.
+pub const MAX_TYPE_LEN: usize = 63;
+/// Longest endpoint accepted.
+pub const MAX_ENDPOINT_LEN: usize = 4096;
+/// Longest version string accepted.
+pub const MAX_VERSION_LEN: usize = 128;
+/// Most versions accepted.
+pub const MAX_VERSIONS: usize = 64;
+
+/// Checks the fields of a GetInfo reply before they reach a handler (D7).
+pub fn check_info(info: &PluginInfo) -> Result<(), String> {
+    fn printable(s: &str) -> bool {
+        s.chars().all(|c| c.is_ascii_graphic())
+    }
+    if info.r#type.is_empty() {
+        return Err("plugin type is empty".into());
+    }
+    if info.r#type.len() > MAX_TYPE_LEN || !printable(&info.r#type) {
+        return Err(format!(
+            "plugin type {:?} is not 1-{MAX_TYPE_LEN} printable ASCII characters",
+            truncated(&info.r#type)
+        ));
+    }
+    if info.name.is_empty() {
+        return Err("plugin name is empty".into());
+    }
+    if info.name.len() > MAX_NAME_LEN || !printable(&info.name) {
+        return Err(format!(
+            "plugin name {:?} is not 1-{MAX_NAME_LEN} printable ASCII characters without spaces",
+            truncated(&info.name)
+        ));
+    }
+    if info.endpoint.len() > MAX_ENDPOINT_LEN || info.endpoint.chars().any(char::is_control) {
+        return Err(format!(
+            "endpoint {:?} is longer than {MAX_ENDPOINT_LEN} bytes or holds control characters",
+            truncated(&info.endpoint)
+        ));
+    }
+    if info.supported_versions.len() > MAX_VERSIONS {
+        return Err(format!(
+            "{} supported versions, more than {MAX_VERSIONS}",
+            info.supported_versions.len()
+        ));
+    }
+    if let Some(v) = info
+        .supported_versions
+        .iter()
+        .find(|v| v.is_empty() || v.len() > MAX_VERSION_LEN || !printable(v))
+    {
+        return Err(format!(
+            "version {:?} is not 1-{MAX_VERSION_LEN} printable ASCII characters",
+            truncated(v)
+        ));
+    }
+    Ok(())
+}
+
+/// At most 80 characters of `s`, for messages about oversized input.
+fn truncated(s: &str) -> String {
+    if s.chars().count() <= 80 {
+        return s.to_owned();
+    }
+    let head: String = s.chars().take(80).collect();
+    format!("{head}...")
+}
+
+fn client(channel: Channel) -> RegistrationClient<Channel> {
+    RegistrationClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE)
+}
+
+/// Sends `NotifyRegistrationStatus`; with a non-empty `error` the result is that error (or
+/// `"<error>: <rpc error>"` when the call itself failed), as upstream's notify helper.
+async fn notify(
+    client: &mut RegistrationClient<Channel>,
+    registered: bool,
+    error: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let mut req = tonic::Request::new(RegistrationStatus {
+        plugin_registered: registered,
+        error: error.to_owned(),
+    });
+    req.set_timeout(timeout);
+    let sent = match tokio::time::timeout(timeout, client.notify_registration_status(req)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(status)) => Err(rpc_error(&status)),
+        Err(_) => Err(format!("rpc error: code = DeadlineExceeded desc = no reply within {timeout:?}")),
+    };
+    match (sent, error.is_empty()) {
+        (Ok(()), true) => Ok(()),
+        (Ok(()), false) => Err(error.to_owned()),
+        (Err(e), true) => Err(e),
+        (Err(e), false) => Err(format!("{error}: {e}")),
+    }
+}
+
+fn rpc_error(status: &tonic::Status) -> String {
+    format!("rpc error: code = {:?} desc = {}", status.code(), status.message())
+}
+
+/// Tells the plugin it was refused and builds the error for the caller: the refusal's own text
+/// when the notify went through, upstream's "failed to send error" text when it did not.
+async fn refuse(
+    client: &mut RegistrationClient<Channel>,
+    step: Step,
+    reason: String,
+    op_error: Option<String>,
+    info: &PluginInfo,
+    socket: &Path,
+    timeout: Duration,
+) -> RegisterError {
+    let message = match notify(client, false, &reason, timeout).await {
+        Err(e) if e == reason => op_error.unwrap_or(reason),
+        Err(e) => format!(
+            "RegisterPlugin error -- failed to send error at socket {}, err: {e}",
+            socket.display()
+        ),
+        Ok(()) => op_error.unwrap_or(reason),
+    };
+    RegisterError {
+        step,
+        message,
+        info: Some(info.clone()),
+    }
+}
+
+/// One registration attempt of the socket at `socket`.
+pub async fn register(
+    socket: &Path,
+    handlers: &HandlerRegistry,
+    timeouts: Timeouts,
+) -> Result<Registered, RegisterError> {
+    let fail = |step, message: String, info: Option<&PluginInfo>| RegisterError {
+        step,
+        message,
+        info: info.cloned(),
+    };
+    let channel = plugreg_transport::connect_path(socket, timeouts.dial)
+        .await
+        .map_err(|e| {
+            fail(
+                Step::Dial,
+                format!(
+                    "RegisterPlugin error -- dial failed at socket {}, err: {}",
+                    socket.display(),
+                    error_chain(&e)
+                ),
+                None,
+            )
+        })?;
+    let mut client = client(channel);
+
+    let mut req = tonic::Request::new(InfoRequest {});
+    req.set_timeout(timeouts.get_info);
+    let info = match tokio::time::timeout(timeouts.get_info, client.get_info(req)).await {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(status)) => {
+            return Err(fail(Step::GetInfo, get_info_error(socket, &rpc_error(&status)), None));
+        }
+        Err(_) => {
+            let e = format!(
+                "rpc error: code = DeadlineExceeded desc = no reply within {:?}",
+                timeouts.get_info
+            );
+            return Err(fail(Step::GetInfo, get_info_error(socket, &e), None));
+        }
+    };
+
+    if let Err(reason) = check_info(&info) {
+        let reason = format!("RegisterPlugin error -- plugin validation failed with err: {reason}");
+        return Err(refuse(&mut client, Step::CheckInfo, reason, None, &info, socket, timeouts.notify).await);
+    }
+
+    let Some(handler) = handlers.get(&info.r#type) else {
+        let reason = format!(
+            "RegisterPlugin error -- no handler registered for plugin type: {} at socket {}",
+            info.r#type,
+            socket.display()
+        );
+        return Err(refuse(&mut client, Step::NoHandler, reason, None, &info, socket, timeouts.notify).await);
+    };
+
+    let endpoint = if info.endpoint.is_empty() {
+        socket.to_string_lossy().into_owned()
+    } else {
+        info.endpoint.clone()
+    };
+
+    if let Err(e) = handler
+        .validate(&info.name, &endpoint, &info.supported_versions)
+        .await
+    {
+        let reason = format!("RegisterPlugin error -- plugin validation failed with err: {e}");
+        let op = "RegisterPlugin error -- pluginHandler.ValidatePluginFunc failed".to_owned();
+        return Err(refuse(&mut client, Step::Validate, reason, Some(op), &info, socket, timeouts.notify).await);
+    }
+
+    if let Err(e) = handler
+        .register(&info.name, &endpoint, &info.supported_versions)
+        .await
+    {
+        handler.deregister(&info.name, &endpoint).await;
+        let reason = format!("RegisterPlugin error -- plugin registration failed with err: {e}");
+        return Err(refuse(&mut client, Step::Register, reason, None, &info, socket, timeouts.notify).await);
+    }
+
+    if let Err(e) = notify(&mut client, true, "", timeouts.notify).await {
+        handler.deregister(&info.name, &endpoint).await;
+        return Err(fail(
+            Step::Notify,
+            format!(
+                "RegisterPlugin error -- failed to send registration status at socket {}, err: {e}",
+                socket.display()
+            ),
+            Some(&info),
+        ));
+    }
+
+    Ok(Registered {
+        plugin_type: info.r#type,
+        name: info.name,
+        endpoint,
+        versions: info.supported_versions,
+    })
+}
+
+fn get_info_error(socket: &Path, err: &str) -> String {
+    format!(
+        "RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {}, err: {err}",
+        socket.display()
+    )
+}
+
+/// The error and its sources, joined with ": ".
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Deregisters a plugin: the handler forgets it; no call is made to the plugin.
+pub async fn deregister(handlers: &Arc<HandlerRegistry>, plugin_type: &str, name: &str, endpoint: &str) {
+    match handlers.get(plugin_type) {
+        Some(h) => h.deregister(name, endpoint).await,
+        None => tracing::warn!(
+            plugin_type,
+            name,
+            "UnregisterPlugin error -- failed to get plugin handler"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(t: &str, n: &str, e: &str, v: &[&str]) -> PluginInfo {
+        PluginInfo {
+            r#type: t.into(),
+            name: n.into(),
+            endpoint: e.into(),
+            supported_versions: v.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn accepts_ordinary_plugin_info() {
+        check_info(&info("CSIPlugin", "csi.example.com", "/var/lib/kubelet/plugins/x/csi.sock", &["1.0.0"])).unwrap();
+        check_info(&info("DevicePlugin", "example.com/gpu", "", &["v1beta1"])).unwrap();
+    }
+
+    #[test]
+    fn refuses_empty_long_and_odd_fields() {
+        let long = "n".repeat(MAX_NAME_LEN + 1);
+        let cases = [
+            (info("CSIPlugin", "", "", &[]), "plugin name is empty"),
+            (info("", "x", "", &[]), "plugin type is empty"),
+            (info("CSIPlugin", &long, "", &[]), "not 1-316"),
+            (info("CSIPlugin", "a b", "", &[]), "printable"),
+            (info("CSIPlugin", "a\u{7}", "", &[]), "printable"),
+            (info("CSIPlugin", "ok", "/x\n", &[]), "control"),
+            (info("CSIPlugin", "ok", "", &[""]), "version"),
+        ];
+        for (i, want) in cases {
+            let err = check_info(&i).unwrap_err();
+            assert!(err.contains(want), "{err:?} should mention {want:?}");
+        }
+    }
+
+    #[test]
+    fn long_values_are_truncated_in_messages() {
+        let err = check_info(&info("CSIPlugin", &"x".repeat(5000), "", &[])).unwrap_err();
+        assert!(err.len() < 300, "{}", err.len());
+    }
+}

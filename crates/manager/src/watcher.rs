@@ -1,0 +1,399 @@
+//! Watches the registry directory tree with inotify and reports which sockets exist.
+//!
+//! As upstream: the watch is added before the directory is listed, every sub-directory gets its
+//! own watch (inotify is not recursive), names starting with `.` and files that are not sockets
+//! are ignored. Where upstream loses events, this watcher does not (D4): a queue overflow
+//! rescans the whole tree, a socket or sub-tree moved out or removed is reported gone, and a
+//! removed registry directory is created and watched again.
+//!
+//! A symlink to a socket counts as a socket (upstream stats through symlinks when a file
+//! appears); symlinked directories are not followed, so symlink loops cannot trap the walk.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::state::FileId;
+
+/// What the watcher reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// A socket appeared (or was seen at start).
+    Added {
+        /// Its path.
+        path: PathBuf,
+        /// Which file it is.
+        file: FileId,
+    },
+    /// The path is gone (deleted, or moved out of the tree).
+    Removed {
+        /// Its path.
+        path: PathBuf,
+    },
+    /// Everything at or under the directory is gone.
+    RemovedUnder {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// A full rescan: exactly these sockets exist now.
+    Rescanned {
+        /// Every socket in the tree.
+        sockets: Vec<(PathBuf, FileId)>,
+    },
+}
+
+/// Why the watcher could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The registry directory could not be created.
+    #[error("error (re-)creating root {path:?}")]
+    CreateRoot {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// inotify could not be set up.
+    #[error("failed to set up inotify")]
+    Inotify(#[source] io::Error),
+    /// The registry directory could not be watched.
+    #[error("failed to watch {path:?}")]
+    Watch {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn dir_mask() -> WatchMask {
+    WatchMask::CREATE
+        | WatchMask::MOVED_TO
+        | WatchMask::DELETE
+        | WatchMask::MOVED_FROM
+        | WatchMask::DELETE_SELF
+        | WatchMask::MOVE_SELF
+        | WatchMask::ONLYDIR
+        | WatchMask::DONT_FOLLOW
+}
+
+fn hidden(name: &OsStr) -> bool {
+    name.as_encoded_bytes().first() == Some(&b'.')
+}
+
+/// What a directory entry is to the watcher.
+enum Kind {
+    Dir,
+    Socket(FileId),
+    Ignored,
+}
+
+fn classify(path: &Path) -> io::Result<Kind> {
+    let meta = std::fs::symlink_metadata(path)?;
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        return Ok(Kind::Dir);
+    }
+    let meta = if ft.is_symlink() {
+        std::fs::metadata(path)?
+    } else {
+        meta
+    };
+    if meta.file_type().is_socket() {
+        Ok(Kind::Socket(FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }))
+    } else {
+        Ok(Kind::Ignored)
+    }
+}
+
+/// The inotify watches of one directory tree.
+struct Tree {
+    root: PathBuf,
+    watches: Watches,
+    by_wd: HashMap<WatchDescriptor, PathBuf>,
+    by_path: HashMap<PathBuf, WatchDescriptor>,
+}
+
+impl Tree {
+    fn ensure_root(&self) -> Result<(), WatchError> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&self.root)
+            .map_err(|source| WatchError::CreateRoot {
+                path: self.root.clone(),
+                source,
+            })
+    }
+
+    fn watch(&mut self, dir: &Path) -> io::Result<()> {
+        let wd = self.watches.add(dir, dir_mask())?;
+        if let Some(old) = self.by_wd.insert(wd.clone(), dir.to_owned())
+            && old != dir
+        {
+            self.by_path.remove(&old);
+        }
+        self.by_path.insert(dir.to_owned(), wd);
+        Ok(())
+    }
+
+    /// Forgets (and removes) the watches at or under `dir`.
+    fn unwatch_under(&mut self, dir: &Path) {
+        let gone: Vec<PathBuf> = self
+            .by_path
+            .keys()
+            .filter(|p| p.starts_with(dir))
+            .cloned()
+            .collect();
+        for p in gone {
+            if let Some(wd) = self.by_path.remove(&p) {
+                self.by_wd.remove(&wd);
+                // The kernel already dropped the watch when the directory was deleted.
+                let _ = self.watches.remove(wd);
+            }
+        }
+    }
+
+    /// Watches `dir` and everything under it, then lists it; sockets found go to `found`.
+    /// Errors below the top are logged and skipped.
+    fn walk(&mut self, dir: &Path, found: &mut Vec<(PathBuf, FileId)>) -> io::Result<()> {
+        self.watch(dir)?;
+        let mut stack = vec![dir.to_owned()];
+        let mut top = true;
+        while let Some(d) = stack.pop() {
+            let entries = match std::fs::read_dir(&d) {
+                Ok(e) => e,
+                Err(e) if top => return Err(e),
+                Err(e) => {
+                    tracing::warn!(dir = %d.display(), error = %e, "Failed to traverse plugin socket path");
+                    continue;
+                }
+            };
+            top = false;
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                if hidden(&name) {
+                    tracing::trace!(path = %entry.path().display(), "Ignoring file (starts with '.')");
+                    continue;
+                }
+                let path = entry.path();
+                match classify(&path) {
+                    Ok(Kind::Dir) => match self.watch(&path) {
+                        Ok(()) => stack.push(path),
+                        Err(e) => tracing::warn!(dir = %path.display(), error = %e, "failed to watch directory"),
+                    },
+                    Ok(Kind::Socket(file)) => found.push((path, file)),
+                    Ok(Kind::Ignored) => tracing::trace!(path = %path.display(), "Ignoring file"),
+                    Err(e) => tracing::debug!(path = %path.display(), error = %e, "cannot stat; ignoring"),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An inotify watcher on a registry directory tree, created (and the root made) but not yet
+/// running.
+pub struct Watcher {
+    stream: EventStream,
+    tree: Tree,
+}
+
+impl Watcher {
+    /// Creates the registry directory (0755, parents too) when missing and sets up inotify.
+    pub fn new(root: PathBuf) -> Result<Self, WatchError> {
+        let (stream, tree) = start(root)?;
+        Ok(Self { stream, tree })
+    }
+
+    /// Watches and lists the tree, reporting sockets already there, then reports changes until
+    /// `token` is cancelled. `retry_period` paces attempts to re-create a vanished root.
+    pub async fn run(
+        self,
+        events: mpsc::Sender<WatchEvent>,
+        retry_period: Duration,
+        token: CancellationToken,
+    ) -> Result<(), WatchError> {
+        run(self.stream, self.tree, events, retry_period, token).await
+    }
+}
+
+async fn run(
+    mut stream: EventStream,
+    mut tree: Tree,
+    events: mpsc::Sender<WatchEvent>,
+    retry_period: Duration,
+    token: CancellationToken,
+) -> Result<(), WatchError> {
+    let mut root_missing = false;
+    let send = |ev: WatchEvent| {
+        let events = events.clone();
+        async move { events.send(ev).await.is_ok() }
+    };
+    let mut found = Vec::new();
+    tree.walk(&tree.root.clone(), &mut found)
+        .map_err(|source| WatchError::Watch {
+            path: tree.root.clone(),
+            source,
+        })?;
+    for (path, file) in found.drain(..) {
+        if !send(WatchEvent::Added { path, file }).await {
+            return Ok(());
+        }
+    }
+    tracing::debug!(root = %tree.root.display(), "Plugin Watcher Start");
+    let mut retry = tokio::time::interval(retry_period);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    loop {
+        let event = tokio::select! {
+            _ = token.cancelled() => return Ok(()),
+            _ = retry.tick(), if root_missing => {
+                match recreate_root(&mut tree) {
+                    Ok(sockets) => {
+                        root_missing = false;
+                        if !send(WatchEvent::Rescanned { sockets }).await { return Ok(()); }
+                    }
+                    Err(e) => tracing::warn!(root = %tree.root.display(), error = %e, "cannot re-create the registry directory yet"),
+                }
+                continue;
+            }
+            ev = stream.next() => ev,
+        };
+        let Some(event) = event else { return Ok(()) };
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "FsWatcher received error");
+                continue;
+            }
+        };
+        let mask = event.mask;
+        if mask.contains(EventMask::Q_OVERFLOW) {
+            tracing::warn!("inotify queue overflowed; rescanning the registry directory");
+            let mut sockets = Vec::new();
+            let root = tree.root.clone();
+            if let Err(e) = tree.walk(&root, &mut sockets) {
+                tracing::warn!(error = %e, "rescan failed");
+            }
+            if !send(WatchEvent::Rescanned { sockets }).await {
+                return Ok(());
+            }
+            continue;
+        }
+        let Some(dir) = tree.by_wd.get(&event.wd).cloned() else {
+            continue;
+        };
+        if mask.contains(EventMask::IGNORED) {
+            if tree.by_wd.remove(&event.wd).is_some() {
+                tree.by_path.remove(&dir);
+            }
+            continue;
+        }
+        if mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
+            if dir == tree.root {
+                tracing::warn!(root = %dir.display(), "the registry directory is gone; re-creating it");
+                tree.unwatch_under(&dir);
+                if !send(WatchEvent::RemovedUnder { dir: dir.clone() }).await {
+                    return Ok(());
+                }
+                match recreate_root(&mut tree) {
+                    Ok(sockets) => {
+                        if !send(WatchEvent::Rescanned { sockets }).await {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(root = %dir.display(), error = %e, "cannot re-create the registry directory yet");
+                        root_missing = true;
+                    }
+                }
+            }
+            continue;
+        }
+        let Some(name) = event.name else { continue };
+        if hidden(&name) {
+            continue;
+        }
+        let path = dir.join(&name);
+        let ev = if mask.intersects(EventMask::CREATE | EventMask::MOVED_TO) {
+            tracing::trace!(path = %path.display(), "Handling create event");
+            match classify(&path) {
+                Ok(Kind::Dir) => {
+                    let mut sockets = Vec::new();
+                    if let Err(e) = tree.walk(&path, &mut sockets) {
+                        tracing::warn!(dir = %path.display(), error = %e, "Error when handling create event");
+                    }
+                    for (path, file) in sockets {
+                        if !send(WatchEvent::Added { path, file }).await {
+                            return Ok(());
+                        }
+                    }
+                    continue;
+                }
+                Ok(Kind::Socket(file)) => WatchEvent::Added { path, file },
+                Ok(Kind::Ignored) => {
+                    tracing::trace!(path = %path.display(), "Ignoring non socket file");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "Error when handling create event");
+                    continue;
+                }
+            }
+        } else if mask.intersects(EventMask::DELETE | EventMask::MOVED_FROM) {
+            tracing::trace!(path = %path.display(), "Handling delete event");
+            if mask.contains(EventMask::ISDIR) {
+                tree.unwatch_under(&path);
+                WatchEvent::RemovedUnder { dir: path }
+            } else {
+                WatchEvent::Removed { path }
+            }
+        } else {
+            continue;
+        };
+        if !send(ev).await {
+            return Ok(());
+        }
+    }
+}
+
+type EventStream = inotify::EventStream<Vec<u8>>;
+
+fn start(root: PathBuf) -> Result<(EventStream, Tree), WatchError> {
+    let inotify = Inotify::init().map_err(WatchError::Inotify)?;
+    let watches = inotify.watches();
+    let stream = inotify
+        .into_event_stream(vec![0u8; 64 * 1024])
+        .map_err(WatchError::Inotify)?;
+    let tree = Tree {
+        root,
+        watches,
+        by_wd: HashMap::new(),
+        by_path: HashMap::new(),
+    };
+    tree.ensure_root()?;
+    Ok((stream, tree))
+}
+
+fn recreate_root(tree: &mut Tree) -> Result<Vec<(PathBuf, FileId)>, WatchError> {
+    tree.ensure_root()?;
+    let mut sockets = Vec::new();
+    let root = tree.root.clone();
+    tree.walk(&root, &mut sockets)
+        .map_err(|source| WatchError::Watch { path: root, source })?;
+    Ok(sockets)
+}
