@@ -1,6 +1,6 @@
 //! Where the built peers live.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::MissingPeer;
 
@@ -32,7 +32,10 @@ pub fn peers_dir() -> PathBuf {
 /// `interop/build-peers.sh`) when the build has not completed (no `READY`
 /// stamp) or the binary is not there.
 pub fn peer(name: &str) -> Result<PathBuf, MissingPeer> {
-    let dir = peers_dir();
+    peer_in(&peers_dir(), name)
+}
+
+fn peer_in(dir: &Path, name: &str) -> Result<PathBuf, MissingPeer> {
     let path = dir.join("bin").join(name);
     let missing = |reason: String| MissingPeer {
         name: name.to_owned(),
@@ -56,5 +59,42 @@ pub fn peer(name: &str) -> Result<PathBuf, MissingPeer> {
         }
         Ok(_) => Err(missing("not a regular file".to_owned())),
         Err(e) => Err(missing(format!("{e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_build_names_the_peer_and_the_script() {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = peer_in(tmp.path(), APISERVER).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("`kube-apiserver`"), "{msg}");
+        assert!(msg.contains("interop/build-peers.sh"), "{msg}");
+        assert!(msg.contains("READY"), "{msg}");
+    }
+
+    #[test]
+    fn missing_binary_after_a_build_is_reported() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("READY"), "x\n").unwrap();
+        let err = peer_in(tmp.path(), EXAMPLE_PLUGIN).unwrap_err();
+        assert_eq!(err.name, EXAMPLE_PLUGIN);
+        assert_eq!(err.path, tmp.path().join("bin").join(EXAMPLE_PLUGIN));
+        assert!(err.to_string().contains("interop/build-peers.sh"));
+    }
+
+    #[test]
+    fn built_binary_is_found() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("READY"), "x\n").unwrap();
+        std::fs::create_dir(tmp.path().join("bin")).unwrap();
+        let bin = tmp.path().join("bin").join(ETCD);
+        std::fs::write(&bin, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(peer_in(tmp.path(), ETCD).unwrap(), bin);
     }
 }

@@ -35,3 +35,29 @@ async fn node_round_trip() {
     assert_eq!(got.metadata.labels.as_ref(), Some(&labels));
     assert!(got.metadata.uid.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_run_side_by_side() {
+    let (a, b) = tokio::join!(ApiServer::start(), ApiServer::start());
+    let (a, b) = (a.expect("start first"), b.expect("start second"));
+    assert_ne!(a.url(), b.url());
+
+    let na: Api<Node> = Api::all(a.client().await.expect("client a"));
+    let nb: Api<Node> = Api::all(b.client().await.expect("client b"));
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some("only-in-a".to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    na.create(&PostParams::default(), &node)
+        .await
+        .expect("create in a");
+    assert!(na.get_opt("only-in-a").await.expect("get a").is_some());
+    assert!(nb.get_opt("only-in-a").await.expect("get b").is_none());
+
+    let dir = a.dir().to_path_buf();
+    drop(a);
+    assert!(!dir.exists(), "temp dir removed on drop");
+}
