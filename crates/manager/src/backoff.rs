@@ -65,7 +65,9 @@ mod tests {
         let secs: Vec<f64> = seen.iter().map(Duration::as_secs_f64).collect();
         assert_eq!(
             secs,
-            [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 122.0, 122.0, 122.0]
+            [
+                0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 122.0, 122.0, 122.0
+            ]
         );
         assert_eq!(b.failures, 11);
     }

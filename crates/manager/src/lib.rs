@@ -10,8 +10,8 @@ pub mod config;
 pub mod handler;
 pub mod metrics;
 pub mod operation;
-pub mod record;
 mod reconciler;
+pub mod record;
 pub mod state;
 pub mod watcher;
 
@@ -42,6 +42,7 @@ pub enum Error {
 pub struct PluginManager {
     shared: Arc<Shared>,
     tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    rescan: mpsc::Sender<()>,
     token: CancellationToken,
 }
 
@@ -67,13 +68,14 @@ impl PluginManager {
         });
         let (watch_tx, watch_rx) = mpsc::channel(4096);
         let (probe_tx, probe_rx) = mpsc::channel(1024);
+        let (rescan_tx, rescan_rx) = mpsc::channel(1);
         let mut tasks = Vec::new();
 
         let t = token.clone();
         let retry = config.resync_period;
         tasks.push(tokio::spawn(
             async move {
-                if let Err(e) = watcher.run(watch_tx, retry, t).await {
+                if let Err(e) = watcher.run(watch_tx, rescan_rx, retry, t).await {
                     tracing::error!(error = %e, "plugin watcher stopped");
                 }
             }
@@ -94,6 +96,7 @@ impl PluginManager {
         Ok(Self {
             shared,
             tasks: Arc::new(Mutex::new(tasks)),
+            rescan: rescan_tx,
             token,
         })
     }
@@ -119,6 +122,13 @@ impl PluginManager {
         self.shared.metrics.render(&self.snapshot())
     }
 
+    /// Asks the watcher to rescan the whole registry tree, as it does itself when the inotify
+    /// queue overflows. Sockets that did not change keep their registration.
+    pub fn rescan(&self) {
+        // A full queue means a rescan is already due.
+        let _ = self.rescan.try_send(());
+    }
+
     /// Stops the manager (as cancelling its token does).
     pub fn stop(&self) {
         self.token.cancel();
@@ -126,7 +136,8 @@ impl PluginManager {
 
     /// Waits until every task of the manager has finished (after the token was cancelled).
     pub async fn stopped(&self) {
-        let tasks: Vec<_> = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let tasks: Vec<_> =
+            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
         for t in tasks {
             let _ = t.await;
         }

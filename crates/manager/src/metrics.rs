@@ -85,7 +85,8 @@ impl Metrics {
         out.push_str("# TYPE plugreg_plugins gauge\n");
         let mut by: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for r in records {
-            *by.entry((r.plugin_type.as_str(), r.state.as_str())).or_default() += 1;
+            *by.entry((r.plugin_type.as_str(), r.state.as_str()))
+                .or_default() += 1;
         }
         for ((t, s), n) in by {
             let _ = writeln!(
@@ -97,15 +98,25 @@ impl Metrics {
 
         out.push_str("# HELP plugreg_registrations_total Successful registrations.\n");
         out.push_str("# TYPE plugreg_registrations_total counter\n");
-        let _ = writeln!(out, "plugreg_registrations_total {}", c(&self.registrations));
+        let _ = writeln!(
+            out,
+            "plugreg_registrations_total {}",
+            c(&self.registrations)
+        );
         out.push_str("# HELP plugreg_deregistrations_total Deregistrations.\n");
         out.push_str("# TYPE plugreg_deregistrations_total counter\n");
-        let _ = writeln!(out, "plugreg_deregistrations_total {}", c(&self.deregistrations));
+        let _ = writeln!(
+            out,
+            "plugreg_deregistrations_total {}",
+            c(&self.deregistrations)
+        );
         out.push_str("# HELP plugreg_dead_plugins_total Registered plugins found dead (socket refusing connections).\n");
         out.push_str("# TYPE plugreg_dead_plugins_total counter\n");
         let _ = writeln!(out, "plugreg_dead_plugins_total {}", c(&self.dead));
 
-        out.push_str("# HELP plugreg_registration_failures_total Failed registration attempts by step.\n");
+        out.push_str(
+            "# HELP plugreg_registration_failures_total Failed registration attempts by step.\n",
+        );
         out.push_str("# TYPE plugreg_registration_failures_total counter\n");
         for (i, step) in Step::ALL.iter().enumerate() {
             let _ = writeln!(
@@ -126,7 +137,10 @@ impl Metrics {
             );
         }
         let count = c(&self.latency_count);
-        let _ = writeln!(out, "plugreg_registration_latency_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "plugreg_registration_latency_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
         let _ = writeln!(
             out,
             "plugreg_registration_latency_seconds_sum {}",
@@ -139,5 +153,7 @@ impl Metrics {
 
 /// Escapes a Prometheus label value.
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

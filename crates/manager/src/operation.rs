@@ -188,7 +188,9 @@ async fn notify(
     let sent = match tokio::time::timeout(timeout, client.notify_registration_status(req)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(status)) => Err(rpc_error(&status)),
-        Err(_) => Err(format!("rpc error: code = DeadlineExceeded desc = no reply within {timeout:?}")),
+        Err(_) => Err(format!(
+            "rpc error: code = DeadlineExceeded desc = no reply within {timeout:?}"
+        )),
     };
     match (sent, error.is_empty()) {
         (Ok(()), true) => Ok(()),
@@ -199,7 +201,11 @@ async fn notify(
 }
 
 fn rpc_error(status: &tonic::Status) -> String {
-    format!("rpc error: code = {:?} desc = {}", status.code(), status.message())
+    format!(
+        "rpc error: code = {:?} desc = {}",
+        status.code(),
+        status.message()
+    )
 }
 
 /// Tells the plugin it was refused and builds the error for the caller: the refusal's own text
@@ -259,7 +265,11 @@ pub async fn register(
     let info = match tokio::time::timeout(timeouts.get_info, client.get_info(req)).await {
         Ok(Ok(r)) => r.into_inner(),
         Ok(Err(status)) => {
-            return Err(fail(Step::GetInfo, get_info_error(socket, &rpc_error(&status)), None));
+            return Err(fail(
+                Step::GetInfo,
+                get_info_error(socket, &rpc_error(&status)),
+                None,
+            ));
         }
         Err(_) => {
             let e = format!(
@@ -272,7 +282,16 @@ pub async fn register(
 
     if let Err(reason) = check_info(&info) {
         let reason = format!("RegisterPlugin error -- plugin validation failed with err: {reason}");
-        return Err(refuse(&mut client, Step::CheckInfo, reason, None, &info, socket, timeouts.notify).await);
+        return Err(refuse(
+            &mut client,
+            Step::CheckInfo,
+            reason,
+            None,
+            &info,
+            socket,
+            timeouts.notify,
+        )
+        .await);
     }
 
     let Some(handler) = handlers.get(&info.r#type) else {
@@ -281,7 +300,16 @@ pub async fn register(
             info.r#type,
             socket.display()
         );
-        return Err(refuse(&mut client, Step::NoHandler, reason, None, &info, socket, timeouts.notify).await);
+        return Err(refuse(
+            &mut client,
+            Step::NoHandler,
+            reason,
+            None,
+            &info,
+            socket,
+            timeouts.notify,
+        )
+        .await);
     };
 
     let endpoint = if info.endpoint.is_empty() {
@@ -296,7 +324,16 @@ pub async fn register(
     {
         let reason = format!("RegisterPlugin error -- plugin validation failed with err: {e}");
         let op = "RegisterPlugin error -- pluginHandler.ValidatePluginFunc failed".to_owned();
-        return Err(refuse(&mut client, Step::Validate, reason, Some(op), &info, socket, timeouts.notify).await);
+        return Err(refuse(
+            &mut client,
+            Step::Validate,
+            reason,
+            Some(op),
+            &info,
+            socket,
+            timeouts.notify,
+        )
+        .await);
     }
 
     if let Err(e) = handler
@@ -305,7 +342,16 @@ pub async fn register(
     {
         handler.deregister(&info.name, &endpoint).await;
         let reason = format!("RegisterPlugin error -- plugin registration failed with err: {e}");
-        return Err(refuse(&mut client, Step::Register, reason, None, &info, socket, timeouts.notify).await);
+        return Err(refuse(
+            &mut client,
+            Step::Register,
+            reason,
+            None,
+            &info,
+            socket,
+            timeouts.notify,
+        )
+        .await);
     }
 
     if let Err(e) = notify(&mut client, true, "", timeouts.notify).await {
@@ -348,7 +394,12 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Deregisters a plugin: the handler forgets it; no call is made to the plugin.
-pub async fn deregister(handlers: &Arc<HandlerRegistry>, plugin_type: &str, name: &str, endpoint: &str) {
+pub async fn deregister(
+    handlers: &Arc<HandlerRegistry>,
+    plugin_type: &str,
+    name: &str,
+    endpoint: &str,
+) {
     match handlers.get(plugin_type) {
         Some(h) => h.deregister(name, endpoint).await,
         None => tracing::warn!(
@@ -374,7 +425,13 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_plugin_info() {
-        check_info(&info("CSIPlugin", "csi.example.com", "/var/lib/kubelet/plugins/x/csi.sock", &["1.0.0"])).unwrap();
+        check_info(&info(
+            "CSIPlugin",
+            "csi.example.com",
+            "/var/lib/kubelet/plugins/x/csi.sock",
+            &["1.0.0"],
+        ))
+        .unwrap();
         check_info(&info("DevicePlugin", "example.com/gpu", "", &["v1beta1"])).unwrap();
     }
 

@@ -91,7 +91,11 @@ pub(crate) struct Reconciler {
 }
 
 impl Reconciler {
-    pub(crate) fn new(config: ManagerConfig, handlers: HandlerRegistry, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(
+        config: ManagerConfig,
+        handlers: HandlerRegistry,
+        shared: Arc<Shared>,
+    ) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Self {
             config,
@@ -241,7 +245,9 @@ impl Reconciler {
     }
 
     fn on_probe(&mut self, probe: Probe) {
-        let Some(liveness) = self.config.liveness else { return };
+        let Some(liveness) = self.config.liveness else {
+            return;
+        };
         if self.actual.get(&probe.path).is_none() {
             return;
         }
@@ -333,8 +339,13 @@ impl Reconciler {
                         });
                         let slot = self.slot(&path);
                         slot.op = None;
-                        let backoff =
-                            Backoff::after_failure(slot.backoff.as_ref(), instance, Instant::now(), initial, max);
+                        let backoff = Backoff::after_failure(
+                            slot.backoff.as_ref(),
+                            instance,
+                            Instant::now(),
+                            initial,
+                            max,
+                        );
                         let (t, n, e, v) = match &err.info {
                             Some(i) => (
                                 i.r#type.clone(),
@@ -393,7 +404,9 @@ impl Reconciler {
     fn reconcile(&mut self) {
         let cap = self.config.max_concurrent_operations.max(1);
         while self.running < cap {
-            let Some(path) = self.waiting.pop_front() else { break };
+            let Some(path) = self.waiting.pop_front() else {
+                break;
+            };
             if let Some(s) = self.slots.get_mut(&path) {
                 s.queued = false;
             }
@@ -409,7 +422,11 @@ impl Reconciler {
 
     /// Starts whatever `path` needs now: deregistration first, then registration.
     fn examine(&mut self, path: &Path) {
-        if self.slots.get(path).is_some_and(|s| s.op.is_some() || s.queued) {
+        if self
+            .slots
+            .get(path)
+            .is_some_and(|s| s.op.is_some() || s.queued)
+        {
             return;
         }
         let want = self.desired.get(path).map(|d| d.instance);
@@ -465,7 +482,9 @@ impl Reconciler {
     }
 
     fn start_deregister(&mut self, path: &Path) {
-        let Some(entry) = self.actual.remove(path) else { return };
+        let Some(entry) = self.actual.remove(path) else {
+            return;
+        };
         self.running += 1;
         self.slot(path).op = Some(OpKind::Deregister);
         let handlers = self.handlers.clone();
@@ -474,7 +493,8 @@ impl Reconciler {
         let span = tracing::info_span!("deregister", socket = %path.display());
         self.tasks.spawn(
             async move {
-                operation::deregister(&handlers, &entry.plugin_type, &entry.name, &entry.endpoint).await;
+                operation::deregister(&handlers, &entry.plugin_type, &entry.name, &entry.endpoint)
+                    .await;
                 let _ = done.send(Done::Deregistered { path, entry });
             }
             .instrument(span),
@@ -486,10 +506,13 @@ impl Reconciler {
         let desired = self.desired.contains(path);
         let actual = self.actual.get(path);
         let slot = self.slots.get(path);
-        let keep = desired
-            || actual.is_some()
-            || slot.is_some_and(|s| s.op.is_some() || s.dead.is_some());
-        let mut records = self.shared.records.lock().unwrap_or_else(|e| e.into_inner());
+        let keep =
+            desired || actual.is_some() || slot.is_some_and(|s| s.op.is_some() || s.dead.is_some());
+        let mut records = self
+            .shared
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if !keep {
             records.remove(path);
             drop(records);
@@ -507,11 +530,17 @@ impl Reconciler {
                 _ => PluginState::Pending,
             },
         };
-        let (plugin_type, name, endpoint, versions) = match (actual, slot.and_then(|s| s.last_info.as_ref())) {
-            (Some(a), _) => (a.plugin_type.clone(), a.name.clone(), a.endpoint.clone(), a.versions.clone()),
-            (None, Some(i)) => i.clone(),
-            (None, None) => Default::default(),
-        };
+        let (plugin_type, name, endpoint, versions) =
+            match (actual, slot.and_then(|s| s.last_info.as_ref())) {
+                (Some(a), _) => (
+                    a.plugin_type.clone(),
+                    a.name.clone(),
+                    a.endpoint.clone(),
+                    a.versions.clone(),
+                ),
+                (None, Some(i)) => i.clone(),
+                (None, None) => Default::default(),
+            };
         let (failed_step, last_error) = match slot.and_then(|s| s.last_error.as_ref()) {
             Some((step, e)) if state != PluginState::Registered => (Some(*step), Some(e.clone())),
             _ => (None, None),
@@ -526,7 +555,9 @@ impl Reconciler {
             desired,
             last_error,
             failed_step,
-            failures: slot.and_then(|s| s.backoff.as_ref()).map_or(0, |b| b.failures),
+            failures: slot
+                .and_then(|s| s.backoff.as_ref())
+                .map_or(0, |b| b.failures),
             registered_at: if state == PluginState::Registered {
                 slot.and_then(|s| s.registered_at)
             } else {

@@ -178,7 +178,9 @@ impl ActualState {
     /// Whether the plugin at `path` is registered as `instance` (upstream's
     /// `PluginExistsWithCorrectUUID`).
     pub fn has_instance(&self, path: &Path, instance: u64) -> bool {
-        self.entries.get(path).is_some_and(|e| e.instance == instance)
+        self.entries
+            .get(path)
+            .is_some_and(|e| e.instance == instance)
     }
 
     /// All entries, unordered.
@@ -234,7 +236,9 @@ mod tests {
     #[test]
     fn desired_add_empty_path_is_refused() {
         let mut d = DesiredState::new();
-        let err = d.add_or_update(Path::new(""), None, Instant::now()).unwrap_err();
+        let err = d
+            .add_or_update(Path::new(""), None, Instant::now())
+            .unwrap_err();
         assert_eq!(err.to_string(), "socket path is empty");
         assert!(d.is_empty());
     }
@@ -257,7 +261,10 @@ mod tests {
         }
         let mut gone = d.remove_under(Path::new("/r/a"));
         gone.sort();
-        assert_eq!(gone, [PathBuf::from("/r/a/b/y.sock"), PathBuf::from("/r/a/x.sock")]);
+        assert_eq!(
+            gone,
+            [PathBuf::from("/r/a/b/y.sock"), PathBuf::from("/r/a/x.sock")]
+        );
         assert_eq!(d.len(), 2);
     }
 
@@ -270,8 +277,15 @@ mod tests {
         let i = d.get(p).unwrap().instance;
         assert!(!d.ensure(p, f, Instant::now()).unwrap());
         assert_eq!(d.get(p).unwrap().instance, i);
-        assert!(d.ensure(p, FileId { dev: 1, ino: 3 }, Instant::now()).unwrap());
-        assert_ne!(d.get(p).unwrap().instance, i, "a replaced file is a new instance");
+        assert!(
+            d.ensure(p, FileId { dev: 1, ino: 3 }, Instant::now())
+                .unwrap()
+        );
+        assert_ne!(
+            d.get(p).unwrap().instance,
+            i,
+            "a replaced file is a new instance"
+        );
     }
 
     #[test]

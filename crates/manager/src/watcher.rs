@@ -122,13 +122,16 @@ fn classify(path: &Path) -> io::Result<Kind> {
 /// The inotify watches of one directory tree.
 struct Tree {
     root: PathBuf,
+    /// A watch on the root's parent: the root's own removal is reported there at once, while
+    /// the root's IN_DELETE_SELF waits until no listening socket pins the directory.
+    parent_wd: Option<WatchDescriptor>,
     watches: Watches,
     by_wd: HashMap<WatchDescriptor, PathBuf>,
     by_path: HashMap<PathBuf, WatchDescriptor>,
 }
 
 impl Tree {
-    fn ensure_root(&self) -> Result<(), WatchError> {
+    fn ensure_root(&mut self) -> Result<(), WatchError> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
@@ -136,7 +139,25 @@ impl Tree {
             .map_err(|source| WatchError::CreateRoot {
                 path: self.root.clone(),
                 source,
-            })
+            })?;
+        if let Some(parent) = self.root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let mask = WatchMask::DELETE | WatchMask::MOVED_FROM | WatchMask::ONLYDIR;
+            match self.watches.add(parent, mask) {
+                Ok(wd) => self.parent_wd = Some(wd),
+                Err(e) => {
+                    tracing::warn!(dir = %parent.display(), error = %e, "cannot watch the registry directory's parent")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `event` reports the root itself removed or moved away, seen from its parent.
+    fn is_root_gone(&self, wd: &WatchDescriptor, mask: EventMask, name: Option<&OsStr>) -> bool {
+        self.parent_wd.as_ref() == Some(wd)
+            && mask.intersects(EventMask::DELETE | EventMask::MOVED_FROM)
+            && name.is_some()
+            && name == self.root.file_name()
     }
 
     fn watch(&mut self, dir: &Path) -> io::Result<()> {
@@ -148,6 +169,16 @@ impl Tree {
         }
         self.by_path.insert(dir.to_owned(), wd);
         Ok(())
+    }
+
+    /// Walks the whole tree again (re-adding watches) and returns every socket in it.
+    fn rescan(&mut self) -> Vec<(PathBuf, FileId)> {
+        let mut sockets = Vec::new();
+        let root = self.root.clone();
+        if let Err(e) = self.walk(&root, &mut sockets) {
+            tracing::warn!(root = %root.display(), error = %e, "rescan failed");
+        }
+        sockets
     }
 
     /// Forgets (and removes) the watches at or under `dir`.
@@ -193,11 +224,15 @@ impl Tree {
                 match classify(&path) {
                     Ok(Kind::Dir) => match self.watch(&path) {
                         Ok(()) => stack.push(path),
-                        Err(e) => tracing::warn!(dir = %path.display(), error = %e, "failed to watch directory"),
+                        Err(e) => {
+                            tracing::warn!(dir = %path.display(), error = %e, "failed to watch directory")
+                        }
                     },
                     Ok(Kind::Socket(file)) => found.push((path, file)),
                     Ok(Kind::Ignored) => tracing::trace!(path = %path.display(), "Ignoring file"),
-                    Err(e) => tracing::debug!(path = %path.display(), error = %e, "cannot stat; ignoring"),
+                    Err(e) => {
+                        tracing::debug!(path = %path.display(), error = %e, "cannot stat; ignoring")
+                    }
                 }
             }
         }
@@ -221,13 +256,15 @@ impl Watcher {
 
     /// Watches and lists the tree, reporting sockets already there, then reports changes until
     /// `token` is cancelled. `retry_period` paces attempts to re-create a vanished root.
+    /// `rescan` requests a full rescan, the same one an inotify queue overflow triggers.
     pub async fn run(
         self,
         events: mpsc::Sender<WatchEvent>,
+        rescan: mpsc::Receiver<()>,
         retry_period: Duration,
         token: CancellationToken,
     ) -> Result<(), WatchError> {
-        run(self.stream, self.tree, events, retry_period, token).await
+        run(self.stream, self.tree, events, rescan, retry_period, token).await
     }
 }
 
@@ -235,6 +272,7 @@ async fn run(
     mut stream: EventStream,
     mut tree: Tree,
     events: mpsc::Sender<WatchEvent>,
+    mut rescan: mpsc::Receiver<()>,
     retry_period: Duration,
     token: CancellationToken,
 ) -> Result<(), WatchError> {
@@ -271,6 +309,12 @@ async fn run(
                 }
                 continue;
             }
+            Some(()) = rescan.recv() => {
+                if !send(WatchEvent::Rescanned { sockets: tree.rescan() }).await {
+                    return Ok(());
+                }
+                continue;
+            }
             ev = stream.next() => ev,
         };
         let Some(event) = event else { return Ok(()) };
@@ -284,13 +328,22 @@ async fn run(
         let mask = event.mask;
         if mask.contains(EventMask::Q_OVERFLOW) {
             tracing::warn!("inotify queue overflowed; rescanning the registry directory");
-            let mut sockets = Vec::new();
-            let root = tree.root.clone();
-            if let Err(e) = tree.walk(&root, &mut sockets) {
-                tracing::warn!(error = %e, "rescan failed");
-            }
-            if !send(WatchEvent::Rescanned { sockets }).await {
+            if !send(WatchEvent::Rescanned {
+                sockets: tree.rescan(),
+            })
+            .await
+            {
                 return Ok(());
+            }
+            continue;
+        }
+        if tree.parent_wd.as_ref() == Some(&event.wd) {
+            if tree.is_root_gone(&event.wd, mask, event.name.as_deref()) {
+                let root = tree.root.clone();
+                match root_gone(&mut tree, &events, &root).await {
+                    None => return Ok(()),
+                    Some(missing) => root_missing = missing,
+                }
             }
             continue;
         }
@@ -305,21 +358,9 @@ async fn run(
         }
         if mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
             if dir == tree.root {
-                tracing::warn!(root = %dir.display(), "the registry directory is gone; re-creating it");
-                tree.unwatch_under(&dir);
-                if !send(WatchEvent::RemovedUnder { dir: dir.clone() }).await {
-                    return Ok(());
-                }
-                match recreate_root(&mut tree) {
-                    Ok(sockets) => {
-                        if !send(WatchEvent::Rescanned { sockets }).await {
-                            return Ok(());
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(root = %dir.display(), error = %e, "cannot re-create the registry directory yet");
-                        root_missing = true;
-                    }
+                match root_gone(&mut tree, &events, &dir).await {
+                    None => return Ok(()),
+                    Some(missing) => root_missing = missing,
                 }
             }
             continue;
@@ -379,14 +420,42 @@ fn start(root: PathBuf) -> Result<(EventStream, Tree), WatchError> {
     let stream = inotify
         .into_event_stream(vec![0u8; 64 * 1024])
         .map_err(WatchError::Inotify)?;
-    let tree = Tree {
+    let mut tree = Tree {
         root,
+        parent_wd: None,
         watches,
         by_wd: HashMap::new(),
         by_path: HashMap::new(),
     };
     tree.ensure_root()?;
     Ok((stream, tree))
+}
+
+/// The root is gone: report everything under it gone, then create and watch it again. Returns
+/// `None` when the receiver is gone, else whether the root is still missing.
+async fn root_gone(
+    tree: &mut Tree,
+    events: &mpsc::Sender<WatchEvent>,
+    root: &Path,
+) -> Option<bool> {
+    tracing::warn!(root = %root.display(), "the registry directory is gone; re-creating it");
+    tree.unwatch_under(root);
+    events
+        .send(WatchEvent::RemovedUnder {
+            dir: root.to_owned(),
+        })
+        .await
+        .ok()?;
+    match recreate_root(tree) {
+        Ok(sockets) => {
+            events.send(WatchEvent::Rescanned { sockets }).await.ok()?;
+            Some(false)
+        }
+        Err(e) => {
+            tracing::warn!(root = %root.display(), error = %e, "cannot re-create the registry directory yet");
+            Some(true)
+        }
+    }
 }
 
 fn recreate_root(tree: &mut Tree) -> Result<Vec<(PathBuf, FileId)>, WatchError> {
