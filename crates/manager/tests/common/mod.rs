@@ -261,12 +261,11 @@ impl Plugin {
     /// Waits until the plugin's status satisfies `pred`.
     pub async fn wait_status(&self, pred: impl Fn(&Status) -> bool) -> Status {
         let mut rx = self.status();
-        let s = tokio::time::timeout(SOON, rx.wait_for(|s| pred(s)))
+        let status = tokio::time::timeout(SOON, rx.wait_for(|s| pred(s)))
             .await
             .expect("plugin status never matched")
-            .unwrap()
-            .clone();
-        s
+            .unwrap();
+        status.clone()
     }
 
     /// Stops serving and removes the socket.
