@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime};
 
 use plugreg_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use plugreg_proto::pluginregistration::{InfoRequest, RegistrationStatusResponse};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Router;
 use tonic::{Request, Response};
@@ -97,6 +97,7 @@ pub struct Registrar {
 struct Inner {
     info: PluginInfo,
     status: watch::Sender<Status>,
+    notifications: broadcast::Sender<RegistrationStatus>,
     get_info_total: AtomicU64,
 }
 
@@ -107,6 +108,7 @@ impl Registrar {
             inner: Arc::new(Inner {
                 info,
                 status: watch::Sender::new(Status::default()),
+                notifications: broadcast::channel(64).0,
                 get_info_total: AtomicU64::new(0),
             }),
         }
@@ -120,6 +122,12 @@ impl Registrar {
     /// The latest verdict and counters; changes on every NotifyRegistrationStatus.
     pub fn status(&self) -> watch::Receiver<Status> {
         self.inner.status.subscribe()
+    }
+
+    /// Every NotifyRegistrationStatus from now on, one item per call (unlike
+    /// [`status`](Self::status), which keeps only the latest).
+    pub fn notifications(&self) -> broadcast::Receiver<RegistrationStatus> {
+        self.inner.notifications.subscribe()
     }
 
     /// How many GetInfo calls were answered.
@@ -230,6 +238,7 @@ impl Registration for Registrar {
     ) -> Result<Response<RegistrationStatusResponse>, tonic::Status> {
         let status = request.into_inner();
         tracing::info!(status = ?status, "Received NotifyRegistrationStatus call");
+        let _ = self.inner.notifications.send(status.clone());
         self.inner.status.send_modify(|s| {
             if status.plugin_registered {
                 s.accepted_total += 1;
