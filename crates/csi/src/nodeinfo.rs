@@ -336,6 +336,17 @@ pub fn upsert_driver(
     Some(out)
 }
 
+/// The entry of `entry`'s driver in `drivers` when it differs from `entry` (which the API
+/// server does not let an update change in place).
+pub fn differing_entry<'a>(
+    drivers: &'a [CSINodeDriver],
+    entry: &CSINodeDriver,
+) -> Option<&'a CSINodeDriver> {
+    drivers
+        .iter()
+        .find(|d| d.name == entry.name && !same_entry(d, entry))
+}
+
 /// The driver list without `driver`; `None` when it has no such entry.
 pub fn remove_driver(drivers: &[CSINodeDriver], driver: &str) -> Option<Vec<CSINodeDriver>> {
     if !drivers.iter().any(|d| d.name == driver) {
@@ -542,6 +553,10 @@ mod tests {
             upsert_driver(&list, a3).is_some(),
             "count change is a change"
         );
+
+        assert_eq!(differing_entry(&list, &a), None);
+        assert_eq!(differing_entry(&list, &a2), Some(&a));
+        assert_eq!(differing_entry(std::slice::from_ref(&b), &a2), None);
 
         assert_eq!(remove_driver(&list, "a").unwrap(), vec![b.clone()]);
         assert_eq!(remove_driver(&list, "zzz"), None);

@@ -8,9 +8,11 @@
 //!   read.
 //! * CSINode (named after the Node): created if missing, with an owner reference to the Node;
 //!   the driver's entry replaced with a full update carrying the resourceVersion, conflicts
-//!   retried; no write when nothing changed.
+//!   retried; no write when nothing changed. The API server refuses to change an existing
+//!   entry in place, so a changed entry is removed by one update and added by the next.
 //!
-//! A publish whose CSINode write fails undoes its Node change, so nothing stays half-written.
+//! A publish whose CSINode write fails puts back the entry it took out and undoes its Node
+//! change, so nothing stays half-written.
 //! Server-side apply is deliberately not used (see `spec/rust-ecosystem.md` §2.4).
 
 use std::collections::BTreeMap;
@@ -274,7 +276,7 @@ impl KubeSink {
     async fn update_csinode(
         &self,
         node_uid: Option<&str>,
-        change: impl Fn(&[CSINodeDriver]) -> Option<Vec<CSINodeDriver>>,
+        mut change: impl FnMut(&[CSINodeDriver]) -> Option<Vec<CSINodeDriver>>,
     ) -> Result<(), WriteError> {
         let name = &self.node_name;
         let api = self.csinodes();
@@ -335,6 +337,27 @@ impl KubeSink {
         }
     }
 
+    /// Puts back a driver entry a failed publish took out (unless someone added one since).
+    async fn restore_csinode_entry(&self, node_uid: Option<&str>, old: CSINodeDriver) {
+        let result = self
+            .update_csinode(node_uid, |drivers| {
+                if drivers.iter().any(|d| d.name == old.name) {
+                    None
+                } else {
+                    nodeinfo::upsert_driver(drivers, old.clone())
+                }
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(
+                csinode = %self.node_name,
+                driver = %old.name,
+                error = %crate::report::chain(&e),
+                "failed to restore the previous CSINode driver entry after a failed publish"
+            );
+        }
+    }
+
     async fn undo_node(&self, driver: &str, undo: &PublishUndo) {
         let result = self
             .update_node(|a, l| Ok((nodeinfo::plan_undo(a, l, driver, undo)?, ())))
@@ -376,13 +399,30 @@ impl NodeInfoSink for KubeSink {
             .update_node(|a, l| nodeinfo::plan_publish(a, l, driver))
             .await
             .map_err(KubeSinkError::Node)?;
+        let uid = uid.as_deref();
         let entry = nodeinfo::csinode_driver(driver);
-        let written = self
-            .update_csinode(uid.as_deref(), |drivers| {
-                nodeinfo::upsert_driver(drivers, entry.clone())
+        // The API server treats an existing driver entry as immutable: a different one is taken
+        // out first and the new one added by a second write.
+        let mut replaced = None;
+        let mut written = self
+            .update_csinode(uid, |drivers| {
+                replaced = nodeinfo::differing_entry(drivers, &entry).cloned();
+                replaced
+                    .as_ref()
+                    .and_then(|_| nodeinfo::remove_driver(drivers, &entry.name))
             })
             .await;
+        if written.is_ok() {
+            written = self
+                .update_csinode(uid, |drivers| {
+                    nodeinfo::upsert_driver(drivers, entry.clone())
+                })
+                .await;
+        }
         if let Err(e) = written {
+            if let Some(old) = replaced {
+                self.restore_csinode_entry(uid, old).await;
+            }
             self.undo_node(&driver.driver, &undo).await;
             return Err(KubeSinkError::CsiNode(e).into());
         }
