@@ -10,13 +10,14 @@ use std::fmt;
 
 /// `e` and its sources joined with `": "`. gRPC statuses read like Go's
 /// (`rpc error: code = Unavailable desc = ...`), Kubernetes API errors as the server's message,
-/// and a cause whose text the previous level already shows is skipped.
+/// and a cause whose text the previous level already ends with is skipped.
 pub fn chain(e: &(dyn Error + 'static)) -> String {
     let mut out = String::new();
     let mut next: Option<&(dyn Error + 'static)> = Some(e);
     while let Some(err) = next {
         let (text, stop) = describe(err);
-        if !out.contains(&text) {
+        // thiserror's `"...: {0}"` style already ends with its cause's text.
+        if !out.ends_with(&text) {
             if !out.is_empty() {
                 out.push_str(": ");
             }

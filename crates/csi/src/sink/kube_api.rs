@@ -29,6 +29,11 @@ use kube::config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigEr
 use super::{NodeInfoSink, SinkError};
 use crate::nodeinfo::{self, DriverNodeInfo, MergeError, MetaPatch, PublishUndo};
 
+/// Limit for connecting to the API server (clients built by [`KubeSink::from_config`]).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Limit for one API request's answer (clients built by [`KubeSink::from_config`]).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Writes per object before a run of 409 Conflicts is given up.
 const MAX_ATTEMPTS: u32 = 5;
 /// First pause after a conflict; multiplied by 5 each time (upstream: 10 ms, x5).
@@ -49,6 +54,9 @@ pub enum KubeSinkError {
     /// Neither a kubeconfig nor the in-cluster configuration was found.
     #[error("failed to find a Kubernetes client configuration (in-cluster or kubeconfig)")]
     InferConfig(#[source] InferConfigError),
+    /// No node name was given.
+    #[error("the node name is empty: the Node and CSINode to write are named after it")]
+    NoNodeName,
     /// The client could not be built.
     #[error("failed to create the Kubernetes client")]
     Client(#[source] kube::Error),
@@ -175,11 +183,18 @@ impl KubeSink {
 
     /// A sink using the kubeconfig at `kubeconfig`, or when `None` the in-cluster service
     /// account (falling back to `$KUBECONFIG` / `~/.kube/config`, as `kube::Config::infer`).
+    ///
+    /// Requests time out after [`REQUEST_TIMEOUT`] and connecting after [`CONNECT_TIMEOUT`]
+    /// (the sink never watches, so kube's long watch-friendly read timeout is not needed), so
+    /// an API server that does not answer fails a registration instead of stalling it.
     pub async fn from_config(
         kubeconfig: Option<&Path>,
         node_name: &str,
     ) -> Result<Self, KubeSinkError> {
-        let config = match kubeconfig {
+        if node_name.is_empty() {
+            return Err(KubeSinkError::NoNodeName);
+        }
+        let mut config = match kubeconfig {
             Some(path) => {
                 let kc_err = |source| KubeSinkError::Kubeconfig {
                     path: path.to_owned(),
@@ -194,6 +209,11 @@ impl KubeSink {
                 .await
                 .map_err(KubeSinkError::InferConfig)?,
         };
+        config.connect_timeout = Some(CONNECT_TIMEOUT);
+        config.read_timeout = Some(REQUEST_TIMEOUT);
+        config.write_timeout = Some(REQUEST_TIMEOUT);
+        // Count the read timeout from the request, not from when a pooled connection went idle.
+        config.reset_reader_on_write = true;
         let client = kube::Client::try_from(config).map_err(KubeSinkError::Client)?;
         Ok(Self::new(client, node_name))
     }

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use crate::nodeinfo::DriverNodeInfo;
 
 pub use self::file::{FileCsiNode, FileNode, FileSink, FileSinkError, NodeInfoFile};
-pub use self::kube_api::{KubeSink, KubeSinkError, WriteError};
+pub use self::kube_api::{CONNECT_TIMEOUT, KubeSink, KubeSinkError, REQUEST_TIMEOUT, WriteError};
 
 /// Publishes and withdraws drivers' node information.
 #[async_trait]
