@@ -34,6 +34,21 @@ impl Fixture {
         self.sink.read().await.unwrap()
     }
 
+    /// Registers `name` at `ep` with `versions`, expecting a failure; rolls back as the plugin
+    /// manager does (deregister with the same name and endpoint, D2); checks that nothing is
+    /// left; returns the error text the plugin would get.
+    async fn failed_register(&self, name: &str, ep: &str, versions: &[String]) -> String {
+        let err = self
+            .handler
+            .register(name, ep, versions)
+            .await
+            .expect_err("register must fail")
+            .to_string();
+        self.handler.deregister(name, ep).await;
+        self.assert_not_recorded(name).await;
+        err
+    }
+
     /// Asserts that nothing about `driver` is recorded or published.
     async fn assert_not_recorded(&self, driver: &str) {
         assert!(self.handler.driver(driver).is_none(), "{driver} recorded");
@@ -145,12 +160,7 @@ async fn hanging_node_get_info_times_out_and_a_fixed_driver_registers() {
         &sock,
     )
     .await;
-    let err = fx
-        .handler
-        .register(DRIVER, &ep, &versions(&["1.0.0"]))
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = fx.failed_register(DRIVER, &ep, &versions(&["1.0.0"])).await;
     assert_eq!(
         err,
         format!(
@@ -159,8 +169,6 @@ async fn hanging_node_get_info_times_out_and_a_fixed_driver_registers() {
         )
     );
     assert_eq!(d.calls().node_get_info(), 1);
-    fx.handler.deregister(DRIVER, &ep).await;
-    fx.assert_not_recorded(DRIVER).await;
 
     d.stop().await.unwrap();
     let _d = driver(DriverConfig::default(), &sock).await;
@@ -188,18 +196,11 @@ async fn failing_node_get_info_is_reported_and_the_retry_succeeds() {
         &sock,
     )
     .await;
-    let err = fx
-        .handler
-        .register(DRIVER, &ep, &versions(&["1.0.0"]))
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = fx.failed_register(DRIVER, &ep, &versions(&["1.0.0"])).await;
     assert!(
         err.ends_with("NodeGetInfo failed: rpc error: code = Internal desc = disk on fire"),
         "{err}"
     );
-    fx.handler.deregister(DRIVER, &ep).await;
-    fx.assert_not_recorded(DRIVER).await;
 
     fx.handler
         .register(DRIVER, &ep, &versions(&["1.0.0"]))
@@ -222,17 +223,11 @@ async fn empty_node_id_is_refused_until_the_driver_reports_one() {
         &sock,
     )
     .await;
-    let err = fx
-        .handler
-        .register(DRIVER, &ep, &versions(&["1.0.0"]))
-        .await
-        .unwrap_err();
+    let err = fx.failed_register(DRIVER, &ep, &versions(&["1.0.0"])).await;
     assert_eq!(
-        err.to_string(),
+        err,
         "error adding CSI driver node info: driverNodeID must not be empty"
     );
-    fx.handler.deregister(DRIVER, &ep).await;
-    fx.assert_not_recorded(DRIVER).await;
 
     d.stop().await.unwrap();
     let _d = driver(DriverConfig::default(), &sock).await;
@@ -250,19 +245,13 @@ async fn empty_node_id_is_refused_until_the_driver_reports_one() {
 async fn missing_socket_fails_register_and_records_nothing() {
     let fx = Fixture::new(Duration::from_secs(5));
     let ep = endpoint(&fx.socket("absent.sock"));
-    let err = fx
-        .handler
-        .register(DRIVER, &ep, &versions(&["1.0.0"]))
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = fx.failed_register(DRIVER, &ep, &versions(&["1.0.0"])).await;
     assert!(
         err.starts_with(&format!(
             "error getting node info from CSI driver {DRIVER} at endpoint {ep}: failed to dial the CSI driver at {ep}"
         )),
         "{err}"
     );
-    fx.assert_not_recorded(DRIVER).await;
 }
 
 #[tokio::test]
@@ -293,18 +282,14 @@ async fn topology_collision_fails_and_publishes_nothing() {
         .await
         .unwrap();
     let err = fx
-        .handler
-        .register("b.plugreg.test", &endpoint(&s2), &v)
-        .await
-        .unwrap_err()
-        .to_string();
+        .failed_register("b.plugreg.test", &endpoint(&s2), &v)
+        .await;
     assert!(
         err.ends_with(
             r#"detected topology value collision: driver reported "zone":"z2" but existing label is "zone":"z1""#
         ),
         "{err}"
     );
-    fx.assert_not_recorded("b.plugreg.test").await;
     assert!(fx.handler.driver("a.plugreg.test").is_some());
 }
 
@@ -384,11 +369,8 @@ async fn register_revalidates_versions() {
     let sock = fx.socket("csi.sock");
     let d = driver(DriverConfig::default(), &sock).await;
     let err = fx
-        .handler
-        .register(DRIVER, &endpoint(&sock), &versions(&["0.3.0"]))
-        .await
-        .unwrap_err()
-        .to_string();
+        .failed_register(DRIVER, &endpoint(&sock), &versions(&["0.3.0"]))
+        .await;
     assert!(
         err.starts_with("csi: RegisterPlugin for CSI driver \"csi.plugreg.test\" failed."),
         "{err}"
@@ -398,5 +380,4 @@ async fn register_revalidates_versions() {
         0,
         "no call before the versions pass"
     );
-    fx.assert_not_recorded(DRIVER).await;
 }

@@ -147,6 +147,23 @@ async fn driver(
     start(config, socket).await.expect("start fake CSI driver")
 }
 
+/// Registers, expecting a failure, and rolls back as the plugin manager does (deregister with
+/// the same name and endpoint, D2); returns the error text the plugin would get.
+async fn failed_register(
+    h: &CsiHandler,
+    name: &str,
+    endpoint: &str,
+    versions: &[String],
+) -> String {
+    let err = h
+        .register(name, endpoint, versions)
+        .await
+        .expect_err("register must fail")
+        .to_string();
+    h.deregister(name, endpoint).await;
+    err
+}
+
 fn ep(p: &Path) -> String {
     p.display().to_string()
 }
@@ -269,18 +286,13 @@ async fn topology_collision_writes_nothing_until_the_label_is_fixed() {
     )
     .await;
 
-    let err = h
-        .register("a.plugreg.test", &ep(&sock), &v1())
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = failed_register(&h, "a.plugreg.test", &ep(&sock), &v1()).await;
     assert_eq!(
         err,
         "error updating Node object with CSI driver node info: detected topology value collision: \
          driver reported \"topology.plugreg.test/zone\":\"new\" but existing label is \
          \"topology.plugreg.test/zone\":\"old\""
     );
-    h.deregister("a.plugreg.test", &ep(&sock)).await;
     assert_eq!(env.node_ids().await, None);
     assert_eq!(
         env.labels().await,
@@ -402,18 +414,13 @@ async fn a_failed_csinode_write_undoes_the_node_change() {
         &sb,
     )
     .await;
-    let err = h
-        .register("b.plugreg.test", &ep(&sb), &v1())
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = failed_register(&h, "b.plugreg.test", &ep(&sb), &v1()).await;
     assert!(
         err.starts_with(
             "error updating CSINode object with CSI driver node info: failed to update CSINode \"csi-undo\": "
         ),
         "{err}"
     );
-    h.deregister("b.plugreg.test", &ep(&sb)).await;
     let after = env.node().await;
     assert_eq!(after.metadata.annotations, before.metadata.annotations);
     assert_eq!(after.metadata.labels, before.metadata.labels);
@@ -427,16 +434,11 @@ async fn a_failed_csinode_write_undoes_the_node_change() {
     let sa2 = env.socket("a2.sock");
     let _a2 = driver("a.plugreg.test", &long_id, &[], 0, &sa2).await;
     let v11 = vec!["1.1.0".to_owned()];
-    let err = h
-        .register("a.plugreg.test", &ep(&sa2), &v11)
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = failed_register(&h, "a.plugreg.test", &ep(&sa2), &v11).await;
     assert!(
         err.starts_with("error updating CSINode object with CSI driver node info"),
         "{err}"
     );
-    h.deregister("a.plugreg.test", &ep(&sa2)).await;
     assert_eq!(h.driver("a.plugreg.test").unwrap().endpoint, ep(&sa));
     assert_eq!(
         env.node_ids().await.as_deref(),
@@ -568,19 +570,14 @@ async fn unreachable_api_server_fails_register_without_leftovers_and_a_retry_suc
     .await;
 
     switch.set(false);
-    let err = h
-        .register("a.plugreg.test", &ep(&sock), &v1())
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = failed_register(&h, "a.plugreg.test", &ep(&sock), &v1()).await;
     assert!(
         err.starts_with(
             "error updating Node object with CSI driver node info: failed to get Node \"csi-unreachable\""
         ),
         "{err}"
     );
-    // The manager rolls back with deregister; it cannot reach the server either.
-    h.deregister("a.plugreg.test", &ep(&sock)).await;
+    // The roll-back deregister could not reach the server either; nothing was written.
     assert!(h.driver("a.plugreg.test").is_none());
     assert_eq!(env.node_ids().await, None);
     assert!(env.labels().await.is_empty());
