@@ -466,3 +466,32 @@ fn recreate_root(tree: &mut Tree) -> Result<Vec<(PathBuf, FileId)>, WatchError> 
         .map_err(|source| WatchError::Watch { path: root, source })?;
     Ok(sockets)
 }
+
+/// Lists the sockets under `root` by the watcher's rules (no `.` names, symlinks to sockets
+/// count, symlinked directories are not followed), without inotify. Sorted by path.
+pub fn list_sockets(root: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    let mut top = true;
+    while let Some(dir) = stack.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if top => return Err(e),
+            Err(_) => continue,
+        };
+        top = false;
+        for entry in entries.flatten() {
+            if hidden(&entry.file_name()) {
+                continue;
+            }
+            let path = entry.path();
+            match classify(&path) {
+                Ok(Kind::Dir) => stack.push(path),
+                Ok(Kind::Socket(_)) => found.push(path),
+                _ => {}
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
