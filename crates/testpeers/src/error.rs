@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// A peer binary that `interop/build-peers.sh` has not built (yet).
-#[derive(Debug, Clone, thiserror::Error)]
+///
+/// Its `Debug` output is its message, so `.expect()` / `.unwrap()` in a test
+/// show the instruction to run the script.
+#[derive(Clone, thiserror::Error)]
 #[error(
     "test peer `{name}` is not built (looked for {}): run `interop/build-peers.sh` \
      (it builds every peer into ${{PLUGREG_PEERS_DIR:-$HOME/.cache/plugreg-peers}}; {reason})",
@@ -20,7 +23,10 @@ pub struct MissingPeer {
 }
 
 /// Everything that can go wrong while running peers.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` output is its (multi-line) message, so a failing `.expect()`
+/// in a test shows what a peer printed.
+#[derive(thiserror::Error)]
 pub enum Error {
     /// A peer is not built.
     #[error(transparent)]
@@ -93,5 +99,17 @@ impl Error {
             context: context.into(),
             source,
         }
+    }
+}
+
+impl std::fmt::Debug for MissingPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }

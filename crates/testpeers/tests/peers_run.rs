@@ -125,3 +125,59 @@ async fn harness_rejects_listed_names() {
         "{n}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harness_fails_register_for_listed_names() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let reg_dir = tmp.path().join("reg");
+    let name = "example.com/failing";
+
+    let mut harness = PeerProcess::spawn(
+        PLUGIN_MANAGER_HARNESS,
+        [
+            "--dir".as_ref(),
+            reg_dir.as_os_str(),
+            "--fail-register".as_ref(),
+            name.as_ref(),
+        ],
+    )
+    .expect("spawn harness");
+    harness
+        .next_event("ready", WAIT)
+        .await
+        .expect("harness ready");
+
+    let socket = reg_dir.join("failing.sock");
+    let mut plugin = PeerProcess::spawn(
+        EXAMPLE_PLUGIN,
+        [
+            "--socket".as_ref(),
+            socket.as_os_str(),
+            "--name".as_ref(),
+            name.as_ref(),
+            "--type".as_ref(),
+            "DevicePlugin".as_ref(),
+        ],
+    )
+    .expect("spawn example plugin");
+
+    let v = harness
+        .next_event_named("validate", name, WAIT)
+        .await
+        .expect("validate");
+    assert!(v.get("error").is_none(), "{v}");
+    let r = harness
+        .next_event_named("register", name, WAIT)
+        .await
+        .expect("register");
+    assert_eq!(r["error"], "register failed by harness");
+    let n = plugin.next_event("notify", WAIT).await.expect("notify");
+    assert_eq!(n["registered"], false, "{n}");
+    assert!(
+        n["error"]
+            .as_str()
+            .unwrap()
+            .contains("register failed by harness"),
+        "{n}"
+    );
+}

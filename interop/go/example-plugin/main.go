@@ -36,11 +36,11 @@ import (
 )
 
 type eventLine struct {
-	Event      string `json:"event"`
-	Registered *bool  `json:"registered,omitempty"`
+	Event      string  `json:"event"`
+	Registered *bool   `json:"registered,omitempty"`
 	Error      *string `json:"error,omitempty"`
-	Message    string `json:"message,omitempty"`
-	TsNs       int64  `json:"ts_ns"`
+	Message    string  `json:"message,omitempty"`
+	TsNs       int64   `json:"ts_ns"`
 }
 
 var outMu sync.Mutex

@@ -14,8 +14,10 @@
 //	{"event":"validate"|"register"|"deregister","type":"CSIPlugin","name":"...","endpoint":"...","versions":[...],"ts_ns":N}
 //
 // Flags: --dir DIR (created if missing), --reject NAME[,NAME...] (those
-// plugin names fail ValidatePlugin with "rejected by harness"). Runs until
-// SIGTERM or SIGINT. klog writes to stderr.
+// plugin names fail ValidatePlugin with "rejected by harness"),
+// --fail-register NAME[,NAME...] (those names pass ValidatePlugin but fail
+// RegisterPlugin with "register failed by harness"; the line then carries
+// that "error"). Runs until SIGTERM or SIGINT. klog writes to stderr.
 package main
 
 import (
@@ -39,6 +41,9 @@ import (
 
 // rejectedError is the error ValidatePlugin returns for rejected names.
 const rejectedError = "rejected by harness"
+
+// registerError is the error RegisterPlugin returns for --fail-register names.
+const registerError = "register failed by harness"
 
 // eventLine is one JSON line on stdout.
 type eventLine struct {
@@ -75,9 +80,10 @@ func (e *emitter) emit(l eventLine) {
 // handler is a PluginHandler (1.20 interface) for one plugin type that
 // accepts every plugin except the rejected names, and reports each call.
 type handler struct {
-	pluginType string
-	reject     map[string]bool
-	out        *emitter
+	pluginType   string
+	reject       map[string]bool
+	failRegister map[string]bool
+	out          *emitter
 }
 
 func strPtr(s string) *string { return &s }
@@ -100,18 +106,36 @@ func (h *handler) ValidatePlugin(name string, endpoint string, versions []string
 }
 
 func (h *handler) RegisterPlugin(name string, endpoint string, versions []string) error {
-	h.out.emit(eventLine{Event: "register", Type: h.pluginType, Name: name, Endpoint: strPtr(endpoint), Versions: copyVersions(versions)})
-	return nil
+	l := eventLine{Event: "register", Type: h.pluginType, Name: name, Endpoint: strPtr(endpoint), Versions: copyVersions(versions)}
+	var err error
+	if h.failRegister[name] {
+		err = errors.New(registerError)
+		l.Error = registerError
+	}
+	h.out.emit(l)
+	return err
 }
 
 func (h *handler) DeRegisterPlugin(name string) {
 	h.out.emit(eventLine{Event: "deregister", Type: h.pluginType, Name: name, Endpoint: strPtr("")})
 }
 
+// nameSet splits a comma-separated list into a set.
+func nameSet(list string) map[string]bool {
+	set := map[string]bool{}
+	for _, n := range strings.Split(list, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			set[n] = true
+		}
+	}
+	return set
+}
+
 func main() {
 	klog.InitFlags(nil)
 	dir := flag.String("dir", "", "plugin registration directory to watch (created if missing)")
 	reject := flag.String("reject", "", "comma-separated plugin names that fail ValidatePlugin")
+	failRegister := flag.String("fail-register", "", "comma-separated plugin names that fail RegisterPlugin")
 	flag.Parse()
 
 	if *dir == "" {
@@ -123,12 +147,8 @@ func main() {
 		os.Exit(1)
 	}
 
-	rejected := map[string]bool{}
-	for _, n := range strings.Split(*reject, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			rejected[n] = true
-		}
-	}
+	rejected := nameSet(*reject)
+	failing := nameSet(*failRegister)
 
 	out := &emitter{}
 	// The fake recorder drops events when its buffer is full; none is needed here.
@@ -140,7 +160,7 @@ func main() {
 
 	pm := pluginmanager.NewPluginManager(*dir, recorder)
 	for _, t := range []string{"CSIPlugin", "DevicePlugin"} {
-		pm.AddHandler(t, &handler{pluginType: t, reject: rejected, out: out})
+		pm.AddHandler(t, &handler{pluginType: t, reject: rejected, failRegister: failing, out: out})
 	}
 
 	sigCh := make(chan os.Signal, 1)
