@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub mod authority;
+
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
@@ -317,8 +319,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let (listener, guard) = socket.into_parts();
+    // Older gRPC clients send the socket path as :authority; see `authority`.
+    let incoming = tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |conn| {
+        conn.map(authority::AuthorityFix::new)
+    });
     let result = router
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     let path = guard.path().to_owned();
     drop(guard);
