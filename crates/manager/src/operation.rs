@@ -453,6 +453,43 @@ mod tests {
         }
     }
 
+    /// upstream TestNotifyPlugin: success is Ok, a refusal with a message is that message, a
+    /// transport error is an error.
+    #[tokio::test]
+    async fn notify_reports_success_refusal_and_transport_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("n.sock");
+        let registrar = plugreg_registrar::Registrar::new(PluginInfo::default());
+        let token = tokio_util::sync::CancellationToken::new();
+        tokio::spawn({
+            let (r, s, t) = (registrar.clone(), sock.clone(), token.clone());
+            async move { r.serve(&s, Default::default(), t).await.unwrap() }
+        });
+        while !sock.exists() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let ch = plugreg_transport::connect_path(&sock, Duration::from_secs(2))
+            .await
+            .unwrap();
+        let mut c = client(ch);
+        let t = Duration::from_secs(2);
+        assert_eq!(notify(&mut c, true, "", t).await, Ok(()));
+        assert_eq!(notify(&mut c, false, "no", t).await, Err("no".to_owned()));
+        assert_eq!(registrar.status().borrow().notifications(), 2);
+        token.cancel();
+        while sock.exists() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let err = notify(&mut c, true, "", Duration::from_millis(500))
+            .await
+            .unwrap_err();
+        assert!(err.starts_with("rpc error: code = "), "{err}");
+        let err = notify(&mut c, false, "why", Duration::from_millis(500))
+            .await
+            .unwrap_err();
+        assert!(err.starts_with("why: rpc error: code = "), "{err}");
+    }
+
     #[test]
     fn long_values_are_truncated_in_messages() {
         let err = check_info(&info("CSIPlugin", &"x".repeat(5000), "", &[])).unwrap_err();

@@ -10,6 +10,19 @@ use common::*;
 use plugreg_manager::{ManagerEvent, PluginState, Step};
 
 #[tokio::test]
+async fn an_empty_directory_stays_empty() {
+    // upstream Test_Run_Positive_DoNothing.
+    let mut h = Harness::start().await;
+    h.no_call_within(Duration::from_millis(200)).await;
+    assert!(h.manager.snapshot().is_empty());
+    assert!(
+        h.manager
+            .render_metrics()
+            .contains("plugreg_registrations_total 0")
+    );
+}
+
+#[tokio::test]
 async fn creates_the_registry_directory_0755() {
     let h = Harness::start().await;
     let meta = std::fs::metadata(&h.root).unwrap();
