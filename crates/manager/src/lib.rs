@@ -15,7 +15,7 @@ pub mod record;
 pub mod state;
 pub mod watcher;
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, mpsc};
@@ -62,7 +62,7 @@ impl PluginManager {
         );
         let watcher = watcher::Watcher::new(config.registry_dir.clone())?;
         let shared = Arc::new(Shared {
-            records: Mutex::new(BTreeMap::new()),
+            records: Mutex::new(HashMap::new()),
             events: broadcast::channel(4096).0,
             metrics: metrics::Metrics::default(),
         });
@@ -103,13 +103,16 @@ impl PluginManager {
 
     /// Every known socket, sorted by path.
     pub fn snapshot(&self) -> Vec<PluginRecord> {
-        self.shared
+        let mut all: Vec<PluginRecord> = self
+            .shared
             .records
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
             .cloned()
-            .collect()
+            .collect();
+        all.sort_unstable_by(|a, b| a.socket.cmp(&b.socket));
+        all
     }
 
     /// Events from now on (a slow receiver may miss some: see `broadcast`).

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
+use plugreg_transport::Connection;
 use plugreg_transport::MAX_MESSAGE_SIZE;
-use tonic::transport::Channel;
 
 use crate::handler::HandlerRegistry;
 
@@ -166,8 +166,9 @@ fn truncated(s: &str) -> String {
     format!("{head}...")
 }
 
-fn client(channel: Channel) -> RegistrationClient<Channel> {
-    RegistrationClient::new(channel)
+fn client(conn: Connection) -> RegistrationClient<Connection> {
+    let origin = tonic::codegen::http::Uri::from_static(plugreg_transport::ORIGIN);
+    RegistrationClient::with_origin(conn, origin)
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE)
 }
@@ -175,7 +176,7 @@ fn client(channel: Channel) -> RegistrationClient<Channel> {
 /// Sends `NotifyRegistrationStatus`; with a non-empty `error` the result is that error (or
 /// `"<error>: <rpc error>"` when the call itself failed), as upstream's notify helper.
 async fn notify(
-    client: &mut RegistrationClient<Channel>,
+    client: &mut RegistrationClient<Connection>,
     registered: bool,
     error: &str,
     timeout: Duration,
@@ -211,7 +212,7 @@ fn rpc_error(status: &tonic::Status) -> String {
 /// Tells the plugin it was refused and builds the error for the caller: the refusal's own text
 /// when the notify went through, upstream's "failed to send error" text when it did not.
 async fn refuse(
-    client: &mut RegistrationClient<Channel>,
+    client: &mut RegistrationClient<Connection>,
     step: Step,
     reason: String,
     op_error: Option<String>,
@@ -245,7 +246,7 @@ pub async fn register(
         message,
         info: info.cloned(),
     };
-    let channel = plugreg_transport::connect_path(socket, timeouts.dial)
+    let channel = plugreg_transport::connect_direct(socket, timeouts.dial)
         .await
         .map_err(|e| {
             fail(
@@ -468,7 +469,7 @@ mod tests {
         while !sock.exists() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let ch = plugreg_transport::connect_path(&sock, Duration::from_secs(2))
+        let ch = plugreg_transport::connect_direct(&sock, Duration::from_secs(2))
             .await
             .unwrap();
         let mut c = client(ch);

@@ -7,7 +7,7 @@
 //! (register and deregister share it), and at most `max_concurrent_operations` in all (D7).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -29,7 +29,7 @@ use crate::watcher::WatchEvent;
 /// State shared with the [`PluginManager`](crate::PluginManager) handle.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) records: Mutex<BTreeMap<PathBuf, PluginRecord>>,
+    pub(crate) records: Mutex<HashMap<PathBuf, PluginRecord>>,
     pub(crate) events: broadcast::Sender<ManagerEvent>,
     pub(crate) metrics: Metrics,
 }
@@ -53,6 +53,8 @@ struct Slot {
     dead: Option<FileId>,
     refusals: u32,
     queued: bool,
+    /// The back-off wake-up already in the timer heap, so it is pushed once.
+    wake_at: Option<Instant>,
 }
 
 /// What a finished operation reports.
@@ -150,26 +152,52 @@ impl Reconciler {
                         if *at > now {
                             break;
                         }
-                        if let Some(Reverse((_, path))) = self.timers.pop() {
+                        if let Some(Reverse((at, path))) = self.timers.pop() {
+                            if let Some(s) = self.slots.get_mut(&path)
+                                && s.wake_at == Some(at)
+                            {
+                                s.wake_at = None;
+                            }
                             self.dirty.insert(path);
                         }
                     }
                 }
-                _ = resync.tick() => {
-                    let all: Vec<PathBuf> = self
-                        .desired
-                        .iter()
-                        .map(|(p, _)| p.clone())
-                        .chain(self.actual.iter().map(|(p, _)| p.clone()))
-                        .collect();
-                    self.dirty.extend(all);
-                }
+                _ = resync.tick() => self.mark_divergent(),
             }
             self.reconcile();
         }
         // Bounded shutdown: operations in flight are abandoned, plugin sockets are untouched.
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Marks every socket whose desired and actual state differ (the periodic safety net);
+    /// sockets already registered as desired cost one lookup and nothing else.
+    fn mark_divergent(&mut self) {
+        let actual = &self.actual;
+        let mut dirty: Vec<PathBuf> = self
+            .desired
+            .iter()
+            .filter(|(p, d)| !actual.has_instance(p, d.instance))
+            .map(|(p, _)| p.clone())
+            .collect();
+        dirty.extend(
+            self.actual
+                .iter()
+                .filter(|(p, _)| !self.desired.contains(p))
+                .map(|(p, _)| p.clone()),
+        );
+        self.dirty.extend(dirty);
+    }
+
+    /// Wakes the reconciler for `path` at `at`, once.
+    fn schedule(&mut self, path: &Path, at: Instant) {
+        let slot = self.slot(path);
+        if slot.wake_at == Some(at) {
+            return;
+        }
+        slot.wake_at = Some(at);
+        self.timers.push(Reverse((at, path.to_owned())));
     }
 
     fn slot(&mut self, path: &Path) -> &mut Slot {
@@ -274,6 +302,8 @@ impl Reconciler {
     }
 
     fn on_done(&mut self, done: Done) {
+        // Finished tasks keep their memory until joined: reap them as they end.
+        while self.tasks.try_join_next().is_some() {}
         self.running -= 1;
         match done {
             Done::Registered {
@@ -372,7 +402,7 @@ impl Reconciler {
                         slot.last_error = Some((err.step, err.message));
                         let retry_at = backoff.retry_at;
                         slot.backoff = Some(backoff);
-                        self.timers.push(Reverse((retry_at, path.clone())));
+                        self.schedule(&path, retry_at);
                     }
                 }
                 self.dirty.insert(path);
@@ -445,7 +475,7 @@ impl Reconciler {
             && b.blocks(instance, now)
         {
             let at = b.retry_at;
-            self.timers.push(Reverse((at, path.to_owned())));
+            self.schedule(path, at);
             return;
         }
         if self.running >= self.config.max_concurrent_operations.max(1) {
@@ -564,7 +594,13 @@ impl Reconciler {
                 None
             },
         };
-        records.insert(path.to_owned(), record);
+        match records.get_mut(path) {
+            Some(old) if *old == record => {}
+            Some(old) => *old = record,
+            None => {
+                records.insert(path.to_owned(), record);
+            }
+        }
     }
 }
 

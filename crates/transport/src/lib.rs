@@ -94,6 +94,15 @@ pub enum Error {
         #[source]
         source: tonic::transport::Error,
     },
+    /// Connecting (directly, without a tonic channel) failed.
+    #[error("failed to connect to {path:?}")]
+    Dial {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// Connecting took longer than allowed.
     #[error("timed out after {timeout:?} connecting to {path:?}")]
     ConnectTimeout {
@@ -362,6 +371,68 @@ pub async fn connect_path(path: &Path, timeout: Duration) -> Result<Channel> {
             path: path.to_owned(),
             timeout,
         }),
+    }
+}
+
+/// A bare HTTP/2 connection to a Unix socket, usable by any generated gRPC client (through
+/// `Client::with_origin(conn, Uri::from_static("http://localhost"))`).
+///
+/// Cheaper than a [`Channel`] for one-shot exchanges such as a registration attempt: no buffer
+/// task, no reconnect layer. Deadlines are the caller's. Dropping every clone closes the
+/// connection.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    send: hyper::client::conn::http2::SendRequest<tonic::body::Body>,
+}
+
+/// The origin to give a generated client used over a [`Connection`].
+pub const ORIGIN: &str = "http://localhost";
+
+/// Connects to the Unix socket at `path` and completes the HTTP/2 handshake, within `timeout`.
+pub async fn connect_direct(path: &Path, timeout: Duration) -> Result<Connection> {
+    check_path_len(path)?;
+    let dial = async {
+        let stream = UnixStream::connect(path).await?;
+        let (send, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .handshake::<_, tonic::body::Body>(TokioIo::new(stream))
+                .await
+                .map_err(io::Error::other)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::trace!(error = %e, "HTTP/2 connection ended");
+            }
+        });
+        Ok::<_, io::Error>(Connection { send })
+    };
+    match tokio::time::timeout(timeout, dial).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(source)) => Err(Error::Dial {
+            path: path.to_owned(),
+            source,
+        }),
+        Err(_) => Err(Error::ConnectTimeout {
+            path: path.to_owned(),
+            timeout,
+        }),
+    }
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Connection {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.send.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.send.send_request(req))
     }
 }
 
