@@ -1,0 +1,682 @@
+//! A configurable fake CSI driver for tests and demos.
+//!
+//! It serves CSI `Identity` (GetPluginInfo, GetPluginCapabilities, Probe) and the registration
+//! part of `Node` (NodeGetCapabilities, NodeGetInfo) on a Unix socket. Every answer comes from a
+//! [`DriverConfig`]; GetPluginInfo and NodeGetInfo can be made slow, failing or hanging through a
+//! [`Fault`], for every call or only for the first few. [`Calls`] counts the calls and streams
+//! them as [`Call`] events, so a test can wait for and assert on what its peer did.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), plugreg_csi_test_driver::Error> {
+//! use std::time::Duration;
+//! use plugreg_csi_test_driver::{DriverConfig, Fault, start};
+//!
+//! let config = DriverConfig {
+//!     name: "csi.example.com".into(),
+//!     // The first two GetPluginInfo calls take 2 s each.
+//!     get_plugin_info: Fault {
+//!         delay: Some(Duration::from_secs(2)),
+//!         delay_first: Some(2),
+//!         ..Fault::default()
+//!     },
+//!     ..DriverConfig::default()
+//! };
+//! let driver = start(config, "/tmp/csi.sock".as_ref()).await?;
+//! // ... drive the code under test ...
+//! assert!(driver.calls().get_plugin_info() >= 1);
+//! driver.stop().await
+//! # }
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
+use plugreg_proto::csi::v1::node_server::{Node, NodeServer};
+use plugreg_proto::csi::v1::{
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    GetPluginInfoResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
+    NodeGetInfoRequest, NodeGetInfoResponse, NodeServiceCapability, PluginCapability, ProbeRequest,
+    ProbeResponse, Topology, node_service_capability, plugin_capability,
+};
+use plugreg_transport::{BoundSocket, MAX_MESSAGE_SIZE};
+use tokio::sync::{Notify, broadcast};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::Router;
+use tonic::{Request, Response};
+
+pub use node_service_capability::rpc::Type as NodeCapability;
+
+/// How long a stopping driver waits for open connections to close before dropping them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+pub use tonic::Code;
+
+/// What went wrong while running the driver.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The socket could not be created.
+    #[error("failed to create the driver socket")]
+    Bind(#[source] plugreg_transport::Error),
+    /// The gRPC server failed.
+    #[error("the driver's gRPC server failed")]
+    Serve(#[source] plugreg_transport::Error),
+    /// The serving task panicked or was aborted.
+    #[error("the driver task ended abnormally")]
+    Join(#[source] tokio::task::JoinError),
+    /// A topology list is not `key=value[,key=value...]`.
+    #[error("invalid topology {0:?}: expected key=value[,key=value...]")]
+    Topology(String),
+}
+
+/// A gRPC error to answer with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The status code.
+    pub code: Code,
+    /// The status message.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with `code` and `message`.
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn status(&self) -> tonic::Status {
+        tonic::Status::new(self.code, self.message.clone())
+    }
+}
+
+/// The error used by [`Fault::fail_first`] when [`Fault::error`] is not set.
+pub fn injected_failure() -> Failure {
+    Failure::new(Code::Unavailable, "injected failure")
+}
+
+/// How one RPC misbehaves. The default answers at once and successfully.
+///
+/// For each call, in this order: a hanging call never answers (until the driver stops, then
+/// it fails with UNAVAILABLE); a delayed call waits [`delay`](Self::delay); a failing call
+/// answers with an error instead of the configured response.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fault {
+    /// Wait this long before answering.
+    pub delay: Option<Duration>,
+    /// Delay only the first N calls; `None` delays every call.
+    pub delay_first: Option<u64>,
+    /// Answer with this error.
+    pub error: Option<Failure>,
+    /// Fail only the first N calls; `None` fails every call when [`error`](Self::error) is set.
+    /// When this is set and `error` is not, the calls fail with [`injected_failure`].
+    pub fail_first: Option<u64>,
+    /// Never answer.
+    pub hang: bool,
+}
+
+/// What a call with the given 0-based index should do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Plan {
+    delay: Option<Duration>,
+    error: Option<Failure>,
+    hang: bool,
+}
+
+impl Fault {
+    fn plan(&self, index: u64) -> Plan {
+        let within = |first: Option<u64>| first.is_none_or(|n| index < n);
+        let delay = self.delay.filter(|_| within(self.delay_first));
+        let error = match (&self.error, self.fail_first) {
+            (Some(e), first) if within(first) => Some(e.clone()),
+            (None, Some(n)) if index < n => Some(injected_failure()),
+            _ => None,
+        };
+        Plan {
+            delay,
+            error,
+            hang: self.hang,
+        }
+    }
+}
+
+/// The RPCs the driver serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// `/csi.v1.Identity/GetPluginInfo`
+    GetPluginInfo,
+    /// `/csi.v1.Identity/GetPluginCapabilities`
+    GetPluginCapabilities,
+    /// `/csi.v1.Identity/Probe`
+    Probe,
+    /// `/csi.v1.Node/NodeGetCapabilities`
+    NodeGetCapabilities,
+    /// `/csi.v1.Node/NodeGetInfo`
+    NodeGetInfo,
+}
+
+impl Method {
+    /// Every method, in declaration order.
+    pub const ALL: [Method; 5] = [
+        Method::GetPluginInfo,
+        Method::GetPluginCapabilities,
+        Method::Probe,
+        Method::NodeGetCapabilities,
+        Method::NodeGetInfo,
+    ];
+
+    /// The method name, e.g. `GetPluginInfo`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::GetPluginInfo => "GetPluginInfo",
+            Method::GetPluginCapabilities => "GetPluginCapabilities",
+            Method::Probe => "Probe",
+            Method::NodeGetCapabilities => "NodeGetCapabilities",
+            Method::NodeGetInfo => "NodeGetInfo",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One call as it arrived, with what the driver is going to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// Which RPC.
+    pub method: Method,
+    /// 1 for the first call of this method, 2 for the second, ...
+    pub number: u64,
+    /// How long the answer is delayed.
+    pub delay: Option<Duration>,
+    /// The error it will answer with, if any.
+    pub error: Option<Failure>,
+    /// Whether it will never be answered.
+    pub hang: bool,
+}
+
+/// Call counters and a stream of [`Call`] events, shared (cheap to clone) between the driver and
+/// whoever watches it. A call is counted and published when it arrives, before any delay.
+#[derive(Debug, Clone)]
+pub struct Calls {
+    inner: Arc<CallsInner>,
+}
+
+#[derive(Debug)]
+struct CallsInner {
+    counts: [AtomicU64; Method::ALL.len()],
+    changed: Notify,
+    events: broadcast::Sender<Call>,
+}
+
+impl Default for Calls {
+    fn default() -> Self {
+        Self {
+            inner: Arc::new(CallsInner {
+                counts: Default::default(),
+                changed: Notify::new(),
+                events: broadcast::Sender::new(256),
+            }),
+        }
+    }
+}
+
+impl Calls {
+    /// Calls of `method` so far.
+    pub fn count(&self, method: Method) -> u64 {
+        self.inner.counts[method.index()].load(Ordering::SeqCst)
+    }
+
+    /// GetPluginInfo calls so far.
+    pub fn get_plugin_info(&self) -> u64 {
+        self.count(Method::GetPluginInfo)
+    }
+
+    /// NodeGetInfo calls so far.
+    pub fn node_get_info(&self) -> u64 {
+        self.count(Method::NodeGetInfo)
+    }
+
+    /// Every call from now on, as it arrives.
+    pub fn subscribe(&self) -> broadcast::Receiver<Call> {
+        self.inner.events.subscribe()
+    }
+
+    /// Waits until at least `n` calls of `method` have arrived.
+    pub async fn wait_for(&self, method: Method, n: u64) {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.count(method) >= n {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Counts a call and returns its 0-based index.
+    fn record(&self, method: Method) -> u64 {
+        self.inner.counts[method.index()].fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn publish(&self, call: Call) {
+        self.inner.changed.notify_waiters();
+        // Nobody listening is fine.
+        let _ = self.inner.events.send(call);
+    }
+}
+
+/// Everything the driver answers. The defaults describe a healthy driver named
+/// `csi.plugreg.test` on node `node-1`.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// GetPluginInfo `name` (may be empty or invalid, to test the peer).
+    pub name: String,
+    /// GetPluginInfo `vendor_version`.
+    pub vendor_version: String,
+    /// GetPluginInfo `manifest`.
+    pub manifest: BTreeMap<String, String>,
+    /// Whether GetPluginCapabilities lists VOLUME_ACCESSIBILITY_CONSTRAINTS.
+    pub accessibility_constraints: bool,
+    /// Probe `ready`.
+    pub ready: bool,
+    /// NodeGetInfo `node_id` (may be empty).
+    pub node_id: String,
+    /// NodeGetInfo topology segments; empty means no `accessible_topology`.
+    pub topology: BTreeMap<String, String>,
+    /// NodeGetInfo `max_volumes_per_node`.
+    pub max_volumes_per_node: i64,
+    /// NodeGetCapabilities RPC capabilities.
+    pub node_capabilities: Vec<NodeCapability>,
+    /// How GetPluginInfo misbehaves.
+    pub get_plugin_info: Fault,
+    /// How NodeGetInfo misbehaves.
+    pub node_get_info: Fault,
+    /// Where calls are counted; clone it before handing the config over to watch the driver.
+    pub calls: Calls,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        Self {
+            name: "csi.plugreg.test".into(),
+            vendor_version: "0.1.0".into(),
+            manifest: BTreeMap::new(),
+            accessibility_constraints: false,
+            ready: true,
+            node_id: "node-1".into(),
+            topology: BTreeMap::new(),
+            max_volumes_per_node: 0,
+            node_capabilities: Vec::new(),
+            get_plugin_info: Fault::default(),
+            node_get_info: Fault::default(),
+            calls: Calls::default(),
+        }
+    }
+}
+
+/// Parses a topology list `key=value[,key=value...]`; an empty string is an empty map.
+pub fn parse_topology(list: &str) -> Result<BTreeMap<String, String>, Error> {
+    let mut segments = BTreeMap::new();
+    for item in list.split(',').filter(|s| !s.is_empty()) {
+        match item.split_once('=') {
+            Some((k, v)) if !k.is_empty() => {
+                segments.insert(k.to_owned(), v.to_owned());
+            }
+            _ => return Err(Error::Topology(list.to_owned())),
+        }
+    }
+    Ok(segments)
+}
+
+/// The gRPC services (Identity and Node) answering from `config`. Hanging and delayed calls
+/// give up with UNAVAILABLE when `token` is cancelled, so a server shutdown never waits on them.
+pub fn router(config: DriverConfig, token: CancellationToken) -> Router {
+    let driver = Driver {
+        config: Arc::new(config),
+        token,
+    };
+    plugreg_transport::server()
+        .add_service(
+            IdentityServer::new(driver.clone())
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        )
+        .add_service(
+            NodeServer::new(driver)
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        )
+}
+
+/// Creates the socket at `socket` (replacing a stale one) and serves until `token` is
+/// cancelled (then at most [`SHUTDOWN_GRACE`] more); the socket is removed on return.
+pub async fn serve(
+    config: DriverConfig,
+    socket: &Path,
+    token: CancellationToken,
+) -> Result<(), Error> {
+    let bound = plugreg_transport::bind(socket).map_err(Error::Bind)?;
+    serve_bound(config, bound, token).await
+}
+
+/// Serves on an already bound socket until `token` is cancelled; the socket is removed on
+/// return.
+pub async fn serve_bound(
+    config: DriverConfig,
+    socket: BoundSocket,
+    token: CancellationToken,
+) -> Result<(), Error> {
+    let router = router(config, token.clone());
+    let serving = plugreg_transport::serve(router, socket, token.clone().cancelled_owned());
+    tokio::pin!(serving);
+    tokio::select! {
+        result = &mut serving => return result.map_err(Error::Serve),
+        _ = token.cancelled() => {}
+    }
+    // Clients that keep their connections open must not hold the shutdown up: after a grace
+    // period the server is dropped, which closes them and removes the socket all the same.
+    match tokio::time::timeout(SHUTDOWN_GRACE, serving).await {
+        Ok(result) => result.map_err(Error::Serve),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Binds the socket now (it is listening when this returns) and serves in a background task.
+pub async fn start(config: DriverConfig, socket: &Path) -> Result<RunningDriver, Error> {
+    let bound = plugreg_transport::bind(socket).map_err(Error::Bind)?;
+    let calls = config.calls.clone();
+    let token = CancellationToken::new();
+    let task = tokio::spawn(serve_bound(config, bound, token.clone()));
+    Ok(RunningDriver {
+        path: socket.to_owned(),
+        calls,
+        token,
+        task: Some(task),
+    })
+}
+
+/// A driver serving in the background, from [`start`]. Dropping it stops the driver.
+#[derive(Debug)]
+pub struct RunningDriver {
+    path: PathBuf,
+    calls: Calls,
+    token: CancellationToken,
+    task: Option<JoinHandle<Result<(), Error>>>,
+}
+
+impl RunningDriver {
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The driver's call counters.
+    pub fn calls(&self) -> &Calls {
+        &self.calls
+    }
+
+    /// Stops serving, removes the socket and waits for the server to finish.
+    pub async fn stop(mut self) -> Result<(), Error> {
+        self.token.cancel();
+        match self.task.take() {
+            Some(task) => task.await.map_err(Error::Join)?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningDriver {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Driver {
+    config: Arc<DriverConfig>,
+    token: CancellationToken,
+}
+
+impl Driver {
+    /// Counts and publishes a call, then carries out its fault plan.
+    async fn enter(&self, method: Method, fault: Option<&Fault>) -> Result<(), tonic::Status> {
+        let index = self.config.calls.record(method);
+        let plan = fault.map(|f| f.plan(index)).unwrap_or_default();
+        tracing::debug!(%method, number = index + 1, ?plan, "CSI call");
+        self.config.calls.publish(Call {
+            method,
+            number: index + 1,
+            delay: plan.delay,
+            error: plan.error.clone(),
+            hang: plan.hang,
+        });
+        let stopped = || tonic::Status::unavailable("the driver is stopping");
+        if plan.hang {
+            self.token.cancelled().await;
+            return Err(stopped());
+        }
+        if let Some(delay) = plan.delay {
+            tokio::select! {
+                _ = self.token.cancelled() => return Err(stopped()),
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+        match plan.error {
+            Some(e) => Err(e.status()),
+            None => Ok(()),
+        }
+    }
+}
+
+fn to_map(m: &BTreeMap<String, String>) -> HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+#[tonic::async_trait]
+impl Identity for Driver {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, tonic::Status> {
+        self.enter(Method::GetPluginInfo, Some(&self.config.get_plugin_info))
+            .await?;
+        Ok(Response::new(GetPluginInfoResponse {
+            name: self.config.name.clone(),
+            vendor_version: self.config.vendor_version.clone(),
+            manifest: to_map(&self.config.manifest),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, tonic::Status> {
+        self.enter(Method::GetPluginCapabilities, None).await?;
+        let capabilities = self
+            .config
+            .accessibility_constraints
+            .then(|| PluginCapability {
+                r#type: Some(plugin_capability::Type::Service(
+                    plugin_capability::Service {
+                        r#type: plugin_capability::service::Type::VolumeAccessibilityConstraints
+                            as i32,
+                    },
+                )),
+            })
+            .into_iter()
+            .collect();
+        Ok(Response::new(GetPluginCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<ProbeRequest>,
+    ) -> Result<Response<ProbeResponse>, tonic::Status> {
+        self.enter(Method::Probe, None).await?;
+        Ok(Response::new(ProbeResponse {
+            ready: Some(self.config.ready),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Node for Driver {
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, tonic::Status> {
+        self.enter(Method::NodeGetCapabilities, None).await?;
+        let capabilities = self
+            .config
+            .node_capabilities
+            .iter()
+            .map(|&t| NodeServiceCapability {
+                r#type: Some(node_service_capability::Type::Rpc(
+                    node_service_capability::Rpc { r#type: t as i32 },
+                )),
+            })
+            .collect();
+        Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, tonic::Status> {
+        self.enter(Method::NodeGetInfo, Some(&self.config.node_get_info))
+            .await?;
+        let accessible_topology = (!self.config.topology.is_empty()).then(|| Topology {
+            segments: to_map(&self.config.topology),
+        });
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.config.node_id.clone(),
+            max_volumes_per_node: self.config.max_volumes_per_node,
+            accessible_topology,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_plans_follow_the_first_n_limits() {
+        let ms = Duration::from_millis;
+        let err = Failure::new(Code::Internal, "boom");
+        let cases: Vec<(Fault, Vec<Plan>)> = vec![
+            (Fault::default(), vec![Plan::default(); 3]),
+            (
+                Fault {
+                    delay: Some(ms(5)),
+                    ..Fault::default()
+                },
+                vec![
+                    Plan {
+                        delay: Some(ms(5)),
+                        ..Plan::default()
+                    };
+                    3
+                ],
+            ),
+            (
+                Fault {
+                    delay: Some(ms(5)),
+                    delay_first: Some(2),
+                    ..Fault::default()
+                },
+                vec![
+                    Plan {
+                        delay: Some(ms(5)),
+                        ..Plan::default()
+                    },
+                    Plan {
+                        delay: Some(ms(5)),
+                        ..Plan::default()
+                    },
+                    Plan::default(),
+                ],
+            ),
+            (
+                Fault {
+                    error: Some(err.clone()),
+                    ..Fault::default()
+                },
+                vec![
+                    Plan {
+                        error: Some(err.clone()),
+                        ..Plan::default()
+                    };
+                    3
+                ],
+            ),
+            (
+                Fault {
+                    error: Some(err.clone()),
+                    fail_first: Some(1),
+                    ..Fault::default()
+                },
+                vec![
+                    Plan {
+                        error: Some(err.clone()),
+                        ..Plan::default()
+                    },
+                    Plan::default(),
+                    Plan::default(),
+                ],
+            ),
+            (
+                Fault {
+                    fail_first: Some(2),
+                    ..Fault::default()
+                },
+                vec![
+                    Plan {
+                        error: Some(injected_failure()),
+                        ..Plan::default()
+                    },
+                    Plan {
+                        error: Some(injected_failure()),
+                        ..Plan::default()
+                    },
+                    Plan::default(),
+                ],
+            ),
+        ];
+        for (fault, plans) in cases {
+            let got: Vec<Plan> = (0..3).map(|i| fault.plan(i)).collect();
+            assert_eq!(got, plans, "{fault:?}");
+        }
+    }
+
+    #[test]
+    fn parses_topology_lists() {
+        assert!(parse_topology("").unwrap().is_empty());
+        let t = parse_topology("zone=a,rack=r1").unwrap();
+        assert_eq!(t.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(t.get("rack").map(String::as_str), Some("r1"));
+        assert_eq!(
+            parse_topology("k=").unwrap().get("k").map(String::as_str),
+            Some("")
+        );
+        for bad in ["zone", "=a", "zone=a,rack"] {
+            assert!(parse_topology(bad).is_err(), "{bad:?}");
+        }
+    }
+}
