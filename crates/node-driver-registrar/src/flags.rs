@@ -1,0 +1,701 @@
+//! The command line of node-driver-registrar v2.17.0, parsed the way Go's `flag` package
+//! parses it (R1): `-flag` and `--flag`, `-flag=value` and `-flag value`, booleans take a value
+//! only in the `=` form, parsing stops at the first non-flag argument or after `--`, an unknown
+//! flag is an error (exit 2) and `-h`/`-help` asks for the usage (exit 0).
+//!
+//! On top of upstream: the legacy klog flags (removed upstream in v2.11) are accepted and
+//! ignored with a warning, and `--csi-connect-window` sets how long the start-up may take to
+//! reach the CSI driver and learn its name.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::Config;
+use crate::gosyntax::{
+    SyntaxError, check_vmodule, parse_bool, parse_duration, parse_duration_nanos, parse_int,
+    parse_quantity_nonzero, parse_u32_decimal, parse_uint,
+};
+use crate::logging::{LogFormat, LogOptions};
+
+/// The whole command line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Flags {
+    /// What the sidecar does.
+    pub config: Config,
+    /// How it logs (validated separately: an invalid logging configuration is exit 1, not 2).
+    pub logging: LogOptions,
+    /// `--version`: print the version and exit 0.
+    pub version: bool,
+    /// Legacy klog flags that were given (accepted and ignored), in order, without dashes.
+    pub legacy: Vec<String>,
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// Run (or print the version, if [`Flags::version`] is set).
+    Run(Box<Flags>),
+    /// `-h`, `-help` or `--help`: print [`usage`] and exit 0.
+    Help,
+}
+
+/// A command-line error: print it, then [`usage`], to stderr and exit 2.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct FlagError(pub String);
+
+/// The exit code of a command-line error.
+pub const FLAG_ERROR_EXIT: i32 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Bool,
+    String,
+    Duration,
+    Int,
+    Uint,
+    /// Free-form value shown as `value` in the usage.
+    Value,
+}
+
+struct Spec {
+    name: &'static str,
+    kind: Kind,
+    /// Type name in the usage (`string`, `duration`, ...); empty for booleans.
+    type_name: &'static str,
+    default: &'static str,
+    usage: &'static str,
+    legacy: bool,
+}
+
+const fn flag(
+    name: &'static str,
+    kind: Kind,
+    type_name: &'static str,
+    default: &'static str,
+    usage: &'static str,
+) -> Spec {
+    Spec {
+        name,
+        kind,
+        type_name,
+        default,
+        usage,
+        legacy: false,
+    }
+}
+
+const fn legacy(name: &'static str, kind: Kind, type_name: &'static str) -> Spec {
+    Spec {
+        name,
+        kind,
+        type_name,
+        default: "",
+        usage: "Legacy klog flag (removed from node-driver-registrar in v2.11): accepted and ignored.",
+        legacy: true,
+    }
+}
+
+/// Every flag, sorted by name as Go prints them.
+const SPECS: &[Spec] = &[
+    legacy("add-dir-header", Kind::Bool, ""),
+    legacy("alsologtostderr", Kind::Bool, ""),
+    flag(
+        "automaxprocs",
+        Kind::Bool,
+        "",
+        "",
+        "Set GOMAXPROCS from the container's CPU quota. Accepted for compatibility: this runtime is single-threaded.",
+    ),
+    flag(
+        "connection-timeout",
+        Kind::Duration,
+        "duration",
+        "0s",
+        "The --connection-timeout flag is deprecated and has no effect.",
+    ),
+    flag(
+        "csi-address",
+        Kind::String,
+        "string",
+        "/run/csi/socket",
+        "Path of the CSI driver socket that the node-driver-registrar will connect to (a path or unix://PATH).",
+    ),
+    flag(
+        "csi-connect-window",
+        Kind::Duration,
+        "duration",
+        "30s",
+        "How long start-up keeps trying to connect to the CSI driver and to get its name (GetPluginInfo is retried with back-off within this window) before exiting 1.",
+    ),
+    flag(
+        "enable-pprof",
+        Kind::Bool,
+        "",
+        "",
+        "Enable pprof profiling on --http-endpoint. Accepted for compatibility: there are no pprof handlers in this build.",
+    ),
+    flag(
+        "health-port",
+        Kind::Int,
+        "int",
+        "0",
+        "(deprecated) TCP port for healthz requests; 0 disables it. Only one of `--health-port` and `--http-endpoint` can be set.",
+    ),
+    flag(
+        "http-endpoint",
+        Kind::String,
+        "string",
+        "",
+        "The TCP network address where the HTTP server for diagnostics (/healthz, /metrics) will listen (example: `:9809`). Empty disables it. Only one of `--health-port` and `--http-endpoint` can be set.",
+    ),
+    flag(
+        "kubelet-registration-path",
+        Kind::String,
+        "string",
+        "",
+        "Path of the CSI driver socket on the Kubernetes host machine.",
+    ),
+    legacy("log-backtrace-at", Kind::Value, "value"),
+    legacy("log-dir", Kind::String, "string"),
+    legacy("log-file", Kind::String, "string"),
+    legacy("log-file-max-size", Kind::Uint, "uint"),
+    flag(
+        "log-flush-frequency",
+        Kind::Duration,
+        "duration",
+        "5s",
+        "Maximum number of seconds between log flushes.",
+    ),
+    flag(
+        "log-json-info-buffer-size",
+        Kind::Value,
+        "quantity",
+        "",
+        "[Alpha] In JSON format with split output streams, the info messages can be buffered. Requires the LoggingAlphaOptions feature gate, which cannot be enabled here.",
+    ),
+    flag(
+        "log-json-split-stream",
+        Kind::Bool,
+        "",
+        "",
+        "[Alpha] In JSON format, write error messages to stderr and info messages to stdout. Requires the LoggingAlphaOptions feature gate, which cannot be enabled here.",
+    ),
+    flag(
+        "log-text-info-buffer-size",
+        Kind::Value,
+        "quantity",
+        "",
+        "[Alpha] In text format with split output streams, the info messages can be buffered. Requires the LoggingAlphaOptions feature gate, which cannot be enabled here.",
+    ),
+    flag(
+        "log-text-split-stream",
+        Kind::Bool,
+        "",
+        "",
+        "[Alpha] In text format, write error messages to stderr and info messages to stdout. Requires the LoggingAlphaOptions feature gate, which cannot be enabled here.",
+    ),
+    flag(
+        "logging-format",
+        Kind::String,
+        "string",
+        "text",
+        "Sets the log format. Permitted formats: \"json\", \"text\".",
+    ),
+    legacy("logtostderr", Kind::Bool, ""),
+    flag(
+        "mode",
+        Kind::String,
+        "string",
+        "",
+        "Deprecated. \"kubelet-registration-probe\" exits 0 at once; any other value means normal operation.",
+    ),
+    legacy("one-output", Kind::Bool, ""),
+    flag(
+        "plugin-registration-path",
+        Kind::String,
+        "string",
+        "/registration",
+        "Path to Kubernetes plugin registration directory.",
+    ),
+    legacy("skip-headers", Kind::Bool, ""),
+    legacy("skip-log-headers", Kind::Bool, ""),
+    legacy("stderrthreshold", Kind::Value, "value"),
+    flag(
+        "timeout",
+        Kind::Duration,
+        "duration",
+        "1s",
+        "Timeout of each GetPluginInfo call at start-up and of the whole /healthz check.",
+    ),
+    flag(
+        "v",
+        Kind::Value,
+        "value",
+        "0",
+        "number for the log level verbosity",
+    ),
+    flag("version", Kind::Bool, "", "", "Show version."),
+    flag(
+        "vmodule",
+        Kind::Value,
+        "value",
+        "",
+        "comma-separated list of pattern=N settings for file-filtered logging (only works for text log format); accepted and ignored here.",
+    ),
+];
+
+fn lookup(name: &str) -> Option<&'static Spec> {
+    SPECS.iter().find(|s| s.name == name)
+}
+
+/// The usage text Go's `flag` package would print for these flags, for the program `argv0`.
+pub fn usage(argv0: &str) -> String {
+    let mut out = format!("Usage of {argv0}:\n");
+    for spec in SPECS {
+        let mut line = format!("  -{}", spec.name);
+        if !spec.type_name.is_empty() {
+            let _ = write!(line, " {}", spec.type_name);
+        }
+        // Go puts a one-letter boolean's usage on the same line.
+        if line.len() <= 4 {
+            line.push('\t');
+        } else {
+            line.push_str("\n    \t");
+        }
+        line.push_str(spec.usage);
+        let is_zero = matches!(spec.default, "" | "0" | "0s" | "false");
+        if !is_zero {
+            if spec.kind == Kind::String {
+                let _ = write!(line, " (default {:?})", spec.default);
+            } else {
+                let _ = write!(line, " (default {})", spec.default);
+            }
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Parses the arguments after the program name.
+pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
+    let mut flags = Flags::default();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_ref();
+        if arg.len() < 2 || !arg.starts_with('-') {
+            break;
+        }
+        let minuses = if arg.as_bytes()[1] == b'-' {
+            if arg.len() == 2 {
+                break; // "--" ends the flags
+            }
+            2
+        } else {
+            1
+        };
+        let body = &arg[minuses..];
+        if body.is_empty() || body.starts_with('-') || body.starts_with('=') {
+            return Err(FlagError(format!("bad flag syntax: {arg}")));
+        }
+        i += 1;
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (body, None),
+        };
+        let Some(spec) = lookup(name) else {
+            if name == "help" || name == "h" {
+                return Ok(Parsed::Help);
+            }
+            return Err(FlagError(format!("flag provided but not defined: -{name}")));
+        };
+        if spec.kind == Kind::Bool {
+            let value = inline.unwrap_or("true");
+            let b = parse_bool(value).map_err(|e| {
+                FlagError(format!("invalid boolean value {value:?} for -{name}: {e}"))
+            })?;
+            set_bool(&mut flags, spec, b);
+        } else {
+            let value = match inline {
+                Some(v) => v,
+                None => match args.get(i) {
+                    Some(v) => {
+                        i += 1;
+                        v.as_ref()
+                    }
+                    None => return Err(FlagError(format!("flag needs an argument: -{name}"))),
+                },
+            };
+            set_value(&mut flags, spec, value)
+                .map_err(|e| FlagError(format!("invalid value {value:?} for flag -{name}: {e}")))?;
+        }
+        if spec.legacy {
+            flags.legacy.push(spec.name.to_owned());
+        }
+    }
+    Ok(Parsed::Run(Box::new(flags)))
+}
+
+fn set_bool(flags: &mut Flags, spec: &Spec, b: bool) {
+    match spec.name {
+        "automaxprocs" => flags.config.automaxprocs = b,
+        "enable-pprof" => flags.config.enable_pprof = b,
+        "version" => flags.version = b,
+        "log-text-split-stream" => flags.logging.text_split_stream = b,
+        "log-json-split-stream" => flags.logging.json_split_stream = b,
+        _ => {} // legacy klog booleans
+    }
+}
+
+fn set_value(flags: &mut Flags, spec: &Spec, value: &str) -> Result<(), SyntaxError> {
+    let c = &mut flags.config;
+    let l = &mut flags.logging;
+    match spec.name {
+        "csi-address" => c.csi_address = value.to_owned(),
+        "kubelet-registration-path" => c.kubelet_registration_path = value.to_owned(),
+        "plugin-registration-path" => c.plugin_registration_path = value.to_owned(),
+        "http-endpoint" => c.http_endpoint = value.to_owned(),
+        "mode" => c.mode = value.to_owned(),
+        "timeout" => c.timeout = parse_duration(value)?,
+        "csi-connect-window" => c.csi_connect_window = parse_duration(value)?,
+        "connection-timeout" => {
+            // Only "is it non-zero" matters: it is deprecated and has no effect.
+            let nanos = parse_duration_nanos(value)?;
+            c.connection_timeout = Duration::from_nanos(nanos.unsigned_abs());
+        }
+        "health-port" => c.health_port = parse_int(value)?,
+        "v" => l.verbosity = parse_u32_decimal(value)?,
+        "vmodule" => {
+            check_vmodule(value)?;
+            l.vmodule = value.to_owned();
+        }
+        "logging-format" => l.format = value.to_owned(),
+        "log-flush-frequency" => {
+            l.flush_frequency_nanos = parse_duration_nanos(value)?;
+        }
+        "log-text-info-buffer-size" => {
+            l.text_info_buffer_size_set = parse_quantity_nonzero(value)?;
+        }
+        "log-json-info-buffer-size" => {
+            l.json_info_buffer_size_set = parse_quantity_nonzero(value)?;
+        }
+        "log-file-max-size" => {
+            parse_uint(value)?;
+        }
+        _ => match spec.kind {
+            // Legacy flags: check the syntax Go checked, ignore the value.
+            Kind::Duration => {
+                parse_duration_nanos(value)?;
+            }
+            Kind::Int => {
+                parse_int(value)?;
+            }
+            Kind::Uint => {
+                parse_uint(value)?;
+            }
+            Kind::Bool | Kind::String | Kind::Value => {}
+        },
+    }
+    Ok(())
+}
+
+impl LogOptions {
+    /// The format to use, or the validation errors upstream reports as "LoggingConfiguration
+    /// is invalid" (exit 1).
+    pub fn validate(&self) -> Result<LogFormat, Vec<String>> {
+        let mut errors = Vec::new();
+        let format = match self.format.as_str() {
+            "text" => Some(LogFormat::Text),
+            "json" => Some(LogFormat::Json),
+            other => {
+                errors.push(format!(
+                    "format: Unsupported value: {other:?}: supported values: \"json\", \"text\""
+                ));
+                None
+            }
+        };
+        if self.flush_frequency_nanos <= 0 {
+            errors.push(format!(
+                "flushFrequency: Invalid value: {}: Must be greater than zero",
+                self.flush_frequency_nanos
+            ));
+        }
+        let gated = "Forbidden: Feature LoggingAlphaOptions is disabled";
+        if self.text_split_stream {
+            errors.push(format!("options.text.splitStream: {gated}"));
+        }
+        if self.text_info_buffer_size_set {
+            errors.push(format!("options.text.infoBufferSize: {gated}"));
+        }
+        if self.json_split_stream {
+            errors.push(format!("options.json.splitStream: {gated}"));
+        }
+        if self.json_info_buffer_size_set {
+            errors.push(format!("options.json.infoBufferSize: {gated}"));
+        }
+        match format {
+            Some(f) if errors.is_empty() => Ok(f),
+            _ => Err(errors),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Flags {
+        match parse(args) {
+            Ok(Parsed::Run(f)) => *f,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    fn err(args: &[&str]) -> String {
+        match parse(args) {
+            Err(FlagError(m)) => m,
+            other => panic!("{args:?} must fail: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_match_upstream() {
+        let f = run(&[]);
+        let c = &f.config;
+        assert_eq!(c.csi_address, "/run/csi/socket");
+        assert_eq!(c.kubelet_registration_path, "");
+        assert_eq!(c.plugin_registration_path, "/registration");
+        assert_eq!(c.timeout, Duration::from_secs(1));
+        assert_eq!(c.http_endpoint, "");
+        assert_eq!(c.health_port, 0);
+        assert!(!c.enable_pprof);
+        assert_eq!(c.mode, "");
+        assert_eq!(c.connection_timeout, Duration::ZERO);
+        assert_eq!(c.csi_connect_window, Duration::from_secs(30));
+        assert!(!c.automaxprocs);
+        assert!(!f.version);
+        assert_eq!(f.logging.verbosity, 0);
+        assert_eq!(f.logging.format, "text");
+        assert_eq!(f.logging.flush_frequency_nanos, 5_000_000_000);
+        assert_eq!(f.logging.validate(), Ok(LogFormat::Text));
+    }
+
+    #[test]
+    fn every_go_syntax_form_sets_a_value() {
+        // (arguments, expected csi-address)
+        let forms: &[&[&str]] = &[
+            &["-csi-address=/a"],
+            &["--csi-address=/a"],
+            &["-csi-address", "/a"],
+            &["--csi-address", "/a"],
+            &["--csi-address=/x", "--csi-address=/a"],
+        ];
+        for args in forms {
+            assert_eq!(run(args).config.csi_address, "/a", "{args:?}");
+        }
+        assert_eq!(run(&["--csi-address="]).config.csi_address, "");
+        // A value may itself look like a flag when given separately.
+        assert_eq!(run(&["--mode", "-x"]).config.mode, "-x");
+        // Only the first '=' splits.
+        assert_eq!(run(&["--mode=a=b"]).config.mode, "a=b");
+    }
+
+    #[test]
+    fn booleans_take_a_value_only_with_equals() {
+        let table: &[(&[&str], bool, &[&str])] = &[
+            (&["-version"], true, &[]),
+            (&["--version"], true, &[]),
+            (&["-version=true"], true, &[]),
+            (&["-version=1"], true, &[]),
+            (&["-version=T"], true, &[]),
+            (&["-version=false"], false, &[]),
+            (&["--version=0"], false, &[]),
+            (&["-version=F"], false, &[]),
+        ];
+        for (args, want, _) in table {
+            assert_eq!(run(args).version, *want, "{args:?}");
+        }
+        // "-version false": the bool takes no separate value; "false" ends the flags.
+        let f = run(&["-version", "false", "--mode=x"]);
+        assert!(f.version);
+        assert_eq!(f.config.mode, "", "parsing stopped at \"false\"");
+        assert_eq!(
+            err(&["-version=yes"]),
+            "invalid boolean value \"yes\" for -version: parse error"
+        );
+        assert!(run(&["-enable-pprof", "-automaxprocs"]).config.enable_pprof);
+        assert!(run(&["-automaxprocs"]).config.automaxprocs);
+    }
+
+    #[test]
+    fn durations_and_ints_use_go_syntax() {
+        let d = |args: &[&str]| run(args).config.timeout;
+        assert_eq!(d(&["-timeout=500ms"]), Duration::from_millis(500));
+        assert_eq!(d(&["-timeout", "1m30s"]), Duration::from_secs(90));
+        assert_eq!(d(&["--timeout=1h"]), Duration::from_secs(3600));
+        assert_eq!(d(&["--timeout=0"]), Duration::ZERO);
+        assert_eq!(d(&["--timeout=-1s"]), Duration::ZERO);
+        assert_eq!(
+            err(&["--timeout=10"]),
+            "invalid value \"10\" for flag -timeout: parse error"
+        );
+        assert_eq!(
+            err(&["--timeout", "1sec"]),
+            "invalid value \"1sec\" for flag -timeout: parse error"
+        );
+        assert_eq!(run(&["--health-port=9809"]).config.health_port, 9809);
+        assert_eq!(run(&["--health-port", "0x2651"]).config.health_port, 9809);
+        assert_eq!(run(&["--health-port=-1"]).config.health_port, -1);
+        assert_eq!(
+            err(&["--health-port=abc"]),
+            "invalid value \"abc\" for flag -health-port: parse error"
+        );
+        assert_eq!(
+            err(&["--health-port=99999999999999999999"]),
+            "invalid value \"99999999999999999999\" for flag -health-port: value out of range"
+        );
+        assert_eq!(
+            run(&["--csi-connect-window=2s"]).config.csi_connect_window,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            run(&["--connection-timeout=1m"]).config.connection_timeout,
+            Duration::from_secs(60)
+        );
+        assert_ne!(
+            run(&["--connection-timeout=-1s"]).config.connection_timeout,
+            Duration::ZERO,
+            "a negative value is non-zero, so it still logs the deprecation"
+        );
+    }
+
+    #[test]
+    fn parsing_stops_at_the_first_non_flag_or_double_dash() {
+        let f = run(&["--mode=a", "positional", "--mode=b", "--bogus"]);
+        assert_eq!(f.config.mode, "a");
+        let f = run(&["--mode=a", "--", "--mode=b", "--bogus"]);
+        assert_eq!(f.config.mode, "a");
+        let f = run(&["--mode=a", "-", "--mode=b"]);
+        assert_eq!(f.config.mode, "a", "a lone '-' is a non-flag argument");
+    }
+
+    #[test]
+    fn errors_are_worded_as_go_words_them() {
+        assert_eq!(err(&["-x"]), "flag provided but not defined: -x");
+        assert_eq!(
+            err(&["--metrics-address=:8080"]),
+            "flag provided but not defined: -metrics-address"
+        );
+        for not_defined in ["--kubeconfig=/k", "--leader-election", "--metrics-path=/m"] {
+            assert!(err(&[not_defined]).starts_with("flag provided but not defined"));
+        }
+        assert_eq!(err(&["---x"]), "bad flag syntax: ---x");
+        assert_eq!(err(&["-=x"]), "bad flag syntax: -=x");
+        assert_eq!(
+            err(&["--csi-address"]),
+            "flag needs an argument: -csi-address"
+        );
+        assert_eq!(
+            err(&["-v=x"]),
+            "invalid value \"x\" for flag -v: parse error"
+        );
+        assert!(err(&["--vmodule=main"]).starts_with("invalid value \"main\" for flag -vmodule"));
+    }
+
+    #[test]
+    fn help_flags_ask_for_usage() {
+        for h in ["-h", "-help", "--help", "--h"] {
+            assert_eq!(parse(&[h]), Ok(Parsed::Help), "{h}");
+        }
+        // An earlier error wins; a later one is never reached.
+        assert!(parse(&["-x", "-h"]).is_err());
+        assert_eq!(parse(&["-h", "-x"]), Ok(Parsed::Help));
+    }
+
+    #[test]
+    fn legacy_klog_flags_are_accepted_and_listed() {
+        let f = run(&[
+            "--logtostderr",
+            "--alsologtostderr=false",
+            "--log-dir=/tmp",
+            "--log-file",
+            "/tmp/x.log",
+            "--log-file-max-size=1800",
+            "--skip-headers",
+            "--skip-log-headers=true",
+            "--stderrthreshold=INFO",
+            "--add-dir-header",
+            "--one-output",
+            "--log-backtrace-at=main.go:1",
+            "--csi-address=/after",
+        ]);
+        assert_eq!(
+            f.legacy,
+            [
+                "logtostderr",
+                "alsologtostderr",
+                "log-dir",
+                "log-file",
+                "log-file-max-size",
+                "skip-headers",
+                "skip-log-headers",
+                "stderrthreshold",
+                "add-dir-header",
+                "one-output",
+                "log-backtrace-at",
+            ]
+        );
+        assert_eq!(f.config.csi_address, "/after", "parsing went on");
+        assert!(err(&["--log-file-max-size=big"]).contains("-log-file-max-size"));
+    }
+
+    #[test]
+    fn logging_flags_validate_as_component_base() {
+        let f = run(&["-v=5", "--vmodule=main=4", "--logging-format=json"]);
+        assert_eq!(f.logging.verbosity, 5);
+        assert_eq!(f.logging.validate(), Ok(LogFormat::Json));
+        assert_eq!(run(&["-v", "2"]).logging.verbosity, 2);
+
+        let invalid: &[&[&str]] = &[
+            &["--logging-format=xml"],
+            &["--log-flush-frequency=0"],
+            &["--log-flush-frequency=-1s"],
+            &["--log-text-split-stream"],
+            &["--log-text-info-buffer-size=1Mi"],
+            &["--log-json-split-stream=true"],
+            &["--log-json-info-buffer-size=512"],
+        ];
+        for args in invalid {
+            assert!(run(args).logging.validate().is_err(), "{args:?}");
+        }
+        // Setting an alpha option to its zero value is allowed, as upstream.
+        let valid: &[&[&str]] = &[
+            &["--log-text-split-stream=false"],
+            &["--log-json-info-buffer-size=0"],
+            &["--log-flush-frequency=1s"],
+        ];
+        for args in valid {
+            assert!(run(args).logging.validate().is_ok(), "{args:?}");
+        }
+        assert!(err(&["--log-text-info-buffer-size=lots"]).contains("-log-text-info-buffer-size"));
+    }
+
+    #[test]
+    fn usage_lists_every_flag_the_go_way() {
+        let u = usage("/csi-node-driver-registrar");
+        assert!(u.starts_with("Usage of /csi-node-driver-registrar:\n"));
+        assert!(u.contains("  -csi-address string\n    \t"));
+        assert!(u.contains("(default \"/run/csi/socket\")"));
+        assert!(u.contains("  -timeout duration\n"));
+        assert!(u.contains("(default 1s)"));
+        assert!(u.contains("  -version\n    \tShow version."));
+        for spec in SPECS {
+            assert!(u.contains(&format!("  -{}", spec.name)), "{}", spec.name);
+        }
+        let names: Vec<_> = SPECS.iter().map(|s| s.name).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted, "flags are listed sorted, as Go does");
+    }
+}

@@ -1,0 +1,225 @@
+//! End to end on one machine: plugreg's plugin manager (the kubelet side) in-process with a
+//! recording CSI handler, the CSI test driver in-process, and the sidecar as a real process.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use plugreg_csi_test_driver::{DriverConfig, start};
+use plugreg_manager::{
+    HandlerError, HandlerRegistry, ManagerConfig, PluginHandler, PluginManager, PluginState,
+    async_trait,
+};
+use rustix::process::Signal;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// What the handler was asked to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Call {
+    Register { name: String, endpoint: String },
+    Deregister { name: String, endpoint: String },
+}
+
+/// A CSI handler that accepts everything and reports each call on a channel.
+struct Recorder(mpsc::UnboundedSender<Call>);
+
+#[async_trait]
+impl PluginHandler for Recorder {
+    async fn validate(&self, _: &str, _: &str, versions: &[String]) -> Result<(), HandlerError> {
+        if versions.iter().any(|v| v == "1.0.0") {
+            Ok(())
+        } else {
+            Err(format!("unsupported versions {versions:?}").into())
+        }
+    }
+
+    async fn register(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+        let _ = self.0.send(Call::Register {
+            name: name.into(),
+            endpoint: endpoint.into(),
+        });
+        Ok(())
+    }
+
+    async fn deregister(&self, name: &str, endpoint: &str) {
+        let _ = self.0.send(Call::Deregister {
+            name: name.into(),
+            endpoint: endpoint.into(),
+        });
+    }
+}
+
+struct Node {
+    _tmp: tempfile::TempDir,
+    csi: PathBuf,
+    registry: PathBuf,
+    manager: PluginManager,
+    calls: mpsc::UnboundedReceiver<Call>,
+    token: CancellationToken,
+    _driver: plugreg_csi_test_driver::RunningDriver,
+}
+
+async fn node() -> Node {
+    let tmp = tempfile::tempdir().unwrap();
+    let csi = tmp.path().join("csi.sock");
+    let registry = tmp.path().join("plugins_registry");
+    let driver = start(
+        DriverConfig {
+            name: DRIVER.into(),
+            ..DriverConfig::default()
+        },
+        &csi,
+    )
+    .await
+    .unwrap();
+    let (tx, calls) = mpsc::unbounded_channel();
+    let token = CancellationToken::new();
+    let manager = PluginManager::start(
+        ManagerConfig::new(&registry),
+        HandlerRegistry::new().with("CSIPlugin", Arc::new(Recorder(tx))),
+        token.clone(),
+    )
+    .await
+    .unwrap();
+    Node {
+        _tmp: tmp,
+        csi,
+        registry,
+        manager,
+        calls,
+        token,
+        _driver: driver,
+    }
+}
+
+impl Node {
+    async fn next_call(&mut self) -> Call {
+        tokio::time::timeout(WAIT, self.calls.recv())
+            .await
+            .expect("a handler call in time")
+            .expect("the handler is alive")
+    }
+
+    fn state_of(&self, socket: &Path) -> Option<PluginState> {
+        self.manager
+            .snapshot()
+            .into_iter()
+            .find(|r| r.socket == socket)
+            .map(|r| r.state)
+    }
+}
+
+fn registered() -> Call {
+    Call::Register {
+        name: DRIVER.into(),
+        endpoint: KUBELET_PATH.into(),
+    }
+}
+
+fn deregistered() -> Call {
+    Call::Deregister {
+        name: DRIVER.into(),
+        endpoint: KUBELET_PATH.into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_with_the_manager_and_deregisters_on_sigterm_and_sigint() {
+    for signal in [Signal::TERM, Signal::INT] {
+        let mut n = node().await;
+        let mut p = Proc::spawn(&args(&n.csi, &n.registry));
+        assert_eq!(n.next_call().await, registered());
+        let socket = reg_socket(&n.registry);
+        p.wait_for_line("\"Received NotifyRegistrationStatus call\"", WAIT);
+        wait_until(WAIT, "the record to say Registered", || {
+            n.state_of(&socket) == Some(PluginState::Registered)
+        });
+        let record = n
+            .manager
+            .snapshot()
+            .into_iter()
+            .find(|r| r.socket == socket)
+            .unwrap();
+        assert_eq!(record.plugin_type, "CSIPlugin");
+        assert_eq!(record.versions, ["1.0.0"]);
+
+        p.signal(signal);
+        assert_eq!(p.exit_code(WAIT), 0, "{signal:?}: {}", p.log());
+        assert!(!socket.exists(), "{signal:?}");
+        assert_eq!(n.next_call().await, deregistered(), "{signal:?}");
+        n.token.cancel();
+        n.manager.stopped().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_deleted_by_someone_else_is_re_created_and_registered_again() {
+    let mut n = node().await;
+    let p = Proc::spawn(&args(&n.csi, &n.registry));
+    assert_eq!(n.next_call().await, registered());
+    let socket = reg_socket(&n.registry);
+    std::fs::remove_file(&socket).unwrap();
+    assert_eq!(n.next_call().await, deregistered());
+    assert_eq!(n.next_call().await, registered(), "{}", p.log());
+    wait_until(WAIT, "registered again", || {
+        n.state_of(&socket) == Some(PluginState::Registered)
+    });
+    n.token.cancel();
+    n.manager.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_rejected_by_the_handler_exits_1_and_cleans_up() {
+    // A handler that refuses everything: the manager answers Notify(false).
+    struct Refuse;
+    #[async_trait]
+    impl PluginHandler for Refuse {
+        async fn validate(&self, name: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+            Err(format!("RegisterPlugin error -- plugin {name} refused").into())
+        }
+        async fn register(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+            Ok(())
+        }
+        async fn deregister(&self, _: &str, _: &str) {}
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let csi = tmp.path().join("csi.sock");
+    let registry = tmp.path().join("plugins_registry");
+    let driver = start(
+        DriverConfig {
+            name: DRIVER.into(),
+            ..DriverConfig::default()
+        },
+        &csi,
+    )
+    .await
+    .unwrap();
+    let token = CancellationToken::new();
+    let manager = PluginManager::start(
+        ManagerConfig::new(&registry),
+        HandlerRegistry::new().with("CSIPlugin", Arc::new(Refuse)),
+        token.clone(),
+    )
+    .await
+    .unwrap();
+    let mut p = Proc::spawn(&args(&csi, &registry));
+    assert_eq!(p.exit_code(WAIT), 1);
+    assert!(
+        p.log().contains(
+            "\"Registration process failed with error, restarting registration container\""
+        ),
+        "{}",
+        p.log()
+    );
+    assert!(p.log().contains("refused"));
+    assert!(!reg_socket(&registry).exists());
+    token.cancel();
+    manager.stopped().await;
+    driver.stop().await.unwrap();
+}

@@ -1,0 +1,164 @@
+//! `/healthz` through the library, with the socket check turned off so that a missing or
+//! hijacked socket stays that way while the test looks: upstream's codes and bodies, and an
+//! answer within `--timeout` even when the socket never answers (R4).
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{DRIVER, KUBELET_PATH, http_get};
+use plugreg_csi_test_driver::{DriverConfig, start};
+use plugreg_node_driver_registrar::{Config, Progress, RunError, Sidecar};
+use tokio_util::sync::CancellationToken;
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+struct Running {
+    _tmp: tempfile::TempDir,
+    socket: PathBuf,
+    http: std::net::SocketAddr,
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), RunError>>,
+    _driver: plugreg_csi_test_driver::RunningDriver,
+}
+
+async fn running() -> Running {
+    let tmp = tempfile::tempdir().unwrap();
+    let csi = tmp.path().join("csi.sock");
+    let driver = start(
+        DriverConfig {
+            name: DRIVER.into(),
+            ..DriverConfig::default()
+        },
+        &csi,
+    )
+    .await
+    .unwrap();
+    let config = Config {
+        csi_address: csi.display().to_string(),
+        kubelet_registration_path: KUBELET_PATH.into(),
+        plugin_registration_path: tmp.path().display().to_string(),
+        http_endpoint: "127.0.0.1:0".into(),
+        timeout: TIMEOUT,
+        socket_check_period: Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let sidecar = Sidecar::new(config);
+    let mut progress = sidecar.progress();
+    let token = CancellationToken::new();
+    let task = tokio::spawn(sidecar.run(token.clone()));
+    let p: Progress = tokio::time::timeout(
+        Duration::from_secs(10),
+        progress.wait_for(|p| p.http_address.is_some()),
+    )
+    .await
+    .expect("the sidecar starts")
+    .unwrap()
+    .clone();
+    Running {
+        socket: p.socket.unwrap(),
+        http: p.http_address.unwrap(),
+        _tmp: tmp,
+        token,
+        task,
+        _driver: driver,
+    }
+}
+
+/// GET /healthz off the runtime thread; returns (code, body, how long it took).
+async fn healthz(r: &Running) -> (u16, String, Duration) {
+    let addr = r.http;
+    tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        let (code, body) = http_get(addr, "/healthz", Duration::from_secs(30));
+        (code, body, t.elapsed())
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_is_ok_while_serving_and_404_when_the_socket_is_gone() {
+    let r = running().await;
+    assert_eq!(
+        r.socket,
+        PathBuf::from(format!("{}/{DRIVER}-reg.sock", r._tmp.path().display()))
+    );
+    let (code, body, _) = healthz(&r).await;
+    assert_eq!((code, body.as_str()), (200, "ok"));
+
+    std::fs::remove_file(&r.socket).unwrap();
+    let (code, body, _) = healthz(&r).await;
+    assert_eq!(
+        (code, body.as_str()),
+        (404, "registration socket does not exist")
+    );
+
+    std::fs::write(&r.socket, b"x").unwrap();
+    let (code, body, _) = healthz(&r).await;
+    assert_eq!(code, 500);
+    assert_eq!(
+        body,
+        format!(
+            "file exists in socketPath {} but it's not a socket",
+            r.socket.display()
+        )
+    );
+    std::fs::remove_file(&r.socket).unwrap();
+
+    r.token.cancel();
+    r.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_within_the_timeout_when_the_socket_never_answers() {
+    let r = running().await;
+    // Take the path over with a socket that is listening but never accepts or answers.
+    std::fs::remove_file(&r.socket).unwrap();
+    let _hijacker = std::os::unix::net::UnixListener::bind(&r.socket).unwrap();
+    for _ in 0..2 {
+        let (code, body, took) = healthz(&r).await;
+        assert_eq!(code, 500, "{body}");
+        assert!(
+            body.starts_with("error connecting to node-registrar socket")
+                || body.starts_with("error getting info from node-registrar socket"),
+            "{body}"
+        );
+        assert!(body.ends_with("context deadline exceeded"), "{body}");
+        assert!(took >= TIMEOUT - Duration::from_millis(50), "{took:?}");
+        assert!(
+            took < TIMEOUT + Duration::from_millis(400),
+            "{took:?}: bounded by --timeout"
+        );
+    }
+    r.token.cancel();
+    r.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_reports_a_socket_that_answers_another_name() {
+    let r = running().await;
+    std::fs::remove_file(&r.socket).unwrap();
+    let other = plugreg_registrar::Registrar::new(plugreg_registrar::PluginInfo {
+        name: "other.example.com".into(),
+        ..Default::default()
+    });
+    let token = CancellationToken::new();
+    let serving = tokio::spawn({
+        let (s, t) = (r.socket.clone(), token.clone());
+        async move { other.serve(&s, Default::default(), t).await }
+    });
+    common::wait_until(Duration::from_secs(5), "the other socket", || {
+        common::is_socket(&r.socket)
+    });
+    let (code, body, _) = healthz(&r).await;
+    assert_eq!(
+        (code, body.as_str()),
+        (500, "invalid driver name other.example.com")
+    );
+    token.cancel();
+    serving.await.unwrap().unwrap();
+    r.token.cancel();
+    r.task.await.unwrap().unwrap();
+}

@@ -1,0 +1,358 @@
+//! The real binary against the in-process CSI test driver and a minimal kubelet client:
+//! start-up, failure paths, the registration socket's life, HTTP.
+//!
+//! Multi-threaded runtimes: the test body blocks on the child's log lines while the driver
+//! keeps serving on the worker threads.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, Method, start};
+use rustix::process::Signal;
+
+const SECS10: Duration = Duration::from_secs(10);
+
+async fn driver(dir: &Path, config: DriverConfig) -> plugreg_csi_test_driver::RunningDriver {
+    start(
+        DriverConfig {
+            name: DRIVER.into(),
+            ..config
+        },
+        &dir.join("csi.sock"),
+    )
+    .await
+    .unwrap()
+}
+
+fn dirs() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let csi = tmp.path().join("csi.sock");
+    let reg = tmp.path().join("registry");
+    std::fs::create_dir(&reg).unwrap();
+    (tmp, csi, reg)
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_answers_get_info_and_removes_its_socket_on_sigterm() {
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let mut args = args(&csi, &reg);
+    args.push("--http-endpoint=127.0.0.1:0".into());
+    let mut p = Proc::spawn(&args);
+    let socket = reg_socket(&reg);
+
+    p.wait_for_line("\"Registration Server started\"", SECS10);
+    assert!(is_socket(&socket));
+    let log = p.log();
+    for line in [
+        "\"Calling CSI driver to discover driver name\"",
+        &format!("\"CSI driver name\" csiDriverName=\"{DRIVER}\""),
+        &format!(
+            "\"Starting Registration Server\" socketPath=\"{}\"",
+            socket.display()
+        ),
+    ] {
+        assert!(log.contains(line), "missing {line:?} in\n{log}");
+    }
+    let mode = std::fs::metadata(&socket).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(mode.permissions().mode() & 0o777, 0o700);
+
+    let info = get_info(&socket).await;
+    assert_eq!(info.r#type, "CSIPlugin");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(info.endpoint, KUBELET_PATH);
+    assert_eq!(info.supported_versions, ["1.0.0"]);
+    p.wait_for_line("\"Received GetInfo call\"", SECS10);
+
+    let http = p.http_address(SECS10);
+    let metric = |body: &str, name: &str| -> String {
+        body.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing in\n{body}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let (code, body) = http_get(http, "/metrics", SECS10);
+    assert_eq!(code, 200);
+    assert_eq!(
+        metric(
+            &body,
+            "csi_node_driver_registrar_registered{driver_name=\"csi.test.plugreg.io\"}"
+        ),
+        "0"
+    );
+    notify(&socket, true, "").await;
+    p.wait_for_line("\"Received NotifyRegistrationStatus call\"", SECS10);
+    let (_, body) = http_get(http, "/metrics", SECS10);
+    assert_eq!(
+        metric(
+            &body,
+            "csi_node_driver_registrar_registered{driver_name=\"csi.test.plugreg.io\"}"
+        ),
+        "1"
+    );
+    assert_eq!(
+        metric(
+            &body,
+            "csi_node_driver_registrar_notifications_total{driver_name=\"csi.test.plugreg.io\",result=\"accepted\"}"
+        ),
+        "1"
+    );
+    assert_eq!(http_get(http, "/healthz", SECS10), (200, "ok".into()));
+    assert_eq!(http_get(http, "/nope", SECS10).0, 404);
+    // The sidecar asked the driver once and never again.
+    assert_eq!(drv.calls().get_plugin_info(), 1);
+
+    p.signal(Signal::TERM);
+    assert_eq!(p.exit_code(SECS10), 0, "{}", p.log());
+    assert!(!socket.exists(), "SIGTERM removes the socket");
+    assert!(entries(&reg).is_empty());
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_for_a_driver_that_appears_after_3s() {
+    let (tmp, csi, reg) = dirs();
+    let p = Proc::spawn(&args(&csi, &reg));
+    p.wait_for_line("\"Attempting to open a gRPC connection\"", SECS10);
+    let late = Instant::now() + Duration::from_secs(3);
+    tokio::time::sleep_until(late.into()).await;
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    p.wait_for_line("\"Registration Server started\"", SECS10);
+    let waited = p.started.elapsed();
+    assert!(waited >= Duration::from_secs(3), "{waited:?}");
+    assert!(is_socket(&reg_socket(&reg)));
+    assert_eq!(get_info(&reg_socket(&reg)).await.name, DRIVER);
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gives_up_with_exit_1_when_the_driver_never_appears() {
+    let (_tmp, csi, reg) = dirs();
+    let mut args = args(&csi, &reg);
+    args.push("--csi-connect-window=1s".into());
+    let mut p = Proc::spawn(&args);
+    assert_eq!(p.exit_code(SECS10), 1);
+    let took = p.started.elapsed();
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    assert!(
+        p.log()
+            .contains("\"Error connecting to CSI driver\" err=\"context deadline exceeded\"")
+    );
+    assert!(entries(&reg).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_a_slow_get_plugin_info_within_the_window() {
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(
+        tmp.path(),
+        DriverConfig {
+            get_plugin_info: Fault {
+                delay: Some(Duration::from_secs(2)),
+                delay_first: Some(2),
+                ..Fault::default()
+            },
+            ..DriverConfig::default()
+        },
+    )
+    .await;
+    let mut args = args(&csi, &reg);
+    args.push("--timeout=300ms".into());
+    let p = Proc::spawn(&args);
+    let retry = p.wait_for_line("\"GetPluginInfo failed, retrying\"", SECS10);
+    assert!(retry.contains("DeadlineExceeded"), "{retry}");
+    p.wait_for_line("\"Registration Server started\"", SECS10);
+    assert_eq!(
+        drv.calls().get_plugin_info(),
+        3,
+        "two slow calls, then one that answered"
+    );
+    assert_eq!(get_info(&reg_socket(&reg)).await.name, DRIVER);
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_plugin_info_errors_are_retried_then_give_up_at_the_window() {
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(
+        tmp.path(),
+        DriverConfig {
+            get_plugin_info: Fault {
+                error: Some(Failure::new(Code::Internal, "not ready")),
+                ..Fault::default()
+            },
+            ..DriverConfig::default()
+        },
+    )
+    .await;
+    let mut args = args(&csi, &reg);
+    args.push("--csi-connect-window=1s".into());
+    let mut p = Proc::spawn(&args);
+    assert_eq!(p.exit_code(SECS10), 1);
+    let log = p.log();
+    assert!(
+        log.contains(
+            "\"Error retreiving CSI driver name\" err=\"rpc error: code = Internal desc = not ready\""
+        ),
+        "{log}"
+    );
+    assert!(drv.calls().get_plugin_info() >= 3, "retried");
+    assert!(entries(&reg).is_empty());
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_driver_name_exits_1() {
+    let (tmp, csi, reg) = dirs();
+    let drv = start(
+        DriverConfig {
+            name: String::new(),
+            ..DriverConfig::default()
+        },
+        &tmp.path().join("csi.sock"),
+    )
+    .await
+    .unwrap();
+    let mut p = Proc::spawn(&args(&csi, &reg));
+    assert_eq!(p.exit_code(SECS10), 1);
+    assert!(
+        p.log()
+            .contains("\"Error retreiving CSI driver name\" err=\"driver name is empty\"")
+    );
+    assert_eq!(drv.calls().count(Method::GetPluginInfo), 1, "not retried");
+    assert!(entries(&reg).is_empty());
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_driver_names_exit_1_and_create_nothing() {
+    for name in ["../escape", "a/b", "a..b", "x\0y", "-dash", &"n".repeat(64)] {
+        let (tmp, csi, reg) = dirs();
+        let drv = start(
+            DriverConfig {
+                name: name.to_owned(),
+                ..DriverConfig::default()
+            },
+            &csi,
+        )
+        .await
+        .unwrap();
+        let before = entries(tmp.path());
+        let mut p = Proc::spawn(&args(&csi, &reg));
+        assert_eq!(p.exit_code(SECS10), 1, "{name:?}: {}", p.log());
+        assert!(p.log().contains("invalid CSI driver name"), "{}", p.log());
+        assert!(entries(&reg).is_empty(), "{name:?}");
+        assert_eq!(
+            entries(tmp.path()),
+            before,
+            "{name:?}: nothing created outside"
+        );
+        drv.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regular_file_at_the_socket_path_exits_1_and_stays_untouched() {
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let socket = reg_socket(&reg);
+    std::fs::write(&socket, b"precious").unwrap();
+    let mut p = Proc::spawn(&args(&csi, &reg));
+    assert_eq!(p.exit_code(SECS10), 1);
+    assert!(p.log().contains("but it's not a socket"), "{}", p.log());
+    assert_eq!(std::fs::read(&socket).unwrap(), b"precious");
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_socket_is_replaced() {
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let socket = reg_socket(&reg);
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let p = Proc::spawn(&args(&csi, &reg));
+    p.wait_for_line("\"Registration Server started\"", SECS10);
+    assert_eq!(get_info(&socket).await.name, DRIVER);
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_removes_the_socket_and_exits_1() {
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let mut p = Proc::spawn(&args(&csi, &reg));
+    p.wait_for_line("\"Registration Server started\"", SECS10);
+    let socket = reg_socket(&reg);
+    notify(&socket, false, "driverNodeID must not be empty").await;
+    assert_eq!(p.exit_code(SECS10), 1);
+    assert!(p.log().contains(
+        "\"Registration process failed with error, restarting registration container\" err=\"driverNodeID must not be empty\""
+    ));
+    assert!(
+        !socket.exists(),
+        "the socket is removed on this exit path too"
+    );
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_removes_the_socket_and_exits_0() {
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let mut p = Proc::spawn(&args(&csi, &reg));
+    p.wait_for_line("\"Registration Server started\"", SECS10);
+    p.signal(Signal::INT);
+    assert_eq!(p.exit_code(SECS10), 0);
+    assert!(!reg_socket(&reg).exists());
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_socket_is_re_created() {
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let p = Proc::spawn(&args(&csi, &reg));
+    p.wait_for_line("\"Registration Server started\"", SECS10);
+    let socket = reg_socket(&reg);
+    std::fs::remove_file(&socket).unwrap();
+    p.wait_for_nth("\"Registration Server started\"", 2, SECS10);
+    wait_until(SECS10, "the socket to come back", || is_socket(&socket));
+    assert_eq!(get_info(&socket).await.name, DRIVER);
+    drv.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_is_served_on_the_deprecated_health_port() {
+    // --health-port binds every interface; pick a free port first.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let mut args = args(&csi, &reg);
+    args.push(format!("--health-port={port}"));
+    let p = Proc::spawn(&args);
+    let line = p.wait_for_line("\"Starting HTTP server\"", SECS10);
+    assert!(line.contains(&format!("endpoint=\":{port}\"")), "{line}");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert_eq!(http_get(addr, "/healthz", SECS10), (200, "ok".into()));
+    drv.stop().await.unwrap();
+}
