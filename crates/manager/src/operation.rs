@@ -281,79 +281,21 @@ pub async fn register(
         }
     };
 
-    if let Err(reason) = check_info(&info) {
-        let reason = format!("RegisterPlugin error -- plugin validation failed with err: {reason}");
-        return Err(refuse(
-            &mut client,
-            Step::CheckInfo,
-            reason,
-            None,
-            &info,
-            socket,
-            timeouts.notify,
-        )
-        .await);
-    }
-
-    let Some(handler) = handlers.get(&info.r#type) else {
-        let reason = format!(
-            "RegisterPlugin error -- no handler registered for plugin type: {} at socket {}",
-            info.r#type,
-            socket.display()
-        );
-        return Err(refuse(
-            &mut client,
-            Step::NoHandler,
-            reason,
-            None,
-            &info,
-            socket,
-            timeouts.notify,
-        )
-        .await);
+    let (handler, endpoint) = match admit(&info, socket, handlers).await {
+        Ok(admitted) => admitted,
+        Err(r) => {
+            let err = refuse(
+                &mut client,
+                r.step,
+                r.reason,
+                r.op_error,
+                &info,
+                socket,
+                timeouts.notify,
+            );
+            return Err(err.await);
+        }
     };
-
-    let endpoint = if info.endpoint.is_empty() {
-        socket.to_string_lossy().into_owned()
-    } else {
-        info.endpoint.clone()
-    };
-
-    if let Err(e) = handler
-        .validate(&info.name, &endpoint, &info.supported_versions)
-        .await
-    {
-        let reason = format!("RegisterPlugin error -- plugin validation failed with err: {e}");
-        let op = "RegisterPlugin error -- pluginHandler.ValidatePluginFunc failed".to_owned();
-        return Err(refuse(
-            &mut client,
-            Step::Validate,
-            reason,
-            Some(op),
-            &info,
-            socket,
-            timeouts.notify,
-        )
-        .await);
-    }
-
-    if let Err(e) = handler
-        .register(&info.name, &endpoint, &info.supported_versions)
-        .await
-    {
-        handler.deregister(&info.name, &endpoint).await;
-        let reason = format!("RegisterPlugin error -- plugin registration failed with err: {e}");
-        return Err(refuse(
-            &mut client,
-            Step::Register,
-            reason,
-            None,
-            &info,
-            socket,
-            timeouts.notify,
-        )
-        .await);
-    }
 
     if let Err(e) = notify(&mut client, true, "", timeouts.notify).await {
         handler.deregister(&info.name, &endpoint).await;
@@ -373,6 +315,64 @@ pub async fn register(
         endpoint,
         versions: info.supported_versions,
     })
+}
+
+/// Why a plugin was turned away after GetInfo: what the plugin is told, and (where upstream
+/// differs) what the operation reports.
+struct Refusal {
+    step: Step,
+    reason: String,
+    op_error: Option<String>,
+}
+
+impl Refusal {
+    fn new(step: Step, reason: String) -> Self {
+        Self {
+            step,
+            reason,
+            op_error: None,
+        }
+    }
+}
+
+/// Checks the plugin's reply, finds its handler, validates and registers it. A failed
+/// register is rolled back (D2) before the refusal is returned.
+async fn admit<'h>(
+    info: &PluginInfo,
+    socket: &Path,
+    handlers: &'h HandlerRegistry,
+) -> Result<(&'h Arc<dyn crate::PluginHandler>, String), Refusal> {
+    let refused = "RegisterPlugin error -- plugin validation failed with err";
+    check_info(info).map_err(|e| Refusal::new(Step::CheckInfo, format!("{refused}: {e}")))?;
+    let handler = handlers.get(&info.r#type).ok_or_else(|| {
+        let reason = format!(
+            "RegisterPlugin error -- no handler registered for plugin type: {} at socket {}",
+            info.r#type,
+            socket.display()
+        );
+        Refusal::new(Step::NoHandler, reason)
+    })?;
+    let endpoint = if info.endpoint.is_empty() {
+        socket.to_string_lossy().into_owned()
+    } else {
+        info.endpoint.clone()
+    };
+    let versions = &info.supported_versions;
+    if let Err(e) = handler.validate(&info.name, &endpoint, versions).await {
+        return Err(Refusal {
+            step: Step::Validate,
+            reason: format!("{refused}: {e}"),
+            op_error: Some(
+                "RegisterPlugin error -- pluginHandler.ValidatePluginFunc failed".into(),
+            ),
+        });
+    }
+    if let Err(e) = handler.register(&info.name, &endpoint, versions).await {
+        handler.deregister(&info.name, &endpoint).await;
+        let reason = format!("RegisterPlugin error -- plugin registration failed with err: {e}");
+        return Err(Refusal::new(Step::Register, reason));
+    }
+    Ok((handler, endpoint))
 }
 
 fn get_info_error(socket: &Path, err: &str) -> String {

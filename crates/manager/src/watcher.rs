@@ -202,41 +202,13 @@ impl Tree {
     /// Errors below the top are logged and skipped.
     fn walk(&mut self, dir: &Path, found: &mut Vec<(PathBuf, FileId)>) -> io::Result<()> {
         self.watch(dir)?;
-        let mut stack = vec![dir.to_owned()];
-        let mut top = true;
-        while let Some(d) = stack.pop() {
-            let entries = match std::fs::read_dir(&d) {
-                Ok(e) => e,
-                Err(e) if top => return Err(e),
-                Err(e) => {
-                    tracing::warn!(dir = %d.display(), error = %e, "Failed to traverse plugin socket path");
-                    continue;
-                }
-            };
-            top = false;
-            for entry in entries.flatten() {
-                let name = entry.file_name();
-                if hidden(&name) {
-                    tracing::trace!(path = %entry.path().display(), "Ignoring file (starts with '.')");
-                    continue;
-                }
-                let path = entry.path();
-                match classify(&path) {
-                    Ok(Kind::Dir) => match self.watch(&path) {
-                        Ok(()) => stack.push(path),
-                        Err(e) => {
-                            tracing::warn!(dir = %path.display(), error = %e, "failed to watch directory")
-                        }
-                    },
-                    Ok(Kind::Socket(file)) => found.push((path, file)),
-                    Ok(Kind::Ignored) => tracing::trace!(path = %path.display(), "Ignoring file"),
-                    Err(e) => {
-                        tracing::debug!(path = %path.display(), error = %e, "cannot stat; ignoring")
-                    }
-                }
-            }
-        }
-        Ok(())
+        walk_tree(dir, found, |d| {
+            self.watch(d)
+                .map_err(
+                    |e| tracing::warn!(dir = %d.display(), error = %e, "failed to watch directory"),
+                )
+                .is_ok()
+        })
     }
 }
 
@@ -467,31 +439,52 @@ fn recreate_root(tree: &mut Tree) -> Result<Vec<(PathBuf, FileId)>, WatchError> 
     Ok(sockets)
 }
 
-/// Lists the sockets under `root` by the watcher's rules (no `.` names, symlinks to sockets
-/// count, symlinked directories are not followed), without inotify. Sorted by path.
-pub fn list_sockets(root: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut found = Vec::new();
+/// Walks the tree under `root` by the watcher's rules (no `.` names, symlinks to sockets count,
+/// symlinked directories are not followed), putting sockets into `found`. `enter` is asked
+/// about each sub-directory before it is listed. An unreadable `root` is an error; unreadable
+/// directories below it are logged and skipped.
+fn walk_tree(
+    root: &Path,
+    found: &mut Vec<(PathBuf, FileId)>,
+    mut enter: impl FnMut(&Path) -> bool,
+) -> io::Result<()> {
     let mut stack = vec![root.to_owned()];
     let mut top = true;
     while let Some(dir) = stack.pop() {
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) if top => return Err(e),
-            Err(_) => continue,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "Failed to traverse plugin socket path");
+                continue;
+            }
         };
         top = false;
         for entry in entries.flatten() {
+            let path = entry.path();
             if hidden(&entry.file_name()) {
+                tracing::trace!(path = %path.display(), "Ignoring file (starts with '.')");
                 continue;
             }
-            let path = entry.path();
             match classify(&path) {
-                Ok(Kind::Dir) => stack.push(path),
-                Ok(Kind::Socket(_)) => found.push(path),
-                _ => {}
+                Ok(Kind::Dir) if enter(&path) => stack.push(path),
+                Ok(Kind::Dir) => {}
+                Ok(Kind::Socket(file)) => found.push((path, file)),
+                Ok(Kind::Ignored) => tracing::trace!(path = %path.display(), "Ignoring file"),
+                Err(e) => {
+                    tracing::debug!(path = %path.display(), error = %e, "cannot stat; ignoring")
+                }
             }
         }
     }
-    found.sort();
-    Ok(found)
+    Ok(())
+}
+
+/// Lists the sockets under `root` by the watcher's rules, without inotify. Sorted by path.
+pub fn list_sockets(root: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    walk_tree(root, &mut found, |_| true)?;
+    let mut paths: Vec<PathBuf> = found.into_iter().map(|(p, _)| p).collect();
+    paths.sort();
+    Ok(paths)
 }
