@@ -5,78 +5,32 @@ use std::path::Path;
 use std::time::Duration;
 
 use plugreg_interop::workspace_bin;
-use plugreg_testpeers::{EXAMPLE_PLUGIN, PeerProcess};
+use plugreg_testpeers::{EXAMPLE_PLUGIN, LinesFrom, PeerProcess};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// `plugreg manager` with JSON logs on stderr.
-struct Manager {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<serde_json::Value>,
-    seen: Vec<String>,
+/// `plugreg manager` as a process, its JSON log lines (stderr) read as events.
+fn start_manager(dir: &Path) -> PeerProcess {
+    let mut cmd = std::process::Command::new(workspace_bin("plugreg"));
+    cmd.args(["manager", "--registry-dir"]).arg(dir).args([
+        "--plugin-types",
+        "ExamplePlugin,DevicePlugin",
+        "--log-format",
+        "json",
+    ]);
+    PeerProcess::spawn_command("plugreg manager", cmd, LinesFrom::Stderr).unwrap()
 }
 
-impl Manager {
-    fn start(dir: &Path) -> Self {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new(workspace_bin("plugreg"))
-            .args(["manager", "--registry-dir"])
-            .arg(dir)
-            .args([
-                "--plugin-types",
-                "ExamplePlugin,DevicePlugin",
-                "--log-format",
-                "json",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                let v = serde_json::from_str(&line).unwrap_or(serde_json::Value::String(line));
-                if tx.send(v).is_err() {
-                    break;
-                }
-            }
-        });
-        Self {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    fn expect(&mut self, message: &str, socket: &Path) -> serde_json::Value {
-        let deadline = std::time::Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(v) => {
-                    self.seen.push(v.to_string());
-                    if v["message"] == message && v["socket"] == socket.display().to_string() {
-                        return v;
-                    }
-                }
-                Err(_) => panic!(
-                    "plugreg manager: no {message:?} for {socket:?}; saw:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-}
-
-impl Drop for Manager {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The manager's next log line `message` about `socket`.
+async fn logged(manager: &mut PeerProcess, message: &str, socket: &Path) -> serde_json::Value {
+    let socket = socket.display().to_string();
+    manager
+        .next_matching(
+            |v| v["message"] == message && v["socket"] == socket.as_str(),
+            WAIT,
+        )
+        .await
+        .unwrap()
 }
 
 fn real_plugin(socket: &Path, name: &str, plugin_type: &str) -> PeerProcess {
@@ -101,12 +55,12 @@ async fn real_example_plugin_registers_with_plugreg_manager_and_is_deregistered(
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("plugins_registry");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut manager = Manager::start(&dir);
+    let mut manager = start_manager(&dir);
     let socket = dir.join("real-example.sock");
     let mut plugin = real_plugin(&socket, "real-example", "ExamplePlugin");
 
     // Our example handler dials the real plugin and calls GetExampleInfo v1beta1 and v1beta2.
-    let line = manager.expect("plugin registered", &socket);
+    let line = logged(&mut manager, "plugin registered", &socket).await;
     assert_eq!(line["plugin_type"], "ExamplePlugin");
     assert_eq!(line["name"], "real-example");
     assert_eq!(line["endpoint"], socket.display().to_string());
@@ -119,7 +73,7 @@ async fn real_example_plugin_registers_with_plugreg_manager_and_is_deregistered(
 
     plugin.terminate().unwrap();
     plugin.wait_exit(WAIT).await.unwrap();
-    let line = manager.expect("plugin deregistered", &socket);
+    let line = logged(&mut manager, "plugin deregistered", &socket).await;
     assert_eq!(line["name"], "real-example");
 }
 
@@ -128,7 +82,7 @@ async fn real_example_plugin_of_unknown_type_hears_upstreams_message() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("plugins_registry");
     std::fs::create_dir_all(&dir).unwrap();
-    let _manager = Manager::start(&dir);
+    let _manager = start_manager(&dir);
     let socket = dir.join("stranger.sock");
     let mut plugin = real_plugin(&socket, "stranger", "StrangerPlugin");
     let n = plugin

@@ -1,105 +1,19 @@
 //! `plugreg manager` and `plugreg-example-plugin` as real processes: registration, /plugins,
 //! /metrics, the plugin's notify lines, deregistration and a clean stop.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use plugreg_testpeers::{LinesFrom, PeerProcess};
 use serde_json::Value;
 
 const SOON: Duration = Duration::from_secs(15);
 
-/// A child process whose stdout or stderr JSON lines arrive on a channel.
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-    name: &'static str,
-}
-
-impl Proc {
-    fn spawn(name: &'static str, mut cmd: Command, from_stderr: bool) -> Self {
-        cmd.stdin(Stdio::null());
-        if from_stderr {
-            cmd.stderr(Stdio::piped()).stdout(Stdio::null());
-        } else {
-            cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
-        }
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let stream: Box<dyn Read + Send> = if from_stderr {
-            Box::new(child.stderr.take().unwrap())
-        } else {
-            Box::new(child.stdout.take().unwrap())
-        };
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Self {
-            child,
-            lines,
-            seen: Vec::new(),
-            name,
-        }
-    }
-
-    /// The next JSON line matching `pred`, within [`SOON`].
-    fn expect(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + SOON;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if let Ok(v) = serde_json::from_str::<Value>(&line)
-                        && pred(&v)
-                    {
-                        return v;
-                    }
-                }
-                Err(_) => panic!(
-                    "{}: no line with {what} within {SOON:?}; saw:\n{}",
-                    self.name,
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-
-    fn wait(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + SOON;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "{} did not exit", self.name);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The next JSON line of `p` matching `pred`.
+async fn expect(p: &mut PeerProcess, pred: impl FnMut(&Value) -> bool) -> Value {
+    p.next_matching(pred, SOON).await.unwrap()
 }
 
 fn example_plugin_bin() -> PathBuf {
@@ -134,7 +48,7 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
     (status, body)
 }
 
-fn start_manager(dir: &Path) -> (Proc, String) {
+async fn start_manager(dir: &Path) -> (PeerProcess, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_plugreg"));
     cmd.args(["manager", "--registry-dir"]).arg(dir).args([
         "--http-endpoint",
@@ -144,15 +58,19 @@ fn start_manager(dir: &Path) -> (Proc, String) {
         "--log-format",
         "json",
     ]);
-    let mut m = Proc::spawn("plugreg manager", cmd, true);
-    let v = m.expect("the HTTP endpoint", |v| {
-        v["message"] == "Starting HTTP server"
-    });
+    let mut m = PeerProcess::spawn_command("plugreg manager", cmd, LinesFrom::Stderr).unwrap();
+    let v = expect(&mut m, |v| v["message"] == "Starting HTTP server").await;
     let addr = v["endpoint"].as_str().unwrap().to_owned();
     (m, addr)
 }
 
-fn start_plugin(dir: &Path, file: &str, plugin_type: &str, name: &str, versions: &str) -> Proc {
+fn start_plugin(
+    dir: &Path,
+    file: &str,
+    plugin_type: &str,
+    name: &str,
+    versions: &str,
+) -> PeerProcess {
     let mut cmd = Command::new(example_plugin_bin());
     cmd.arg("--socket").arg(dir.join(file)).args([
         "--type",
@@ -162,14 +80,18 @@ fn start_plugin(dir: &Path, file: &str, plugin_type: &str, name: &str, versions:
         "--versions",
         versions,
     ]);
-    Proc::spawn("example plugin", cmd, false)
+    PeerProcess::spawn_command("example plugin", cmd, LinesFrom::Stdout).unwrap()
 }
 
-#[test]
-fn manager_and_example_plugin_processes_register_report_and_deregister() {
+async fn exits_ok(p: &mut PeerProcess) -> bool {
+    p.wait_exit(SOON).await.unwrap().success()
+}
+
+#[tokio::test]
+async fn manager_and_example_plugin_processes_register_report_and_deregister() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("plugins_registry");
-    let (mut manager, addr) = start_manager(&dir);
+    let (mut manager, addr) = start_manager(&dir).await;
 
     let mut good = start_plugin(
         &dir,
@@ -178,14 +100,12 @@ fn manager_and_example_plugin_processes_register_report_and_deregister() {
         "example.com/good",
         "v1beta1,v1beta2",
     );
-    let n = good.expect("notify registered=true", |v| v["event"] == "notify");
+    let n = expect(&mut good, |v| v["event"] == "notify").await;
     assert_eq!(n["registered"], true);
     assert_eq!(n["error"], "");
     assert!(n["ts_ns"].as_u64().unwrap() > 0);
     let sock = dir.join("good.sock");
-    let line = manager.expect("a registration line", |v| {
-        v["message"] == "plugin registered"
-    });
+    let line = expect(&mut manager, |v| v["message"] == "plugin registered").await;
     assert_eq!(line["socket"], sock.display().to_string());
     assert_eq!(line["plugin_type"], "ExamplePlugin");
     assert_eq!(line["name"], "example.com/good");
@@ -193,7 +113,7 @@ fn manager_and_example_plugin_processes_register_report_and_deregister() {
     assert_eq!(line["result"], "registered");
 
     let mut odd = start_plugin(&dir, "odd.sock", "GadgetPlugin", "example.com/odd", "v1");
-    let n = odd.expect("notify registered=false", |v| v["event"] == "notify");
+    let n = expect(&mut odd, |v| v["event"] == "notify").await;
     assert_eq!(n["registered"], false);
     assert_eq!(
         n["error"],
@@ -225,7 +145,7 @@ fn manager_and_example_plugin_processes_register_report_and_deregister() {
             Instant::now() < deadline,
             "/plugins never settled: {plugins:#?}"
         );
-        std::thread::sleep(Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(10)).await;
     };
     let good_rec = plugins
         .iter()
@@ -266,32 +186,30 @@ fn manager_and_example_plugin_processes_register_report_and_deregister() {
     assert_eq!(http_get(&addr, "/healthz"), (200, "ok".into()));
 
     // SIGTERM the plugin: it removes its socket; the manager deregisters it.
-    good.signal("TERM");
-    assert!(good.wait().success());
+    good.terminate().unwrap();
+    assert!(exits_ok(&mut good).await);
     assert!(!sock.exists());
-    let line = manager.expect("a deregistration line", |v| {
-        v["message"] == "plugin deregistered"
-    });
+    let line = expect(&mut manager, |v| v["message"] == "plugin deregistered").await;
     assert_eq!(line["name"], "example.com/good");
     assert_eq!(line["result"], "deregistered");
 
     // SIGTERM the manager: clean exit, plugin sockets untouched.
-    manager.signal("TERM");
-    assert!(manager.wait().success());
+    manager.terminate().unwrap();
+    assert!(exits_ok(&mut manager).await);
     assert!(
         dir.join("odd.sock").exists(),
         "the manager leaves plugin sockets alone"
     );
-    odd.signal("INT");
-    assert!(odd.wait().success());
+    odd.interrupt().unwrap();
+    assert!(exits_ok(&mut odd).await);
     assert!(
         !dir.join("odd.sock").exists(),
         "SIGINT removes the plugin's socket too"
     );
 }
 
-#[test]
-fn operator_commands_list_inspect_and_probe() {
+#[tokio::test]
+async fn operator_commands_list_inspect_and_probe() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("reg");
     std::fs::create_dir_all(&dir).unwrap();
@@ -302,7 +220,7 @@ fn operator_commands_list_inspect_and_probe() {
         "example.com/gpu",
         "v1beta1",
     );
-    p.expect("listening", |v| v["event"] == "listening");
+    expect(&mut p, |v| v["event"] == "listening").await;
     let plugreg = env!("CARGO_BIN_EXE_plugreg");
 
     let out = Command::new(plugreg)
@@ -346,9 +264,9 @@ fn operator_commands_list_inspect_and_probe() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stdout).starts_with("FAIL "));
     // The plugin was only asked, never notified.
-    p.signal("TERM");
-    assert!(p.wait().success());
-    assert!(!p.seen.iter().any(|l| l.contains("\"notify\"")));
+    p.terminate().unwrap();
+    assert!(exits_ok(&mut p).await);
+    assert!(!p.lines().seen().iter().any(|l| l.contains("\"notify\"")));
 }
 
 #[test]

@@ -24,4 +24,4 @@ pub use error::{Error, MissingPeer};
 pub use peers::{
     APISERVER, ETCD, EXAMPLE_PLUGIN, PEERS_DIR_ENV, PLUGIN_MANAGER_HARNESS, peer, peers_dir,
 };
-pub use process::{JsonLines, PEER_LOG_ENV, PeerProcess, event_is, event_named};
+pub use process::{JsonLines, LinesFrom, PEER_LOG_ENV, PeerProcess, event_is, event_named};

@@ -207,6 +207,15 @@ impl JsonLines {
     }
 }
 
+/// Which output stream of a process carries its JSON lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinesFrom {
+    /// Standard output (the Go peers, the example plugin).
+    Stdout,
+    /// Standard error (programs that log JSON there, such as `plugreg manager`).
+    Stderr,
+}
+
 /// A running peer process whose stdout is read as [`JsonLines`] and whose
 /// stderr is kept (last lines) for error messages.
 ///
@@ -236,24 +245,36 @@ impl PeerProcess {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut child = Command::new(program)
-            .args(args)
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        Self::spawn_command(label, cmd, LinesFrom::Stdout)
+    }
+
+    /// Spawns `cmd`, reading JSON lines from the stream `from` and keeping the last lines of
+    /// the other one for error messages.
+    pub fn spawn_command(label: &str, mut cmd: Command, from: LinesFrom) -> Result<Self, Error> {
+        let program = cmd.get_program().to_owned();
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| Error::io(format!("spawning {}", program.display()), e))?;
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let stderr = child.stderr.take().expect("stderr is piped");
+            .map_err(|e| Error::io(format!("spawning {}", Path::new(&program).display()), e))?;
+        let stdout: Box<dyn Read + Send> = Box::new(child.stdout.take().expect("stdout is piped"));
+        let stderr: Box<dyn Read + Send> = Box::new(child.stderr.take().expect("stderr is piped"));
+        let (lines_src, other) = match from {
+            LinesFrom::Stdout => (stdout, stderr),
+            LinesFrom::Stderr => (stderr, stdout),
+        };
         let tail: Tail = Arc::new(Mutex::new(VecDeque::new()));
         {
             let tail = Arc::clone(&tail);
             let echo = echo_enabled().then(|| label.to_owned());
             std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
+                for line in BufReader::new(other).lines() {
                     let Ok(line) = line else { break };
                     if let Some(l) = &echo {
-                        eprintln!("[{l} stderr] {line}");
+                        eprintln!("[{l}] {line}");
                     }
                     let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
                     if t.len() == STDERR_KEEP {
@@ -263,7 +284,7 @@ impl PeerProcess {
                 }
             });
         }
-        let lines = JsonLines::from_reader(label, stdout).with_stderr(Arc::clone(&tail));
+        let lines = JsonLines::from_reader(label, lines_src).with_stderr(Arc::clone(&tail));
         Ok(PeerProcess {
             label: label.to_owned(),
             child,
