@@ -1,5 +1,9 @@
 //! The diagnostics HTTP server: `/healthz` with upstream's codes and bodies, bounded by
 //! `--timeout` as a whole (R4), and `/metrics` in the Prometheus text format.
+//!
+//! A deliberately tiny HTTP/1.1 server (one request per connection, `Connection: close`):
+//! probes and scrapers need nothing more, and it keeps the sidecar's code, and so its
+//! resident memory, small (R5).
 
 use std::fmt::Write as _;
 use std::io;
@@ -8,19 +12,43 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::{any, get};
 use plugreg_proto::pluginregistration::InfoRequest;
 use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_registrar::Registrar;
 use plugreg_transport::{MAX_MESSAGE_SIZE, PathKind};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::logging::V4;
+
+/// Longest request head (request line and headers) accepted.
+const MAX_HEAD: usize = 16 * 1024;
+/// How long a client may take to send its request head.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An HTTP status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StatusCode(pub u16);
+
+impl StatusCode {
+    pub(crate) const OK: StatusCode = StatusCode(200);
+    pub(crate) const BAD_REQUEST: StatusCode = StatusCode(400);
+    pub(crate) const NOT_FOUND: StatusCode = StatusCode(404);
+    pub(crate) const METHOD_NOT_ALLOWED: StatusCode = StatusCode(405);
+    pub(crate) const INTERNAL_SERVER_ERROR: StatusCode = StatusCode(500);
+
+    fn reason(self) -> &'static str {
+        match self.0 {
+            200 => "OK",
+            400 => "Bad Request",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            _ => "Internal Server Error",
+        }
+    }
+}
 
 /// Binds the listener for a Go-style address: `:9809` (all interfaces), `host:port`,
 /// `[::1]:9809`.
@@ -50,28 +78,123 @@ pub(crate) struct HttpState {
     pub registrar: Registrar,
 }
 
-/// The router: `/healthz` (any method), `/metrics`, Go's 404 for anything else.
-pub(crate) fn router(state: HttpState) -> Router {
-    Router::new()
-        .route("/healthz", any(healthz))
-        .route("/metrics", get(metrics))
-        .fallback(|| async { (StatusCode::NOT_FOUND, "404 page not found\n") })
-        .with_state(Arc::new(state))
-}
-
-/// Serves `router` on `listener` until `shutdown` completes.
+/// Serves `/healthz` (any method), `/metrics` (GET, HEAD) and Go's 404 for anything else on
+/// `listener` until `token` is cancelled.
 pub(crate) async fn serve(
     listener: TcpListener,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    state: HttpState,
+    token: CancellationToken,
 ) -> io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let state = Arc::new(state);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = token.cancelled() => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                // Per-connection failures (e.g. the client reset) are not the server's.
+                Err(e) if is_transient(&e) => continue,
+                Err(e) => return Err(e),
+            },
+        };
+        let state = state.clone();
+        let token = token.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = token.cancelled() => {}
+                _ = handle(stream, &state) => {}
+            }
+        });
+    }
 }
 
-async fn healthz(State(state): State<Arc<HttpState>>) -> (StatusCode, String) {
-    let (code, body) = check(&state).await;
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    ) || e.raw_os_error() == Some(24) // EMFILE: wait for the next accept
+}
+
+/// Reads one request head, answers it, closes the connection.
+async fn handle(mut stream: TcpStream, state: &HttpState) {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    let read = tokio::time::timeout(READ_TIMEOUT, async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            if head.len() > MAX_HEAD {
+                return false;
+            }
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        true
+    })
+    .await;
+    if !matches!(read, Ok(true)) {
+        return;
+    }
+    let (code, body, head_only) = route(&head, state).await;
+    let mut response = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        code.0,
+        code.reason(),
+        if body.starts_with("# HELP") {
+            "text/plain; version=0.0.4; charset=utf-8"
+        } else {
+            "text/plain; charset=utf-8"
+        },
+        body.len(),
+    );
+    if !head_only {
+        response.push_str(&body);
+    }
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+/// Picks the answer for a request head: (status, body, whether to leave the body out).
+async fn route(head: &[u8], state: &HttpState) -> (StatusCode, String, bool) {
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return (StatusCode::BAD_REQUEST, "400 Bad Request".into(), false);
+    };
+    if !version.starts_with("HTTP/1.") {
+        return (StatusCode::BAD_REQUEST, "400 Bad Request".into(), false);
+    }
+    let head_only = method == "HEAD";
+    let path = target.split('?').next().unwrap_or_default();
+    match path {
+        "/healthz" => {
+            let (code, body) = healthz(state).await;
+            (code, body, head_only)
+        }
+        "/metrics" if method == "GET" || head_only => (
+            StatusCode::OK,
+            render_metrics(&state.driver_name, &state.registrar),
+            head_only,
+        ),
+        "/metrics" => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Method Not Allowed\n".into(),
+            false,
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "404 page not found\n".into(),
+            head_only,
+        ),
+    }
+}
+
+async fn healthz(state: &HttpState) -> (StatusCode, String) {
+    let (code, body) = check(state).await;
     if code == StatusCode::OK {
         tracing::trace!("Health check succeeded");
     } else {
@@ -150,16 +273,6 @@ pub(crate) async fn check(state: &HttpState) -> (StatusCode, String) {
     (
         StatusCode::INTERNAL_SERVER_ERROR,
         format!("error getting info from node-registrar socket: {err}"),
-    )
-}
-
-async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        render_metrics(&state.driver_name, &state.registrar),
     )
 }
 
@@ -261,5 +374,31 @@ mod tests {
             );
         }
         assert_eq!(escape_label("a\"b\\c\n"), "a\\\"b\\\\c\\n");
+    }
+
+    #[tokio::test]
+    async fn routes_requests_the_go_way() {
+        let state = HttpState {
+            socket: PathBuf::from("/nonexistent/x-reg.sock"),
+            driver_name: "x".into(),
+            timeout: Duration::from_millis(100),
+            registrar: Registrar::new(PluginInfo::default()),
+        };
+        let cases: &[(&str, u16, bool)] = &[
+            ("GET /healthz HTTP/1.1\r\n\r\n", 404, false),
+            ("POST /healthz?x=1 HTTP/1.1\r\n\r\n", 404, false),
+            ("GET /metrics HTTP/1.1\r\n\r\n", 200, false),
+            ("HEAD /metrics HTTP/1.0\r\n\r\n", 200, true),
+            ("POST /metrics HTTP/1.1\r\n\r\n", 405, false),
+            ("GET /debug/pprof/ HTTP/1.1\r\n\r\n", 404, false),
+            ("garbage\r\n\r\n", 400, false),
+            ("GET / SPDY/3\r\n\r\n", 400, false),
+        ];
+        for (head, code, head_only) in cases {
+            let (c, body, h) = route(head.as_bytes(), &state).await;
+            assert_eq!((c.0, h), (*code, *head_only), "{head:?}: {body}");
+        }
+        let (_, body, _) = route(b"GET /healthz HTTP/1.1\r\n\r\n", &state).await;
+        assert_eq!(body, "registration socket does not exist");
     }
 }

@@ -321,17 +321,13 @@ impl Sidecar {
                     "Starting HTTP server"
                 );
                 self.progress.send_modify(|p| p.http_address = local);
-                let router = http::router(http::HttpState {
+                let state = http::HttpState {
                     socket: socket.clone(),
                     driver_name: driver.clone(),
                     timeout: config.timeout,
                     registrar: registrar.clone(),
-                });
-                http_task = Some(tokio::spawn(http::serve(
-                    listener,
-                    router,
-                    serving.clone().cancelled_owned(),
-                )));
+                };
+                http_task = Some(tokio::spawn(http::serve(listener, state, serving.clone())));
             }
         }
 
@@ -462,9 +458,10 @@ fn registration_ended(
         Ok(Ok(())) => Ok(()),
         Ok(Err(e @ plugreg_registrar::Error::Bind(_))) => {
             let msg = match &e {
-                plugreg_registrar::Error::Bind(plugreg_transport::Error::Listen { .. }) => {
-                    "Failed to listen on socket"
-                }
+                plugreg_registrar::Error::Bind(
+                    plugreg_transport::Error::Listen { .. }
+                    | plugreg_transport::Error::PathTooLong { .. },
+                ) => "Failed to listen on socket",
                 // Upstream logs the stale-socket clean-up failure with an empty message.
                 _ => "",
             };

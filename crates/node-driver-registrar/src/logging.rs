@@ -254,7 +254,7 @@ impl Line {
 
     fn json(&self) -> String {
         let since = self.now.duration_since(UNIX_EPOCH).unwrap_or_default();
-        let quote = |s: &str| serde_json::Value::from(s).to_string();
+        let quote = json_quote;
         let mut out = format!(
             "{{\"ts\":{}.{:06},\"caller\":{},\"msg\":{}",
             since.as_secs(),
@@ -283,6 +283,27 @@ impl Line {
         out.push_str("}\n");
         out
     }
+}
+
+/// A JSON string literal for `s`.
+fn json_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// (year, month, day) of a day number counted from 1970-01-01 (Howard Hinnant's algorithm).
@@ -369,6 +390,14 @@ mod tests {
         let d: serde_json::Value =
             serde_json::from_str(&line(Level::DEBUG, 4, vec![]).json()).unwrap();
         assert_eq!(d["v"], 4);
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        let nasty = "a\"b\\c\nd\te\u{1}f\u{e9}";
+        let quoted = json_quote(nasty);
+        let back: String = serde_json::from_str(&quoted).unwrap();
+        assert_eq!(back, nasty);
     }
 
     #[test]

@@ -356,3 +356,33 @@ async fn healthz_is_served_on_the_deprecated_health_port() {
     assert_eq!(http_get(addr, "/healthz", SECS10), (200, "ok".into()));
     drv.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_never_hangs_when_the_socket_is_taken_over() {
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let mut args = args(&csi, &reg);
+    args.extend([
+        "--http-endpoint=127.0.0.1:0".into(),
+        "--timeout=500ms".into(),
+    ]);
+    let p = Proc::spawn(&args);
+    let http = p.http_address(SECS10);
+    let socket = reg_socket(&reg);
+    // A listener that never accepts takes the path over; the sidecar re-creates its socket
+    // within its check period, so the check may see the hijacker, nothing, or the new socket:
+    // whichever it is, the answer comes within --timeout plus slack.
+    std::fs::remove_file(&socket).unwrap();
+    let _hijacker = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let t = Instant::now();
+    let (code, body) = http_get(http, "/healthz", SECS10);
+    let took = t.elapsed();
+    assert!(matches!(code, 200 | 404 | 500), "{code} {body}");
+    assert!(took < Duration::from_millis(900), "{took:?}: {code} {body}");
+    // And the sidecar takes its path back.
+    p.wait_for_nth("\"Registration Server started\"", 2, SECS10);
+    wait_until(SECS10, "a healthy check", || {
+        http_get(http, "/healthz", SECS10).0 == 200
+    });
+    drv.stop().await.unwrap();
+}
