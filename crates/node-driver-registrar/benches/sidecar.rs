@@ -185,6 +185,8 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let loaded = status_kib(pid, "VmRSS:");
     let peak = status_kib(pid, "VmHWM:");
+    let anon = status_kib(pid, "RssAnon:");
+    let file = status_kib(pid, "RssFile:");
     let _ = child.kill();
     let _ = child.wait();
 
@@ -222,6 +224,8 @@ async fn main() {
     println!("| VmRSS after 3 s idle | {idle} |");
     println!("| VmRSS after 200 /healthz + 200 /metrics | {loaded} |");
     println!("| VmHWM (peak RSS) | {peak} |");
+    println!("| of the final VmRSS: RssAnon (private heap, stacks) | {anon} |");
+    println!("| of the final VmRSS: RssFile (binary and libc pages, shared) | {file} |");
     println!();
     println!(
         "Mean /healthz or /metrics round trip (sequential, incl. TCP connect): {}",
