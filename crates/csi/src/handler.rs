@@ -416,7 +416,7 @@ mod tests {
     async fn validate_refuses_bad_names_and_endpoints() {
         let h = handler();
         for (name, endpoint, want) in [
-            ("../evil", "/p/csi.sock", "is not a valid CSI driver name"),
+            ("../evil", "/p/csi.sock", "invalid CSI driver name"),
             ("", "/p/csi.sock", "driver name is empty"),
             (&*"a".repeat(64), "/p/csi.sock", "more than 63"),
             ("d", "", "endpoint is empty"),

@@ -3,33 +3,14 @@
 
 use std::path::PathBuf;
 
-/// Longest CSI driver name (CSI spec; Kubernetes' CSIDriver and CSINode validation).
-pub const MAX_DRIVER_NAME_LEN: usize = 63;
+pub use plugreg_proto::csi::name::{DriverNameError, MAX_DRIVER_NAME_LEN};
 
 /// Why a driver name or endpoint was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum NameError {
-    /// The name is empty.
-    #[error("driver name is empty")]
-    EmptyName,
-    /// The name is too long.
-    #[error("driver name {name:?} is {len} characters, more than {MAX_DRIVER_NAME_LEN}")]
-    NameTooLong {
-        /// The name (cut to 80 characters).
-        name: String,
-        /// Its length.
-        len: usize,
-    },
-    /// The name breaks the CSI naming rules.
-    #[error(
-        "driver name {name:?} is not a valid CSI driver name: it must consist of alphanumeric \
-         characters, '-' and '.', start and end with an alphanumeric character, and have no \
-         empty or dash-edged dot-separated part"
-    )]
-    InvalidName {
-        /// The name.
-        name: String,
-    },
+    /// The driver name breaks the CSI rules.
+    #[error(transparent)]
+    Name(#[from] DriverNameError),
     /// The endpoint is empty.
     #[error("endpoint is empty")]
     EmptyEndpoint,
@@ -51,33 +32,9 @@ pub enum NameError {
     },
 }
 
-/// Checks a CSI driver name: 1 to 63 characters, and (compared case-insensitively) a DNS-1123
-/// subdomain, which is what the API server demands of a CSINode driver name. So no `/`, no
-/// `..`, no NUL, no white space.
+/// Checks a CSI driver name (see [`plugreg_proto::csi::name`]).
 pub fn check_driver_name(name: &str) -> Result<(), NameError> {
-    if name.is_empty() {
-        return Err(NameError::EmptyName);
-    }
-    let len = name.chars().count();
-    if len > MAX_DRIVER_NAME_LEN {
-        return Err(NameError::NameTooLong {
-            name: name.chars().take(80).collect(),
-            len,
-        });
-    }
-    let label_ok = |l: &str| {
-        let b = l.as_bytes();
-        !b.is_empty()
-            && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
-            && b[0].is_ascii_alphanumeric()
-            && b[b.len() - 1].is_ascii_alphanumeric()
-    };
-    if !name.split('.').all(label_ok) {
-        return Err(NameError::InvalidName {
-            name: name.to_owned(),
-        });
-    }
-    Ok(())
+    Ok(plugreg_proto::csi::name::check_driver_name(name)?)
 }
 
 /// Checks an endpoint (an absolute socket path, or `unix://` and an absolute path) and returns

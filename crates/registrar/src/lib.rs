@@ -179,7 +179,9 @@ pub async fn serve_router(
         let watchdog = options.recreate_check.map(|period| {
             let vanished = vanished.clone();
             tokio::spawn(async move {
-                let mut tick = tokio::time::interval(period);
+                // The first check comes one period after binding, not at once.
+                let start = tokio::time::Instant::now() + period;
+                let mut tick = tokio::time::interval_at(start, period);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
