@@ -152,18 +152,18 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
         "   CSI test driver {driver_name} serves {} (node id demo-node-1, zone zone-a, 16 volumes)",
         csi_sock.display()
     )?;
-    let reg_sock = registry.join(format!("{driver_name}-reg.sock"));
     let sidecar = crate::sidecar::start(&csi_sock, &registry, token.child_token()).await?;
-    let registered = wait_event(
-        &mut events,
-        |e| matches!(e, ManagerEvent::Registered { socket, .. } if *socket == reg_sock),
-    )
-    .await;
+    let reg_sock = sidecar.socket.clone();
     writeln!(
         out,
         "   csi-node-driver-registrar asked the driver its name and created {}",
         reg_sock.display()
     )?;
+    let registered = wait_event(
+        &mut events,
+        |e| matches!(e, ManagerEvent::Registered { socket, .. } if *socket == reg_sock),
+    )
+    .await;
     match registered {
         Ok(_) => {
             writeln!(

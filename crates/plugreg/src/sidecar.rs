@@ -1,46 +1,62 @@
-//! Runs csi-node-driver-registrar's registration flow in-process for the demo.
+//! Runs `csi-node-driver-registrar` (its library, the same code as the binary) in-process for
+//! the demo.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use plugreg_registrar::{PluginInfo, Registrar, ServeOptions};
+use anyhow::Context;
+use plugreg_node_driver_registrar::{Config, Sidecar};
 use tokio_util::sync::CancellationToken;
 
-/// A registrar serving on behalf of a CSI driver.
-pub struct Sidecar {
+/// A running sidecar.
+pub struct RunningSidecar {
     token: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    /// Its registration socket.
+    pub socket: PathBuf,
 }
 
-impl Sidecar {
-    /// Stops it; its socket is removed.
+impl RunningSidecar {
+    /// Stops it (as SIGTERM does): its socket is removed.
     pub async fn stop(self) {
         self.token.cancel();
         let _ = self.task.await;
     }
 }
 
-/// Asks the driver at `csi_socket` for its name and serves `<dir>/<name>-reg.sock` for it.
+/// Starts the sidecar for the driver at `csi_socket`, registering in `dir`; returns once its
+/// registration socket is listening.
 pub async fn start(
     csi_socket: &Path,
     dir: &Path,
     token: CancellationToken,
-) -> anyhow::Result<Sidecar> {
-    let endpoint = csi_socket.display().to_string();
-    let client = plugreg_csi::client::CsiClient::connect(&endpoint, Duration::from_secs(5)).await?;
-    let name = client.get_plugin_info().await?.name;
-    let socket = dir.join(format!("{name}-reg.sock"));
-    let registrar = Registrar::new(PluginInfo {
-        r#type: plugreg_csi::PLUGIN_TYPE.into(),
-        name,
-        endpoint,
-        supported_versions: vec!["1.0.0".into()],
+) -> anyhow::Result<RunningSidecar> {
+    let sidecar = Sidecar::new(Config {
+        csi_address: csi_socket.display().to_string(),
+        kubelet_registration_path: csi_socket.display().to_string(),
+        plugin_registration_path: dir.display().to_string(),
+        ..Config::default()
     });
+    let mut progress = sidecar.progress();
     let t = token.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = registrar.serve(&socket, ServeOptions::default(), t).await {
-            tracing::error!(error = %e, "registrar failed");
+        if let Err(e) = sidecar.run(t).await {
+            tracing::error!(error = %e, "csi-node-driver-registrar stopped");
         }
     });
-    Ok(Sidecar { token, task })
+    let p = tokio::time::timeout(
+        Duration::from_secs(10),
+        progress.wait_for(|p| p.socket.is_some() || p.stopped),
+    )
+    .await
+    .context("csi-node-driver-registrar did not start within 10 s")??
+    .clone();
+    let socket = p
+        .socket
+        .context("csi-node-driver-registrar stopped before listening")?;
+    Ok(RunningSidecar {
+        token,
+        task,
+        socket,
+    })
 }
