@@ -21,6 +21,7 @@ pub struct Metrics {
     registrations: AtomicU64,
     deregistrations: AtomicU64,
     dead: AtomicU64,
+    rescans: AtomicU64,
     failures: [AtomicU64; Step::ALL.len()],
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
@@ -51,6 +52,11 @@ impl Metrics {
     pub fn failed(&self, step: Step) {
         let i = Step::ALL.iter().position(|s| *s == step).unwrap_or(0);
         self.failures[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The watcher rescanned the tree (inotify overflow, a re-created root, or on request).
+    pub fn rescanned(&self) {
+        self.rescans.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A dead plugin was found (D5).
@@ -113,6 +119,10 @@ impl Metrics {
         out.push_str("# HELP plugreg_dead_plugins_total Registered plugins found dead (socket refusing connections).\n");
         out.push_str("# TYPE plugreg_dead_plugins_total counter\n");
         let _ = writeln!(out, "plugreg_dead_plugins_total {}", c(&self.dead));
+
+        out.push_str("# HELP plugreg_watcher_rescans_total Full rescans of the registry directory (inotify overflow, re-created directory, SIGHUP).\n");
+        out.push_str("# TYPE plugreg_watcher_rescans_total counter\n");
+        let _ = writeln!(out, "plugreg_watcher_rescans_total {}", c(&self.rescans));
 
         out.push_str(
             "# HELP plugreg_registration_failures_total Failed registration attempts by step.\n",

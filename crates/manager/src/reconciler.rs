@@ -231,6 +231,7 @@ impl Reconciler {
                 }
             }
             WatchEvent::Rescanned { sockets } => {
+                self.shared.metrics.rescanned();
                 let present: HashSet<&PathBuf> = sockets.iter().map(|(p, _)| p).collect();
                 let gone: Vec<PathBuf> = self
                     .desired
