@@ -91,6 +91,15 @@ async fn driver(socket: &Path, config: DriverConfig) -> RunningDriver {
     .unwrap()
 }
 
+/// A driver whose NodeGetInfo misbehaves as `fault`, and the registrar serving it.
+async fn faulty_driver(s: &Setup, fault: Fault) -> (RunningDriver, Registrar) {
+    let config = DriverConfig {
+        node_get_info: fault,
+        ..Default::default()
+    };
+    (driver(&s.csi_sock, config).await, register(s))
+}
+
 fn last_error(s: &Status) -> String {
     s.last.as_ref().map(|l| l.error.clone()).unwrap_or_default()
 }
@@ -146,15 +155,7 @@ async fn failing_node_get_info_is_told_and_retried_until_it_answers() {
         fail_first: Some(2),
         ..Default::default()
     };
-    let _d = driver(
-        &s.csi_sock,
-        DriverConfig {
-            node_get_info: fault,
-            ..Default::default()
-        },
-    )
-    .await;
-    let r = register(&s);
+    let (_d, r) = faulty_driver(&s, fault).await;
     let st = wait(&r, Status::is_registered).await;
     assert_eq!(st.rejected_total, 2);
     assert_eq!(st.accepted_total, 1);
@@ -169,15 +170,7 @@ async fn hanging_node_get_info_is_told_and_retried() {
         delay_first: Some(1),
         ..Default::default()
     };
-    let _d = driver(
-        &s.csi_sock,
-        DriverConfig {
-            node_get_info: fault,
-            ..Default::default()
-        },
-    )
-    .await;
-    let r = register(&s);
+    let (_d, r) = faulty_driver(&s, fault).await;
     let st = wait(&r, |st| st.rejected_total >= 1).await;
     assert_told(&st, "300ms");
     wait(&r, Status::is_registered).await;

@@ -116,15 +116,7 @@ async fn registers_sockets_that_exist_at_start() {
     for p in &plugins {
         p.wait_registered().await;
     }
-    wait_for(|| {
-        h.manager
-            .snapshot()
-            .iter()
-            .filter(|r| r.state == PluginState::Registered)
-            .count()
-            == 10
-    })
-    .await;
+    h.wait_registered_count(10).await;
 }
 
 #[tokio::test]
@@ -465,15 +457,7 @@ async fn an_explicit_rescan_finds_every_socket_and_keeps_registrations() {
     // A sentinel created after the rescan request registers: the rescan has been processed.
     let s = Plugin::device(&h.root.join("sentinel.sock"), "example.com/sentinel").await;
     s.wait_registered().await;
-    wait_for(|| {
-        h.manager
-            .snapshot()
-            .iter()
-            .filter(|r| r.state == PluginState::Registered)
-            .count()
-            == 21
-    })
-    .await;
+    h.wait_registered_count(21).await;
     let after = h.recorder.calls.lock().unwrap().len();
     assert_eq!(
         after - before,

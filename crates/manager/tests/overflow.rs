@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::*;
-use plugreg_manager::PluginState;
 
 const LIMIT: &str = "/proc/sys/fs/inotify/max_queued_events";
 
@@ -73,15 +72,7 @@ async fn an_inotify_queue_overflow_is_followed_by_a_rescan_that_finds_every_sock
     for p in &plugins {
         p.wait_registered().await;
     }
-    wait_for(|| {
-        h.manager
-            .snapshot()
-            .iter()
-            .filter(|r| r.state == PluginState::Registered)
-            .count()
-            == plugins.len()
-    })
-    .await;
+    h.wait_registered_count(plugins.len()).await;
     let metrics = h.manager.render_metrics();
     let rescans: u64 = metrics
         .lines()

@@ -174,6 +174,17 @@ impl Harness {
         }
     }
 
+    /// Waits until exactly `n` sockets are registered.
+    pub async fn wait_registered_count(&self, n: usize) {
+        let registered = || {
+            let snap = self.manager.snapshot();
+            snap.iter()
+                .filter(|r| r.state == plugreg_manager::PluginState::Registered)
+                .count()
+        };
+        wait_for(|| registered() == n).await;
+    }
+
     /// Waits until the record of `socket` satisfies `pred`.
     pub async fn wait_record(
         &self,
