@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use plugreg_csi_test_driver::{DriverConfig, start};
 use plugreg_manager::{
     HandlerError, HandlerRegistry, ManagerConfig, PluginHandler, PluginManager, PluginState,
     async_trait,
@@ -69,15 +68,7 @@ async fn node() -> Node {
     let tmp = tempfile::tempdir().unwrap();
     let csi = tmp.path().join("csi.sock");
     let registry = tmp.path().join("plugins_registry");
-    let driver = start(
-        DriverConfig {
-            name: DRIVER.into(),
-            ..DriverConfig::default()
-        },
-        &csi,
-    )
-    .await
-    .unwrap();
+    let driver = healthy_driver(&csi).await;
     let (tx, calls) = mpsc::unbounded_channel();
     let token = CancellationToken::new();
     let manager = PluginManager::start(
@@ -191,15 +182,7 @@ async fn a_second_instance_rejected_by_the_handler_exits_1_and_cleans_up() {
     let tmp = tempfile::tempdir().unwrap();
     let csi = tmp.path().join("csi.sock");
     let registry = tmp.path().join("plugins_registry");
-    let driver = start(
-        DriverConfig {
-            name: DRIVER.into(),
-            ..DriverConfig::default()
-        },
-        &csi,
-    )
-    .await
-    .unwrap();
+    let driver = healthy_driver(&csi).await;
     let token = CancellationToken::new();
     let manager = PluginManager::start(
         ManagerConfig::new(&registry),

@@ -7,8 +7,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{DRIVER, KUBELET_PATH, http_get};
-use plugreg_csi_test_driver::{DriverConfig, start};
+use common::{DRIVER, KUBELET_PATH, healthy_driver, http_get};
 use plugreg_node_driver_registrar::{Config, Progress, RunError, Sidecar};
 use tokio_util::sync::CancellationToken;
 
@@ -26,15 +25,7 @@ struct Running {
 async fn running() -> Running {
     let tmp = tempfile::tempdir().unwrap();
     let csi = tmp.path().join("csi.sock");
-    let driver = start(
-        DriverConfig {
-            name: DRIVER.into(),
-            ..DriverConfig::default()
-        },
-        &csi,
-    )
-    .await
-    .unwrap();
+    let driver = healthy_driver(&csi).await;
     let config = Config {
         csi_address: csi.display().to_string(),
         kubelet_registration_path: KUBELET_PATH.into(),

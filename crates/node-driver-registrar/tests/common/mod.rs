@@ -237,3 +237,15 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> (u16, String
         .unwrap_or_default();
     (code, body)
 }
+
+/// The CSI test driver named [`DRIVER`], healthy, serving `socket`.
+#[allow(dead_code)]
+pub async fn healthy_driver(socket: &Path) -> plugreg_csi_test_driver::RunningDriver {
+    let config = plugreg_csi_test_driver::DriverConfig {
+        name: DRIVER.into(),
+        ..Default::default()
+    };
+    plugreg_csi_test_driver::start(config, socket)
+        .await
+        .unwrap()
+}
