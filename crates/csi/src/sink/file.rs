@@ -48,6 +48,19 @@ pub struct NodeInfoFile {
     pub csinode: FileCsiNode,
 }
 
+impl NodeInfoFile {
+    /// Applies a planned Node change and, when given, a new CSINode driver list; returns
+    /// whether anything changed.
+    fn apply(&mut self, patch: &nodeinfo::MetaPatch, drivers: Option<Vec<CSINodeDriver>>) -> bool {
+        patch.apply(&mut self.node.annotations, &mut self.node.labels);
+        let changed = !patch.is_empty() || drivers.is_some();
+        if let Some(d) = drivers {
+            self.csinode.drivers = d;
+        }
+        changed
+    }
+}
+
 /// The Node part of [`NodeInfoFile`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -189,14 +202,9 @@ impl NodeInfoSink for FileSink {
     async fn publish(&self, driver: &DriverNodeInfo) -> Result<(), SinkError> {
         self.update(|f| {
             let (patch, _) = nodeinfo::plan_publish(&f.node.annotations, &f.node.labels, driver)?;
-            patch.apply(&mut f.node.annotations, &mut f.node.labels);
-            let entry = nodeinfo::csinode_driver(driver);
-            let drivers = nodeinfo::upsert_driver(&f.csinode.drivers, entry);
-            let changed = !patch.is_empty() || drivers.is_some();
-            if let Some(d) = drivers {
-                f.csinode.drivers = d;
-            }
-            Ok(changed)
+            let drivers =
+                nodeinfo::upsert_driver(&f.csinode.drivers, nodeinfo::csinode_driver(driver));
+            Ok(f.apply(&patch, drivers))
         })
         .await?;
         Ok(())
@@ -205,13 +213,8 @@ impl NodeInfoSink for FileSink {
     async fn remove(&self, driver_name: &str) -> Result<(), SinkError> {
         self.update(|f| {
             let patch = nodeinfo::plan_remove(&f.node.annotations, driver_name)?;
-            patch.apply(&mut f.node.annotations, &mut f.node.labels);
             let drivers = nodeinfo::remove_driver(&f.csinode.drivers, driver_name);
-            let changed = !patch.is_empty() || drivers.is_some();
-            if let Some(d) = drivers {
-                f.csinode.drivers = d;
-            }
-            Ok(changed)
+            Ok(f.apply(&patch, drivers))
         })
         .await?;
         Ok(())
