@@ -11,11 +11,14 @@
 //!   line (the Go `plugin-manager-harness` and `example-plugin`), and
 //!   [`JsonLines`] waits for the line that matches a predicate, with a
 //!   deadline.
+//! * [`goplugin::bind_only`] makes a plugin socket the way Go and C plugins do: bound before it
+//!   listens, so a dial right after IN_CREATE is refused.
 //! * [`ApiServer`] runs etcd and kube-apiserver v1.20 on free loopback
 //!   ports in a temporary directory, with a kubeconfig and a `kube::Client`.
 
 mod apiserver;
 mod error;
+pub mod goplugin;
 mod peers;
 mod process;
 
