@@ -11,16 +11,30 @@
 //!   line (the Go `plugin-manager-harness` and `example-plugin`), and
 //!   [`JsonLines`] waits for the line that matches a predicate, with a
 //!   deadline.
-//! * [`ApiServer`] runs etcd and kube-apiserver v1.20 on free loopback
-//!   ports in a temporary directory, with a kubeconfig and a `kube::Client`.
+//! * [`ApiServer`] runs etcd and kube-apiserver (v1.20.2 by default, or the
+//!   [`KubeVersion`] given to [`ApiServer::start_version`]) on free loopback
+//!   ports in a temporary directory, with a kubeconfig and a `kube::Client`;
+//!   [`ControllerManager`] adds a kube-controller-manager (v1.36.2) to it.
+//! * [`RealPluginManager`] and [`RealExamplePlugin`] run the real kubelet
+//!   plugin manager and the real example plugin of a [`KubeVersion`], hiding
+//!   how each release's harness is started and what its lines look like, so
+//!   one test body covers every release in [`KubeVersion::ALL`].
 
 mod apiserver;
+mod controller_manager;
 mod error;
+mod kubelet;
 mod peers;
 mod process;
 
 pub use apiserver::ApiServer;
+pub use controller_manager::{ControllerManager, VOLUME_CONTROLLERS};
 pub use error::{Error, MissingPeer};
+pub use kubelet::{
+    APISERVER_V1_36, CONTROLLER_MANAGER_V1_36, EXAMPLE_PLUGIN_V1_36, HandlerCall, HandlerEvent,
+    KUBELET_PLUGINS_V1_36, KubeVersion, Notification, PLUGIN_MANAGER_V1_36, PluginManagerOptions,
+    RealExamplePlugin, RealPluginManager,
+};
 pub use peers::{
     APISERVER, ETCD, EXAMPLE_PLUGIN, PEERS_DIR_ENV, PLUGIN_MANAGER_HARNESS, peer, peers_dir,
 };
