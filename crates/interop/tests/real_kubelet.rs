@@ -356,3 +356,133 @@ for_each_kube_version! {
         let _ = driver.stop().await;
     }
 }
+
+/// One registration RPC the kubelet made, with the deadline it set.
+#[derive(Debug)]
+struct Rpc {
+    method: &'static str,
+    registered: Option<bool>,
+    grpc_timeout: Option<String>,
+}
+
+/// A plugin's registration service that answers `GetInfo` and fails every
+/// `NotifyRegistrationStatus(true)` with UNAVAILABLE, reporting each call.
+struct FailingNotify {
+    info: plugreg_proto::pluginregistration::PluginInfo,
+    calls: tokio::sync::mpsc::UnboundedSender<Rpc>,
+}
+
+fn grpc_timeout<T>(r: &tonic::Request<T>) -> Option<String> {
+    r.metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+#[tonic::async_trait]
+impl plugreg_proto::pluginregistration::registration_server::Registration for FailingNotify {
+    async fn get_info(
+        &self,
+        request: tonic::Request<plugreg_proto::pluginregistration::InfoRequest>,
+    ) -> Result<tonic::Response<plugreg_proto::pluginregistration::PluginInfo>, tonic::Status> {
+        let _ = self.calls.send(Rpc {
+            method: "GetInfo",
+            registered: None,
+            grpc_timeout: grpc_timeout(&request),
+        });
+        Ok(tonic::Response::new(self.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: tonic::Request<plugreg_proto::pluginregistration::RegistrationStatus>,
+    ) -> Result<
+        tonic::Response<plugreg_proto::pluginregistration::RegistrationStatusResponse>,
+        tonic::Status,
+    > {
+        let registered = request.get_ref().plugin_registered;
+        let _ = self.calls.send(Rpc {
+            method: "NotifyRegistrationStatus",
+            registered: Some(registered),
+            grpc_timeout: grpc_timeout(&request),
+        });
+        if registered {
+            return Err(tonic::Status::unavailable("plugreg test: notify refused"));
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+for_each_kube_version! {
+    async fn real_kubelet_after_a_failed_notify(k: KubeVersion) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let name = "example.com/deaf";
+        let (tx, mut calls) = tokio::sync::mpsc::unbounded_channel();
+        let service = FailingNotify {
+            info: plugreg_proto::pluginregistration::PluginInfo {
+                r#type: "DevicePlugin".into(),
+                name: name.into(),
+                endpoint: tmp.path().join("dp.sock").display().to_string(),
+                supported_versions: vec!["v1beta1".into()],
+            },
+            calls: tx,
+        };
+        let router = plugreg_transport::server().add_service(
+            plugreg_proto::pluginregistration::registration_server::RegistrationServer::new(
+                service,
+            ),
+        );
+        let socket = plugreg_transport::bind(&dir.join("deaf.sock")).unwrap();
+        let token = CancellationToken::new();
+        let server = tokio::spawn({
+            let t = token.clone();
+            async move { plugreg_transport::serve(router, socket, t.cancelled_owned()).await }
+        });
+
+        let mut next_call = async || {
+            tokio::time::timeout(WAIT, calls.recv())
+                .await
+                .expect("the real kubelet made no further registration call")
+                .unwrap()
+        };
+        let get_info = next_call().await;
+        assert_eq!(get_info.method, "GetInfo");
+        let r = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+        assert_eq!(r.error, None);
+        let notify = next_call().await;
+        assert_eq!(notify.method, "NotifyRegistrationStatus");
+        assert_eq!(notify.registered, Some(true));
+        // The kubelet's deadlines, the same in both: GetInfo 1 s, NotifyRegistrationStatus 5 s
+        // (grpc-go writes them in µs, e.g. 999968u, less what passed before sending).
+        for (rpc, deadline_us) in [(&get_info, 1_000_000), (&notify, 5_000_000)] {
+            let t = rpc.grpc_timeout.as_deref().expect("a grpc-timeout");
+            let micros: u64 = t.strip_suffix('u').and_then(|n| n.parse().ok()).expect(t);
+            assert!(
+                (deadline_us - 100_000..=deadline_us).contains(&micros),
+                "{rpc:?}"
+            );
+        }
+        match k {
+            // 1.20 has recorded the plugin as registered before notifying and keeps it so
+            // (the handler's registration stands; nothing is retried).
+            KubeVersion::V1_20_2 => {}
+            // 1.36 undoes the handler's registration (DeRegisterPlugin) and, after a
+            // back-off, starts over: GetInfo, ValidatePlugin, RegisterPlugin, notify.
+            KubeVersion::V1_36_2 => {
+                let d = kubelet.next(HandlerCall::Deregister, name, WAIT).await.unwrap();
+                assert!(d.ts_ns > r.ts_ns);
+                assert_eq!(next_call().await.method, "GetInfo");
+                let again = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+                assert!(again.ts_ns > d.ts_ns);
+                let notify = next_call().await;
+                assert_eq!(notify.method, "NotifyRegistrationStatus");
+                assert_eq!(notify.registered, Some(true));
+            }
+        }
+        token.cancel();
+        server.await.unwrap().unwrap();
+        kubelet.terminate().unwrap();
+    }
+}
