@@ -257,6 +257,50 @@ for_each_kube_version! {
         kubelet.terminate().unwrap();
     }
 
+    async fn registrar_recreates_its_deleted_socket_and_the_real_kubelet_registers_it_again(
+        k: KubeVersion
+    ) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let name = "example.com/phoenix";
+        let registrar = Registrar::new(PluginInfo {
+            r#type: "DevicePlugin".into(),
+            name: name.into(),
+            endpoint: tmp.path().join("dp.sock").display().to_string(),
+            supported_versions: vec!["v1beta1".into()],
+        });
+        let socket = dir.join("phoenix.sock");
+        let token = CancellationToken::new();
+        let task = tokio::spawn({
+            let (r, s, t) = (registrar.clone(), socket.clone(), token.clone());
+            let options = ServeOptions {
+                recreate_check: Some(Duration::from_millis(100)),
+            };
+            async move { r.serve(&s, options, t).await }
+        });
+        let first = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+        let mut status = registrar.status();
+        tokio::time::timeout(WAIT, status.wait_for(|s| s.accepted_total == 1))
+            .await
+            .expect("first Notify(true)")
+            .unwrap();
+
+        std::fs::remove_file(&socket).unwrap();
+        // The kubelet drops the plugin whose socket went away, and registers the new socket.
+        let d = kubelet.next(HandlerCall::Deregister, name, WAIT).await.unwrap();
+        assert!(d.ts_ns > first.ts_ns);
+        let again = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+        assert!(again.ts_ns > d.ts_ns);
+        tokio::time::timeout(WAIT, status.wait_for(|s| s.accepted_total == 2))
+            .await
+            .expect("second Notify(true)")
+            .unwrap();
+        token.cancel();
+        task.await.unwrap().unwrap();
+        kubelet.terminate().unwrap();
+    }
+
     async fn real_kubelet_sends_an_authority_that_h2_refuses(k: KubeVersion) {
         // What the kubelet's gRPC client sends as :authority decides whether a plain h2/tonic
         // server accepts its requests (see plugreg-transport's `authority` module).
