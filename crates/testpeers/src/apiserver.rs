@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node};
@@ -136,6 +137,34 @@ impl ApiServer {
             reason: "no free port".to_owned(),
             log: String::new(),
         }))
+    }
+
+    /// The API server of `version` that the tests of this process running now share: the
+    /// first caller starts it (see [`start_version`](Self::start_version)), later callers get
+    /// the same one while any holder keeps its `Arc`, and it stops when the last is dropped.
+    /// Sharing saves a start (~5 s) and ~300 MB per test; tests that share one must use
+    /// their own object names (e.g. their own Node).
+    pub async fn shared(version: KubeVersion) -> Result<Arc<ApiServer>, Error> {
+        type Slot = tokio::sync::Mutex<Weak<ApiServer>>;
+        static SLOTS: OnceLock<Vec<(KubeVersion, Slot)>> = OnceLock::new();
+        let slots = SLOTS.get_or_init(|| {
+            KubeVersion::ALL
+                .iter()
+                .map(|v| (*v, tokio::sync::Mutex::new(Weak::new())))
+                .collect()
+        });
+        let (_, slot) = slots
+            .iter()
+            .find(|(v, _)| *v == version)
+            .expect("KubeVersion::ALL lists every version");
+        // Held while starting, so that concurrent callers wait for this one server.
+        let mut slot = slot.lock().await;
+        if let Some(s) = slot.upgrade() {
+            return Ok(s);
+        }
+        let s = Arc::new(Self::start_version(version).await?);
+        *slot = Arc::downgrade(&s);
+        Ok(s)
     }
 
     /// The release of this API server.

@@ -13,7 +13,9 @@
 //!   deadline.
 //! * [`ApiServer`] runs etcd and kube-apiserver (v1.20.2 by default, or the
 //!   [`KubeVersion`] given to [`ApiServer::start_version`]) on free loopback
-//!   ports in a temporary directory, with a kubeconfig and a `kube::Client`;
+//!   ports in a temporary directory, with a kubeconfig and a `kube::Client`
+//!   ([`ApiServer::shared`] shares one per release between the tests running
+//!   at the same time);
 //!   [`ControllerManager`] adds a kube-controller-manager (v1.36.2) to it.
 //! * [`RealPluginManager`] and [`RealExamplePlugin`] run the real kubelet
 //!   plugin manager and the real example plugin of a [`KubeVersion`], hiding

@@ -206,3 +206,27 @@ async fn plugin_manager_v1_36_rejects_listed_names() {
         )
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_apiserver_is_one_while_held_and_stops_after_the_last() {
+    let (a, b) = tokio::join!(
+        ApiServer::shared(KubeVersion::V1_36_2),
+        ApiServer::shared(KubeVersion::V1_36_2)
+    );
+    let (a, b) = (a.expect("first"), b.expect("second"));
+    assert!(std::sync::Arc::ptr_eq(&a, &b));
+    assert_eq!(a.version(), KubeVersion::V1_36_2);
+    let dir = a.dir().to_path_buf();
+    drop(a);
+    assert!(dir.exists(), "still held by b");
+    drop(b);
+    assert!(!dir.exists(), "stopped and removed after the last holder");
+    let c = ApiServer::shared(KubeVersion::V1_36_2)
+        .await
+        .expect("third");
+    assert_ne!(c.dir(), dir);
+    Api::<Node>::all(c.client().await.expect("client"))
+        .list(&Default::default())
+        .await
+        .expect("the new server answers");
+}
