@@ -230,3 +230,19 @@ async fn shared_apiserver_is_one_while_held_and_stops_after_the_last() {
         .await
         .expect("the new server answers");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_manager_for_a_v1_20_apiserver_is_a_clear_error() {
+    let server = ApiServer::shared(KubeVersion::V1_20_2)
+        .await
+        .expect("start kube-apiserver v1.20.2");
+    let err = ControllerManager::start(&server, VOLUME_CONTROLLERS)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, plugreg_testpeers::Error::Unsupported(_)),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("v1.20.2") && msg.contains("v1.36.2"), "{msg}");
+}
