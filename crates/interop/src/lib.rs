@@ -22,3 +22,34 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     );
     bin
 }
+
+/// Defines one test per real Kubernetes release for each body: `async fn name(k: KubeVersion)
+/// { ... }` becomes the module `name` with the tests `name::v1_20_2` and `name::v1_36_2`, each
+/// calling the body with its [`KubeVersion`](plugreg_testpeers::KubeVersion) on a two-thread
+/// tokio runtime. The body sees the enclosing module's items (`use super::*`).
+#[macro_export]
+macro_rules! for_each_kube_version {
+    ($($(#[$meta:meta])* async fn $name:ident($k:ident: KubeVersion) $body:block)*) => {
+        $(
+            $(#[$meta])*
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+                // A new release in KubeVersion::ALL needs a test function here.
+                const _: () = assert!(plugreg_testpeers::KubeVersion::ALL.len() == 2);
+
+                async fn body($k: plugreg_testpeers::KubeVersion) $body
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn v1_20_2() {
+                    body(plugreg_testpeers::KubeVersion::V1_20_2).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn v1_36_2() {
+                    body(plugreg_testpeers::KubeVersion::V1_36_2).await
+                }
+            }
+        )*
+    };
+}

@@ -1,26 +1,35 @@
-//! plugreg's plugin side against the REAL kubelet plugin manager (v1.20.2,
-//! `pkg/kubelet/pluginmanager`, run by the Go harness from `interop/build-peers.sh`).
+//! plugreg's plugin side against the REAL kubelet plugin manager (`pkg/kubelet/pluginmanager`)
+//! of every release the peers provide (v1.20.2 and v1.36.2, see `interop/build-peers.sh`):
+//! each test is a body run once per release, `<test>::v1_20_2` and `<test>::v1_36_2`.
 
+use std::path::Path;
 use std::time::Duration;
 
-use plugreg_interop::workspace_bin;
+use plugreg_interop::{for_each_kube_version, workspace_bin};
 use plugreg_registrar::{PluginInfo, Registrar, ServeOptions};
-use plugreg_testpeers::{PLUGIN_MANAGER_HARNESS, PeerProcess};
+use plugreg_testpeers::{
+    HandlerCall, KubeVersion, PeerProcess, PluginManagerOptions, RealPluginManager,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-async fn harness(dir: &std::path::Path) -> PeerProcess {
-    let mut h = PeerProcess::spawn(PLUGIN_MANAGER_HARNESS, ["--dir".as_ref(), dir.as_os_str()])
-        .expect("the real kubelet plugin manager harness");
-    h.next_event("ready", WAIT).await.expect("harness ready");
-    h
+async fn kubelet(k: KubeVersion, dir: &Path, options: PluginManagerOptions) -> RealPluginManager {
+    RealPluginManager::start(k, dir, &options, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("the real kubelet plugin manager {k}: {e}"))
 }
 
-async fn registrar_library_against_real_kubelet(plugin_type: &str, name: &str, versions: &[&str]) {
+async fn registrar_library_against_real_kubelet(
+    k: KubeVersion,
+    plugin_type: &str,
+    name: &str,
+    versions: &[&str],
+) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("plugins_registry");
-    let mut kubelet = harness(&dir).await;
+    let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
     let socket = dir.join("plugreg-reg.sock");
     let endpoint = tmp.path().join("service.sock").display().to_string();
     let registrar = Registrar::new(PluginInfo {
@@ -36,17 +45,21 @@ async fn registrar_library_against_real_kubelet(plugin_type: &str, name: &str, v
     });
 
     let v = kubelet
-        .next_event_named("validate", name, WAIT)
+        .next(HandlerCall::Validate, name, WAIT)
         .await
         .expect("real kubelet: validate");
-    assert_eq!(v["type"], plugin_type);
-    assert_eq!(v["endpoint"], endpoint);
-    assert_eq!(v["versions"], serde_json::json!(versions));
+    assert_eq!(v.plugin_type, plugin_type);
+    assert_eq!(v.endpoint.as_deref(), Some(endpoint.as_str()));
+    assert_eq!(v.versions, versions);
+    assert_eq!(v.error, None);
     let r = kubelet
-        .next_event_named("register", name, WAIT)
+        .next(HandlerCall::Register, name, WAIT)
         .await
         .expect("real kubelet: register");
-    assert_eq!(r["endpoint"], endpoint);
+    assert_eq!(r.endpoint.as_deref(), Some(endpoint.as_str()));
+    assert_eq!(r.versions, versions);
+    // v1.36's RegisterPlugin takes a client timeout; the plugin manager passes none.
+    assert_eq!(r.client_timeout, None);
     let mut status = registrar.status();
     tokio::time::timeout(WAIT, status.wait_for(|s| s.is_registered()))
         .await
@@ -57,116 +70,463 @@ async fn registrar_library_against_real_kubelet(plugin_type: &str, name: &str, v
     task.await.unwrap().unwrap();
     assert!(!socket.exists());
     let d = kubelet
-        .next_event_named("deregister", name, WAIT)
+        .next(HandlerCall::Deregister, name, WAIT)
         .await
         .expect("real kubelet: deregister");
-    assert_eq!(d["type"], plugin_type);
+    assert_eq!(d.plugin_type, plugin_type);
+    match k {
+        // 1.20's DeRegisterPlugin(name) has no endpoint; newer ones pass the registered one.
+        KubeVersion::V1_20_2 => assert_eq!(d.endpoint, None),
+        KubeVersion::V1_36_2 => assert_eq!(d.endpoint.as_deref(), Some(endpoint.as_str())),
+    }
     kubelet.terminate().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registrar_library_registers_a_csi_plugin_with_the_real_kubelet() {
-    registrar_library_against_real_kubelet("CSIPlugin", "csi.plugreg.example", &["1.0.0"]).await;
+/// The start of a client's HTTP/2 connection: its first request's header fields, and every
+/// byte it sent up to the end of that header block.
+struct FirstRequest {
+    headers: Vec<(String, String)>,
+    bytes: Vec<u8>,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registrar_library_registers_a_device_plugin_with_the_real_kubelet() {
-    registrar_library_against_real_kubelet("DevicePlugin", "example.com/gpu", &["v1beta1"]).await;
+/// Accepts one connection on `listener` as a minimal HTTP/2 server and returns the client's
+/// first request. Reads at most 64 KiB.
+async fn first_request(listener: &tokio::net::UnixListener) -> FirstRequest {
+    const LIMIT: usize = 64 * 1024;
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let (mut conn, _) = listener.accept().await.unwrap();
+    // Server preface: an empty SETTINGS frame.
+    conn.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    let mut buf = Vec::new();
+    let mut block = Vec::new();
+    let mut pos = PREFACE.len();
+    loop {
+        while buf.len() >= pos + 9 {
+            let h = &buf[pos..pos + 9];
+            let len = (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
+            let (kind, flags) = (h[3], h[4]);
+            if buf.len() < pos + 9 + len {
+                break;
+            }
+            let mut payload = &buf[pos + 9..pos + 9 + len];
+            match kind {
+                // SETTINGS without ACK: acknowledge.
+                4 if flags & 1 == 0 => conn.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap(),
+                // HEADERS, CONTINUATION
+                1 | 9 => {
+                    if kind == 1 && flags & 0x8 != 0 {
+                        let pad = usize::from(payload[0]);
+                        payload = &payload[1..payload.len() - pad];
+                    }
+                    if kind == 1 && flags & 0x20 != 0 {
+                        payload = &payload[5..];
+                    }
+                    block.extend_from_slice(payload);
+                    if flags & 0x4 != 0 {
+                        let mut d = loona_hpack::Decoder::new();
+                        let headers = d
+                            .decode(&block)
+                            .expect("an HPACK header block")
+                            .into_iter()
+                            .map(|(n, v)| {
+                                (
+                                    String::from_utf8_lossy(&n).into_owned(),
+                                    String::from_utf8_lossy(&v).into_owned(),
+                                )
+                            })
+                            .collect();
+                        buf.truncate(pos + 9 + len);
+                        return FirstRequest {
+                            headers,
+                            bytes: buf,
+                        };
+                    }
+                }
+                _ => {}
+            }
+            pos += 9 + len;
+        }
+        assert!(buf.len() < LIMIT, "no request headers in {LIMIT} bytes");
+        let mut chunk = [0u8; 4096];
+        let n = conn.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the kubelet closed the connection before a request");
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() >= PREFACE.len() {
+            assert_eq!(&buf[..PREFACE.len()], PREFACE, "HTTP/2 client preface");
+        }
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registrar_library_hears_the_real_kubelets_refusal() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("plugins_registry");
-    let mut kubelet = PeerProcess::spawn(
-        PLUGIN_MANAGER_HARNESS,
-        [
-            "--dir".as_ref(),
-            dir.as_os_str(),
-            "--reject".as_ref(),
-            "example.com/nope".as_ref(),
-        ],
-    )
-    .expect("the real kubelet plugin manager harness");
-    kubelet.next_event("ready", WAIT).await.unwrap();
-    let registrar = Registrar::new(PluginInfo {
-        r#type: "DevicePlugin".into(),
-        name: "example.com/nope".into(),
-        endpoint: String::new(),
-        supported_versions: vec!["v1beta1".into()],
-    });
-    let token = CancellationToken::new();
-    tokio::spawn({
-        let (r, s, t) = (registrar.clone(), dir.join("nope.sock"), token.clone());
-        async move { r.serve(&s, ServeOptions::default(), t).await }
-    });
-    let mut status = registrar.status();
-    let s = tokio::time::timeout(WAIT, status.wait_for(|s| s.rejected_total > 0))
-        .await
-        .expect("the real kubelet never sent Notify(false)")
-        .unwrap()
-        .clone();
-    assert_eq!(
-        s.last.unwrap().error,
-        "RegisterPlugin error -- plugin validation failed with err: rejected by harness"
-    );
-    token.cancel();
-    kubelet.terminate().unwrap();
-}
+for_each_kube_version! {
+    async fn registrar_library_registers_a_csi_plugin_with_the_real_kubelet(k: KubeVersion) {
+        registrar_library_against_real_kubelet(k, "CSIPlugin", "csi.plugreg.example", &["1.0.0"])
+            .await;
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_driver_registrar_with_csi_test_driver_registers_with_the_real_kubelet() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("plugins_registry");
-    let mut kubelet = harness(&dir).await;
-    let csi_sock = tmp.path().join("csi.sock");
-    let driver = plugreg_csi_test_driver::start(
-        plugreg_csi_test_driver::DriverConfig {
-            name: "csi.interop.plugreg.io".into(),
+    async fn registrar_library_registers_a_device_plugin_with_the_real_kubelet(k: KubeVersion) {
+        registrar_library_against_real_kubelet(k, "DevicePlugin", "example.com/gpu", &["v1beta1"])
+            .await;
+    }
+
+    async fn registrar_library_hears_the_real_kubelets_refusal(k: KubeVersion) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let name = "example.com/nope";
+        let options = PluginManagerOptions {
+            fail_validate: vec![name.into()],
             ..Default::default()
-        },
-        &csi_sock,
-    )
-    .await
-    .unwrap();
-    let host_path = "/var/lib/kubelet/plugins/csi.interop.plugreg.io/csi.sock";
-    let mut sidecar = PeerProcess::spawn_program(
-        "csi-node-driver-registrar (plugreg)",
-        &workspace_bin("csi-node-driver-registrar"),
-        [
-            format!("--csi-address={}", csi_sock.display()),
-            format!("--kubelet-registration-path={host_path}"),
-            format!("--plugin-registration-path={}", dir.display()),
-            "-v=2".into(),
-        ],
-    )
-    .unwrap();
-    let name = "csi.interop.plugreg.io";
-    let v = kubelet
-        .next_event_named("validate", name, WAIT)
-        .await
-        .expect("real kubelet: validate");
-    assert_eq!(v["type"], "CSIPlugin");
-    assert_eq!(v["endpoint"], host_path);
-    assert_eq!(v["versions"], serde_json::json!(["1.0.0"]));
-    let r = kubelet
-        .next_event_named("register", name, WAIT)
-        .await
-        .expect("real kubelet: register");
-    assert_eq!(r["endpoint"], host_path);
+        };
+        let mut kubelet = kubelet(k, &dir, options).await;
+        let registrar = Registrar::new(PluginInfo {
+            r#type: "DevicePlugin".into(),
+            name: name.into(),
+            endpoint: String::new(),
+            supported_versions: vec!["v1beta1".into()],
+        });
+        let token = CancellationToken::new();
+        tokio::spawn({
+            let (r, s, t) = (registrar.clone(), dir.join("nope.sock"), token.clone());
+            async move { r.serve(&s, ServeOptions::default(), t).await }
+        });
+        let mut status = registrar.status();
+        let s = tokio::time::timeout(WAIT, status.wait_for(|s| s.rejected_total > 0))
+            .await
+            .expect("the real kubelet never sent Notify(false)")
+            .unwrap()
+            .clone();
+        let v = kubelet.next(HandlerCall::Validate, name, WAIT).await.unwrap();
+        // An empty endpoint: the kubelet uses the registration socket itself.
+        assert_eq!(v.endpoint.as_deref(), Some(dir.join("nope.sock").to_str().unwrap()));
+        assert_eq!(
+            s.last.unwrap().error,
+            format!(
+                "RegisterPlugin error -- plugin validation failed with err: {}",
+                kubelet.validate_error(name)
+            )
+        );
+        token.cancel();
+        kubelet.terminate().unwrap();
+    }
 
-    sidecar.terminate().unwrap();
-    let status = sidecar.wait_exit(WAIT).await.unwrap();
-    assert!(
-        status.success(),
-        "SIGTERM exits 0: {status:?}\n{}",
-        sidecar.stderr_tail()
-    );
-    assert!(!dir.join(format!("{name}-reg.sock")).exists());
-    kubelet
-        .next_event_named("deregister", name, WAIT)
+    async fn registrar_library_hears_a_failed_registration(k: KubeVersion) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let name = "example.com/unlucky";
+        let options = PluginManagerOptions {
+            fail_register: vec![name.into()],
+            ..Default::default()
+        };
+        let mut kubelet = kubelet(k, &dir, options).await;
+        let registrar = Registrar::new(PluginInfo {
+            r#type: "DevicePlugin".into(),
+            name: name.into(),
+            endpoint: tmp.path().join("dp.sock").display().to_string(),
+            supported_versions: vec!["v1beta1".into()],
+        });
+        let token = CancellationToken::new();
+        tokio::spawn({
+            let (r, s, t) = (registrar.clone(), dir.join("unlucky.sock"), token.clone());
+            async move { r.serve(&s, ServeOptions::default(), t).await }
+        });
+        let r = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+        assert_eq!(r.error, Some(kubelet.register_error(name)));
+        let mut status = registrar.status();
+        let s = tokio::time::timeout(WAIT, status.wait_for(|s| s.rejected_total > 0))
+            .await
+            .expect("the real kubelet never sent Notify(false)")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            s.last.unwrap().error,
+            format!(
+                "RegisterPlugin error -- plugin registration failed with err: {}",
+                kubelet.register_error(name)
+            )
+        );
+        match k {
+            // 1.20 records the plugin as registered before calling the handler, so a failed
+            // RegisterPlugin is never retried (while the socket stays).
+            KubeVersion::V1_20_2 => {}
+            // Newer kubelets retry it with back-off: the handler is called again.
+            KubeVersion::V1_36_2 => {
+                let again = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+                assert!(again.ts_ns > r.ts_ns);
+            }
+        }
+        token.cancel();
+        kubelet.terminate().unwrap();
+    }
+
+    async fn registrar_recreates_its_deleted_socket_and_the_real_kubelet_registers_it_again(
+        k: KubeVersion
+    ) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let name = "example.com/phoenix";
+        let registrar = Registrar::new(PluginInfo {
+            r#type: "DevicePlugin".into(),
+            name: name.into(),
+            endpoint: tmp.path().join("dp.sock").display().to_string(),
+            supported_versions: vec!["v1beta1".into()],
+        });
+        let socket = dir.join("phoenix.sock");
+        let token = CancellationToken::new();
+        let task = tokio::spawn({
+            let (r, s, t) = (registrar.clone(), socket.clone(), token.clone());
+            let options = ServeOptions {
+                recreate_check: Some(Duration::from_millis(100)),
+            };
+            async move { r.serve(&s, options, t).await }
+        });
+        let first = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+        let mut status = registrar.status();
+        tokio::time::timeout(WAIT, status.wait_for(|s| s.accepted_total == 1))
+            .await
+            .expect("first Notify(true)")
+            .unwrap();
+
+        std::fs::remove_file(&socket).unwrap();
+        // The kubelet drops the plugin whose socket went away, and registers the new socket.
+        let d = kubelet.next(HandlerCall::Deregister, name, WAIT).await.unwrap();
+        assert!(d.ts_ns > first.ts_ns);
+        let again = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+        assert!(again.ts_ns > d.ts_ns);
+        tokio::time::timeout(WAIT, status.wait_for(|s| s.accepted_total == 2))
+            .await
+            .expect("second Notify(true)")
+            .unwrap();
+        token.cancel();
+        task.await.unwrap().unwrap();
+        kubelet.terminate().unwrap();
+    }
+
+    async fn real_kubelet_sends_an_authority_that_h2_refuses(k: KubeVersion) {
+        // What the kubelet's gRPC client sends as :authority decides whether a plain h2/tonic
+        // server accepts its requests (see plugreg-transport's `authority` module).
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let socket = dir.join("probe.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let FirstRequest { headers, bytes } = tokio::time::timeout(WAIT, first_request(&listener))
+            .await
+            .expect("the real kubelet never sent a request");
+        let get = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+                .unwrap_or_else(|| panic!("no {name} in {headers:?}"))
+        };
+        assert_eq!(get(":method"), "POST", "{headers:?}");
+        assert_eq!(get(":path"), "/pluginregistration.Registration/GetInfo", "{headers:?}");
+        assert_eq!(get("content-type"), "application/grpc", "{headers:?}");
+        assert!(get("user-agent").starts_with("grpc-go/"), "{headers:?}");
+        let socket = socket.to_str().unwrap();
+        match k {
+            // grpc-go 1.27: the socket path as it is.
+            KubeVersion::V1_20_2 => assert_eq!(get(":authority"), socket, "{headers:?}"),
+            // grpc-go 1.79: the socket path percent-encoded, e.g. %2Fvar%2Flib%2F...
+            KubeVersion::V1_36_2 => {
+                assert_eq!(get(":authority"), socket.replace('/', "%2F"), "{headers:?}")
+            }
+        }
+        // Neither is a valid URI authority for the http crate (hence h2 and tonic): plugreg's
+        // transport replaces it, once, before the server sees the request.
+        let mut rewriter = plugreg_transport::authority::Rewriter::new();
+        let mut out = Vec::new();
+        rewriter.feed(&bytes, &mut out).unwrap();
+        assert_eq!(rewriter.rewritten(), 1, "{headers:?}");
+        kubelet.terminate().unwrap();
+    }
+
+    async fn node_driver_registrar_with_csi_test_driver_registers_with_the_real_kubelet(
+        k: KubeVersion
+    ) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let csi_sock = tmp.path().join("csi.sock");
+        let driver = plugreg_csi_test_driver::start(
+            plugreg_csi_test_driver::DriverConfig {
+                name: "csi.interop.plugreg.io".into(),
+                ..Default::default()
+            },
+            &csi_sock,
+        )
         .await
-        .expect("real kubelet: deregister");
-    kubelet.terminate().unwrap();
-    let _ = driver.stop().await;
+        .unwrap();
+        let host_path = "/var/lib/kubelet/plugins/csi.interop.plugreg.io/csi.sock";
+        let mut sidecar = PeerProcess::spawn_program(
+            "csi-node-driver-registrar (plugreg)",
+            &workspace_bin("csi-node-driver-registrar"),
+            [
+                format!("--csi-address={}", csi_sock.display()),
+                format!("--kubelet-registration-path={host_path}"),
+                format!("--plugin-registration-path={}", dir.display()),
+                "-v=2".into(),
+            ],
+        )
+        .unwrap();
+        let name = "csi.interop.plugreg.io";
+        let v = kubelet
+            .next(HandlerCall::Validate, name, WAIT)
+            .await
+            .expect("real kubelet: validate");
+        assert_eq!(v.plugin_type, "CSIPlugin");
+        assert_eq!(v.endpoint.as_deref(), Some(host_path));
+        assert_eq!(v.versions, ["1.0.0"]);
+        let r = kubelet
+            .next(HandlerCall::Register, name, WAIT)
+            .await
+            .expect("real kubelet: register");
+        assert_eq!(r.endpoint.as_deref(), Some(host_path));
+        eprintln!("{k}: register line {}", r.raw);
+
+        sidecar.terminate().unwrap();
+        let status = sidecar.wait_exit(WAIT).await.unwrap();
+        assert!(
+            status.success(),
+            "SIGTERM exits 0: {status:?}\n{}",
+            sidecar.stderr_tail()
+        );
+        assert!(!dir.join(format!("{name}-reg.sock")).exists());
+        kubelet
+            .next(HandlerCall::Deregister, name, WAIT)
+            .await
+            .expect("real kubelet: deregister");
+        kubelet.terminate().unwrap();
+        let _ = driver.stop().await;
+    }
+}
+
+/// One registration RPC the kubelet made, with the deadline it set.
+#[derive(Debug)]
+struct Rpc {
+    method: &'static str,
+    registered: Option<bool>,
+    grpc_timeout: Option<String>,
+}
+
+/// A plugin's registration service that answers `GetInfo` and fails every
+/// `NotifyRegistrationStatus(true)` with UNAVAILABLE, reporting each call.
+struct FailingNotify {
+    info: plugreg_proto::pluginregistration::PluginInfo,
+    calls: tokio::sync::mpsc::UnboundedSender<Rpc>,
+}
+
+fn grpc_timeout<T>(r: &tonic::Request<T>) -> Option<String> {
+    r.metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+#[tonic::async_trait]
+impl plugreg_proto::pluginregistration::registration_server::Registration for FailingNotify {
+    async fn get_info(
+        &self,
+        request: tonic::Request<plugreg_proto::pluginregistration::InfoRequest>,
+    ) -> Result<tonic::Response<plugreg_proto::pluginregistration::PluginInfo>, tonic::Status> {
+        let _ = self.calls.send(Rpc {
+            method: "GetInfo",
+            registered: None,
+            grpc_timeout: grpc_timeout(&request),
+        });
+        Ok(tonic::Response::new(self.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: tonic::Request<plugreg_proto::pluginregistration::RegistrationStatus>,
+    ) -> Result<
+        tonic::Response<plugreg_proto::pluginregistration::RegistrationStatusResponse>,
+        tonic::Status,
+    > {
+        let registered = request.get_ref().plugin_registered;
+        let _ = self.calls.send(Rpc {
+            method: "NotifyRegistrationStatus",
+            registered: Some(registered),
+            grpc_timeout: grpc_timeout(&request),
+        });
+        if registered {
+            return Err(tonic::Status::unavailable("plugreg test: notify refused"));
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+for_each_kube_version! {
+    async fn real_kubelet_after_a_failed_notify(k: KubeVersion) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let name = "example.com/deaf";
+        let (tx, mut calls) = tokio::sync::mpsc::unbounded_channel();
+        let service = FailingNotify {
+            info: plugreg_proto::pluginregistration::PluginInfo {
+                r#type: "DevicePlugin".into(),
+                name: name.into(),
+                endpoint: tmp.path().join("dp.sock").display().to_string(),
+                supported_versions: vec!["v1beta1".into()],
+            },
+            calls: tx,
+        };
+        let router = plugreg_transport::server().add_service(
+            plugreg_proto::pluginregistration::registration_server::RegistrationServer::new(
+                service,
+            ),
+        );
+        let socket = plugreg_transport::bind(&dir.join("deaf.sock")).unwrap();
+        let token = CancellationToken::new();
+        let server = tokio::spawn({
+            let t = token.clone();
+            async move { plugreg_transport::serve(router, socket, t.cancelled_owned()).await }
+        });
+
+        let mut next_call = async || {
+            tokio::time::timeout(WAIT, calls.recv())
+                .await
+                .expect("the real kubelet made no further registration call")
+                .unwrap()
+        };
+        let get_info = next_call().await;
+        assert_eq!(get_info.method, "GetInfo");
+        let r = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+        assert_eq!(r.error, None);
+        let notify = next_call().await;
+        assert_eq!(notify.method, "NotifyRegistrationStatus");
+        assert_eq!(notify.registered, Some(true));
+        // The kubelet's deadlines, the same in both: GetInfo 1 s, NotifyRegistrationStatus 5 s
+        // (grpc-go writes them in µs, e.g. 999968u, less what passed before sending).
+        for (rpc, deadline_us) in [(&get_info, 1_000_000), (&notify, 5_000_000)] {
+            let t = rpc.grpc_timeout.as_deref().expect("a grpc-timeout");
+            let micros: u64 = t.strip_suffix('u').and_then(|n| n.parse().ok()).expect(t);
+            assert!(
+                (deadline_us - 100_000..=deadline_us).contains(&micros),
+                "{rpc:?}"
+            );
+        }
+        match k {
+            // 1.20 has recorded the plugin as registered before notifying and keeps it so
+            // (the handler's registration stands; nothing is retried).
+            KubeVersion::V1_20_2 => {}
+            // 1.36 undoes the handler's registration (DeRegisterPlugin) and, after a
+            // back-off, starts over: GetInfo, ValidatePlugin, RegisterPlugin, notify.
+            KubeVersion::V1_36_2 => {
+                let d = kubelet.next(HandlerCall::Deregister, name, WAIT).await.unwrap();
+                assert!(d.ts_ns > r.ts_ns);
+                assert_eq!(next_call().await.method, "GetInfo");
+                let again = kubelet.next(HandlerCall::Register, name, WAIT).await.unwrap();
+                assert!(again.ts_ns > d.ts_ns);
+                let notify = next_call().await;
+                assert_eq!(notify.method, "NotifyRegistrationStatus");
+                assert_eq!(notify.registered, Some(true));
+            }
+        }
+        token.cancel();
+        server.await.unwrap().unwrap();
+        kubelet.terminate().unwrap();
+    }
 }

@@ -1,11 +1,16 @@
-//! The REAL example plugin (v1.20.2 `pluginwatcher.NewTestExamplePlugin`, Go) against
-//! `plugreg manager` as a process.
+//! The REAL example plugin (`pluginwatcher.NewTestExamplePlugin`, Go) of every release the
+//! peers provide (v1.20.2 and v1.36.2) against `plugreg manager` as a process:
+//! `<test>::v1_20_2` and `<test>::v1_36_2`.
+//!
+//! The Go example plugin creates its socket (bind) before it listens, so the manager may see
+//! the socket while a connect is still refused and retry after a back-off; the tests wait for
+//! events, never for a time.
 
 use std::path::Path;
 use std::time::Duration;
 
-use plugreg_interop::workspace_bin;
-use plugreg_testpeers::{EXAMPLE_PLUGIN, LinesFrom, PeerProcess};
+use plugreg_interop::{for_each_kube_version, workspace_bin};
+use plugreg_testpeers::{KubeVersion, LinesFrom, PeerProcess, RealExamplePlugin};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -33,69 +38,65 @@ async fn logged(manager: &mut PeerProcess, message: &str, socket: &Path) -> serd
         .unwrap()
 }
 
-fn real_plugin(socket: &Path, name: &str, plugin_type: &str) -> PeerProcess {
-    PeerProcess::spawn(
-        EXAMPLE_PLUGIN,
-        [
-            "--socket".as_ref(),
-            socket.as_os_str(),
-            "--name".as_ref(),
-            name.as_ref(),
-            "--type".as_ref(),
-            plugin_type.as_ref(),
-            "--versions".as_ref(),
-            "v1beta1,v1beta2".as_ref(),
-        ],
-    )
-    .expect("the real example plugin")
+async fn real_plugin(
+    k: KubeVersion,
+    socket: &Path,
+    name: &str,
+    plugin_type: &str,
+) -> RealExamplePlugin {
+    RealExamplePlugin::start(k, socket, name, plugin_type, &["v1beta1", "v1beta2"], WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("the real example plugin {k}: {e}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_example_plugin_registers_with_plugreg_manager_and_is_deregistered() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("plugins_registry");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut manager = start_manager(&dir);
-    let socket = dir.join("real-example.sock");
-    let mut plugin = real_plugin(&socket, "real-example", "ExamplePlugin");
+for_each_kube_version! {
+    async fn real_example_plugin_registers_with_plugreg_manager_and_is_deregistered(
+        k: KubeVersion
+    ) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut manager = start_manager(&dir);
+        let socket = dir.join("real-example.sock");
+        let mut plugin = real_plugin(k, &socket, "real-example", "ExamplePlugin").await;
 
-    // Our example handler dials the real plugin and calls GetExampleInfo v1beta1 and v1beta2.
-    let line = logged(&mut manager, "plugin registered", &socket).await;
-    assert_eq!(line["plugin_type"], "ExamplePlugin");
-    assert_eq!(line["name"], "real-example");
-    assert_eq!(line["endpoint"], socket.display().to_string());
-    let n = plugin
-        .next_event("notify", WAIT)
-        .await
-        .expect("the real plugin's notify line");
-    assert_eq!(n["registered"], true, "{n}");
-    assert_eq!(n["error"], "", "{n}");
+        // Our example handler dials the real plugin and calls GetExampleInfo v1beta1 and v1beta2.
+        let line = logged(&mut manager, "plugin registered", &socket).await;
+        assert_eq!(line["plugin_type"], "ExamplePlugin");
+        assert_eq!(line["name"], "real-example");
+        assert_eq!(line["endpoint"], socket.display().to_string());
+        let n = plugin
+            .next_notification(WAIT)
+            .await
+            .expect("the real plugin's notification");
+        assert!(n.registered, "{}", n.raw);
+        assert_eq!(n.error, "", "{}", n.raw);
 
-    plugin.terminate().unwrap();
-    plugin.wait_exit(WAIT).await.unwrap();
-    let line = logged(&mut manager, "plugin deregistered", &socket).await;
-    assert_eq!(line["name"], "real-example");
-}
+        plugin.terminate().unwrap();
+        plugin.process().wait_exit(WAIT).await.unwrap();
+        let line = logged(&mut manager, "plugin deregistered", &socket).await;
+        assert_eq!(line["name"], "real-example");
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_example_plugin_of_unknown_type_hears_upstreams_message() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("plugins_registry");
-    std::fs::create_dir_all(&dir).unwrap();
-    let _manager = start_manager(&dir);
-    let socket = dir.join("stranger.sock");
-    let mut plugin = real_plugin(&socket, "stranger", "StrangerPlugin");
-    let n = plugin
-        .next_event("notify", WAIT)
-        .await
-        .expect("the real plugin's notify line");
-    assert_eq!(n["registered"], false, "{n}");
-    assert_eq!(
-        n["error"],
-        format!(
-            "RegisterPlugin error -- no handler registered for plugin type: StrangerPlugin at socket {}",
-            socket.display()
-        )
-    );
-    plugin.terminate().unwrap();
+    async fn real_example_plugin_of_unknown_type_hears_upstreams_message(k: KubeVersion) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        std::fs::create_dir_all(&dir).unwrap();
+        let _manager = start_manager(&dir);
+        let socket = dir.join("stranger.sock");
+        let mut plugin = real_plugin(k, &socket, "stranger", "StrangerPlugin").await;
+        let n = plugin
+            .next_notification(WAIT)
+            .await
+            .expect("the real plugin's notification");
+        assert!(!n.registered, "{}", n.raw);
+        assert_eq!(
+            n.error,
+            format!(
+                "RegisterPlugin error -- no handler registered for plugin type: StrangerPlugin at socket {}",
+                socket.display()
+            )
+        );
+        plugin.terminate().unwrap();
+    }
 }

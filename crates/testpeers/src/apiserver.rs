@@ -1,10 +1,11 @@
-//! A real kube-apiserver (v1.20) with its own etcd, on loopback only.
+//! A real kube-apiserver (v1.20.2 or v1.36.2) with its own etcd, on loopback only.
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node};
@@ -14,7 +15,8 @@ use tempfile::TempDir;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::peers::{APISERVER, ETCD, peer};
+use crate::kubelet::KubeVersion;
+use crate::peers::{ETCD, peer};
 
 /// How long [`ApiServer::start`] waits for etcd and for the API server.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -25,8 +27,8 @@ const PORT_ATTEMPTS: usize = 4;
 /// How many bytes of a log an error message shows.
 const LOG_TAIL_BYTES: u64 = 6000;
 
-/// A running kube-apiserver v1.20.2 backed by its own etcd, both listening on
-/// free ports of 127.0.0.1, with a throw-away CA, server certificate,
+/// A running kube-apiserver (v1.20.2 or v1.36.2, see [`start_version`](Self::start_version))
+/// backed by its own etcd (3.4, Debian's), both listening on free ports of 127.0.0.1, with a throw-away CA, server certificate,
 /// service-account key pair and a static admin token (group
 /// `system:masters`), all in a temporary directory.
 ///
@@ -35,26 +37,33 @@ const LOG_TAIL_BYTES: u64 = 6000;
 /// parallel (about 300 MB of memory each).
 #[derive(Debug)]
 pub struct ApiServer {
+    version: KubeVersion,
     etcd: Option<Child>,
     apiserver: Option<Child>,
     url: String,
     token: String,
     kubeconfig: PathBuf,
     ca_cert: PathBuf,
+    pki: Pki,
     log: PathBuf,
     // Dropped last (fields drop in declaration order, after Drop::drop).
     dir: TempDir,
 }
 
 impl ApiServer {
-    /// Starts etcd and kube-apiserver and waits (at most 90 s) until
-    /// `/readyz` answers `ok`, the `default` namespace exists and nodes can
-    /// be listed.
+    /// Starts etcd and kube-apiserver v1.20.2; see [`start_version`](Self::start_version).
+    pub async fn start() -> Result<ApiServer, Error> {
+        Self::start_version(KubeVersion::V1_20_2).await
+    }
+
+    /// Starts etcd and kube-apiserver of `version` and waits (at most 90 s)
+    /// until `/readyz` answers `ok`, the `default` namespace exists and nodes
+    /// can be listed.
     ///
     /// Fails with [`Error::MissingPeer`] if the peers are not built.
-    pub async fn start() -> Result<ApiServer, Error> {
+    pub async fn start_version(version: KubeVersion) -> Result<ApiServer, Error> {
         let etcd_bin = peer(ETCD)?;
-        let apiserver_bin = peer(APISERVER)?;
+        let apiserver_bin = peer(version.apiserver_peer())?;
         let dir = tempfile::Builder::new()
             .prefix("plugreg-apiserver-")
             .tempdir()
@@ -71,12 +80,14 @@ impl ApiServer {
         let etcd_log = d.join("etcd.log");
         let etcd = start_etcd(&etcd_bin, &d, &etcd_log).await?;
         let mut server = ApiServer {
+            version,
             etcd: Some(etcd.child),
             apiserver: None,
             url: String::new(),
             token,
             kubeconfig: d.join("kubeconfig"),
             ca_cert: pki.ca_cert.clone(),
+            pki,
             log: d.join("kube-apiserver.log"),
             dir,
         };
@@ -91,8 +102,9 @@ impl ApiServer {
                 .map_err(|e| Error::io("cloning a log handle", e))?;
             let child = Command::new(&apiserver_bin)
                 .args(apiserver_args(
+                    version,
                     &d,
-                    &pki,
+                    &server.pki,
                     &token_file,
                     etcd.client_port,
                     port,
@@ -121,10 +133,43 @@ impl ApiServer {
             }
         }
         Err(last_err.unwrap_or_else(|| Error::NotReady {
-            peer: APISERVER.to_owned(),
+            peer: version.apiserver_peer().to_owned(),
             reason: "no free port".to_owned(),
             log: String::new(),
         }))
+    }
+
+    /// The API server of `version` that the tests of this process running now share: the
+    /// first caller starts it (see [`start_version`](Self::start_version)), later callers get
+    /// the same one while any holder keeps its `Arc`, and it stops when the last is dropped.
+    /// Sharing saves a start (~5 s) and ~300 MB per test; tests that share one must use
+    /// their own object names (e.g. their own Node).
+    pub async fn shared(version: KubeVersion) -> Result<Arc<ApiServer>, Error> {
+        type Slot = tokio::sync::Mutex<Weak<ApiServer>>;
+        static SLOTS: OnceLock<Vec<(KubeVersion, Slot)>> = OnceLock::new();
+        let slots = SLOTS.get_or_init(|| {
+            KubeVersion::ALL
+                .iter()
+                .map(|v| (*v, tokio::sync::Mutex::new(Weak::new())))
+                .collect()
+        });
+        let (_, slot) = slots
+            .iter()
+            .find(|(v, _)| *v == version)
+            .expect("KubeVersion::ALL lists every version");
+        // Held while starting, so that concurrent callers wait for this one server.
+        let mut slot = slot.lock().await;
+        if let Some(s) = slot.upgrade() {
+            return Ok(s);
+        }
+        let s = Arc::new(Self::start_version(version).await?);
+        *slot = Arc::downgrade(&s);
+        Ok(s)
+    }
+
+    /// The release of this API server.
+    pub fn version(&self) -> KubeVersion {
+        self.version
     }
 
     /// The API server's URL, `https://127.0.0.1:<port>`.
@@ -151,6 +196,12 @@ impl ApiServer {
     /// The temporary directory holding certificates, logs and etcd's data.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The serving certificate (for IP 127.0.0.1, signed by the CA) and its key; other
+    /// loopback servers of the same test may serve with them.
+    pub(crate) fn serving_cert(&self) -> (&Path, &Path) {
+        (&self.pki.server_cert, &self.pki.server_key)
     }
 
     /// The end of kube-apiserver's log.
@@ -223,7 +274,7 @@ impl ApiServer {
 
     fn not_ready(&self, reason: String) -> Error {
         Error::NotReady {
-            peer: APISERVER.to_owned(),
+            peer: self.version.apiserver_peer().to_owned(),
             reason,
             log: tail_of(&self.log),
         }
@@ -351,18 +402,18 @@ fn etcd_healthy(port: u16) -> bool {
 }
 
 fn apiserver_args(
+    version: KubeVersion,
     dir: &Path,
     pki: &Pki,
     token_file: &Path,
     etcd_port: u16,
     port: u16,
 ) -> Vec<String> {
-    vec![
+    let mut args = vec![
         format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
         "--bind-address=127.0.0.1".to_owned(),
         "--advertise-address=127.0.0.1".to_owned(),
         format!("--secure-port={port}"),
-        "--insecure-port=0".to_owned(),
         format!("--tls-cert-file={}", pki.server_cert.display()),
         format!("--tls-private-key-file={}", pki.server_key.display()),
         format!("--client-ca-file={}", pki.ca_cert.display()),
@@ -378,12 +429,17 @@ fn apiserver_args(
         format!("--cert-dir={}", dir.join("cert-dir").display()),
         "--endpoint-reconciler-type=none".to_owned(),
         "--profiling=false".to_owned(),
-    ]
+    ];
+    // 1.20 still has an insecure HTTP port unless told not to; 1.24 removed the flag.
+    if version == KubeVersion::V1_20_2 {
+        args.push("--insecure-port=0".to_owned());
+    }
+    args
 }
 
 /// Picks a currently free TCP port on 127.0.0.1 (by binding port 0). Another
 /// process may take it before it is used; callers retry on collision.
-fn free_port() -> Result<u16, Error> {
+pub(crate) fn free_port() -> Result<u16, Error> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| Error::io("binding 127.0.0.1:0 to find a free port", e))?;
     let port = l
@@ -393,6 +449,7 @@ fn free_port() -> Result<u16, Error> {
     Ok(port)
 }
 
+#[derive(Debug)]
 struct Pki {
     ca_cert: PathBuf,
     server_cert: PathBuf,
@@ -503,7 +560,7 @@ fn openssl(args: &[&str]) -> Result<(), Error> {
     })
 }
 
-fn write_file(path: &Path, text: &str) -> Result<(), Error> {
+pub(crate) fn write_file(path: &Path, text: &str) -> Result<(), Error> {
     std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
@@ -524,7 +581,7 @@ fn new_token() -> String {
 }
 
 /// The last few KB of a log file, or a note that it cannot be read.
-fn tail_of(path: &Path) -> String {
+pub(crate) fn tail_of(path: &Path) -> String {
     use std::io::{Seek, SeekFrom};
     let Ok(mut f) = File::open(path) else {
         return format!("({} not readable)", path.display());

@@ -63,6 +63,19 @@ pub enum Error {
         /// Every stdout line seen so far, and the end of the peer's stderr.
         details: String,
     },
+    /// A peer printed a line of the expected event whose fields are not what its release
+    /// prints.
+    #[error("peer `{peer}`: unexpected line: {reason}")]
+    BadLine {
+        /// The peer's label.
+        peer: String,
+        /// What is wrong, with the line.
+        reason: String,
+    },
+    /// The requested combination of peers is not available (e.g. a component not built for
+    /// that release).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// A server peer did not become ready in time, or exited.
     #[error("{peer} did not become ready: {reason}\n--- {peer} log tail ---\n{log}")]
     NotReady {

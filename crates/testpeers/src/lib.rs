@@ -13,17 +13,33 @@
 //!   deadline.
 //! * [`goplugin::bind_only`] makes a plugin socket the way Go and C plugins do: bound before it
 //!   listens, so a dial right after IN_CREATE is refused.
-//! * [`ApiServer`] runs etcd and kube-apiserver v1.20 on free loopback
-//!   ports in a temporary directory, with a kubeconfig and a `kube::Client`.
+//! * [`ApiServer`] runs etcd and kube-apiserver (v1.20.2 by default, or the
+//!   [`KubeVersion`] given to [`ApiServer::start_version`]) on free loopback
+//!   ports in a temporary directory, with a kubeconfig and a `kube::Client`
+//!   ([`ApiServer::shared`] shares one per release between the tests running
+//!   at the same time);
+//!   [`ControllerManager`] adds a kube-controller-manager (v1.36.2) to it.
+//! * [`RealPluginManager`] and [`RealExamplePlugin`] run the real kubelet
+//!   plugin manager and the real example plugin of a [`KubeVersion`], hiding
+//!   how each release's harness is started and what its lines look like, so
+//!   one test body covers every release in [`KubeVersion::ALL`].
 
 mod apiserver;
+mod controller_manager;
 mod error;
 pub mod goplugin;
+mod kubelet;
 mod peers;
 mod process;
 
 pub use apiserver::ApiServer;
+pub use controller_manager::{ControllerManager, VOLUME_CONTROLLERS};
 pub use error::{Error, MissingPeer};
+pub use kubelet::{
+    APISERVER_V1_36, CONTROLLER_MANAGER_V1_36, EXAMPLE_PLUGIN_V1_36, HandlerCall, HandlerEvent,
+    KUBELET_PLUGINS_V1_36, KubeVersion, Notification, PLUGIN_MANAGER_V1_36, PluginManagerOptions,
+    RealExamplePlugin, RealPluginManager,
+};
 pub use peers::{
     APISERVER, ETCD, EXAMPLE_PLUGIN, PEERS_DIR_ENV, PLUGIN_MANAGER_HARNESS, peer, peers_dir,
 };
