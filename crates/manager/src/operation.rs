@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
+use plugreg_runtime::report;
 use plugreg_transport::Connection;
 use plugreg_transport::MAX_MESSAGE_SIZE;
 
@@ -72,6 +73,23 @@ pub struct RegisterError {
     pub message: String,
     /// What GetInfo answered, when it got that far.
     pub info: Option<PluginInfo>,
+    /// The dial was refused by a socket file less than [`YOUNG_SOCKET`] old: most likely a
+    /// plugin that has bound its socket but not called listen() yet (D1).
+    pub young_refusal: bool,
+}
+
+/// How long after its creation a socket that refuses connections is taken for a plugin still
+/// between bind() and listen() (D1), rather than a dead one.
+pub const YOUNG_SOCKET: Duration = Duration::from_secs(1);
+
+/// Whether `e` is a refused connect to a socket file younger than [`YOUNG_SOCKET`].
+fn refused_by_young_socket(e: &plugreg_transport::Error, socket: &Path) -> bool {
+    let refused = matches!(e, plugreg_transport::Error::Dial { source, .. }
+        if source.kind() == std::io::ErrorKind::ConnectionRefused);
+    refused
+        && std::fs::metadata(socket)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < YOUNG_SOCKET))
 }
 
 /// Timeouts of one registration attempt.
@@ -188,7 +206,7 @@ async fn notify(
     req.set_timeout(timeout);
     let sent = match tokio::time::timeout(timeout, client.notify_registration_status(req)).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(status)) => Err(rpc_error(&status)),
+        Ok(Err(status)) => Err(report::grpc(&status)),
         Err(_) => Err(format!(
             "rpc error: code = DeadlineExceeded desc = no reply within {timeout:?}"
         )),
@@ -199,14 +217,6 @@ async fn notify(
         (Err(e), true) => Err(e),
         (Err(e), false) => Err(format!("{error}: {e}")),
     }
-}
-
-fn rpc_error(status: &tonic::Status) -> String {
-    format!(
-        "rpc error: code = {:?} desc = {}",
-        status.code(),
-        status.message()
-    )
 }
 
 /// Tells the plugin it was refused and builds the error for the caller: the refusal's own text
@@ -232,6 +242,7 @@ async fn refuse(
         step,
         message,
         info: Some(info.clone()),
+        young_refusal: false,
     }
 }
 
@@ -245,16 +256,18 @@ pub async fn register(
         step,
         message,
         info: info.cloned(),
+        young_refusal: false,
     };
     let channel = plugreg_transport::connect_direct(socket, timeouts.dial)
         .await
-        .map_err(|e| {
-            fail(
+        .map_err(|e| RegisterError {
+            young_refusal: refused_by_young_socket(&e, socket),
+            ..fail(
                 Step::Dial,
                 format!(
                     "RegisterPlugin error -- dial failed at socket {}, err: {}",
                     socket.display(),
-                    error_chain(&e)
+                    report::chain(&e)
                 ),
                 None,
             )
@@ -268,7 +281,7 @@ pub async fn register(
         Ok(Err(status)) => {
             return Err(fail(
                 Step::GetInfo,
-                get_info_error(socket, &rpc_error(&status)),
+                get_info_error(socket, &report::grpc(&status)),
                 None,
             ));
         }
@@ -380,18 +393,6 @@ fn get_info_error(socket: &Path, err: &str) -> String {
         "RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {}, err: {err}",
         socket.display()
     )
-}
-
-/// The error and its sources, joined with ": ".
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Deregisters a plugin: the handler forgets it; no call is made to the plugin.

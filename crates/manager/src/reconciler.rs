@@ -55,6 +55,14 @@ struct Slot {
     queued: bool,
     /// The back-off wake-up already in the timer heap, so it is pushed once.
     wake_at: Option<Instant>,
+    /// Quiet re-dials of a young socket that refused (D1): the instance, how many so far, and
+    /// when the next may start.
+    redial: Option<(u64, u32, Instant)>,
+}
+
+/// The wait before the `n`-th quiet re-dial of a young socket (D1): 1 ms doubling to 8 ms.
+fn redial_delay(n: u32) -> std::time::Duration {
+    std::time::Duration::from_millis(1 << n.min(3))
 }
 
 /// What a finished operation reports.
@@ -319,6 +327,20 @@ impl Reconciler {
                     .map(|d| d.seen_at);
                 let (initial, max) = (self.config.backoff_initial, self.config.backoff_max);
                 match *result {
+                    Err(err) if err.young_refusal => {
+                        // D1: bound but not listening yet; not a failure, no warning.
+                        tracing::debug!(socket = %path.display(), error = %err.message, "socket refused while young; re-dialling");
+                        let now = Instant::now();
+                        let slot = self.slot(&path);
+                        slot.op = None;
+                        let n = match slot.redial {
+                            Some((i, n, _)) if i == instance => n + 1,
+                            _ => 0,
+                        };
+                        let at = now + redial_delay(n);
+                        slot.redial = Some((instance, n, at));
+                        self.schedule(&path, at);
+                    }
                     Ok(reg) => {
                         if let Some(seen) = seen_at {
                             self.shared.metrics.registered(seen.elapsed());
@@ -472,6 +494,13 @@ impl Reconciler {
         }
         let Some(instance) = want else { return };
         let now = Instant::now();
+        if let Some((i, _, at)) = self.slots.get(path).and_then(|s| s.redial)
+            && i == instance
+            && now < at
+        {
+            self.schedule(path, at);
+            return;
+        }
         if let Some(b) = self.slots.get(path).and_then(|s| s.backoff.as_ref())
             && b.blocks(instance, now)
         {

@@ -600,3 +600,64 @@ async fn metrics_show_desired_and_actual_state() {
     assert!(text.contains("plugreg_plugins{type=\"DevicePlugin\",state=\"registered\"} 1"));
     assert!(text.contains("plugreg_registration_latency_seconds_count 1"));
 }
+
+/// A Go- or C-style plugin: binds its socket, waits `listen_after`, then listens and serves
+/// the registration service.
+async fn go_style_plugin(
+    sock: &std::path::Path,
+    name: &str,
+    listen_after: Duration,
+) -> (plugreg_registrar::Registrar, tokio::task::JoinHandle<()>) {
+    use plugreg_proto::pluginregistration::registration_server::RegistrationServer;
+    let registrar = plugreg_registrar::Registrar::new(info("DevicePlugin", name, "", &["v1beta1"]));
+    let bound = plugreg_testpeers::goplugin::bind_only(sock).unwrap();
+    let svc = RegistrationServer::new(registrar.clone());
+    let server = tokio::spawn(async move {
+        // The plugin's own start-up work between bind() and listen().
+        tokio::time::sleep(listen_after).await;
+        let listener = bound.listen().unwrap();
+        let _ = plugreg_transport::server()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+            .await;
+    });
+    (registrar, server)
+}
+
+#[tokio::test]
+async fn a_plugin_that_binds_before_it_listens_registers_without_a_failure() {
+    // D1 (issue 8 finding 2): the dial on IN_CREATE is refused; a young socket is re-dialled
+    // quietly instead of failing into the 500 ms back-off.
+    let h = Harness::start().await;
+    let mut events = h.manager.subscribe();
+    for (i, ms) in [30u64, 60, 100].into_iter().enumerate() {
+        let sock = h.root.join(format!("go-{i}.sock"));
+        let (registrar, server) = go_style_plugin(
+            &sock,
+            &format!("example.com/go{i}"),
+            Duration::from_millis(ms),
+        )
+        .await;
+        let mut status = registrar.status();
+        tokio::time::timeout(SOON, status.wait_for(|s| s.is_registered()))
+            .await
+            .unwrap()
+            .unwrap();
+        let r = h
+            .wait_record(&sock, |r| {
+                r.is_some_and(|r| r.state == PluginState::Registered)
+            })
+            .await
+            .unwrap();
+        assert_eq!((r.failures, r.last_error), (0, None));
+        server.abort();
+    }
+    while let Ok(ev) = events.try_recv() {
+        assert!(!matches!(ev, ManagerEvent::Failed { .. }), "{ev:?}");
+    }
+    let metrics = h.manager.render_metrics();
+    assert!(
+        metrics.contains("plugreg_registration_failures_total{step=\"dial\"} 0"),
+        "{metrics}"
+    );
+}
