@@ -8,6 +8,7 @@
 pub mod backoff;
 pub mod config;
 pub mod handler;
+pub mod info_check;
 pub mod metrics;
 pub mod operation;
 mod reconciler;

@@ -116,72 +116,19 @@ pub struct Registered {
     pub versions: Vec<String>,
 }
 
-/// Longest plugin name accepted (a DNS subdomain prefix plus a name, with room to spare).
-pub const MAX_NAME_LEN: usize = 316;
-/// Longest plugin type accepted.
-pub const MAX_TYPE_LEN: usize = 63;
-/// Longest endpoint accepted.
-pub const MAX_ENDPOINT_LEN: usize = 4096;
-/// Longest version string accepted.
-pub const MAX_VERSION_LEN: usize = 128;
-/// Most versions accepted.
-pub const MAX_VERSIONS: usize = 64;
+pub use crate::info_check::{
+    MAX_ENDPOINT_LEN, MAX_NAME_LEN, MAX_TYPE_LEN, MAX_VERSION_LEN, MAX_VERSIONS,
+};
 
-/// Checks the fields of a GetInfo reply before they reach a handler (D7).
+/// Checks the fields of a GetInfo reply before they reach a handler (D7); see
+/// [`info_check`](crate::info_check).
 pub fn check_info(info: &PluginInfo) -> Result<(), String> {
-    fn printable(s: &str) -> bool {
-        s.chars().all(|c| c.is_ascii_graphic())
-    }
-    if info.r#type.is_empty() {
-        return Err("plugin type is empty".into());
-    }
-    if info.r#type.len() > MAX_TYPE_LEN || !printable(&info.r#type) {
-        return Err(format!(
-            "plugin type {:?} is not 1-{MAX_TYPE_LEN} printable ASCII characters",
-            truncated(&info.r#type)
-        ));
-    }
-    if info.name.is_empty() {
-        return Err("plugin name is empty".into());
-    }
-    if info.name.len() > MAX_NAME_LEN || !printable(&info.name) {
-        return Err(format!(
-            "plugin name {:?} is not 1-{MAX_NAME_LEN} printable ASCII characters without spaces",
-            truncated(&info.name)
-        ));
-    }
-    if info.endpoint.len() > MAX_ENDPOINT_LEN || info.endpoint.chars().any(char::is_control) {
-        return Err(format!(
-            "endpoint {:?} is longer than {MAX_ENDPOINT_LEN} bytes or holds control characters",
-            truncated(&info.endpoint)
-        ));
-    }
-    if info.supported_versions.len() > MAX_VERSIONS {
-        return Err(format!(
-            "{} supported versions, more than {MAX_VERSIONS}",
-            info.supported_versions.len()
-        ));
-    }
-    if let Some(v) = info
-        .supported_versions
-        .iter()
-        .find(|v| v.is_empty() || v.len() > MAX_VERSION_LEN || !printable(v))
-    {
-        return Err(format!(
-            "version {:?} is not 1-{MAX_VERSION_LEN} printable ASCII characters",
-            truncated(v)
-        ));
-    }
-    Ok(())
-}
-
-/// At most 80 characters of `s`, for messages about oversized input.
-fn truncated(s: &str) -> String {
-    if s.chars().count() <= 80 {
-        return s.to_owned();
-    }
-    let head: String = s.chars().take(80).collect();
-    format!("{head}...")
+    crate::info_check::check_fields(
+        &info.r#type,
+        &info.name,
+        &info.endpoint,
+        &info.supported_versions,
+    )
 }
 
 fn client(conn: Connection) -> RegistrationClient<Connection> {
