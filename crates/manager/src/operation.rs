@@ -5,9 +5,14 @@
 //! Notify(false, reason). A failed register or a failed final notify is rolled back: the
 //! handler's deregister is called (D2), so the caller can back off and retry from scratch.
 
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use futures::FutureExt;
 
 use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
@@ -93,7 +98,7 @@ fn refused_by_young_socket(e: &plugreg_transport::Error, socket: &Path) -> bool 
 }
 
 /// Timeouts of one registration attempt.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Timeouts {
     /// Connecting.
     pub dial: Duration,
@@ -101,6 +106,67 @@ pub struct Timeouts {
     pub get_info: Duration,
     /// NotifyRegistrationStatus.
     pub notify: Duration,
+    /// Each handler call (validate, register, deregister) of a plugin type (D7).
+    pub handler: HandlerTimeouts,
+}
+
+/// How long a handler call may take: a default and per-plugin-type overrides (D7).
+#[derive(Debug, Clone)]
+pub struct HandlerTimeouts {
+    /// For plugin types without an override.
+    pub default: Duration,
+    /// By plugin type.
+    pub by_type: Arc<HashMap<String, Duration>>,
+}
+
+impl HandlerTimeouts {
+    /// The limit for a handler call of `plugin_type`.
+    pub fn for_type(&self, plugin_type: &str) -> Duration {
+        self.by_type
+            .get(plugin_type)
+            .copied()
+            .unwrap_or(self.default)
+    }
+}
+
+/// How far an operation got: the step a panic outside a handler call is counted against.
+#[derive(Debug, Default)]
+pub struct Progress(AtomicUsize);
+
+impl Progress {
+    fn set(&self, step: Step) {
+        let i = Step::ALL.iter().position(|s| *s == step).unwrap_or(0);
+        self.0.store(i, Ordering::Relaxed);
+    }
+
+    /// The step the operation is in (or last was in).
+    pub fn step(&self) -> Step {
+        Step::ALL[self.0.load(Ordering::Relaxed).min(Step::ALL.len() - 1)]
+    }
+}
+
+/// Runs one handler call with a time limit; a panic inside it becomes an error instead of
+/// taking the operation down (the handler is someone else's code).
+async fn handler_call<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, AssertUnwindSafe(call).catch_unwind()).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(panic)) => Err(format!("handler panicked: {}", panic_text(&*panic))),
+        Err(_) => Err(format!("handler did not answer within {limit:?}")),
+    }
+}
+
+/// The message of a panic payload.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_owned()
+    }
 }
 
 /// What a successful registration recorded.
@@ -197,8 +263,10 @@ async fn refuse(
 pub async fn register(
     socket: &Path,
     handlers: &HandlerRegistry,
-    timeouts: Timeouts,
+    timeouts: &Timeouts,
+    progress: &Progress,
 ) -> Result<Registered, RegisterError> {
+    progress.set(Step::Dial);
     let fail = |step, message: String, info: Option<&PluginInfo>| RegisterError {
         step,
         message,
@@ -221,6 +289,7 @@ pub async fn register(
         })?;
     let mut client = client(channel);
 
+    progress.set(Step::GetInfo);
     let mut req = tonic::Request::new(InfoRequest {});
     req.set_timeout(timeouts.get_info);
     let info = match tokio::time::timeout(timeouts.get_info, client.get_info(req)).await {
@@ -241,7 +310,8 @@ pub async fn register(
         }
     };
 
-    let (handler, endpoint) = match admit(&info, socket, handlers).await {
+    let limit = timeouts.handler.for_type(&info.r#type);
+    let (handler, endpoint) = match admit(&info, socket, handlers, limit, progress).await {
         Ok(admitted) => admitted,
         Err(r) => {
             let err = refuse(
@@ -257,8 +327,9 @@ pub async fn register(
         }
     };
 
+    progress.set(Step::Notify);
     if let Err(e) = notify(&mut client, true, "", timeouts.notify).await {
-        handler.deregister(&info.name, &endpoint).await;
+        rollback(handler, &info.name, &endpoint, limit).await;
         return Err(fail(
             Step::Notify,
             format!(
@@ -301,8 +372,11 @@ async fn admit<'h>(
     info: &PluginInfo,
     socket: &Path,
     handlers: &'h HandlerRegistry,
+    limit: Duration,
+    progress: &Progress,
 ) -> Result<(&'h Arc<dyn crate::PluginHandler>, String), Refusal> {
     let refused = "RegisterPlugin error -- plugin validation failed with err";
+    progress.set(Step::CheckInfo);
     check_info(info).map_err(|e| Refusal::new(Step::CheckInfo, format!("{refused}: {e}")))?;
     let handler = handlers.get(&info.r#type).ok_or_else(|| {
         let reason = format!(
@@ -318,7 +392,11 @@ async fn admit<'h>(
         info.endpoint.clone()
     };
     let versions = &info.supported_versions;
-    if let Err(e) = handler.validate(&info.name, &endpoint, versions).await {
+    progress.set(Step::Validate);
+    let validated = handler_call(limit, handler.validate(&info.name, &endpoint, versions))
+        .await
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    if let Err(e) = validated {
         return Err(Refusal {
             step: Step::Validate,
             reason: format!("{refused}: {e}"),
@@ -327,12 +405,28 @@ async fn admit<'h>(
             ),
         });
     }
-    if let Err(e) = handler.register(&info.name, &endpoint, versions).await {
-        handler.deregister(&info.name, &endpoint).await;
+    progress.set(Step::Register);
+    let registered = handler_call(limit, handler.register(&info.name, &endpoint, versions))
+        .await
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    if let Err(e) = registered {
+        rollback(handler, &info.name, &endpoint, limit).await;
         let reason = format!("RegisterPlugin error -- plugin registration failed with err: {e}");
         return Err(Refusal::new(Step::Register, reason));
     }
     Ok((handler, endpoint))
+}
+
+/// D2: a failed register or notify is undone, so the next attempt starts from scratch.
+async fn rollback(
+    handler: &Arc<dyn crate::PluginHandler>,
+    name: &str,
+    endpoint: &str,
+    limit: Duration,
+) {
+    if let Err(e) = handler_call(limit, handler.deregister(name, endpoint)).await {
+        tracing::warn!(name, endpoint, error = %e, "DeRegisterPlugin of a failed registration failed");
+    }
 }
 
 fn get_info_error(socket: &Path, err: &str) -> String {
@@ -344,13 +438,18 @@ fn get_info_error(socket: &Path, err: &str) -> String {
 
 /// Deregisters a plugin: the handler forgets it; no call is made to the plugin.
 pub async fn deregister(
-    handlers: &Arc<HandlerRegistry>,
+    handlers: &HandlerRegistry,
     plugin_type: &str,
     name: &str,
     endpoint: &str,
+    limit: Duration,
 ) {
     match handlers.get(plugin_type) {
-        Some(h) => h.deregister(name, endpoint).await,
+        Some(h) => {
+            if let Err(e) = handler_call(limit, h.deregister(name, endpoint)).await {
+                tracing::warn!(plugin_type, name, endpoint, error = %e, "DeRegisterPlugin failed");
+            }
+        }
         None => tracing::warn!(
             plugin_type,
             name,

@@ -1,0 +1,176 @@
+//! Runs the operations: at most one per socket (the machine's `busy` phases see to that) and
+//! at most `cap` in all, registrations and deregistrations alike (D7). A task that panics is
+//! reaped and reported as a failed operation, so its socket and its slot are never lost.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::task::{Id, JoinSet};
+use tracing::Instrument;
+
+use crate::handler::HandlerRegistry;
+use crate::operation::{self, Progress, RegisterError, Registered, Timeouts};
+use crate::state::ActualEntry;
+
+/// A finished operation.
+pub(crate) enum Outcome {
+    /// A registration attempt ended.
+    Registered {
+        path: PathBuf,
+        instance: u64,
+        result: Box<Result<Registered, RegisterError>>,
+    },
+    /// A deregistration ended (the handler was told, or its call failed: the plugin is out of
+    /// the actual state either way).
+    Deregistered { path: PathBuf, entry: ActualEntry },
+}
+
+/// What is needed to report a task that did not return.
+enum Running {
+    Register {
+        path: PathBuf,
+        instance: u64,
+        progress: Arc<Progress>,
+    },
+    Deregister {
+        path: PathBuf,
+        entry: ActualEntry,
+    },
+}
+
+pub(crate) struct Runner {
+    cap: usize,
+    handlers: Arc<HandlerRegistry>,
+    timeouts: Timeouts,
+    tasks: JoinSet<Outcome>,
+    running: HashMap<Id, Running>,
+}
+
+impl Runner {
+    pub(crate) fn new(cap: usize, handlers: HandlerRegistry, timeouts: Timeouts) -> Self {
+        Runner {
+            cap: cap.max(1),
+            handlers: Arc::new(handlers),
+            timeouts,
+            tasks: JoinSet::new(),
+            running: HashMap::new(),
+        }
+    }
+
+    /// Whether another operation may start now.
+    pub(crate) fn has_free_slot(&self) -> bool {
+        self.running.len() < self.cap
+    }
+
+    /// Starts a registration attempt of `instance` at `path`.
+    pub(crate) fn register(&mut self, path: PathBuf, instance: u64) {
+        let handlers = self.handlers.clone();
+        let timeouts = self.timeouts.clone();
+        let progress = Arc::new(Progress::default());
+        let span = tracing::info_span!("register", socket = %path.display());
+        let task = {
+            let (path, progress) = (path.clone(), progress.clone());
+            async move {
+                let result = operation::register(&path, &handlers, &timeouts, &progress).await;
+                Outcome::Registered {
+                    path,
+                    instance,
+                    result: Box::new(result),
+                }
+            }
+        };
+        let id = self.tasks.spawn(task.instrument(span)).id();
+        self.running.insert(
+            id,
+            Running::Register {
+                path,
+                instance,
+                progress,
+            },
+        );
+    }
+
+    /// Starts the deregistration of `entry` (already taken out of the actual state).
+    pub(crate) fn deregister(&mut self, path: PathBuf, entry: ActualEntry) {
+        let handlers = self.handlers.clone();
+        let limit = self.timeouts.handler.for_type(&entry.plugin_type);
+        let span = tracing::info_span!("deregister", socket = %path.display());
+        let task = {
+            let (path, entry) = (path.clone(), entry.clone());
+            async move {
+                operation::deregister(
+                    &handlers,
+                    &entry.plugin_type,
+                    &entry.name,
+                    &entry.endpoint,
+                    limit,
+                )
+                .await;
+                Outcome::Deregistered { path, entry }
+            }
+        };
+        let id = self.tasks.spawn(task.instrument(span)).id();
+        self.running.insert(id, Running::Deregister { path, entry });
+    }
+
+    /// The next finished operation; pending forever while none runs.
+    pub(crate) async fn next(&mut self) -> Outcome {
+        loop {
+            let Some(joined) = self.tasks.join_next_with_id().await else {
+                return std::future::pending().await;
+            };
+            let (id, outcome) = match joined {
+                Ok((id, outcome)) => (id, Ok(outcome)),
+                Err(e) => (e.id(), Err(e)),
+            };
+            let Some(running) = self.running.remove(&id) else {
+                continue;
+            };
+            match outcome {
+                Ok(outcome) => return outcome,
+                Err(e) => return reaped(running, &e),
+            }
+        }
+    }
+
+    /// Abandons every operation (shutdown); plugin sockets are untouched.
+    pub(crate) async fn shutdown(&mut self) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        self.running.clear();
+    }
+}
+
+/// The outcome of a task that panicked (or was cancelled): a failure of the step it was in.
+fn reaped(running: Running, e: &tokio::task::JoinError) -> Outcome {
+    let why = if e.is_panic() {
+        "operation panicked"
+    } else {
+        "operation cancelled"
+    };
+    match running {
+        Running::Register {
+            path,
+            instance,
+            progress,
+        } => {
+            let step = progress.step();
+            tracing::error!(socket = %path.display(), step = step.as_str(), "{why}");
+            Outcome::Registered {
+                result: Box::new(Err(RegisterError {
+                    step,
+                    message: format!("RegisterPlugin error -- {why} at socket {}", path.display()),
+                    info: None,
+                    young_refusal: false,
+                })),
+                path,
+                instance,
+            }
+        }
+        Running::Deregister { path, entry } => {
+            tracing::error!(socket = %path.display(), "deregistration: {why}");
+            Outcome::Deregistered { path, entry }
+        }
+    }
+}
