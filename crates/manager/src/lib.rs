@@ -29,6 +29,9 @@ pub use record::{ManagerEvent, PluginRecord, PluginState};
 
 use reconciler::{Reconciler, Shared};
 
+/// The manager's long-running tasks, by name.
+type Tasks = Vec<(&'static str, tokio::task::JoinHandle<()>)>;
+
 /// The watcher task's name in [`PluginManager::health`].
 const WATCHER: &str = "plugin watcher";
 /// The reconciler task's name in [`PluginManager::health`].
@@ -47,7 +50,7 @@ pub enum Error {
 pub struct PluginManager {
     shared: Arc<Shared>,
     /// The watcher and the reconciler, by name; taken by [`stopped`](Self::stopped).
-    tasks: Arc<Mutex<Vec<(&'static str, tokio::task::JoinHandle<()>)>>>,
+    tasks: Arc<Mutex<Tasks>>,
     /// Why the watcher stopped, when it stopped with an error.
     watcher_error: Arc<Mutex<Option<String>>>,
     rescan: mpsc::Sender<()>,
