@@ -9,5 +9,5 @@ mod plugininfo;
 
 #[test]
 fn plugininfo_checks_accept_exactly_the_acceptable_replies() {
-    arbtest::arbtest(|u| plugininfo::check(u)).budget_ms(500);
+    arbtest::arbtest(plugininfo::check).budget_ms(500);
 }
