@@ -58,9 +58,9 @@ pub struct PluginManager {
 }
 
 impl PluginManager {
-    /// Creates the registry directory when missing, starts the watcher, the reconciler and (when
-    /// configured) the liveness prober, and returns at once. Everything stops when `token` is
-    /// cancelled; [`stopped`](Self::stopped) waits for that.
+    /// Creates the registry directory when missing, starts the watcher and the reconciler (which
+    /// also runs the liveness probes, when configured), and returns at once. Everything stops
+    /// when `token` is cancelled; [`stopped`](Self::stopped) waits for that.
     pub async fn start(
         config: ManagerConfig,
         handlers: HandlerRegistry,

@@ -134,7 +134,7 @@ impl HandlerTimeouts {
 pub struct Progress(AtomicUsize);
 
 impl Progress {
-    fn set(&self, step: Step) {
+    pub(crate) fn set(&self, step: Step) {
         let i = Step::ALL.iter().position(|s| *s == step).unwrap_or(0);
         self.0.store(i, Ordering::Relaxed);
     }

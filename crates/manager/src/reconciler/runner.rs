@@ -80,15 +80,21 @@ impl Runner {
                 }
             }
         };
-        let id = self.tasks.spawn(task.instrument(span)).id();
-        self.running.insert(
-            id,
-            Running::Register {
-                path,
-                instance,
-                progress,
-            },
-        );
+        let running = Running::Register {
+            path,
+            instance,
+            progress,
+        };
+        self.spawn(running, task.instrument(span));
+    }
+
+    fn spawn(
+        &mut self,
+        running: Running,
+        task: impl std::future::Future<Output = Outcome> + Send + 'static,
+    ) {
+        let id = self.tasks.spawn(task).id();
+        self.running.insert(id, running);
     }
 
     /// Starts the deregistration of `entry` (already taken out of the actual state).
@@ -110,8 +116,7 @@ impl Runner {
                 Outcome::Deregistered { path, entry }
             }
         };
-        let id = self.tasks.spawn(task.instrument(span)).id();
-        self.running.insert(id, Running::Deregister { path, entry });
+        self.spawn(Running::Deregister { path, entry }, task.instrument(span));
     }
 
     /// The next finished operation; pending forever while none runs.
@@ -171,6 +176,80 @@ fn reaped(running: Running, e: &tokio::task::JoinError) -> Outcome {
         Running::Deregister { path, entry } => {
             tracing::error!(socket = %path.display(), "deregistration: {why}");
             Outcome::Deregistered { path, entry }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::{HandlerTimeouts, Step};
+    use std::time::Duration;
+
+    fn runner(cap: usize) -> Runner {
+        let timeouts = Timeouts {
+            dial: Duration::from_secs(1),
+            get_info: Duration::from_secs(1),
+            notify: Duration::from_secs(1),
+            handler: HandlerTimeouts {
+                default: Duration::from_secs(1),
+                by_type: Default::default(),
+            },
+        };
+        Runner::new(cap, HandlerRegistry::new(), timeouts)
+    }
+
+    #[tokio::test]
+    async fn a_panicking_operation_is_reaped_as_a_failure_of_its_step_and_frees_its_slot() {
+        let mut r = runner(1);
+        let progress = Arc::new(Progress::default());
+        progress.set(Step::Validate);
+        let running = Running::Register {
+            path: "/r/a.sock".into(),
+            instance: 4,
+            progress,
+        };
+        r.spawn(running, async { panic!("operation bug") });
+        assert!(!r.has_free_slot());
+        let Outcome::Registered {
+            path,
+            instance,
+            result,
+        } = r.next().await
+        else {
+            panic!("not a registration outcome");
+        };
+        assert_eq!((path.to_str(), instance), (Some("/r/a.sock"), 4));
+        let err = result.unwrap_err();
+        assert_eq!(err.step, Step::Validate);
+        assert!(
+            err.message.contains("operation panicked"),
+            "{}",
+            err.message
+        );
+        assert!(r.has_free_slot(), "the slot is back");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_deregistration_still_reports_the_plugin_gone() {
+        let mut r = runner(2);
+        let entry = ActualEntry {
+            instance: 1,
+            plugin_type: "DevicePlugin".into(),
+            name: "n".into(),
+            endpoint: "/e".into(),
+            versions: vec![],
+        };
+        let running = Running::Deregister {
+            path: "/r/b.sock".into(),
+            entry: entry.clone(),
+        };
+        r.spawn(running, async { panic!("handler bug") });
+        match r.next().await {
+            Outcome::Deregistered { path, entry: e } => {
+                assert_eq!((path.to_str(), e), (Some("/r/b.sock"), entry));
+            }
+            Outcome::Registered { .. } => panic!("wrong outcome"),
         }
     }
 }
