@@ -220,9 +220,7 @@ async fn notify(
     let sent = match tokio::time::timeout(timeout, client.notify_registration_status(req)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(status)) => Err(report::grpc(&status)),
-        Err(_) => Err(format!(
-            "rpc error: code = DeadlineExceeded desc = no reply within {timeout:?}"
-        )),
+        Err(_) => Err(report::grpc(&no_reply(timeout))),
     };
     match (sent, error.is_empty()) {
         (Ok(()), true) => Ok(()),
@@ -230,6 +228,11 @@ async fn notify(
         (Err(e), true) => Err(e),
         (Err(e), false) => Err(format!("{error}: {e}")),
     }
+}
+
+/// The status of a call that got no reply in time.
+fn no_reply(timeout: Duration) -> tonic::Status {
+    tonic::Status::deadline_exceeded(format!("no reply within {timeout:?}"))
 }
 
 /// Tells the plugin it was refused and builds the error for the caller: the refusal's own text
@@ -302,10 +305,7 @@ pub async fn register(
             ));
         }
         Err(_) => {
-            let e = format!(
-                "rpc error: code = DeadlineExceeded desc = no reply within {:?}",
-                timeouts.get_info
-            );
+            let e = report::grpc(&no_reply(timeouts.get_info));
             return Err(fail(Step::GetInfo, get_info_error(socket, &e), None));
         }
     };

@@ -373,6 +373,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_failed_registration_is_retried_not_left_half_registered() {
+        // D2: a failed register or notify leaves no actual entry (the operation rolled the
+        // handler back), so the socket backs off and registers again.
+        let policy = Backoff::KUBELET_OPERATIONS;
+        let now = Instant::now();
+        let d = desired(2, now);
+        let s = Socket {
+            phase: Phase::BackingOff,
+            attempts: Some(after_failure(None, 2, now, &policy)),
+            last_error: Some((Step::Notify, "failed to send registration status".into())),
+            ..Socket::default()
+        };
+        assert_eq!(
+            decide(Some(&d), None, &s, now, true),
+            Decision::BackOffUntil(now + Duration::from_millis(500))
+        );
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(
+            decide(Some(&d), None, &s, Instant::now(), true),
+            Decision::Register(2)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_recreated_socket_starts_without_back_off() {
         // D3: the back-off of instance 3 does not hold instance 4 back.
         let now = Instant::now();

@@ -437,17 +437,21 @@ impl Reconciler {
         match decision {
             Decision::Stay => {}
             Decision::Register(instance) => {
-                s.phase = Phase::Registering;
-                self.runner.register(path.to_owned(), instance);
+                // The decision saw a free slot and an idle socket, so the runner takes it.
+                if self.runner.register(path.to_owned(), instance) {
+                    s.phase = Phase::Registering;
+                }
             }
             Decision::Deregister => {
                 if self.desired.contains(path) {
                     tracing::trace!(path = %path.display(), "An updated version of plugin has been found, unregistering the plugin first before reregistering");
                 }
-                if let Some(entry) = self.actual.remove(path) {
+                if let Some(entry) = self.actual.get(path).cloned()
+                    && self.runner.deregister(path.to_owned(), entry)
+                {
+                    self.actual.remove(path);
                     s.phase = Phase::Deregistering;
                     self.scheduler.cancel(path);
-                    self.runner.deregister(path.to_owned(), entry);
                 }
             }
             Decision::BackOffUntil(at) => {

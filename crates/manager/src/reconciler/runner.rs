@@ -2,8 +2,8 @@
 //! at most `cap` in all, registrations and deregistrations alike (D7). A task that panics is
 //! reaped and reported as a failed operation, so its socket and its slot are never lost.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::task::{Id, JoinSet};
@@ -45,6 +45,8 @@ pub(crate) struct Runner {
     timeouts: Timeouts,
     tasks: JoinSet<Outcome>,
     running: HashMap<Id, Running>,
+    /// Sockets with an operation running: upstream's per-socket mutual exclusion.
+    busy: HashSet<PathBuf>,
 }
 
 impl Runner {
@@ -55,6 +57,7 @@ impl Runner {
             timeouts,
             tasks: JoinSet::new(),
             running: HashMap::new(),
+            busy: HashSet::new(),
         }
     }
 
@@ -63,8 +66,17 @@ impl Runner {
         self.running.len() < self.cap
     }
 
-    /// Starts a registration attempt of `instance` at `path`.
-    pub(crate) fn register(&mut self, path: PathBuf, instance: u64) {
+    /// Whether an operation of `path` runs.
+    pub(crate) fn is_busy(&self, path: &Path) -> bool {
+        self.busy.contains(path)
+    }
+
+    /// Starts a registration attempt of `instance` at `path`; refused (false) while `path` has
+    /// an operation running or no slot is free.
+    pub(crate) fn register(&mut self, path: PathBuf, instance: u64) -> bool {
+        if !self.can_start(&path) {
+            return false;
+        }
         let handlers = self.handlers.clone();
         let timeouts = self.timeouts.clone();
         let progress = Arc::new(Progress::default());
@@ -86,6 +98,11 @@ impl Runner {
             progress,
         };
         self.spawn(running, task.instrument(span));
+        true
+    }
+
+    fn can_start(&self, path: &Path) -> bool {
+        self.has_free_slot() && !self.is_busy(path)
     }
 
     fn spawn(
@@ -93,12 +110,20 @@ impl Runner {
         running: Running,
         task: impl std::future::Future<Output = Outcome> + Send + 'static,
     ) {
+        let path = match &running {
+            Running::Register { path, .. } | Running::Deregister { path, .. } => path.clone(),
+        };
         let id = self.tasks.spawn(task).id();
         self.running.insert(id, running);
+        self.busy.insert(path);
     }
 
-    /// Starts the deregistration of `entry` (already taken out of the actual state).
-    pub(crate) fn deregister(&mut self, path: PathBuf, entry: ActualEntry) {
+    /// Starts the deregistration of `entry` (already taken out of the actual state); refused
+    /// (false) while `path` has an operation running or no slot is free.
+    pub(crate) fn deregister(&mut self, path: PathBuf, entry: ActualEntry) -> bool {
+        if !self.can_start(&path) {
+            return false;
+        }
         let handlers = self.handlers.clone();
         let limit = self.timeouts.handler.for_type(&entry.plugin_type);
         let span = tracing::info_span!("deregister", socket = %path.display());
@@ -117,6 +142,7 @@ impl Runner {
             }
         };
         self.spawn(Running::Deregister { path, entry }, task.instrument(span));
+        true
     }
 
     /// The next finished operation; pending forever while none runs.
@@ -132,6 +158,11 @@ impl Runner {
             let Some(running) = self.running.remove(&id) else {
                 continue;
             };
+            match &running {
+                Running::Register { path, .. } | Running::Deregister { path, .. } => {
+                    self.busy.remove(path);
+                }
+            }
             match outcome {
                 Ok(outcome) => return outcome,
                 Err(e) => return reaped(running, &e),
@@ -144,6 +175,7 @@ impl Runner {
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
         self.running.clear();
+        self.busy.clear();
     }
 }
 
@@ -228,6 +260,59 @@ mod tests {
             err.message
         );
         assert!(r.has_free_slot(), "the slot is back");
+    }
+
+    fn entry() -> ActualEntry {
+        ActualEntry {
+            instance: 1,
+            plugin_type: "DevicePlugin".into(),
+            name: "n".into(),
+            endpoint: "/e".into(),
+            versions: vec![],
+        }
+    }
+
+    #[tokio::test]
+    async fn operations_on_two_sockets_run_at_once_and_one_socket_runs_one() {
+        // upstream operation executor tests 20-23: two keys run concurrently; a second register
+        // or deregister of the same key is refused while the first runs.
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
+        let mut r = runner(4);
+        assert!(r.register(a.clone(), 1));
+        assert!(r.register(b.clone(), 2), "another socket runs concurrently");
+        assert!(
+            !r.register(a.clone(), 3),
+            "same socket: refused while pending"
+        );
+        assert!(
+            !r.deregister(a.clone(), entry()),
+            "register and deregister share the key"
+        );
+        assert!(r.is_busy(&a) && r.is_busy(&b));
+        // Nothing listens there: both attempts fail at the dial and free their keys.
+        for _ in 0..2 {
+            let Outcome::Registered { result, .. } = r.next().await else {
+                panic!("not a registration");
+            };
+            assert_eq!(result.unwrap_err().step, Step::Dial);
+        }
+        assert!(!r.is_busy(&a) && !r.is_busy(&b));
+        assert!(r.deregister(a.clone(), entry()));
+        assert!(!r.deregister(a.clone(), entry()));
+        assert!(matches!(r.next().await, Outcome::Deregistered { .. }));
+        assert!(r.register(a, 4), "free again");
+    }
+
+    #[tokio::test]
+    async fn the_cap_counts_both_kinds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = runner(2);
+        assert!(r.register(dir.path().join("a.sock"), 1));
+        assert!(r.deregister(dir.path().join("b.sock"), entry()));
+        assert!(!r.has_free_slot());
+        assert!(!r.register(dir.path().join("c.sock"), 2));
+        assert!(!r.deregister(dir.path().join("d.sock"), entry()));
     }
 
     #[tokio::test]
