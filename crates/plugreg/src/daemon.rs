@@ -365,6 +365,32 @@ mod tests {
             .unwrap()
     }
 
+    #[test]
+    fn csi_handler_calls_get_the_node_get_info_timeout_plus_a_margin() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ManagerArgs,
+        }
+        let parse = |a: &[&str]| {
+            let cli: Cli =
+                clap::Parser::try_parse_from(std::iter::once("x").chain(a.iter().copied()))
+                    .unwrap();
+            cli.args.config()
+        };
+        let c = parse(&[]);
+        assert_eq!(c.handler_timeout, Duration::from_secs(30));
+        assert_eq!(c.handler_timeouts["CSIPlugin"], Duration::from_secs(130));
+        let c = parse(&[
+            "--csi-node-get-info-timeout",
+            "5s",
+            "--handler-timeout",
+            "3s",
+        ]);
+        assert_eq!(c.handler_timeout, Duration::from_secs(3));
+        assert_eq!(c.handler_timeouts["CSIPlugin"], Duration::from_secs(15));
+    }
+
     #[tokio::test]
     async fn healthz_is_503_with_the_reason_once_the_watcher_died() {
         let dir = tempfile::tempdir().unwrap();
