@@ -1,7 +1,10 @@
 //! Every tunable of the plugin manager, with upstream's defaults in one place.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use plugreg_runtime::Backoff;
 
 /// Where upstream's kubelet watches for registration sockets.
 pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
@@ -25,6 +28,11 @@ pub struct ManagerConfig {
     pub backoff_max: Duration,
     /// Most registrations and deregistrations running at once (D7).
     pub max_concurrent_operations: usize,
+    /// Limit for each handler call (validate, register, deregister) (D7); upstream has none.
+    pub handler_timeout: Duration,
+    /// Per-plugin-type limits for handler calls, overriding `handler_timeout` (e.g. CSI's
+    /// register waits for NodeGetInfo, up to 2 min).
+    pub handler_timeouts: HashMap<String, Duration>,
     /// Dead-plugin detection (D5); `None` turns it off.
     pub liveness: Option<LivenessConfig>,
 }
@@ -57,11 +65,20 @@ impl ManagerConfig {
             get_info_timeout: Duration::from_secs(1),
             notify_timeout: Duration::from_secs(5),
             resync_period: Duration::from_secs(1),
-            backoff_initial: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(122),
+            backoff_initial: Backoff::KUBELET_OPERATIONS.initial,
+            backoff_max: Backoff::KUBELET_OPERATIONS.max,
             max_concurrent_operations: 64,
+            handler_timeout: Duration::from_secs(30),
+            handler_timeouts: HashMap::new(),
             liveness: Some(LivenessConfig::default()),
         }
+    }
+}
+
+impl ManagerConfig {
+    /// The back-off policy of failed registrations (D3 keeps one record per socket instance).
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.backoff_initial, self.backoff_max)
     }
 }
 

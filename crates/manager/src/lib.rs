@@ -5,9 +5,9 @@
 //! [`PluginManager::start`]; read it with [`PluginManager::snapshot`],
 //! [`PluginManager::subscribe`] and [`PluginManager::render_metrics`].
 
-pub mod backoff;
 pub mod config;
 pub mod handler;
+pub mod info_check;
 pub mod metrics;
 pub mod operation;
 mod reconciler;
@@ -29,6 +29,14 @@ pub use record::{ManagerEvent, PluginRecord, PluginState};
 
 use reconciler::{Reconciler, Shared};
 
+/// The manager's long-running tasks, by name.
+type Tasks = Vec<(&'static str, tokio::task::JoinHandle<()>)>;
+
+/// The watcher task's name in [`PluginManager::health`].
+const WATCHER: &str = "plugin watcher";
+/// The reconciler task's name in [`PluginManager::health`].
+const RECONCILER: &str = "reconciler";
+
 /// Why the plugin manager could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -41,15 +49,18 @@ pub enum Error {
 #[derive(Debug, Clone)]
 pub struct PluginManager {
     shared: Arc<Shared>,
-    tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    /// The watcher and the reconciler, by name; taken by [`stopped`](Self::stopped).
+    tasks: Arc<Mutex<Tasks>>,
+    /// Why the watcher stopped, when it stopped with an error.
+    watcher_error: Arc<Mutex<Option<String>>>,
     rescan: mpsc::Sender<()>,
     token: CancellationToken,
 }
 
 impl PluginManager {
-    /// Creates the registry directory when missing, starts the watcher, the reconciler and (when
-    /// configured) the liveness prober, and returns at once. Everything stops when `token` is
-    /// cancelled; [`stopped`](Self::stopped) waits for that.
+    /// Creates the registry directory when missing, starts the watcher and the reconciler (which
+    /// also runs the liveness probes, when configured), and returns at once. Everything stops
+    /// when `token` is cancelled; [`stopped`](Self::stopped) waits for that.
     pub async fn start(
         config: ManagerConfig,
         handlers: HandlerRegistry,
@@ -67,35 +78,39 @@ impl PluginManager {
             metrics: metrics::Metrics::default(),
         });
         let (watch_tx, watch_rx) = mpsc::channel(4096);
-        let (probe_tx, probe_rx) = mpsc::channel(1024);
         let (rescan_tx, rescan_rx) = mpsc::channel(1);
+        let watcher_error = Arc::new(Mutex::new(None));
         let mut tasks = Vec::new();
 
         let t = token.clone();
         let retry = config.resync_period;
-        tasks.push(tokio::spawn(
-            async move {
-                if let Err(e) = watcher.run(watch_tx, rescan_rx, retry, t).await {
-                    tracing::error!(error = %e, "plugin watcher stopped");
+        let error = watcher_error.clone();
+        tasks.push((
+            WATCHER,
+            tokio::spawn(
+                async move {
+                    if let Err(e) = watcher.run(watch_tx, rescan_rx, retry, t).await {
+                        let e = plugreg_runtime::report::chain(&e);
+                        tracing::error!(error = %e, "plugin watcher stopped");
+                        *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    }
                 }
-            }
-            .instrument(tracing::info_span!("watcher")),
+                .instrument(tracing::info_span!("watcher")),
+            ),
         ));
-        if let Some(l) = config.liveness {
-            tasks.push(tokio::spawn(
-                reconciler::probe_loop(shared.clone(), l.interval, probe_tx, token.clone())
-                    .instrument(tracing::info_span!("liveness")),
-            ));
-        }
         let reconciler = Reconciler::new(config, handlers, shared.clone());
-        tasks.push(tokio::spawn(
-            reconciler
-                .run(watch_rx, probe_rx, token.clone())
-                .instrument(tracing::info_span!("reconciler")),
+        tasks.push((
+            RECONCILER,
+            tokio::spawn(
+                reconciler
+                    .run(watch_rx, token.clone())
+                    .instrument(tracing::info_span!("reconciler")),
+            ),
         ));
         Ok(Self {
             shared,
             tasks: Arc::new(Mutex::new(tasks)),
+            watcher_error,
             rescan: rescan_tx,
             token,
         })
@@ -137,11 +152,47 @@ impl PluginManager {
         self.token.cancel();
     }
 
+    /// Whether the manager works: `Err` with the reason when it was stopped or when its
+    /// watcher or reconciler ended (an error, a panic) while it should be running.
+    pub fn health(&self) -> Result<(), String> {
+        if self.token.is_cancelled() {
+            return Err("the plugin manager is stopping".into());
+        }
+        let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if tasks.is_empty() {
+            return Err("the plugin manager has stopped".into());
+        }
+        for (name, task) in tasks.iter() {
+            if task.is_finished() {
+                let why = match (
+                    *name,
+                    &*self.watcher_error.lock().unwrap_or_else(|e| e.into_inner()),
+                ) {
+                    (WATCHER, Some(e)) => format!("the {name} stopped: {e}"),
+                    _ => format!("the {name} stopped"),
+                };
+                return Err(why);
+            }
+        }
+        Ok(())
+    }
+
+    /// Aborts one of the manager's tasks ("plugin watcher" or "reconciler"), as a crash would
+    /// end it: for tests of [`health`](Self::health) and of whoever reports it.
+    #[doc(hidden)]
+    pub fn abort_task_for_tests(&self, name: &str) {
+        for (n, task) in self.tasks.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            if *n == name {
+                task.abort();
+            }
+        }
+    }
+
     /// Waits until every task of the manager has finished (after the token was cancelled).
     pub async fn stopped(&self) {
         let tasks: Vec<_> =
             std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
-        for t in tasks {
+        for (_, t) in tasks {
             let _ = t.await;
         }
         tracing::info!("Shutting down Kubelet Plugin Manager");

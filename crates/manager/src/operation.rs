@@ -5,12 +5,18 @@
 //! Notify(false, reason). A failed register or a failed final notify is rolled back: the
 //! handler's deregister is called (D2), so the caller can back off and retry from scratch.
 
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use futures::FutureExt;
 
 use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
+use plugreg_runtime::report;
 use plugreg_transport::Connection;
 use plugreg_transport::MAX_MESSAGE_SIZE;
 
@@ -72,10 +78,27 @@ pub struct RegisterError {
     pub message: String,
     /// What GetInfo answered, when it got that far.
     pub info: Option<PluginInfo>,
+    /// The dial was refused by a socket file less than [`YOUNG_SOCKET`] old: most likely a
+    /// plugin that has bound its socket but not called listen() yet (D1).
+    pub young_refusal: bool,
+}
+
+/// How long after its creation a socket that refuses connections is taken for a plugin still
+/// between bind() and listen() (D1), rather than a dead one.
+pub const YOUNG_SOCKET: Duration = Duration::from_secs(1);
+
+/// Whether `e` is a refused connect to a socket file younger than [`YOUNG_SOCKET`].
+fn refused_by_young_socket(e: &plugreg_transport::Error, socket: &Path) -> bool {
+    let refused = matches!(e, plugreg_transport::Error::Dial { source, .. }
+        if source.kind() == std::io::ErrorKind::ConnectionRefused);
+    refused
+        && std::fs::metadata(socket)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < YOUNG_SOCKET))
 }
 
 /// Timeouts of one registration attempt.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Timeouts {
     /// Connecting.
     pub dial: Duration,
@@ -83,6 +106,67 @@ pub struct Timeouts {
     pub get_info: Duration,
     /// NotifyRegistrationStatus.
     pub notify: Duration,
+    /// Each handler call (validate, register, deregister) of a plugin type (D7).
+    pub handler: HandlerTimeouts,
+}
+
+/// How long a handler call may take: a default and per-plugin-type overrides (D7).
+#[derive(Debug, Clone)]
+pub struct HandlerTimeouts {
+    /// For plugin types without an override.
+    pub default: Duration,
+    /// By plugin type.
+    pub by_type: Arc<HashMap<String, Duration>>,
+}
+
+impl HandlerTimeouts {
+    /// The limit for a handler call of `plugin_type`.
+    pub fn for_type(&self, plugin_type: &str) -> Duration {
+        self.by_type
+            .get(plugin_type)
+            .copied()
+            .unwrap_or(self.default)
+    }
+}
+
+/// How far an operation got: the step a panic outside a handler call is counted against.
+#[derive(Debug, Default)]
+pub struct Progress(AtomicUsize);
+
+impl Progress {
+    pub(crate) fn set(&self, step: Step) {
+        let i = Step::ALL.iter().position(|s| *s == step).unwrap_or(0);
+        self.0.store(i, Ordering::Relaxed);
+    }
+
+    /// The step the operation is in (or last was in).
+    pub fn step(&self) -> Step {
+        Step::ALL[self.0.load(Ordering::Relaxed).min(Step::ALL.len() - 1)]
+    }
+}
+
+/// Runs one handler call with a time limit; a panic inside it becomes an error instead of
+/// taking the operation down (the handler is someone else's code).
+async fn handler_call<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, AssertUnwindSafe(call).catch_unwind()).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(panic)) => Err(format!("handler panicked: {}", panic_text(&*panic))),
+        Err(_) => Err(format!("handler did not answer within {limit:?}")),
+    }
+}
+
+/// The message of a panic payload.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_owned()
+    }
 }
 
 /// What a successful registration recorded.
@@ -98,72 +182,19 @@ pub struct Registered {
     pub versions: Vec<String>,
 }
 
-/// Longest plugin name accepted (a DNS subdomain prefix plus a name, with room to spare).
-pub const MAX_NAME_LEN: usize = 316;
-/// Longest plugin type accepted.
-pub const MAX_TYPE_LEN: usize = 63;
-/// Longest endpoint accepted.
-pub const MAX_ENDPOINT_LEN: usize = 4096;
-/// Longest version string accepted.
-pub const MAX_VERSION_LEN: usize = 128;
-/// Most versions accepted.
-pub const MAX_VERSIONS: usize = 64;
+pub use crate::info_check::{
+    MAX_ENDPOINT_LEN, MAX_NAME_LEN, MAX_TYPE_LEN, MAX_VERSION_LEN, MAX_VERSIONS,
+};
 
-/// Checks the fields of a GetInfo reply before they reach a handler (D7).
+/// Checks the fields of a GetInfo reply before they reach a handler (D7); see
+/// [`info_check`](crate::info_check).
 pub fn check_info(info: &PluginInfo) -> Result<(), String> {
-    fn printable(s: &str) -> bool {
-        s.chars().all(|c| c.is_ascii_graphic())
-    }
-    if info.r#type.is_empty() {
-        return Err("plugin type is empty".into());
-    }
-    if info.r#type.len() > MAX_TYPE_LEN || !printable(&info.r#type) {
-        return Err(format!(
-            "plugin type {:?} is not 1-{MAX_TYPE_LEN} printable ASCII characters",
-            truncated(&info.r#type)
-        ));
-    }
-    if info.name.is_empty() {
-        return Err("plugin name is empty".into());
-    }
-    if info.name.len() > MAX_NAME_LEN || !printable(&info.name) {
-        return Err(format!(
-            "plugin name {:?} is not 1-{MAX_NAME_LEN} printable ASCII characters without spaces",
-            truncated(&info.name)
-        ));
-    }
-    if info.endpoint.len() > MAX_ENDPOINT_LEN || info.endpoint.chars().any(char::is_control) {
-        return Err(format!(
-            "endpoint {:?} is longer than {MAX_ENDPOINT_LEN} bytes or holds control characters",
-            truncated(&info.endpoint)
-        ));
-    }
-    if info.supported_versions.len() > MAX_VERSIONS {
-        return Err(format!(
-            "{} supported versions, more than {MAX_VERSIONS}",
-            info.supported_versions.len()
-        ));
-    }
-    if let Some(v) = info
-        .supported_versions
-        .iter()
-        .find(|v| v.is_empty() || v.len() > MAX_VERSION_LEN || !printable(v))
-    {
-        return Err(format!(
-            "version {:?} is not 1-{MAX_VERSION_LEN} printable ASCII characters",
-            truncated(v)
-        ));
-    }
-    Ok(())
-}
-
-/// At most 80 characters of `s`, for messages about oversized input.
-fn truncated(s: &str) -> String {
-    if s.chars().count() <= 80 {
-        return s.to_owned();
-    }
-    let head: String = s.chars().take(80).collect();
-    format!("{head}...")
+    crate::info_check::check_fields(
+        &info.r#type,
+        &info.name,
+        &info.endpoint,
+        &info.supported_versions,
+    )
 }
 
 fn client(conn: Connection) -> RegistrationClient<Connection> {
@@ -188,10 +219,8 @@ async fn notify(
     req.set_timeout(timeout);
     let sent = match tokio::time::timeout(timeout, client.notify_registration_status(req)).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(status)) => Err(rpc_error(&status)),
-        Err(_) => Err(format!(
-            "rpc error: code = DeadlineExceeded desc = no reply within {timeout:?}"
-        )),
+        Ok(Err(status)) => Err(report::grpc(&status)),
+        Err(_) => Err(report::grpc(&no_reply(timeout))),
     };
     match (sent, error.is_empty()) {
         (Ok(()), true) => Ok(()),
@@ -201,12 +230,9 @@ async fn notify(
     }
 }
 
-fn rpc_error(status: &tonic::Status) -> String {
-    format!(
-        "rpc error: code = {:?} desc = {}",
-        status.code(),
-        status.message()
-    )
+/// The status of a call that got no reply in time.
+fn no_reply(timeout: Duration) -> tonic::Status {
+    tonic::Status::deadline_exceeded(format!("no reply within {timeout:?}"))
 }
 
 /// Tells the plugin it was refused and builds the error for the caller: the refusal's own text
@@ -232,6 +258,7 @@ async fn refuse(
         step,
         message,
         info: Some(info.clone()),
+        young_refusal: false,
     }
 }
 
@@ -239,28 +266,33 @@ async fn refuse(
 pub async fn register(
     socket: &Path,
     handlers: &HandlerRegistry,
-    timeouts: Timeouts,
+    timeouts: &Timeouts,
+    progress: &Progress,
 ) -> Result<Registered, RegisterError> {
+    progress.set(Step::Dial);
     let fail = |step, message: String, info: Option<&PluginInfo>| RegisterError {
         step,
         message,
         info: info.cloned(),
+        young_refusal: false,
     };
     let channel = plugreg_transport::connect_direct(socket, timeouts.dial)
         .await
-        .map_err(|e| {
-            fail(
+        .map_err(|e| RegisterError {
+            young_refusal: refused_by_young_socket(&e, socket),
+            ..fail(
                 Step::Dial,
                 format!(
                     "RegisterPlugin error -- dial failed at socket {}, err: {}",
                     socket.display(),
-                    error_chain(&e)
+                    report::chain(&e)
                 ),
                 None,
             )
         })?;
     let mut client = client(channel);
 
+    progress.set(Step::GetInfo);
     let mut req = tonic::Request::new(InfoRequest {});
     req.set_timeout(timeouts.get_info);
     let info = match tokio::time::timeout(timeouts.get_info, client.get_info(req)).await {
@@ -268,20 +300,18 @@ pub async fn register(
         Ok(Err(status)) => {
             return Err(fail(
                 Step::GetInfo,
-                get_info_error(socket, &rpc_error(&status)),
+                get_info_error(socket, &report::grpc(&status)),
                 None,
             ));
         }
         Err(_) => {
-            let e = format!(
-                "rpc error: code = DeadlineExceeded desc = no reply within {:?}",
-                timeouts.get_info
-            );
+            let e = report::grpc(&no_reply(timeouts.get_info));
             return Err(fail(Step::GetInfo, get_info_error(socket, &e), None));
         }
     };
 
-    let (handler, endpoint) = match admit(&info, socket, handlers).await {
+    let limit = timeouts.handler.for_type(&info.r#type);
+    let (handler, endpoint) = match admit(&info, socket, handlers, limit, progress).await {
         Ok(admitted) => admitted,
         Err(r) => {
             let err = refuse(
@@ -297,8 +327,9 @@ pub async fn register(
         }
     };
 
+    progress.set(Step::Notify);
     if let Err(e) = notify(&mut client, true, "", timeouts.notify).await {
-        handler.deregister(&info.name, &endpoint).await;
+        rollback(handler, &info.name, &endpoint, limit).await;
         return Err(fail(
             Step::Notify,
             format!(
@@ -341,8 +372,11 @@ async fn admit<'h>(
     info: &PluginInfo,
     socket: &Path,
     handlers: &'h HandlerRegistry,
+    limit: Duration,
+    progress: &Progress,
 ) -> Result<(&'h Arc<dyn crate::PluginHandler>, String), Refusal> {
     let refused = "RegisterPlugin error -- plugin validation failed with err";
+    progress.set(Step::CheckInfo);
     check_info(info).map_err(|e| Refusal::new(Step::CheckInfo, format!("{refused}: {e}")))?;
     let handler = handlers.get(&info.r#type).ok_or_else(|| {
         let reason = format!(
@@ -358,7 +392,11 @@ async fn admit<'h>(
         info.endpoint.clone()
     };
     let versions = &info.supported_versions;
-    if let Err(e) = handler.validate(&info.name, &endpoint, versions).await {
+    progress.set(Step::Validate);
+    let validated = handler_call(limit, handler.validate(&info.name, &endpoint, versions))
+        .await
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    if let Err(e) = validated {
         return Err(Refusal {
             step: Step::Validate,
             reason: format!("{refused}: {e}"),
@@ -367,12 +405,28 @@ async fn admit<'h>(
             ),
         });
     }
-    if let Err(e) = handler.register(&info.name, &endpoint, versions).await {
-        handler.deregister(&info.name, &endpoint).await;
+    progress.set(Step::Register);
+    let registered = handler_call(limit, handler.register(&info.name, &endpoint, versions))
+        .await
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    if let Err(e) = registered {
+        rollback(handler, &info.name, &endpoint, limit).await;
         let reason = format!("RegisterPlugin error -- plugin registration failed with err: {e}");
         return Err(Refusal::new(Step::Register, reason));
     }
     Ok((handler, endpoint))
+}
+
+/// D2: a failed register or notify is undone, so the next attempt starts from scratch.
+async fn rollback(
+    handler: &Arc<dyn crate::PluginHandler>,
+    name: &str,
+    endpoint: &str,
+    limit: Duration,
+) {
+    if let Err(e) = handler_call(limit, handler.deregister(name, endpoint)).await {
+        tracing::warn!(name, endpoint, error = %e, "DeRegisterPlugin of a failed registration failed");
+    }
 }
 
 fn get_info_error(socket: &Path, err: &str) -> String {
@@ -382,27 +436,20 @@ fn get_info_error(socket: &Path, err: &str) -> String {
     )
 }
 
-/// The error and its sources, joined with ": ".
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 /// Deregisters a plugin: the handler forgets it; no call is made to the plugin.
 pub async fn deregister(
-    handlers: &Arc<HandlerRegistry>,
+    handlers: &HandlerRegistry,
     plugin_type: &str,
     name: &str,
     endpoint: &str,
+    limit: Duration,
 ) {
     match handlers.get(plugin_type) {
-        Some(h) => h.deregister(name, endpoint).await,
+        Some(h) => {
+            if let Err(e) = handler_call(limit, h.deregister(name, endpoint)).await {
+                tracing::warn!(plugin_type, name, endpoint, error = %e, "DeRegisterPlugin failed");
+            }
+        }
         None => tracing::warn!(
             plugin_type,
             name,

@@ -253,13 +253,17 @@ async fn run(
         let events = events.clone();
         async move { events.send(ev).await.is_ok() }
     };
-    let mut found = Vec::new();
-    tree.walk(&tree.root.clone(), &mut found)
-        .map_err(|source| WatchError::Watch {
-            path: tree.root.clone(),
-            source,
-        })?;
-    for (path, file) in found.drain(..) {
+    let (t, found) = off_runtime(tree, |tree| {
+        let mut found = Vec::new();
+        tree.walk(&tree.root.clone(), &mut found).map(|()| found)
+    })
+    .await?;
+    tree = t;
+    let found = found.map_err(|source| WatchError::Watch {
+        path: tree.root.clone(),
+        source,
+    })?;
+    for (path, file) in found {
         if !send(WatchEvent::Added { path, file }).await {
             return Ok(());
         }
@@ -272,7 +276,9 @@ async fn run(
         let event = tokio::select! {
             _ = token.cancelled() => return Ok(()),
             _ = retry.tick(), if root_missing => {
-                match recreate_root(&mut tree) {
+                let (t, recreated) = off_runtime(tree, recreate_root).await?;
+                tree = t;
+                match recreated {
                     Ok(sockets) => {
                         root_missing = false;
                         if !send(WatchEvent::Rescanned { sockets }).await { return Ok(()); }
@@ -282,7 +288,9 @@ async fn run(
                 continue;
             }
             Some(()) = rescan.recv() => {
-                if !send(WatchEvent::Rescanned { sockets: tree.rescan() }).await {
+                let (t, sockets) = off_runtime(tree, Tree::rescan).await?;
+                tree = t;
+                if !send(WatchEvent::Rescanned { sockets }).await {
                     return Ok(());
                 }
                 continue;
@@ -300,11 +308,9 @@ async fn run(
         let mask = event.mask;
         if mask.contains(EventMask::Q_OVERFLOW) {
             tracing::warn!("inotify queue overflowed; rescanning the registry directory");
-            if !send(WatchEvent::Rescanned {
-                sockets: tree.rescan(),
-            })
-            .await
-            {
+            let (t, sockets) = off_runtime(tree, Tree::rescan).await?;
+            tree = t;
+            if !send(WatchEvent::Rescanned { sockets }).await {
                 return Ok(());
             }
             continue;
@@ -312,7 +318,9 @@ async fn run(
         if tree.parent_wd.as_ref() == Some(&event.wd) {
             if tree.is_root_gone(&event.wd, mask, event.name.as_deref()) {
                 let root = tree.root.clone();
-                match root_gone(&mut tree, &events, &root).await {
+                let (t, gone) = root_gone(tree, &events, &root).await?;
+                tree = t;
+                match gone {
                     None => return Ok(()),
                     Some(missing) => root_missing = missing,
                 }
@@ -330,7 +338,9 @@ async fn run(
         }
         if mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
             if dir == tree.root {
-                match root_gone(&mut tree, &events, &dir).await {
+                let (t, gone) = root_gone(tree, &events, &dir).await?;
+                tree = t;
+                match gone {
                     None => return Ok(()),
                     Some(missing) => root_missing = missing,
                 }
@@ -346,10 +356,15 @@ async fn run(
             tracing::trace!(path = %path.display(), "Handling create event");
             match classify(&path) {
                 Ok(Kind::Dir) => {
-                    let mut sockets = Vec::new();
-                    if let Err(e) = tree.walk(&path, &mut sockets) {
-                        tracing::warn!(dir = %path.display(), error = %e, "Error when handling create event");
-                    }
+                    let (t, sockets) = off_runtime(tree, move |tree| {
+                        let mut sockets = Vec::new();
+                        if let Err(e) = tree.walk(&path, &mut sockets) {
+                            tracing::warn!(dir = %path.display(), error = %e, "Error when handling create event");
+                        }
+                        sockets
+                    })
+                    .await?;
+                    tree = t;
                     for (path, file) in sockets {
                         if !send(WatchEvent::Added { path, file }).await {
                             return Ok(());
@@ -386,6 +401,20 @@ async fn run(
 
 type EventStream = inotify::EventStream<Vec<u8>>;
 
+/// Runs `walk` (directory listings and stats, which can take long on a big tree or a slow
+/// file system) on the blocking pool, so the async runtime keeps serving meanwhile.
+async fn off_runtime<T: Send + 'static>(
+    mut tree: Tree,
+    walk: impl FnOnce(&mut Tree) -> T + Send + 'static,
+) -> Result<(Tree, T), WatchError> {
+    tokio::task::spawn_blocking(move || {
+        let out = walk(&mut tree);
+        (tree, out)
+    })
+    .await
+    .map_err(|e| WatchError::Inotify(io::Error::other(format!("directory walk failed: {e}"))))
+}
+
 fn start(root: PathBuf) -> Result<(EventStream, Tree), WatchError> {
     let inotify = Inotify::init().map_err(WatchError::Inotify)?;
     let watches = inotify.watches();
@@ -403,31 +432,39 @@ fn start(root: PathBuf) -> Result<(EventStream, Tree), WatchError> {
     Ok((stream, tree))
 }
 
-/// The root is gone: report everything under it gone, then create and watch it again. Returns
-/// `None` when the receiver is gone, else whether the root is still missing.
+/// The root is gone: report everything under it gone, then create and watch it again. Gives
+/// the tree back with `None` when the receiver is gone, else whether the root is still missing.
 async fn root_gone(
-    tree: &mut Tree,
+    mut tree: Tree,
     events: &mpsc::Sender<WatchEvent>,
     root: &Path,
-) -> Option<bool> {
+) -> Result<(Tree, Option<bool>), WatchError> {
     tracing::warn!(root = %root.display(), "the registry directory is gone; re-creating it");
     tree.unwatch_under(root);
-    events
-        .send(WatchEvent::RemovedUnder {
-            dir: root.to_owned(),
-        })
-        .await
-        .ok()?;
-    match recreate_root(tree) {
+    let removed = WatchEvent::RemovedUnder {
+        dir: root.to_owned(),
+    };
+    if events.send(removed).await.is_err() {
+        return Ok((tree, None));
+    }
+    let (tree, recreated) = off_runtime(tree, recreate_root).await?;
+    let missing = match recreated {
         Ok(sockets) => {
-            events.send(WatchEvent::Rescanned { sockets }).await.ok()?;
-            Some(false)
+            if events
+                .send(WatchEvent::Rescanned { sockets })
+                .await
+                .is_err()
+            {
+                return Ok((tree, None));
+            }
+            false
         }
         Err(e) => {
             tracing::warn!(root = %root.display(), error = %e, "cannot re-create the registry directory yet");
-            Some(true)
+            true
         }
-    }
+    };
+    Ok((tree, Some(missing)))
 }
 
 fn recreate_root(tree: &mut Tree) -> Result<Vec<(PathBuf, FileId)>, WatchError> {

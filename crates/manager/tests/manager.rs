@@ -600,3 +600,152 @@ async fn metrics_show_desired_and_actual_state() {
     assert!(text.contains("plugreg_plugins{type=\"DevicePlugin\",state=\"registered\"} 1"));
     assert!(text.contains("plugreg_registration_latency_seconds_count 1"));
 }
+
+/// A Go- or C-style plugin: binds its socket, waits `listen_after`, then listens and serves
+/// the registration service.
+async fn go_style_plugin(
+    sock: &std::path::Path,
+    name: &str,
+    listen_after: Duration,
+) -> (plugreg_registrar::Registrar, tokio::task::JoinHandle<()>) {
+    use plugreg_proto::pluginregistration::registration_server::RegistrationServer;
+    let registrar = plugreg_registrar::Registrar::new(info("DevicePlugin", name, "", &["v1beta1"]));
+    let bound = plugreg_testpeers::goplugin::bind_only(sock).unwrap();
+    let svc = RegistrationServer::new(registrar.clone());
+    let server = tokio::spawn(async move {
+        // The plugin's own start-up work between bind() and listen().
+        tokio::time::sleep(listen_after).await;
+        let listener = bound.listen().unwrap();
+        let _ = plugreg_transport::server()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+            .await;
+    });
+    (registrar, server)
+}
+
+#[tokio::test]
+async fn a_plugin_that_binds_before_it_listens_registers_without_a_failure() {
+    // D1 (issue 8 finding 2): the dial on IN_CREATE is refused; a young socket is re-dialled
+    // quietly instead of failing into the 500 ms back-off.
+    let h = Harness::start().await;
+    let mut events = h.manager.subscribe();
+    for (i, ms) in [30u64, 60, 100].into_iter().enumerate() {
+        let sock = h.root.join(format!("go-{i}.sock"));
+        let (registrar, server) = go_style_plugin(
+            &sock,
+            &format!("example.com/go{i}"),
+            Duration::from_millis(ms),
+        )
+        .await;
+        let mut status = registrar.status();
+        tokio::time::timeout(SOON, status.wait_for(|s| s.is_registered()))
+            .await
+            .unwrap()
+            .unwrap();
+        let r = h
+            .wait_record(&sock, |r| {
+                r.is_some_and(|r| r.state == PluginState::Registered)
+            })
+            .await
+            .unwrap();
+        assert_eq!((r.failures, r.last_error), (0, None));
+        server.abort();
+    }
+    while let Ok(ev) = events.try_recv() {
+        assert!(!matches!(ev, ManagerEvent::Failed { .. }), "{ev:?}");
+    }
+    let metrics = h.manager.render_metrics();
+    assert!(
+        metrics.contains("plugreg_registration_failures_total{step=\"dial\"} 0"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_reaped_counted_and_retried() {
+    // Issue 8 finding 5: the panic must not leave the socket `registering` nor lose the only
+    // operation slot.
+    let h = Harness::start_with(|c| c.max_concurrent_operations = 1).await;
+    h.recorder
+        .panic_register
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let a = Plugin::device(&h.root.join("a.sock"), "example.com/a").await;
+    a.wait_registered().await;
+    let b = Plugin::device(&h.root.join("b.sock"), "example.com/b").await;
+    b.wait_registered().await;
+    let metrics = h.manager.render_metrics();
+    assert!(
+        metrics.contains("plugreg_registration_failures_total{step=\"register\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        h.recorder.calls.lock().unwrap().contains(&Call::Deregister(
+            "example.com/a".into(),
+            a.socket.display().to_string()
+        )),
+        "the panicked register is rolled back (D2)"
+    );
+}
+
+#[tokio::test]
+async fn a_handler_call_that_never_answers_times_out_and_is_retried() {
+    // D7: a per-plugin-type limit on handler calls.
+    let h = Harness::start_with(|c| {
+        c.handler_timeouts
+            .insert("DevicePlugin".into(), Duration::from_millis(100));
+    })
+    .await;
+    *h.recorder.validate_delay.lock().unwrap() = Duration::from_secs(3600);
+    let sock = h.root.join("slow.sock");
+    let p = Plugin::device(&sock, "example.com/slow").await;
+    h.wait_record(&sock, |r| {
+        r.is_some_and(|r| r.failed_step == Some(Step::Validate))
+    })
+    .await;
+    // The plugin is told why.
+    let refused = p.wait_status(|s| s.rejected_total > 0).await;
+    let why = refused.last.unwrap().error;
+    assert!(why.contains("did not answer within 100ms"), "{why}");
+    *h.recorder.validate_delay.lock().unwrap() = Duration::ZERO;
+    p.wait_registered().await;
+}
+
+#[tokio::test]
+async fn deregistrations_share_the_operation_cap() {
+    // D7 (issue 8 finding 5): removing many sockets does not start all deregistrations at once.
+    let h = Harness::start_with(|c| c.max_concurrent_operations = 2).await;
+    *h.recorder.deregister_delay.lock().unwrap() = Duration::from_millis(30);
+    let mut plugins = Vec::new();
+    for i in 0..8 {
+        let p = Plugin::device(
+            &h.root.join(format!("d{i}.sock")),
+            &format!("example.com/d{i}"),
+        )
+        .await;
+        p.wait_registered().await;
+        plugins.push(p);
+    }
+    for p in plugins {
+        p.stop().await;
+    }
+    wait_for(|| h.manager.snapshot().is_empty()).await;
+    let max = h
+        .recorder
+        .max_deregistering
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&max),
+        "{max} deregistrations at once, cap 2"
+    );
+}
+
+#[tokio::test]
+async fn health_reports_a_stopped_watcher() {
+    let h = Harness::start().await;
+    assert_eq!(h.manager.health(), Ok(()));
+    h.manager.abort_task_for_tests("plugin watcher");
+    wait_for(|| h.manager.health().is_err()).await;
+    let why = h.manager.health().unwrap_err();
+    assert!(why.contains("plugin watcher stopped"), "{why}");
+}

@@ -2,21 +2,29 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use plugreg_handlers::{EXAMPLE_PLUGIN, ExampleHandler, RecordHandler};
 use plugreg_manager::{
     DEFAULT_REGISTRY_DIR, HandlerRegistry, LivenessConfig, ManagerConfig, PluginManager,
 };
-use tokio::signal::unix::{SignalKind, signal};
+use plugreg_runtime::signal::{Received, Signals};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+
+/// Time a CSI handler call may take beyond its NodeGetInfo limit.
+const CSI_HANDLER_MARGIN: Duration = Duration::from_secs(10);
 
 /// Flags of `plugreg manager`.
 #[derive(Debug, Clone, clap::Args)]
@@ -63,9 +71,16 @@ pub struct ManagerArgs {
     /// Period of the safety-net full reconcile.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub resync_period: Duration,
-    /// Most registrations running at once.
+    /// Most registrations and deregistrations running at once.
     #[arg(long, default_value_t = 64)]
     pub max_concurrent_operations: usize,
+    /// Limit for each handler call (validate, register, deregister); CSIPlugin gets
+    /// --csi-node-get-info-timeout plus 10s.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub handler_timeout: Duration,
+    /// Most HTTP connections open at once; further clients wait to be accepted (D7).
+    #[arg(long, default_value_t = 64)]
+    pub http_max_connections: usize,
     /// Dead-plugin probe interval (0 turns detection off).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub liveness_interval: Duration,
@@ -82,6 +97,13 @@ impl ManagerArgs {
         c.notify_timeout = self.notify_timeout;
         c.resync_period = self.resync_period;
         c.max_concurrent_operations = self.max_concurrent_operations;
+        c.handler_timeout = self.handler_timeout;
+        // CSI's register waits for NodeGetInfo (2 min by default): give it that and a margin.
+        c.handler_timeouts.insert(
+            plugreg_csi::PLUGIN_TYPE.to_owned(),
+            self.csi_node_get_info_timeout
+                .saturating_add(CSI_HANDLER_MARGIN),
+        );
         c.liveness = (!self.liveness_interval.is_zero()).then_some(LivenessConfig {
             interval: self.liveness_interval,
             failure_threshold: self.liveness_failures.max(1),
@@ -148,10 +170,11 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
 
     let http = match args.http_endpoint {
         Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
+            let listener = TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(endpoint = %listener.local_addr()?, "Starting HTTP server");
+            let listener = CappedListener::new(listener, args.http_max_connections);
             let app = router(manager.clone());
             let t = token.clone();
             Some(tokio::spawn(async move {
@@ -166,14 +189,17 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
+    let mut signals = Signals::with_hangup()?;
     loop {
-        tokio::select! {
-            _ = term.recv() => { tracing::info!(signal = "SIGTERM", "stopping"); break; }
-            _ = int.recv() => { tracing::info!(signal = "SIGINT", "stopping"); break; }
-            _ = hup.recv() => { tracing::info!(signal = "SIGHUP", "rescanning the registry directory"); manager.rescan(); }
+        match signals.recv().await {
+            Received::Hangup => {
+                tracing::info!(signal = "SIGHUP", "rescanning the registry directory");
+                manager.rescan();
+            }
+            s => {
+                tracing::info!(signal = s.name(), "stopping");
+                break;
+            }
         }
     }
     token.cancel();
@@ -196,10 +222,97 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
 /// The HTTP routes: /healthz, /metrics, /plugins.
 pub fn router(manager: PluginManager) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/plugins", get(plugins))
         .with_state(manager)
+}
+
+/// 200 "ok" while the watcher and the reconciler run; 503 with the reason when not.
+async fn healthz(State(m): State<PluginManager>) -> impl IntoResponse {
+    match m.health() {
+        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+/// A TCP listener that keeps at most `max` connections open (D7): the next one is accepted
+/// only when an earlier one closed.
+struct CappedListener {
+    inner: TcpListener,
+    permits: Arc<Semaphore>,
+}
+
+impl CappedListener {
+    fn new(inner: TcpListener, max: usize) -> Self {
+        Self {
+            inner,
+            permits: Arc::new(Semaphore::new(max.max(1))),
+        }
+    }
+}
+
+impl axum::serve::Listener for CappedListener {
+    type Io = CappedStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        (
+            CappedStream {
+                stream,
+                _permit: permit,
+            },
+            addr,
+        )
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection holding one of the listener's permits until it closes.
+struct CappedStream {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for CappedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for CappedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 async fn metrics(State(m): State<PluginManager>) -> impl IntoResponse {
@@ -216,4 +329,115 @@ async fn plugins(State(m): State<PluginManager>) -> impl IntoResponse {
     let body = serde_json::to_string_pretty(&m.snapshot())
         .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     ([(header::CONTENT_TYPE, "application/json")], body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    async fn serve(manager: PluginManager, max: usize) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let listener = CappedListener::new(listener, max);
+        tokio::spawn(async move { axum::serve(listener, router(manager)).await });
+        addr
+    }
+
+    /// One blocking HTTP/1.1 GET on a fresh connection (run on a blocking thread).
+    fn get(addr: SocketAddr, path: &str, read_timeout: Duration) -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(read_timeout))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp)?;
+        Ok(resp)
+    }
+
+    async fn start_manager(dir: &std::path::Path) -> PluginManager {
+        let mut c = ManagerConfig::new(dir.join("plugins_registry"));
+        c.liveness = None;
+        PluginManager::start(c, HandlerRegistry::new(), CancellationToken::new())
+            .await
+            .unwrap()
+    }
+
+    #[test]
+    fn csi_handler_calls_get_the_node_get_info_timeout_plus_a_margin() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ManagerArgs,
+        }
+        let parse = |a: &[&str]| {
+            let cli: Cli =
+                clap::Parser::try_parse_from(std::iter::once("x").chain(a.iter().copied()))
+                    .unwrap();
+            cli.args.config()
+        };
+        let c = parse(&[]);
+        assert_eq!(c.handler_timeout, Duration::from_secs(30));
+        assert_eq!(c.handler_timeouts["CSIPlugin"], Duration::from_secs(130));
+        let c = parse(&[
+            "--csi-node-get-info-timeout",
+            "5s",
+            "--handler-timeout",
+            "3s",
+        ]);
+        assert_eq!(c.handler_timeout, Duration::from_secs(3));
+        assert_eq!(c.handler_timeouts["CSIPlugin"], Duration::from_secs(15));
+    }
+
+    #[tokio::test]
+    async fn healthz_is_503_with_the_reason_once_the_watcher_died() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = start_manager(dir.path()).await;
+        let addr = serve(manager.clone(), 8).await;
+        let long = Duration::from_secs(10);
+        let ok = tokio::task::spawn_blocking(move || get(addr, "/healthz", long))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        manager.abort_task_for_tests("plugin watcher");
+        let deadline = tokio::time::Instant::now() + long;
+        loop {
+            let resp = tokio::task::spawn_blocking(move || get(addr, "/healthz", long))
+                .await
+                .unwrap()
+                .unwrap();
+            if resp.starts_with("HTTP/1.1 503") {
+                assert!(resp.ends_with("the plugin watcher stopped"), "{resp}");
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{resp}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        manager.stop();
+    }
+
+    #[tokio::test]
+    async fn the_http_listener_caps_its_connections() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = start_manager(dir.path()).await;
+        let addr = serve(manager.clone(), 1).await;
+        // An idle client holds the only connection.
+        let idle = std::net::TcpStream::connect(addr).unwrap();
+        let waiting =
+            tokio::task::spawn_blocking(move || get(addr, "/healthz", Duration::from_millis(300)))
+                .await
+                .unwrap();
+        assert!(waiting.is_err(), "served beyond the cap: {waiting:?}");
+        drop(idle);
+        let resp =
+            tokio::task::spawn_blocking(move || get(addr, "/healthz", Duration::from_secs(10)))
+                .await
+                .unwrap()
+                .unwrap();
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        manager.stop();
+    }
 }

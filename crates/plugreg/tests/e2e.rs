@@ -294,3 +294,40 @@ fn demo_runs_and_exits_zero() {
         assert!(text.contains(want), "demo output lacks {want:?}:\n{text}");
     }
 }
+
+fn metric(body: &str, name: &str) -> Option<u64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn sighup_rescans_the_registry_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("plugins_registry");
+    let (mut manager, addr) = start_manager(&dir).await;
+    let (_, body) = http_get(&addr, "/metrics");
+    assert_eq!(metric(&body, "plugreg_watcher_rescans_total"), Some(0));
+    let pid = manager.pid().to_string();
+    let sent = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert!(sent.success());
+    expect(&mut manager, |v| {
+        v["message"] == "rescanning the registry directory"
+    })
+    .await;
+    let deadline = Instant::now() + SOON;
+    loop {
+        let (code, body) = http_get(&addr, "/metrics");
+        assert_eq!(code, 200);
+        if metric(&body, "plugreg_watcher_rescans_total") == Some(1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{body}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, body) = http_get(&addr, "/healthz");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "ok"),
+        "SIGHUP does not stop it"
+    );
+}

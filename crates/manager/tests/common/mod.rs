@@ -41,6 +41,13 @@ pub struct Recorder {
     running: AtomicUsize,
     /// Most validate calls seen running at once.
     pub max_running: AtomicUsize,
+    /// Register panics this many more times.
+    pub panic_register: AtomicUsize,
+    /// Deregister waits this long.
+    pub deregister_delay: Mutex<Duration>,
+    deregistering: AtomicUsize,
+    /// Most deregister calls seen running at once.
+    pub max_deregistering: AtomicUsize,
 }
 
 impl Recorder {
@@ -88,6 +95,13 @@ impl PluginHandler for Recorder {
         _v: &[String],
     ) -> Result<(), HandlerError> {
         self.record(Call::Register(name.into(), endpoint.into()));
+        if self
+            .panic_register
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            panic!("handler bug");
+        }
         let left = self.fail_register.load(Ordering::SeqCst);
         if left > 0 {
             self.fail_register.store(left - 1, Ordering::SeqCst);
@@ -97,6 +111,13 @@ impl PluginHandler for Recorder {
     }
 
     async fn deregister(&self, name: &str, endpoint: &str) {
+        let now = self.deregistering.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_deregistering.fetch_max(now, Ordering::SeqCst);
+        let delay = *self.deregister_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        self.deregistering.fetch_sub(1, Ordering::SeqCst);
         self.record(Call::Deregister(name.into(), endpoint.into()));
     }
 }
