@@ -162,6 +162,8 @@ impl ManagerArgs {
 
 /// Runs the daemon until SIGTERM or SIGINT. SIGHUP rescans the registry directory.
 pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
+    // Installed first: a SIGHUP that arrives once the daemon says it is up must rescan, not kill.
+    let mut signals = Signals::with_hangup()?;
     let token = CancellationToken::new();
     let handlers = args.handlers().await?;
     let manager = PluginManager::start(args.config(), handlers, token.clone())
@@ -189,7 +191,6 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let mut signals = Signals::with_hangup()?;
     loop {
         match signals.recv().await {
             Received::Hangup => {
