@@ -37,7 +37,8 @@ for lib in "${libs[@]}"; do
     mkdir -p "$out$(dirname "$lib")"
     install -m 0755 "$(readlink -f "$lib")" "$out$lib"
     # The licence of each library's Debian package travels with it.
-    pkg=$(dpkg -S "$(readlink -f "$lib")" 2>/dev/null | head -n1 | cut -d: -f1) || true
+    # (dpkg knows a file by the path its package ships, /lib or /usr/lib: try both.)
+    pkg=$( (dpkg -S "$lib" || dpkg -S "$(readlink -f "$lib")") 2>/dev/null | head -n1 | cut -d: -f1) || true
     if [ -n "${pkg:-}" ] && [ -f "/usr/share/doc/$pkg/copyright" ]; then
         mkdir -p "$out/usr/share/doc/$pkg"
         install -m 0644 "/usr/share/doc/$pkg/copyright" "$out/usr/share/doc/$pkg/copyright"
