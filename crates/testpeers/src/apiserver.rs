@@ -378,6 +378,7 @@ fn apiserver_args(
         format!("--cert-dir={}", dir.join("cert-dir").display()),
         "--endpoint-reconciler-type=none".to_owned(),
         "--profiling=false".to_owned(),
+        "--allow-privileged=true".to_owned(),
     ]
 }
 
