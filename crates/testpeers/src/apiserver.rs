@@ -429,6 +429,8 @@ fn apiserver_args(
         format!("--cert-dir={}", dir.join("cert-dir").display()),
         "--endpoint-reconciler-type=none".to_owned(),
         "--profiling=false".to_owned(),
+        // As kubeadm and kind set it: CSI node plugins run privileged.
+        "--allow-privileged=true".to_owned(),
     ];
     // 1.20 still has an insecure HTTP port unless told not to; 1.24 removed the flag.
     if version == KubeVersion::V1_20_2 {

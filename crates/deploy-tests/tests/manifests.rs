@@ -1,0 +1,329 @@
+//! `deploy/`'s kustomizations, rendered by real kubectl binaries (Debian's v1.20.2 with
+//! kustomize v2.0.3, and the `kubectl` on PATH when it is another one) and applied with
+//! `kubectl apply --dry-run=server -k` to a real kube-apiserver: every object passes the
+//! server's validation and admission, comes back with the images and driver name the overlay
+//! chose, and nothing is stored. A broken overlay is refused, so the check has teeth.
+//!
+//! One test per API server version; add a version by adding a test that passes its
+//! `ApiServer` to [`check_all`].
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::PostParams;
+use plugreg_deploy_tests::{json_stream, kubectl_version, kubectls, repo_root};
+use plugreg_testpeers::ApiServer;
+use serde_json::{Value, json};
+
+/// One kustomization and what it must produce.
+struct Case {
+    dir: &'static str,
+    namespace: &'static str,
+    driver: &'static str,
+    /// Container name -> image, in the DaemonSet and the Deployment.
+    images: &'static [(&'static str, &'static str)],
+}
+
+const CASES: &[Case] = &[
+    Case {
+        dir: "deploy/base",
+        namespace: "kube-system",
+        driver: "csi.example.com",
+        images: &[
+            ("csi-driver", "csi-driver"),
+            (
+                "node-driver-registrar",
+                "plugreg/csi-node-driver-registrar:v0.1.0",
+            ),
+            ("liveness-probe", "plugreg/livenessprobe:v0.1.0"),
+            ("csi-provisioner", "plugreg/csi-provisioner:v0.1.0"),
+        ],
+    },
+    Case {
+        dir: "deploy/example",
+        namespace: "csi-example",
+        driver: "csi.example.org",
+        images: &[
+            (
+                "csi-driver",
+                "registry.example.com/example/csi-driver:v1.0.0",
+            ),
+            (
+                "node-driver-registrar",
+                "registry.example.com/plugreg/csi-node-driver-registrar:v0.1.0",
+            ),
+            (
+                "liveness-probe",
+                "registry.example.com/plugreg/livenessprobe:v0.1.0",
+            ),
+            (
+                "csi-provisioner",
+                "registry.example.com/plugreg/csi-provisioner:v0.1.0",
+            ),
+        ],
+    },
+];
+
+/// Environment references Kubernetes itself expands in args, from the container's env.
+const RUNTIME_VARS: &[&str] = &["CSI_ENDPOINT", "NODE_NAME", "POD_NAMESPACE"];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn manifests_pass_server_side_dry_run_on_v1_20() {
+    let server = ApiServer::start().await.expect("kube-apiserver v1.20.2");
+    check_all(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn manifests_pass_server_side_dry_run_on_v1_36() {
+    let server = ApiServer::start_version(plugreg_testpeers::KubeVersion::V1_36_2)
+        .await
+        .expect("v1.36.2");
+    check_all(&server).await;
+}
+
+/// Every case with every kubectl against `server`, then the broken overlay.
+async fn check_all(server: &ApiServer) {
+    let client = server.client().await.expect("client");
+    for case in CASES {
+        ensure_namespace(&client, case.namespace).await;
+    }
+    for kubectl in kubectls() {
+        let label = kubectl_version(&kubectl);
+        for case in CASES {
+            check_case(server, &client, &kubectl, &label, case).await;
+        }
+        check_broken_overlay_is_refused(server, &kubectl, &label);
+    }
+}
+
+/// Namespaced objects are dry-run into an existing namespace: create it for real.
+async fn ensure_namespace(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    if api.get_opt(name).await.expect("get namespace").is_none() {
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace object");
+        api.create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+    }
+}
+
+fn apply_dry_run(server: &ApiServer, kubectl: &Path, dir: &Path) -> Output {
+    Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(server.kubeconfig_path())
+        .args(["apply", "--dry-run=server", "-o", "json", "-k"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running kubectl")
+}
+
+async fn check_case(
+    server: &ApiServer,
+    client: &kube::Client,
+    kubectl: &Path,
+    label: &str,
+    case: &Case,
+) {
+    let ctx = format!("{} with {label}", case.dir);
+    let out = apply_dry_run(server, kubectl, &repo_root().join(case.dir));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{ctx}: kubectl apply --dry-run=server failed ({}):\n{stderr}\nAPI server log:\n{}",
+        out.status,
+        server.log_tail()
+    );
+    // Server warnings (unknown fields, deprecated APIs) are printed as "Warning: ..." lines;
+    // kustomize's own deprecation notes start with "# Warning".
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("Warning:"))
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "{ctx}: server warnings:\n{}",
+        warnings.join("\n")
+    );
+
+    let objects: Vec<Value> = json_stream(&out.stdout)
+        .into_iter()
+        .flat_map(|v| match v["items"].as_array() {
+            Some(items) if v["kind"] == "List" => items.clone(),
+            _ => vec![v],
+        })
+        .collect();
+    let ns = case.namespace;
+    let crb = format!("{}-external-provisioner-runner", case.driver);
+    let want: BTreeSet<(String, String, String)> = [
+        ("ServiceAccount", ns, "csi-node"),
+        ("ServiceAccount", ns, "csi-controller"),
+        ("ConfigMap", ns, "csi-driver"),
+        ("Role", ns, "external-provisioner-cfg"),
+        ("RoleBinding", ns, "external-provisioner-cfg"),
+        ("DaemonSet", ns, "csi-node"),
+        ("Deployment", ns, "csi-controller"),
+        ("ClusterRole", "", crb.as_str()),
+        ("ClusterRoleBinding", "", crb.as_str()),
+        ("CSIDriver", "", case.driver),
+    ]
+    .iter()
+    .map(|(k, n, m)| (k.to_string(), n.to_string(), m.to_string()))
+    .collect();
+    let got: BTreeSet<(String, String, String)> = objects
+        .iter()
+        .map(|o| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (
+                s(&o["kind"]),
+                s(&o["metadata"]["namespace"]),
+                s(&o["metadata"]["name"]),
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "{ctx}: objects");
+    for o in &objects {
+        // What the server would have stored: it assigned a uid.
+        assert!(
+            o["metadata"]["uid"].as_str().is_some_and(|u| !u.is_empty()),
+            "{ctx}: {} {} came back without a uid",
+            o["kind"],
+            o["metadata"]["name"]
+        );
+    }
+
+    let find = |kind: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind)
+            .unwrap_or_else(|| panic!("{ctx}: no {kind}"))
+    };
+    let daemonset = find("DaemonSet");
+    let deployment = find("Deployment");
+    let mut seen = BTreeSet::new();
+    for workload in [daemonset, deployment] {
+        for c in workload["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .expect("containers")
+        {
+            let name = c["name"].as_str().unwrap_or_default();
+            let want = case
+                .images
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, i)| *i);
+            assert_eq!(
+                c["image"].as_str(),
+                want,
+                "{ctx}: image of container {name}"
+            );
+            seen.insert(name.to_owned());
+            check_runtime_vars(&ctx, c);
+        }
+    }
+    assert_eq!(seen.len(), case.images.len(), "{ctx}: containers {seen:?}");
+
+    // The driver name reached the kubelet-facing places.
+    let node_spec = &daemonset["spec"]["template"]["spec"];
+    let registrar = node_spec["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "node-driver-registrar"))
+        .expect("registrar container");
+    let reg_path = format!(
+        "--kubelet-registration-path=/var/lib/kubelet/plugins/{}/csi.sock",
+        case.driver
+    );
+    assert!(
+        registrar["args"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == &reg_path)),
+        "{ctx}: registrar args {}",
+        registrar["args"]
+    );
+    let plugin_dir = node_spec["volumes"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == "plugin-dir"))
+        .expect("plugin-dir volume");
+    assert_eq!(
+        plugin_dir["hostPath"]["path"],
+        format!("/var/lib/kubelet/plugins/{}/", case.driver),
+        "{ctx}: plugin-dir"
+    );
+    let binding = find("ClusterRoleBinding");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "csi-controller", "namespace": ns}]),
+        "{ctx}: the provisioner's account is the one bound"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.contains("$(DRIVER_NAME)"),
+        "{ctx}: an unresolved $(DRIVER_NAME)"
+    );
+
+    // Dry run: nothing was stored.
+    let stored = Api::<DaemonSet>::namespaced(client.clone(), ns)
+        .get_opt("csi-node")
+        .await
+        .expect("get daemonset");
+    assert!(stored.is_none(), "{ctx}: the dry run stored the DaemonSet");
+    eprintln!("ok: {ctx}: {} objects", objects.len());
+}
+
+/// Every `$(VAR)` left in a container's args must be one Kubernetes expands from that
+/// container's env; anything else is a kustomize var that was not resolved.
+fn check_runtime_vars(ctx: &str, container: &Value) {
+    let env: BTreeSet<&str> = container["env"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|v| v["name"].as_str()).collect())
+        .unwrap_or_default();
+    for arg in container["args"].as_array().into_iter().flatten() {
+        let arg = arg.as_str().unwrap_or_default();
+        let mut rest = arg;
+        while let Some(start) = rest.find("$(") {
+            let after = &rest[start + 2..];
+            let end = after.find(')').unwrap_or(after.len());
+            let var = &after[..end];
+            assert!(
+                RUNTIME_VARS.contains(&var) && env.contains(var),
+                "{ctx}: container {} arg {arg:?} uses $({var}), which its env does not define",
+                container["name"]
+            );
+            rest = &after[end..];
+        }
+    }
+}
+
+/// An overlay with a driver name Kubernetes refuses (not a DNS subdomain): the server's
+/// validation, not kubectl's, rejects the CSIDriver.
+fn check_broken_overlay_is_refused(server: &ApiServer, kubectl: &Path, label: &str) {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    // kustomize v2 takes bases only as relative paths.
+    let base = std::fs::canonicalize(repo_root().join("deploy/base")).expect("deploy/base");
+    let up = "../".repeat(tmp.path().components().count() - 1);
+    let relative: PathBuf = Path::new(&up).join(base.strip_prefix("/").expect("absolute"));
+    std::fs::write(
+        tmp.path().join("kustomization.yaml"),
+        format!(
+            "namespace: kube-system\nbases:\n- {}\nconfigMapGenerator:\n- name: csi-driver\n  \
+             behavior: merge\n  literals:\n  - name=Not_A_Driver_Name\n",
+            relative.display()
+        ),
+    )
+    .expect("write overlay");
+    let out = apply_dry_run(server, kubectl, tmp.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{label}: the broken overlay was accepted"
+    );
+    assert!(
+        stderr.contains("Not_A_Driver_Name") && stderr.contains("Invalid"),
+        "{label}: unexpected refusal:\n{stderr}"
+    );
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Install what images/build.sh, scripts/release.sh and crates/deploy-tests need, on Debian
+# bookworm, as root. Idempotent.
+#
+#   umoci           builds the OCI archives (no container engine)
+#   podman, runc    run the images in the tests (runc: crun 1.8 refuses cgroup hybrid mode)
+#   kubectl v1.20.2 from Debian's kubernetes-client, extracted (not installed, so it cannot
+#                   clash with another kubectl package) to
+#                   ${PLUGREG_DEPLOY_TOOLS:-$HOME/.cache/plugreg-deploy}/kubectl-v1.20.2
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+tools=${PLUGREG_DEPLOY_TOOLS:-$HOME/.cache/plugreg-deploy}
+kubectl=$tools/kubectl-v1.20.2
+need=()
+for cmd in umoci podman runc; do
+    command -v "$cmd" >/dev/null || need+=("$cmd")
+done
+
+if [ ${#need[@]} -gt 0 ] || [ ! -x "$kubectl" ]; then
+    apt-get -o DPkg::Lock::Timeout=300 update -q
+fi
+if [ ${#need[@]} -gt 0 ]; then
+    apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${need[@]}"
+fi
+
+if [ ! -x "$kubectl" ]; then
+    mkdir -p "$tools"
+    work=$(mktemp -d)
+    chmod 0755 "$work" # apt-get download runs as _apt
+    trap 'rm -rf "$work"' EXIT
+    (cd "$work" && apt-get download -q kubernetes-client)
+    dpkg-deb -x "$work"/kubernetes-client_*.deb "$work/root"
+    version=$("$work/root/usr/bin/kubectl" version --client -o json | grep -o '"gitVersion": *"[^"]*"')
+    case $version in
+    *'"v1.20.2"') ;;
+    *) echo "images/setup.sh: Debian's kubernetes-client is not v1.20.2: $version" >&2; exit 1 ;;
+    esac
+    install -m 0755 "$work/root/usr/bin/kubectl" "$kubectl.tmp"
+    mv "$kubectl.tmp" "$kubectl"
+fi
+echo "images/setup.sh: umoci, podman, runc and $kubectl ready"
