@@ -3,8 +3,12 @@
 //! plugins at once (manager and plugins in processes of their own), written into
 //! BENCHMARKS.md between this benchmark's markers.
 //!
+//! The `soak` subcommand churns sockets against the `plugreg manager` daemon and checks that
+//! what it registered matches what is there (its own block in BENCHMARKS.md).
+//!
 //! ```text
 //! cargo run --release -p plugreg-bench -- --out BENCHMARKS.md
+//! cargo run --release -p plugreg-bench -- soak --out BENCHMARKS.md
 //! cargo run --release -p plugreg-bench -- --quick
 //! ```
 
@@ -14,8 +18,10 @@ mod farm;
 mod handler;
 mod http;
 mod latency;
+mod plugin;
 mod procfs;
 mod report;
+mod soak;
 mod stats;
 
 use std::path::PathBuf;
@@ -26,6 +32,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use burst::{BurstOptions, ManagerKind};
+use plugin::Style;
 use report::Report;
 
 /// Benchmarks plugreg's plugin manager and writes the figures into BENCHMARKS.md.
@@ -82,6 +89,17 @@ struct RunArgs {
     /// socket creates an inode, so the file system shows in the figures.
     #[arg(long, value_delimiter = ',')]
     work_dirs: Option<Vec<PathBuf>>,
+    /// Plugin styles of the latency runs, comma-separated: `registrar` (plugreg's registrar,
+    /// listening before its socket appears), `go` (bound first, listening right after, as Go's
+    /// net.Listen), `go:GAP` (listening GAP after binding).
+    #[arg(long, value_delimiter = ',', value_parser = plugin::parse_style,
+          default_value = "registrar,go,go:1ms")]
+    latency_styles: Vec<Style>,
+    /// Plugin styles of the bursts (as --latency-styles). Bind-then-listen bursts run against
+    /// the daemon only when it is one of the managers.
+    #[arg(long, value_delimiter = ',', value_parser = plugin::parse_style,
+          default_value = "registrar,go")]
+    burst_styles: Vec<Style>,
     /// Skip the latency run.
     #[arg(long)]
     skip_latency: bool,
@@ -97,7 +115,7 @@ enum ManagerChoice {
     InProcessChild,
 }
 
-/// Parts of the benchmark run as processes of their own.
+/// The soak, and the parts of the benchmark that run as processes of their own.
 #[derive(Debug, Subcommand)]
 enum Hidden {
     /// Serve many plugins at once (one registrar per socket).
@@ -111,7 +129,11 @@ enum Hidden {
         workers: usize,
         #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
         timeout: Duration,
+        #[arg(long, value_parser = plugin::parse_style, default_value = "registrar")]
+        style: Style,
     },
+    /// Churn plugin sockets against the `plugreg manager` daemon and check its end state.
+    Soak(soak::SoakArgs),
     /// Run the plugin manager library with an accept-all DevicePlugin handler.
     #[command(hide = true)]
     Manager {
@@ -130,7 +152,9 @@ fn main() -> anyhow::Result<()> {
             count,
             workers,
             timeout,
-        }) => farm::run(&dir, count, workers, timeout),
+            style,
+        }) => farm::run(&dir, count, workers, timeout, style),
+        Some(Hidden::Soak(args)) => soak::main(args),
         Some(Hidden::Manager {
             registry_dir,
             max_concurrent_operations,
@@ -174,20 +198,32 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     };
 
     let work_dirs = args.work_dirs.clone().unwrap_or_else(default_work_dirs);
-    for parent in work_dirs.iter().filter(|_| !args.skip_latency) {
+    let latency_runs: Vec<(&PathBuf, Style)> = work_dirs
+        .iter()
+        .filter(|_| !args.skip_latency)
+        .flat_map(|p| args.latency_styles.iter().map(move |s| (p, *s)))
+        .collect();
+    for (parent, style) in latency_runs {
         eprintln!(
-            "latency: {latency_count} registrations after {warmup} warm-up, in {} ({})",
+            "latency: {latency_count} registrations after {warmup} warm-up, {}, in {} ({})",
+            style.label(),
             parent.display(),
             procfs::fs_type(parent)
         );
         let tmp = tempfile::Builder::new()
             .prefix("plugreg-bench-")
             .tempdir_in(parent)?;
-        let l = latency::run(&tmp.path().join("registry"), latency_count, warmup)
+        let l = latency::run(&tmp.path().join("registry"), latency_count, warmup, style)
             .context("latency run")?;
         eprintln!(
-            "  registration p50 {:?} p99 {:?}; deregistration p50 {:?} p99 {:?}",
-            l.registration.p50, l.registration.p99, l.deregistration.p50, l.deregistration.p99
+            "  registration p50 {:?} p99 {:?} ({} over 5 ms); deregistration p50 {:?} p99 {:?}; \
+             failed attempts {:?}",
+            l.registration.p50,
+            l.registration.p99,
+            l.over_goal,
+            l.deregistration.p50,
+            l.deregistration.p99,
+            l.failed_attempts
         );
         report.latency.push(l);
     }
@@ -200,33 +236,48 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             settle: args.settle,
             farm_workers: 2,
         };
+        let has_daemon = managers.iter().any(|k| matches!(k, ManagerKind::Daemon(_)));
         let mut runs = Vec::new();
-        for kind in &managers {
-            for parent in &work_dirs {
-                runs.extend(bursts.iter().map(|&n| (kind, parent, n)));
+        for style in &args.burst_styles {
+            for kind in &managers {
+                // The bind-then-listen bursts are about the daemon (the issue's finding).
+                if style.is_go() && has_daemon && !matches!(kind, ManagerKind::Daemon(_)) {
+                    continue;
+                }
+                for parent in &work_dirs {
+                    runs.extend(bursts.iter().map(|&n| (*style, kind, parent, n)));
+                }
             }
         }
-        for (kind, parent, count) in runs {
+        for (style, kind, parent, count) in runs {
             let fs = procfs::fs_type(parent);
             let mut results = Vec::new();
             for run in 1..=burst_runs {
                 eprintln!(
-                    "burst: {count} plugins, {}, in {} ({fs}), run {run}/{burst_runs}",
+                    "burst: {count} plugins ({}), {}, in {} ({fs}), run {run}/{burst_runs}",
+                    style.label(),
                     kind.label(),
                     parent.display(),
                 );
-                match burst::run(kind, count, parent, &opts) {
+                match burst::run(kind, count, parent, &opts, style) {
                     Ok(b) => {
                         eprintln!(
-                            "  all registered in {:?}, manager peak RSS {} KiB, steady {} KiB",
-                            b.all_registered, b.peak_kib, b.steady_rss_kib
+                            "  all registered in {:?}, p99 {:?}, manager peak RSS {} KiB, steady \
+                             {} KiB, failed attempts {:?}, log warnings {:?}",
+                            b.all_registered,
+                            b.p99,
+                            b.peak_kib,
+                            b.steady_rss_kib,
+                            b.failures,
+                            b.log_warnings
                         );
                         results.push(b);
                     }
                     Err(e) => {
                         eprintln!("  failed: {e:#}");
                         report.failures.push(format!(
-                            "{count} plugins, {}, {fs}, run {run}: {e:#}",
+                            "{count} plugins ({}), {}, {fs}, run {run}: {e:#}",
+                            style.label(),
                             kind.label()
                         ));
                     }
