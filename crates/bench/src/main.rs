@@ -3,11 +3,12 @@
 //! plugins at once (manager and plugins in processes of their own), written into
 //! BENCHMARKS.md between this benchmark's markers.
 //!
-//! The `soak` subcommand churns sockets against the `plugreg manager` daemon and checks that
-//! what it registered matches what is there (its own block in BENCHMARKS.md).
+//! Last, unless `--quick` or `--skip-soak`, the churn soak (also the `soak` subcommand) runs
+//! against the `plugreg manager` daemon and checks that what it registered matches what is
+//! there (its own block in BENCHMARKS.md).
 //!
 //! ```text
-//! cargo run --release -p plugreg-bench -- --out BENCHMARKS.md
+//! cargo build --release -p plugreg -p plugreg-bench && target/release/plugreg-bench --out BENCHMARKS.md
 //! cargo run --release -p plugreg-bench -- soak --out BENCHMARKS.md
 //! cargo run --release -p plugreg-bench -- --quick
 //! ```
@@ -106,6 +107,17 @@ struct RunArgs {
     /// Skip the bursts.
     #[arg(long)]
     skip_burst: bool,
+    /// Skip the churn soak (which runs last, with its defaults, unless `--quick`; run it on its
+    /// own, with other settings, as the `soak` subcommand).
+    #[arg(long)]
+    skip_soak: bool,
+}
+
+/// The soak's flags alone, to get their defaults.
+#[derive(Debug, Parser)]
+struct SoakDefaults {
+    #[command(flatten)]
+    args: soak::SoakArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -301,11 +313,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None => print!("{section}"),
     }
-    if report.failures.is_empty() {
+    let soaked = if args.quick || args.skip_soak {
         Ok(())
     } else {
+        let mut soak = SoakDefaults::parse_from(["soak"]).args;
+        soak.out = args.out.clone();
+        soak.manager_bin = args.manager_bin.clone();
+        eprintln!("soak: {} cycles against the daemon", soak.cycles);
+        soak::main(soak).context("the churn soak")
+    };
+    if !report.failures.is_empty() {
         anyhow::bail!("{} burst run(s) failed", report.failures.len())
     }
+    soaked
 }
 
 /// The managers the bursts run against.
@@ -357,8 +377,17 @@ fn commit() -> String {
     };
     match git(&["rev-parse", "--short", "HEAD"]) {
         Some(hash) => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
+            // BENCHMARKS.md is this program's own output: writing it does not make the
+            // measured code differ from the commit.
+            let dirty = git(&[
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)BENCHMARKS.md",
+            ])
+            .is_some_and(|s| !s.is_empty());
             if dirty {
                 format!("`{hash}` (working tree had uncommitted changes)")
             } else {
@@ -376,5 +405,29 @@ fn command_line() -> String {
         "cargo run --release -p plugreg-bench".to_owned()
     } else {
         format!("cargo run --release -p plugreg-bench -- {}", args.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_full_run_soaks_with_the_soak_subcommands_defaults() {
+        let d = SoakDefaults::parse_from(["soak"]).args;
+        assert_eq!(
+            (d.cycles, d.baseline_after, d.concurrency),
+            (100_000, 10_000, 64)
+        );
+        assert_eq!(d.liveness_interval, Duration::from_millis(100));
+        let cli = Cli::parse_from(["plugreg-bench", "--skip-soak", "--burst-styles", "go:2ms"]);
+        assert!(cli.run.skip_soak);
+        assert_eq!(
+            cli.run.burst_styles,
+            [Style::BindThenListen {
+                gap: Duration::from_millis(2)
+            }]
+        );
+        assert!(Cli::try_parse_from(["plugreg-bench", "--latency-styles", "rust"]).is_err());
     }
 }

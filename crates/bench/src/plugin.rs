@@ -32,7 +32,10 @@ impl Style {
     pub fn label(&self) -> String {
         match self {
             Style::Registrar => "registrar".to_owned(),
-            Style::BindThenListen { gap } => format!("bind-then-listen, gap {gap:?}"),
+            Style::BindThenListen { gap } if gap.is_zero() => "bind-then-listen, gap 0".to_owned(),
+            Style::BindThenListen { gap } => {
+                format!("bind-then-listen, gap {}", humantime::format_duration(*gap))
+            }
         }
     }
 
@@ -88,6 +91,16 @@ pub fn parse_style(s: &str) -> Result<Style, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_name_the_gap() {
+        assert_eq!(Style::Registrar.label(), "registrar");
+        let go = |ms| Style::BindThenListen {
+            gap: Duration::from_millis(ms),
+        };
+        assert_eq!(go(0).label(), "bind-then-listen, gap 0");
+        assert_eq!(go(1).label(), "bind-then-listen, gap 1ms");
+    }
 
     #[test]
     fn parses_styles() {

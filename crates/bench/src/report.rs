@@ -82,7 +82,10 @@ impl Report {
         let mut o = String::new();
         let m = &self.machine;
         let _ = writeln!(o, "{START}");
-        let _ = writeln!(o, "## Plugin manager: latency and bursts (issue 2)\n");
+        let _ = writeln!(
+            o,
+            "## Plugin manager: latency and bursts (issues 2 and 8)\n"
+        );
         if self.quick {
             let _ = writeln!(
                 o,
@@ -91,8 +94,10 @@ impl Report {
         }
         let _ = writeln!(
             o,
-            "Written by `plugreg-bench` (crates/bench); the figures of record come from:\n\n    \
-             cargo run --release -p plugreg-bench -- --out BENCHMARKS.md\n"
+            "Written by `plugreg-bench` (crates/bench); the figures of record come from (the \
+             daemon must be built: without it the bursts run against the library only):\n\n    \
+             cargo build --release -p plugreg -p plugreg-bench\n    \
+             target/release/plugreg-bench --out BENCHMARKS.md\n"
         );
         let _ = writeln!(o, "| | |\n|---|---|");
         let _ = writeln!(o, "| date | {} |", self.date);
@@ -468,7 +473,7 @@ mod tests {
             log_warnings: Some(0),
         };
         let go_burst = BurstResult {
-            style: "bind-then-listen, gap 0ns".into(),
+            style: "bind-then-listen, gap 0".into(),
             count: 1000,
             failures: vec![("dial".into(), 9)],
             log_warnings: Some(9),

@@ -844,9 +844,10 @@ fn markdown(r: &SoakResult, date: &str, total: Duration) -> String {
     let _ = writeln!(o, "## Plugin manager: churn soak (issue 8, finding 7)\n");
     let _ = writeln!(
         o,
-        "Written by `plugreg-bench soak` (crates/bench/src/soak.rs); reproduce with:\n\n    \
+        "Written by `plugreg-bench soak` (crates/bench/src/soak.rs), which the full benchmark \
+         runs last; on its own:\n\n    \
          cargo build --release -p plugreg -p plugreg-bench\n    \
-         cargo run --release -p plugreg-bench -- soak --out BENCHMARKS.md\n"
+         target/release/plugreg-bench soak --out BENCHMARKS.md\n"
     );
     let _ = writeln!(
         o,
