@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::plugin::Style;
 use crate::{child, http, procfs};
 
 /// Which manager serves the burst.
@@ -53,6 +54,8 @@ pub struct BurstOptions {
 pub struct BurstResult {
     /// Which manager.
     pub manager: String,
+    /// How the farm's plugins create their sockets.
+    pub style: String,
     /// The file system of the registry directory.
     pub fs: String,
     /// Plugins.
@@ -98,6 +101,8 @@ pub struct BurstResult {
     pub deregister_all: Option<Duration>,
     /// Size of the manager's log of the whole run.
     pub log_bytes: u64,
+    /// Warnings (and errors) in the manager's log of the whole run; `None` without a log.
+    pub log_warnings: Option<u64>,
 }
 
 /// Runs one burst of `count` plugins against a `kind` manager, in a registry directory made
@@ -107,6 +112,7 @@ pub fn run(
     count: usize,
     parent: &Path,
     opts: &BurstOptions,
+    style: Style,
 ) -> anyhow::Result<BurstResult> {
     let tmp = tempfile::Builder::new()
         .prefix("plugreg-bench-")
@@ -116,11 +122,15 @@ pub fn run(
     std::fs::create_dir(&dir)?;
     let log = tmp.path().join("manager.log");
     let mut manager = ManagerProc::spawn(kind, &dir, &log, opts)?;
-    let result = measure(&mut manager, kind, &dir, count, opts);
+    let result = measure(&mut manager, kind, &dir, count, opts, style);
     let stopped = manager.stop();
     let mut result = result?;
     stopped.context("stopping the manager")?;
     result.log_bytes = std::fs::metadata(&log).map_or(0, |m| m.len());
+    if matches!(kind, ManagerKind::Daemon(_)) {
+        let text = std::fs::read_to_string(&log).context("reading the manager's log")?;
+        result.log_warnings = Some(warnings(&text));
+    }
     Ok(result)
 }
 
@@ -130,6 +140,7 @@ fn measure(
     dir: &Path,
     count: usize,
     opts: &BurstOptions,
+    style: Style,
 ) -> anyhow::Result<BurstResult> {
     manager.wait_ready(Duration::from_secs(20))?;
     // Let the watcher list the (empty) directory and the process settle.
@@ -138,7 +149,7 @@ fn measure(
     let idle = procfs::memory(&pid)?;
     let cpu_before = procfs::cpu_time(&pid)?;
 
-    let mut farm = FarmProc::spawn(dir, count, opts)?;
+    let mut farm = FarmProc::spawn(dir, count, opts, style)?;
     let bound = farm.expect("bound", Duration::from_secs(120))?;
     let done = farm.expect_any(
         &["registered", "timeout"],
@@ -172,6 +183,7 @@ fn measure(
 
     Ok(BurstResult {
         manager: kind.label().to_owned(),
+        style: style.label(),
         count,
         fs: procfs::fs_type(dir),
         bind_all: us(&bound, "bind_all_us"),
@@ -200,6 +212,7 @@ fn measure(
         }),
         deregister_all,
         log_bytes: 0,
+        log_warnings: None,
     })
 }
 
@@ -226,7 +239,7 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
 }
 
 /// Non-zero `plugreg_registration_failures_total` samples by step.
-fn failures_by_step(text: &str) -> Vec<(String, u64)> {
+pub fn failures_by_step(text: &str) -> Vec<(String, u64)> {
     text.lines()
         .filter_map(|l| l.strip_prefix("plugreg_registration_failures_total{step=\""))
         .filter_map(|rest| {
@@ -235,6 +248,18 @@ fn failures_by_step(text: &str) -> Vec<(String, u64)> {
             (n > 0.0).then(|| (step.to_owned(), n as u64))
         })
         .collect()
+}
+
+/// Lines of a `plugreg` log (text or JSON) at level WARN or ERROR.
+pub fn warnings(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| {
+            let text_level = l.split_whitespace().nth(1);
+            matches!(text_level, Some("WARN" | "ERROR"))
+                || l.contains("\"level\":\"WARN\"")
+                || l.contains("\"level\":\"ERROR\"")
+        })
+        .count() as u64
 }
 
 /// Lines a child writes on stdout, read on a thread of their own.
@@ -424,9 +449,15 @@ struct FarmProc {
 }
 
 impl FarmProc {
-    fn spawn(dir: &Path, count: usize, opts: &BurstOptions) -> anyhow::Result<Self> {
+    fn spawn(dir: &Path, count: usize, opts: &BurstOptions, style: Style) -> anyhow::Result<Self> {
+        let style_arg = match style {
+            Style::Registrar => "registrar".to_owned(),
+            Style::BindThenListen { gap } => format!("go:{}", humantime::format_duration(gap)),
+        };
         let mut child = Command::new(std::env::current_exe()?)
             .arg("farm")
+            .arg("--style")
+            .arg(style_arg)
             .arg("--dir")
             .arg(dir)
             .arg("--count")
@@ -493,7 +524,7 @@ impl Drop for FarmProc {
     }
 }
 
-fn wait_or_kill(child: &mut Child, limit: Duration) -> anyhow::Result<ExitStatus> {
+pub fn wait_or_kill(child: &mut Child, limit: Duration) -> anyhow::Result<ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait()? {
@@ -508,7 +539,7 @@ fn wait_or_kill(child: &mut Child, limit: Duration) -> anyhow::Result<ExitStatus
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
-fn free_local_port() -> anyhow::Result<SocketAddr> {
+pub fn free_local_port() -> anyhow::Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
@@ -546,6 +577,16 @@ mod tests {
             .collect();
         assert_eq!(ms, [30, 10, 20, 40]);
         assert!(median(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn counts_warnings_in_text_and_json_logs() {
+        let log = "2026-11-23T10:00:00.000001Z  INFO plugreg_manager: Registered plugin\n\
+            2026-11-23T10:00:00.000002Z  WARN plugreg_manager: registration failed; retrying\n\
+            {\"timestamp\":\"x\",\"level\":\"WARN\",\"message\":\"m\"}\n\
+            {\"timestamp\":\"x\",\"level\":\"INFO\",\"message\":\"WARN\"}\n\
+            2026-11-23T10:00:00.000003Z ERROR plugreg: x\n";
+        assert_eq!(warnings(log), 3);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::handler;
+use crate::plugin::{self, Style};
 use crate::procfs;
 use crate::stats::Summary;
 
@@ -20,17 +21,28 @@ use crate::stats::Summary;
 const SPARE_FILES: u64 = 1024;
 
 /// Serves `count` plugins in `dir` until told to stop.
-pub fn run(dir: &Path, count: usize, workers: usize, timeout: Duration) -> anyhow::Result<()> {
+pub fn run(
+    dir: &Path,
+    count: usize,
+    workers: usize,
+    timeout: Duration,
+    style: Style,
+) -> anyhow::Result<()> {
     procfs::raise_nofile(count as u64 + SPARE_FILES).context("raising the open-file limit")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .thread_name("farm")
         .enable_all()
         .build()?;
-    rt.block_on(serve_all(dir, count, timeout))
+    rt.block_on(serve_all(dir, count, timeout, style))
 }
 
-async fn serve_all(dir: &Path, count: usize, timeout: Duration) -> anyhow::Result<()> {
+async fn serve_all(
+    dir: &Path,
+    count: usize,
+    timeout: Duration,
+    style: Style,
+) -> anyhow::Result<()> {
     let stop = stop_on_stdin();
     let token = CancellationToken::new();
     let (notified_tx, mut notified_rx) = mpsc::unbounded_channel::<Instant>();
@@ -40,16 +52,45 @@ async fn serve_all(dir: &Path, count: usize, timeout: Duration) -> anyhow::Resul
     for n in 0..count {
         let registrar = Registrar::new(handler::plugin_info(n));
         let socket = dir.join(handler::socket_name(n));
-        // Bind here rather than inside the task so that the binds are timed and a failure
-        // stops the run at once.
-        let bound = plugreg_transport::bind(&socket)
-            .with_context(|| format!("binding {}", socket.display()))?;
-        let router = plugreg_transport::server().add_service(registrar.service());
-        servers.spawn(plugreg_transport::serve(
-            router,
-            bound,
-            token.clone().cancelled_owned(),
-        ));
+        match style {
+            Style::Registrar => {
+                // Bind here rather than inside the task so that the binds are timed and a
+                // failure stops the run at once.
+                let bound = plugreg_transport::bind(&socket)
+                    .with_context(|| format!("binding {}", socket.display()))?;
+                let router = plugreg_transport::server().add_service(registrar.service());
+                let shutdown = token.clone().cancelled_owned();
+                servers.spawn(async move {
+                    plugreg_transport::serve(router, bound, shutdown)
+                        .await
+                        .map_err(anyhow::Error::from)
+                });
+            }
+            Style::BindThenListen { gap } if gap.is_zero() => {
+                // As Go's net.Listen: bind() and listen() back to back.
+                let listener = plugin::bind_then_listen(&socket, gap)?;
+                let registrar = registrar.clone();
+                let shutdown = token.clone().cancelled_owned();
+                servers.spawn(async move {
+                    let r = plugin::serve_listener(&registrar, listener, shutdown).await;
+                    remove_quietly(&socket);
+                    r
+                });
+            }
+            Style::BindThenListen { gap } => {
+                let bound = plugreg_testpeers::goplugin::bind_only(&socket)
+                    .with_context(|| format!("binding {}", socket.display()))?;
+                let registrar = registrar.clone();
+                let shutdown = token.clone().cancelled_owned();
+                servers.spawn(async move {
+                    tokio::time::sleep(gap).await;
+                    let listener = bound.listen().context("listening")?;
+                    let r = plugin::serve_listener(&registrar, listener, shutdown).await;
+                    remove_quietly(&socket);
+                    r
+                });
+            }
+        }
         let mut status = registrar.status();
         let tx = notified_tx.clone();
         tokio::spawn(async move {
@@ -95,13 +136,19 @@ async fn serve_all(dir: &Path, count: usize, timeout: Duration) -> anyhow::Resul
     let stopping = Instant::now();
     token.cancel();
     while let Some(r) = servers.join_next().await {
-        r.context("server task")?.context("server")?;
+        r.context("server task")??;
     }
     emit(serde_json::json!({
         "event": "stopped",
         "stop_us": stopping.elapsed().as_micros() as u64,
     }));
     Ok(())
+}
+
+/// Removes a Go-style plugin's socket when it stops (a plugreg socket removes itself), so that
+/// the manager sees every plugin go.
+fn remove_quietly(path: &Path) {
+    let _ = std::fs::remove_file(path);
 }
 
 /// Completes when stdin says `stop` or ends.

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::handler::{self, AcceptAll, Call, CallKind};
+use crate::plugin::{self, Style};
 use crate::stats::Summary;
 
 /// Longest wait for any one step before the run is abandoned.
@@ -25,6 +26,13 @@ const STEP_LIMIT: Duration = Duration::from_secs(10);
 pub struct LatencyResult {
     /// The file system of the registry directory.
     pub fs: String,
+    /// How the plugins created their sockets.
+    pub style: Style,
+    /// Measured registrations slower than the D1 goal (5 ms).
+    pub over_goal: usize,
+    /// Non-zero `plugreg_registration_failures_total` by step at the end of the run (warm-up
+    /// included): every failed attempt is one back-off.
+    pub failed_attempts: Vec<(String, u64)>,
     /// Unmeasured registrations run first.
     pub warmup: usize,
     /// Socket created -> the plugin received Notify(true).
@@ -37,9 +45,9 @@ pub struct LatencyResult {
     pub deregistration: Summary,
 }
 
-/// Registers and deregisters `count` plugins one after another (after `warmup` unmeasured
-/// ones) in `dir`.
-pub fn run(dir: &Path, count: usize, warmup: usize) -> anyhow::Result<LatencyResult> {
+/// Registers and deregisters `count` plugins of `style` one after another (after `warmup`
+/// unmeasured ones) in `dir`.
+pub fn run(dir: &Path, count: usize, warmup: usize, style: Style) -> anyhow::Result<LatencyResult> {
     let manager_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("manager")
@@ -59,16 +67,20 @@ pub fn run(dir: &Path, count: usize, warmup: usize) -> anyhow::Result<LatencyRes
     let plugin_rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let result = plugin_rt.block_on(measure(dir, count, warmup, calls));
+    let result = plugin_rt.block_on(measure(dir, count, warmup, style, calls));
+    let metrics = manager.render_metrics();
     manager.stop();
     manager_rt.block_on(manager.stopped());
-    result
+    let mut result = result?;
+    result.failed_attempts = crate::burst::failures_by_step(&metrics);
+    Ok(result)
 }
 
 async fn measure(
     dir: &Path,
     count: usize,
     warmup: usize,
+    style: Style,
     mut calls: mpsc::UnboundedReceiver<Call>,
 ) -> anyhow::Result<LatencyResult> {
     let mut registration = Vec::with_capacity(count);
@@ -76,7 +88,7 @@ async fn measure(
     let mut handler_to_notify = Vec::with_capacity(count);
     let mut deregistration = Vec::with_capacity(count);
     for n in 0..warmup + count {
-        let one = once(dir, n, &mut calls)
+        let one = once(dir, n, style, &mut calls)
             .await
             .with_context(|| format!("plugin {n}"))?;
         if n >= warmup {
@@ -89,6 +101,12 @@ async fn measure(
     let summary = |v: &[Duration]| Summary::of(v).context("no samples");
     Ok(LatencyResult {
         fs: crate::procfs::fs_type(dir),
+        style,
+        over_goal: registration
+            .iter()
+            .filter(|d| **d >= crate::report::GOAL_LATENCY_P99)
+            .count(),
+        failed_attempts: Vec::new(),
         warmup,
         registration: summary(&registration)?,
         to_handler: summary(&to_handler)?,
@@ -109,6 +127,7 @@ struct Once {
 async fn once(
     dir: &Path,
     n: usize,
+    style: Style,
     calls: &mut mpsc::UnboundedReceiver<Call>,
 ) -> anyhow::Result<Once> {
     let info = handler::plugin_info(n);
@@ -117,19 +136,37 @@ async fn once(
     let registrar = Registrar::new(info);
     let mut status = registrar.status();
     let token = CancellationToken::new();
-    // No re-creation watchdog: the benchmark removes the socket itself and must not see it
-    // come back.
-    let options = ServeOptions {
-        recreate_check: None,
-    };
-    let serve = registrar.serve(&socket, options, token.clone());
-    tokio::pin!(serve);
+    let created;
+    let serve: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + '_>> =
+        match style {
+            Style::Registrar => {
+                // No re-creation watchdog: the benchmark removes the socket itself and must not
+                // see it come back.
+                let options = ServeOptions {
+                    recreate_check: None,
+                };
+                let serve = registrar.serve(&socket, options, token.clone());
+                // `serve` binds on its first poll, which the biased select below makes the
+                // very next thing.
+                created = Instant::now();
+                Box::pin(async move { serve.await.map_err(anyhow::Error::from) })
+            }
+            Style::BindThenListen { gap } => {
+                // The socket exists from `bind()`, so that is when the clock starts.
+                created = Instant::now();
+                let listener = plugin::bind_then_listen(&socket, gap)?;
+                Box::pin(plugin::serve_listener(
+                    &registrar,
+                    listener,
+                    token.clone().cancelled_owned(),
+                ))
+            }
+        };
+    let mut serve = serve;
 
-    // `serve` binds on its first poll, which the biased select makes the very next thing.
-    let created = Instant::now();
     tokio::select! {
         biased;
-        r = &mut serve => bail!("registrar stopped before registration: {r:?}"),
+        r = &mut serve => bail!("plugin stopped before registration: {r:?}"),
         r = tokio::time::timeout(STEP_LIMIT, status.wait_for(|s| s.is_registered())) => {
             r.context("no Notify(true)")?.context("registrar gone")?;
         }
@@ -141,11 +178,11 @@ async fn once(
     std::fs::remove_file(&socket).context("removing the socket")?;
     let deregistered = tokio::select! {
         biased;
-        r = &mut serve => bail!("registrar stopped before deregistration: {r:?}"),
+        r = &mut serve => bail!("plugin stopped before deregistration: {r:?}"),
         d = next_call(calls, CallKind::Deregister, &name) => d?,
     };
     token.cancel();
-    serve.await.context("registrar")?;
+    serve.await.context("plugin")?;
     Ok(Once {
         created,
         registered,

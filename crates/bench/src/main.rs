@@ -3,8 +3,13 @@
 //! plugins at once (manager and plugins in processes of their own), written into
 //! BENCHMARKS.md between this benchmark's markers.
 //!
+//! Last, unless `--quick` or `--skip-soak`, the churn soak (also the `soak` subcommand) runs
+//! against the `plugreg manager` daemon and checks that what it registered matches what is
+//! there (its own block in BENCHMARKS.md).
+//!
 //! ```text
-//! cargo run --release -p plugreg-bench -- --out BENCHMARKS.md
+//! cargo build --release -p plugreg -p plugreg-bench && target/release/plugreg-bench --out BENCHMARKS.md
+//! cargo run --release -p plugreg-bench -- soak --out BENCHMARKS.md
 //! cargo run --release -p plugreg-bench -- --quick
 //! ```
 
@@ -14,8 +19,10 @@ mod farm;
 mod handler;
 mod http;
 mod latency;
+mod plugin;
 mod procfs;
 mod report;
+mod soak;
 mod stats;
 
 use std::path::PathBuf;
@@ -26,6 +33,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use burst::{BurstOptions, ManagerKind};
+use plugin::Style;
 use report::Report;
 
 /// Benchmarks plugreg's plugin manager and writes the figures into BENCHMARKS.md.
@@ -82,12 +90,34 @@ struct RunArgs {
     /// socket creates an inode, so the file system shows in the figures.
     #[arg(long, value_delimiter = ',')]
     work_dirs: Option<Vec<PathBuf>>,
+    /// Plugin styles of the latency runs, comma-separated: `registrar` (plugreg's registrar,
+    /// listening before its socket appears), `go` (bound first, listening right after, as Go's
+    /// net.Listen), `go:GAP` (listening GAP after binding).
+    #[arg(long, value_delimiter = ',', value_parser = plugin::parse_style,
+          default_value = "registrar,go,go:1ms")]
+    latency_styles: Vec<Style>,
+    /// Plugin styles of the bursts (as --latency-styles). Bind-then-listen bursts run against
+    /// the daemon only when it is one of the managers.
+    #[arg(long, value_delimiter = ',', value_parser = plugin::parse_style,
+          default_value = "registrar,go")]
+    burst_styles: Vec<Style>,
     /// Skip the latency run.
     #[arg(long)]
     skip_latency: bool,
     /// Skip the bursts.
     #[arg(long)]
     skip_burst: bool,
+    /// Skip the churn soak (which runs last, with its defaults, unless `--quick`; run it on its
+    /// own, with other settings, as the `soak` subcommand).
+    #[arg(long)]
+    skip_soak: bool,
+}
+
+/// The soak's flags alone, to get their defaults.
+#[derive(Debug, Parser)]
+struct SoakDefaults {
+    #[command(flatten)]
+    args: soak::SoakArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -97,7 +127,7 @@ enum ManagerChoice {
     InProcessChild,
 }
 
-/// Parts of the benchmark run as processes of their own.
+/// The soak, and the parts of the benchmark that run as processes of their own.
 #[derive(Debug, Subcommand)]
 enum Hidden {
     /// Serve many plugins at once (one registrar per socket).
@@ -111,7 +141,11 @@ enum Hidden {
         workers: usize,
         #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
         timeout: Duration,
+        #[arg(long, value_parser = plugin::parse_style, default_value = "registrar")]
+        style: Style,
     },
+    /// Churn plugin sockets against the `plugreg manager` daemon and check its end state.
+    Soak(soak::SoakArgs),
     /// Run the plugin manager library with an accept-all DevicePlugin handler.
     #[command(hide = true)]
     Manager {
@@ -130,7 +164,9 @@ fn main() -> anyhow::Result<()> {
             count,
             workers,
             timeout,
-        }) => farm::run(&dir, count, workers, timeout),
+            style,
+        }) => farm::run(&dir, count, workers, timeout, style),
+        Some(Hidden::Soak(args)) => soak::main(args),
         Some(Hidden::Manager {
             registry_dir,
             max_concurrent_operations,
@@ -174,20 +210,32 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     };
 
     let work_dirs = args.work_dirs.clone().unwrap_or_else(default_work_dirs);
-    for parent in work_dirs.iter().filter(|_| !args.skip_latency) {
+    let latency_runs: Vec<(&PathBuf, Style)> = work_dirs
+        .iter()
+        .filter(|_| !args.skip_latency)
+        .flat_map(|p| args.latency_styles.iter().map(move |s| (p, *s)))
+        .collect();
+    for (parent, style) in latency_runs {
         eprintln!(
-            "latency: {latency_count} registrations after {warmup} warm-up, in {} ({})",
+            "latency: {latency_count} registrations after {warmup} warm-up, {}, in {} ({})",
+            style.label(),
             parent.display(),
             procfs::fs_type(parent)
         );
         let tmp = tempfile::Builder::new()
             .prefix("plugreg-bench-")
             .tempdir_in(parent)?;
-        let l = latency::run(&tmp.path().join("registry"), latency_count, warmup)
+        let l = latency::run(&tmp.path().join("registry"), latency_count, warmup, style)
             .context("latency run")?;
         eprintln!(
-            "  registration p50 {:?} p99 {:?}; deregistration p50 {:?} p99 {:?}",
-            l.registration.p50, l.registration.p99, l.deregistration.p50, l.deregistration.p99
+            "  registration p50 {:?} p99 {:?} ({} over 5 ms); deregistration p50 {:?} p99 {:?}; \
+             failed attempts {:?}",
+            l.registration.p50,
+            l.registration.p99,
+            l.over_goal,
+            l.deregistration.p50,
+            l.deregistration.p99,
+            l.failed_attempts
         );
         report.latency.push(l);
     }
@@ -200,33 +248,48 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             settle: args.settle,
             farm_workers: 2,
         };
+        let has_daemon = managers.iter().any(|k| matches!(k, ManagerKind::Daemon(_)));
         let mut runs = Vec::new();
-        for kind in &managers {
-            for parent in &work_dirs {
-                runs.extend(bursts.iter().map(|&n| (kind, parent, n)));
+        for style in &args.burst_styles {
+            for kind in &managers {
+                // The bind-then-listen bursts are about the daemon (the issue's finding).
+                if style.is_go() && has_daemon && !matches!(kind, ManagerKind::Daemon(_)) {
+                    continue;
+                }
+                for parent in &work_dirs {
+                    runs.extend(bursts.iter().map(|&n| (*style, kind, parent, n)));
+                }
             }
         }
-        for (kind, parent, count) in runs {
+        for (style, kind, parent, count) in runs {
             let fs = procfs::fs_type(parent);
             let mut results = Vec::new();
             for run in 1..=burst_runs {
                 eprintln!(
-                    "burst: {count} plugins, {}, in {} ({fs}), run {run}/{burst_runs}",
+                    "burst: {count} plugins ({}), {}, in {} ({fs}), run {run}/{burst_runs}",
+                    style.label(),
                     kind.label(),
                     parent.display(),
                 );
-                match burst::run(kind, count, parent, &opts) {
+                match burst::run(kind, count, parent, &opts, style) {
                     Ok(b) => {
                         eprintln!(
-                            "  all registered in {:?}, manager peak RSS {} KiB, steady {} KiB",
-                            b.all_registered, b.peak_kib, b.steady_rss_kib
+                            "  all registered in {:?}, p99 {:?}, manager peak RSS {} KiB, steady \
+                             {} KiB, failed attempts {:?}, log warnings {:?}",
+                            b.all_registered,
+                            b.p99,
+                            b.peak_kib,
+                            b.steady_rss_kib,
+                            b.failures,
+                            b.log_warnings
                         );
                         results.push(b);
                     }
                     Err(e) => {
                         eprintln!("  failed: {e:#}");
                         report.failures.push(format!(
-                            "{count} plugins, {}, {fs}, run {run}: {e:#}",
+                            "{count} plugins ({}), {}, {fs}, run {run}: {e:#}",
+                            style.label(),
                             kind.label()
                         ));
                     }
@@ -250,11 +313,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None => print!("{section}"),
     }
-    if report.failures.is_empty() {
+    let soaked = if args.quick || args.skip_soak {
         Ok(())
     } else {
+        let mut soak = SoakDefaults::parse_from(["soak"]).args;
+        soak.out = args.out.clone();
+        soak.manager_bin = args.manager_bin.clone();
+        eprintln!("soak: {} cycles against the daemon", soak.cycles);
+        soak::main(soak).context("the churn soak")
+    };
+    if !report.failures.is_empty() {
         anyhow::bail!("{} burst run(s) failed", report.failures.len())
     }
+    soaked
 }
 
 /// The managers the bursts run against.
@@ -306,8 +377,17 @@ fn commit() -> String {
     };
     match git(&["rev-parse", "--short", "HEAD"]) {
         Some(hash) => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
+            // BENCHMARKS.md is this program's own output: writing it does not make the
+            // measured code differ from the commit.
+            let dirty = git(&[
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)BENCHMARKS.md",
+            ])
+            .is_some_and(|s| !s.is_empty());
             if dirty {
                 format!("`{hash}` (working tree had uncommitted changes)")
             } else {
@@ -325,5 +405,29 @@ fn command_line() -> String {
         "cargo run --release -p plugreg-bench".to_owned()
     } else {
         format!("cargo run --release -p plugreg-bench -- {}", args.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_full_run_soaks_with_the_soak_subcommands_defaults() {
+        let d = SoakDefaults::parse_from(["soak"]).args;
+        assert_eq!(
+            (d.cycles, d.baseline_after, d.concurrency),
+            (100_000, 10_000, 64)
+        );
+        assert_eq!(d.liveness_interval, Duration::from_millis(100));
+        let cli = Cli::parse_from(["plugreg-bench", "--skip-soak", "--burst-styles", "go:2ms"]);
+        assert!(cli.run.skip_soak);
+        assert_eq!(
+            cli.run.burst_styles,
+            [Style::BindThenListen {
+                gap: Duration::from_millis(2)
+            }]
+        );
+        assert!(Cli::try_parse_from(["plugreg-bench", "--latency-styles", "rust"]).is_err());
     }
 }
