@@ -625,6 +625,16 @@ pub fn main(args: SoakArgs) -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
         );
     }
+    // Every registration ends in exactly one deregistration once everything is gone: the
+    // counters must agree (a registration whose socket vanished before its outcome was handled
+    // once went uncounted).
+    if result.registrations_total != result.deregistrations_total {
+        bail!(
+            "after the clean-up the manager counted {:?} registrations but {:?} deregistrations",
+            result.registrations_total,
+            result.deregistrations_total
+        );
+    }
     if result.registered_after_cleanup != Some(0) {
         bail!(
             "after every plugin stopped and every socket was removed, {:?} sockets were still \

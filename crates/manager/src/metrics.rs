@@ -29,9 +29,11 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// A registration succeeded `latency` after its socket was seen.
-    pub fn registered(&self, latency: Duration) {
+    /// A registration succeeded, `latency` after its socket was seen (unknown when the socket
+    /// went away before the outcome was handled: it still counts as a registration).
+    pub fn registered(&self, latency: Option<Duration>) {
         self.registrations.fetch_add(1, Ordering::Relaxed);
+        let Some(latency) = latency else { return };
         let secs = latency.as_secs_f64();
         for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
             if secs <= *le {

@@ -302,9 +302,11 @@ impl Reconciler {
                         s.redial = Some(machine::next_redial(s.redial, instance, now));
                     }
                     Ok(reg) => {
-                        if let Some(seen) = seen_at {
-                            self.shared.metrics.registered(seen.elapsed());
-                        }
+                        // Counted even when the socket is already gone: it was registered (and
+                        // will be deregistered, which is counted too).
+                        self.shared
+                            .metrics
+                            .registered(seen_at.map(|seen| seen.elapsed()));
                         tracing::info!(
                             socket = %path.display(),
                             plugin_type = %reg.plugin_type,
