@@ -19,7 +19,7 @@
 //! # async fn wire() -> Result<(), plugreg_csi::SinkError> {
 //! use std::sync::Arc;
 //! use plugreg_csi::{CsiHandler, CsiHandlerConfig, SinkConfig, PLUGIN_TYPE};
-//! use plugreg_manager::HandlerRegistry;
+//! use plugreg_handler_api::HandlerRegistry;
 //!
 //! let cfg = CsiHandlerConfig::new(SinkConfig::File("/run/plugreg/node-info.json".into()));
 //! let handler = Arc::new(CsiHandler::from_config(&cfg).await?);
