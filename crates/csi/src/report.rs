@@ -39,6 +39,7 @@ fn describe(err: &(dyn Error + 'static)) -> (String, bool) {
             true,
         );
     }
+    #[cfg(feature = "kube")]
     if let Some(kube::Error::Api(s)) = err.downcast_ref::<kube::Error>() {
         let text = if s.message.is_empty() {
             format!("API server answered {} {}", s.code, s.reason)

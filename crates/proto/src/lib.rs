@@ -20,8 +20,6 @@ pub mod pluginregistration {
 
 /// CSI (proto package `csi.v1`): Identity, and the Node RPCs registration needs.
 pub mod csi {
-    pub mod name;
-
     /// Package `csi.v1`.
     pub mod v1 {
         #![allow(missing_docs, clippy::all)]
