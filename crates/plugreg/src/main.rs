@@ -8,7 +8,6 @@ mod logging;
 mod ops;
 #[cfg(feature = "demo")]
 mod sidecar;
-mod signals;
 
 use std::process::ExitCode;
 

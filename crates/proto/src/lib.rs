@@ -40,6 +40,3 @@ pub mod example {
         tonic::include_proto!("v1beta2");
     }
 }
-
-/// Largest gRPC message plugreg sends or accepts (4 MiB, gRPC's default receive limit).
-pub const MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
