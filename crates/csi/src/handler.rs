@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use plugreg_manager::{HandlerError, PluginHandler, async_trait};
+use plugreg_handler_api::{HandlerError, PluginHandler, async_trait};
 
 use crate::client::{self, CallError};
 use crate::names::{self, NameError};

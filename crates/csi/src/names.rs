@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-pub use plugreg_proto::csi::name::{DriverNameError, MAX_DRIVER_NAME_LEN};
+pub use plugreg_csi_core::name::{DriverNameError, MAX_DRIVER_NAME_LEN};
 
 /// Why a driver name or endpoint was refused.
 #[derive(Debug, thiserror::Error)]
@@ -32,9 +32,9 @@ pub enum NameError {
     },
 }
 
-/// Checks a CSI driver name (see [`plugreg_proto::csi::name`]).
+/// Checks a CSI driver name (see [`plugreg_csi_core::name`]).
 pub fn check_driver_name(name: &str) -> Result<(), NameError> {
-    Ok(plugreg_proto::csi::name::check_driver_name(name)?)
+    Ok(plugreg_csi_core::check_driver_name(name)?)
 }
 
 /// Checks an endpoint (an absolute socket path, or `unix://` and an absolute path) and returns

@@ -8,46 +8,30 @@
 use std::error::Error;
 use std::fmt;
 
-/// `e` and its sources joined with `": "`. gRPC statuses read like Go's
-/// (`rpc error: code = Unavailable desc = ...`), Kubernetes API errors as the server's message,
-/// and a cause whose text the previous level already ends with is skipped.
+/// `e` and its sources joined with `": "`, as [`plugreg_runtime::report::chain`] words them
+/// (gRPC statuses as grpc-go does, a cause already shown skipped); with the `kube` feature, a
+/// Kubernetes API error reads as the server's message and ends the chain.
 pub fn chain(e: &(dyn Error + 'static)) -> String {
-    let mut out = String::new();
-    let mut next: Option<&(dyn Error + 'static)> = Some(e);
-    while let Some(err) = next {
-        let (text, stop) = describe(err);
-        // thiserror's `"...: {0}"` style already ends with its cause's text.
-        if !out.ends_with(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-        if stop {
-            break;
-        }
-        next = err.source();
-    }
-    out
+    plugreg_runtime::report::chain_with(e, describe)
 }
 
-/// One level's text, and whether its own sources add nothing worth showing.
-fn describe(err: &(dyn Error + 'static)) -> (String, bool) {
-    if let Some(s) = err.downcast_ref::<tonic::Status>() {
-        return (
-            format!("rpc error: code = {:?} desc = {}", s.code(), s.message()),
-            true,
-        );
-    }
-    if let Some(kube::Error::Api(s)) = err.downcast_ref::<kube::Error>() {
-        let text = if s.message.is_empty() {
-            format!("API server answered {} {}", s.code, s.reason)
-        } else {
-            s.message.clone()
-        };
-        return (text, true);
-    }
-    (err.to_string(), false)
+/// This crate's own wording of one level: only Kubernetes API errors.
+#[cfg(feature = "kube")]
+fn describe(err: &(dyn Error + 'static)) -> Option<(String, bool)> {
+    let Some(kube::Error::Api(s)) = err.downcast_ref::<kube::Error>() else {
+        return None;
+    };
+    let text = if s.message.is_empty() {
+        format!("API server answered {} {}", s.code, s.reason)
+    } else {
+        s.message.clone()
+    };
+    Some((text, true))
+}
+
+#[cfg(not(feature = "kube"))]
+fn describe(_: &(dyn Error + 'static)) -> Option<(String, bool)> {
+    None
 }
 
 /// An error whose `Display` is its whole [`chain`]: what a handler hands to the plugin manager,
@@ -128,5 +112,34 @@ mod tests {
     fn skips_a_cause_already_shown() {
         let e = Repeats(std::io::Error::other("boom"));
         assert_eq!(chain(&e), "wrapper: boom");
+    }
+
+    #[cfg(feature = "kube")]
+    #[test]
+    fn a_kube_api_error_reads_as_the_servers_message_and_ends_the_chain() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("failed to patch Node \"n1\"")]
+        struct Patch(#[source] kube::Error);
+
+        let status = kube::core::Status {
+            code: 409,
+            reason: "Conflict".into(),
+            message: "the object has been modified".into(),
+            ..Default::default()
+        };
+        let e = Patch(kube::Error::Api(status.clone().boxed()));
+        assert_eq!(
+            chain(&e),
+            "failed to patch Node \"n1\": the object has been modified"
+        );
+        let quiet = kube::core::Status {
+            message: String::new(),
+            ..status
+        };
+        let e = Patch(kube::Error::Api(quiet.boxed()));
+        assert_eq!(
+            chain(&e),
+            "failed to patch Node \"n1\": API server answered 409 Conflict"
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use plugreg_csi::sink::{FileSink, NodeInfoFile};
 use plugreg_csi::{CsiHandler, NODE_ID_ANNOTATION};
 use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, RunningDriver, start};
-use plugreg_manager::PluginHandler;
+use plugreg_handler_api::PluginHandler;
 
 const DRIVER: &str = "csi.plugreg.test";
 

@@ -16,7 +16,7 @@ use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, VolumeNodeResources}
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use plugreg_csi::{CsiHandler, KubeSink, NODE_ID_ANNOTATION};
 use plugreg_csi_test_driver::{DriverConfig, RunningDriver, start};
-use plugreg_manager::PluginHandler;
+use plugreg_handler_api::PluginHandler;
 use plugreg_testpeers::ApiServer;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;

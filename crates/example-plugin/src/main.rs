@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use plugreg_example_plugin::{ExampleConfig, ExamplePlugin, notify_line, now_ns};
-use tokio::signal::unix::{SignalKind, signal};
+use plugreg_runtime::signal::Signals;
 use tokio_util::sync::CancellationToken;
 
 /// An example kubelet plugin.
@@ -53,14 +53,10 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", notify_line(&status));
         }
     });
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
+    let mut signals = Signals::new().context("cannot install the SIGTERM/SIGINT handlers")?;
     let stop = token.clone();
     tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
+        signals.shutdown().await;
         stop.cancel();
     });
     let serving = plugin.serve(token.clone());

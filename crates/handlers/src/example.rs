@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use plugreg_manager::{HandlerError, PluginHandler, async_trait};
+use plugreg_handler_api::{HandlerError, PluginHandler, async_trait};
 use plugreg_proto::example::{v1beta1, v1beta2};
 
 /// The plugin type the example handler is registered for.

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use plugreg_manager::{HandlerError, PluginHandler, async_trait};
+use plugreg_handler_api::{HandlerError, PluginHandler, async_trait};
 
 /// Accepts every plugin and remembers which endpoint each name is registered at.
 #[derive(Debug, Default)]

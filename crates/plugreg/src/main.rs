@@ -1,11 +1,13 @@
 //! `plugreg`: the kubelet-side plugin manager daemon, operator commands and the demo.
 
+mod csi;
 mod daemon;
+#[cfg(feature = "demo")]
 mod demo;
 mod logging;
 mod ops;
+#[cfg(feature = "demo")]
 mod sidecar;
-mod signals;
 
 use std::process::ExitCode;
 
@@ -40,9 +42,10 @@ enum Command {
     /// Talk to a CSI driver's socket.
     Csi {
         #[command(subcommand)]
-        command: plugreg_csi::cli::CsiCommand,
+        command: csi::CsiCommand,
     },
     /// Show the whole registration flow in a temp dir (no root, no cluster).
+    #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
 }
 
@@ -62,9 +65,10 @@ async fn main() -> ExitCode {
             Ok(false) => return ExitCode::FAILURE,
             Err(e) => Err(e),
         },
-        Command::Csi { command } => plugreg_csi::cli::run(command, &mut stdout)
+        Command::Csi { command } => csi::run(command, &mut stdout)
             .await
             .map_err(anyhow::Error::from),
+        #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args, &mut stdout).await,
     };
     match result {

@@ -273,6 +273,8 @@ pub async fn probe(args: SocketArgs, out: &mut dyn std::io::Write) -> anyhow::Re
 
 /// `plugreg watch`: one line per socket appearing or disappearing, until SIGINT/SIGTERM.
 pub async fn watch(args: DirArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    // Installed before the first line is printed: whoever reads it may signal at once.
+    let mut signals = plugreg_runtime::signal::Signals::new()?;
     let token = CancellationToken::new();
     let watcher = Watcher::new(args.registry_dir.clone())?;
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
@@ -280,11 +282,9 @@ pub async fn watch(args: DirArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
     let t = token.clone();
     let task =
         tokio::spawn(async move { watcher.run(tx, rescan_rx, Duration::from_secs(1), t).await });
-    let stop = crate::signals::stopped();
-    tokio::pin!(stop);
     loop {
         let ev = tokio::select! {
-            _ = &mut stop => break,
+            _ = signals.shutdown() => break,
             ev = rx.recv() => match ev { Some(ev) => ev, None => break },
         };
         let now = humantime::format_rfc3339_nanos(std::time::SystemTime::now());

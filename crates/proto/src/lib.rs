@@ -1,4 +1,8 @@
-//! plugreg's wire API, generated at build time from our own `.proto` files.
+//! plugreg's wire API, generated from our own `.proto` files (`proto/`).
+//!
+//! The generated code is checked in (`src/gen`, one file per proto package), so a build compiles
+//! no protobuf compiler. After changing a `.proto` file run `cargo run -p plugreg-proto-gen`;
+//! its test fails while `src/gen` is stale.
 //!
 //! - [`pluginregistration`]: the kubelet plugin registration service (`GetInfo`,
 //!   `NotifyRegistrationStatus`), the same on the wire for v1alpha1, v1beta1 and v1.
@@ -8,7 +12,7 @@
 /// The kubelet plugin registration API (proto package `pluginregistration`).
 pub mod pluginregistration {
     #![allow(missing_docs, clippy::all)]
-    tonic::include_proto!("pluginregistration");
+    include!("gen/pluginregistration.rs");
 
     /// Plugin type of a CSI driver.
     pub const CSI_PLUGIN: &str = "CSIPlugin";
@@ -20,12 +24,10 @@ pub mod pluginregistration {
 
 /// CSI (proto package `csi.v1`): Identity, and the Node RPCs registration needs.
 pub mod csi {
-    pub mod name;
-
     /// Package `csi.v1`.
     pub mod v1 {
         #![allow(missing_docs, clippy::all)]
-        tonic::include_proto!("csi.v1");
+        include!("gen/csi.v1.rs");
     }
 }
 
@@ -34,14 +36,11 @@ pub mod example {
     /// Package `v1beta1`.
     pub mod v1beta1 {
         #![allow(missing_docs, clippy::all)]
-        tonic::include_proto!("v1beta1");
+        include!("gen/v1beta1.rs");
     }
     /// Package `v1beta2`.
     pub mod v1beta2 {
         #![allow(missing_docs, clippy::all)]
-        tonic::include_proto!("v1beta2");
+        include!("gen/v1beta2.rs");
     }
 }
-
-/// Largest gRPC message plugreg sends or accepts (4 MiB, gRPC's default receive limit).
-pub const MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, parse_topology};
-use tokio::signal::unix::{SignalKind, signal};
+use plugreg_runtime::signal::Signals;
 use tokio_util::sync::CancellationToken;
 
 /// A fake CSI driver (Identity + Node) on a Unix socket, for tests and demos.
@@ -126,15 +126,11 @@ async fn main() -> anyhow::Result<()> {
     let config = args.config()?;
     let token = CancellationToken::new();
 
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut signals = Signals::new().context("SIGTERM/SIGINT handlers")?;
     tokio::spawn({
         let token = token.clone();
         async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+            signals.shutdown().await;
             token.cancel();
         }
     });

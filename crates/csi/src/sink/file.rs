@@ -1,7 +1,7 @@
 //! [`FileSink`]: node information in a local JSON file, for use without a cluster.
 //!
-//! The file mirrors the two Kubernetes objects the [`KubeSink`](super::KubeSink) writes, so an
-//! operator reads it the same way:
+//! The file mirrors the two Kubernetes objects the `KubeSink` writes, so an operator reads it
+//! the same way:
 //!
 //! ```json
 //! {

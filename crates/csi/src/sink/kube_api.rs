@@ -25,6 +25,7 @@ use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError};
+use plugreg_runtime::Backoff;
 
 use super::{NodeInfoSink, SinkError};
 use crate::nodeinfo::{self, DriverNodeInfo, MergeError, MetaPatch, PublishUndo};
@@ -36,8 +37,15 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Writes per object before a run of 409 Conflicts is given up.
 const MAX_ATTEMPTS: u32 = 5;
-/// First pause after a conflict; multiplied by 5 each time (upstream: 10 ms, x5).
-const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+/// Pause after the n-th conflict in a row: 10 ms, multiplied by 5 each time, plus up to 10 %
+/// jitter (upstream's `retry.DefaultBackoff`). With [`MAX_ATTEMPTS`] the waits are 10, 50, 250
+/// and 1250 ms (the cap leaves room for the jitter of the last).
+const CONFLICT_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(10),
+    max: Duration::from_millis(1375),
+    factor: 5,
+    jitter: 0.1,
+};
 
 /// Why the Kubernetes API sink failed.
 #[derive(Debug, thiserror::Error)]
@@ -145,12 +153,6 @@ fn is_conflict(e: &kube::Error) -> bool {
 
 fn is_already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.is_already_exists())
-}
-
-/// Pause before attempt `attempt + 1` (attempt counts from 1).
-async fn backoff(attempt: u32) {
-    let factor = 5u32.saturating_pow(attempt.saturating_sub(1));
-    tokio::time::sleep(FIRST_BACKOFF.saturating_mul(factor)).await;
 }
 
 /// Node information in the Kubernetes API (see the module docs).
@@ -270,7 +272,7 @@ impl KubeSink {
                 Ok(_) => return Ok((extra, uid)),
                 Err(e) if is_conflict(&e) && attempt < MAX_ATTEMPTS => {
                     tracing::debug!(node = %name, attempt, "Node changed meanwhile; retrying");
-                    backoff(attempt).await;
+                    CONFLICT_BACKOFF.sleep(attempt).await;
                 }
                 Err(source) if is_conflict(&source) => {
                     return Err(WriteError::Conflict {
@@ -350,7 +352,7 @@ impl KubeSink {
                         });
                     }
                     tracing::debug!(csinode = %name, attempt, "CSINode changed meanwhile; retrying");
-                    backoff(attempt).await;
+                    CONFLICT_BACKOFF.sleep(attempt).await;
                 }
                 other => return other,
             }
@@ -465,5 +467,25 @@ impl NodeInfoSink for KubeSink {
         csinode?;
         node?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflicts_back_off_10ms_times_5_with_a_little_jitter() {
+        let waits: Vec<u128> = (1..MAX_ATTEMPTS)
+            .map(|n| CONFLICT_BACKOFF.base_delay(n).as_millis())
+            .collect();
+        assert_eq!(waits, [10, 50, 250, 1250]);
+        for n in 1..MAX_ATTEMPTS {
+            let base = CONFLICT_BACKOFF.base_delay(n);
+            for _ in 0..50 {
+                let d = CONFLICT_BACKOFF.delay(n);
+                assert!(d >= base && d <= base.mul_f64(1.1), "{n}: {d:?}");
+            }
+        }
     }
 }

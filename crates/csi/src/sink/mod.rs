@@ -1,11 +1,12 @@
-//! Where a registered driver's node information goes: the Kubernetes API ([`KubeSink`]: Node
-//! annotation and labels, CSINode entry) or a local JSON file ([`FileSink`], for use without a
-//! cluster).
+//! Where a registered driver's node information goes: the Kubernetes API (`KubeSink`: Node
+//! annotation and labels, CSINode entry; with the `kube` feature) or a local JSON file
+//! ([`FileSink`], for use without a cluster).
 //!
 //! A sink's `publish` either writes everything or leaves what was there before: the handler
 //! relies on that to leave nothing half-written when a registration fails.
 
 mod file;
+#[cfg(feature = "kube")]
 mod kube_api;
 
 use std::fmt::Debug;
@@ -17,6 +18,7 @@ use async_trait::async_trait;
 use crate::nodeinfo::DriverNodeInfo;
 
 pub use self::file::{FileCsiNode, FileNode, FileSink, FileSinkError, NodeInfoFile};
+#[cfg(feature = "kube")]
 pub use self::kube_api::{CONNECT_TIMEOUT, KubeSink, KubeSinkError, REQUEST_TIMEOUT, WriteError};
 
 /// Publishes and withdraws drivers' node information.
@@ -35,6 +37,7 @@ pub trait NodeInfoSink: Send + Sync + Debug + 'static {
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     /// The Kubernetes API sink failed.
+    #[cfg(feature = "kube")]
     #[error(transparent)]
     Kube(#[from] KubeSinkError),
     /// The file sink failed.
@@ -46,6 +49,7 @@ pub enum SinkError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkConfig {
     /// The Kubernetes API.
+    #[cfg(feature = "kube")]
     Kube {
         /// Kubeconfig file; `None`: the in-cluster service account (or `$KUBECONFIG` /
         /// `~/.kube/config`, as `kube::Config::infer` finds them).
@@ -60,6 +64,7 @@ pub enum SinkConfig {
 /// Builds the sink `cfg` describes.
 pub async fn build_sink(cfg: &SinkConfig) -> Result<Arc<dyn NodeInfoSink>, SinkError> {
     Ok(match cfg {
+        #[cfg(feature = "kube")]
         SinkConfig::Kube {
             kubeconfig,
             node_name,

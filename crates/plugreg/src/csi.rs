@@ -4,8 +4,8 @@
 //! * `node-info`: NodeGetInfo (what the kubelet publishes for the driver);
 //! * `node-capabilities`: NodeGetCapabilities.
 //!
-//! Output is a table for people or `--output json` for scripts. The binary mounts
-//! [`CsiCommand`] as a subcommand and calls [`run`].
+//! Output is a table for people or `--output json` for scripts. `main` mounts [`CsiCommand`] as
+//! a subcommand and calls [`run`]. The calls themselves are `plugreg_csi::client`'s.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -17,7 +17,7 @@ use plugreg_proto::csi::v1::plugin_capability::{self, service, volume_expansion}
 use plugreg_transport::PathKind;
 use serde::Serialize;
 
-use crate::client::{CallError, CsiClient};
+use plugreg_csi::client::{CallError, CsiClient};
 
 /// The `plugreg csi` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -378,6 +378,9 @@ fn json(out: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError> {
     serde_json::to_writer_pretty(&mut *out, value).map_err(CliError::Json)?;
     writeln!(out).map_err(CliError::Output)
 }
+
+#[cfg(test)]
+mod against_drivers;
 
 #[cfg(test)]
 mod tests {

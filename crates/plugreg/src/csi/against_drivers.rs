@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use plugreg_csi::cli::{CliError, CsiCommand, Output, Target, run};
+use super::{CliError, CsiCommand, Output, Target, run};
 use plugreg_csi_test_driver::{DriverConfig, Fault, NodeCapability, start};
 use plugreg_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use plugreg_proto::pluginregistration::{
