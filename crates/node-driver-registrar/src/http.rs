@@ -243,7 +243,7 @@ pub(crate) async fn check(state: &HttpState) -> (StatusCode, String) {
         Err(e) => {
             let err = match e {
                 plugreg_transport::Error::ConnectTimeout { .. } => EXPIRED.to_owned(),
-                other => crate::error_chain(&other),
+                other => plugreg_runtime::report::chain(&other),
             };
             return (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -267,7 +267,7 @@ pub(crate) async fn check(state: &HttpState) -> (StatusCode, String) {
                 format!("invalid driver name {name}"),
             );
         }
-        Ok(Err(status)) => crate::grpc_error(&status),
+        Ok(Err(status)) => plugreg_runtime::report::grpc(&status),
         Err(_) => format!("rpc error: code = DeadlineExceeded desc = {EXPIRED}"),
     };
     (

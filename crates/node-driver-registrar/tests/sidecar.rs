@@ -369,17 +369,20 @@ async fn healthz_never_hangs_when_the_socket_is_taken_over() {
     let p = Proc::spawn(&args);
     let http = p.http_address(SECS10);
     let socket = reg_socket(&reg);
-    // A listener that never accepts takes the path over; the sidecar re-creates its socket
-    // within its check period, so the check may see the hijacker, nothing, or the new socket:
-    // whichever it is, the answer comes within --timeout plus slack.
+    // A listener that never accepts takes the path over: the check sees it and answers within
+    // --timeout plus slack.
     std::fs::remove_file(&socket).unwrap();
-    let _hijacker = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let hijacker = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let t = Instant::now();
     let (code, body) = http_get(http, "/healthz", SECS10);
     let took = t.elapsed();
     assert!(matches!(code, 200 | 404 | 500), "{code} {body}");
     assert!(took < Duration::from_millis(900), "{took:?}: {code} {body}");
-    // And the sidecar takes its path back.
+    // The hijacker listens, so it counts as another live instance and is left alone (R3);
+    // once it is gone (its socket file stays, dead), the sidecar takes its path back.
+    p.wait_for_line("replaced by another live instance", SECS10);
+    assert!(is_socket(&socket));
+    drop(hijacker);
     p.wait_for_nth("\"Registration Server started\"", 2, SECS10);
     wait_until(SECS10, "a healthy check", || {
         http_get(http, "/healthz", SECS10).0 == 200
