@@ -253,6 +253,16 @@ const SPECS: &[Spec] = &[
     ),
 ];
 
+/// The name of every flag (without dashes), sorted, legacy klog flags included.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    SPECS.iter().map(|s| s.name)
+}
+
+/// Whether `name` is a boolean flag (one that takes a value only as `-name=value`).
+pub fn is_bool(name: &str) -> bool {
+    lookup(name).is_some_and(|s| s.kind == Kind::Bool)
+}
+
 fn lookup(name: &str) -> Option<&'static Spec> {
     SPECS.iter().find(|s| s.name == name)
 }
