@@ -47,7 +47,7 @@ pub fn args_from(data: &[u8]) -> Vec<String> {
     while let Some(op) = bytes.next() {
         let pick = |b: Option<u8>, n: usize| usize::from(b.unwrap_or(0)) % n;
         let arg = match op % 8 {
-            0 | 1 | 2 => {
+            0..=2 => {
                 let dashes = ["-", "--", "---", ""][pick(bytes.next(), 4)];
                 let name = names[pick(bytes.next(), names.len())];
                 match op % 3 {
@@ -58,7 +58,7 @@ pub fn args_from(data: &[u8]) -> Vec<String> {
                     ),
                 }
             }
-            3 | 4 => VALUES[pick(bytes.next(), VALUES.len())].to_owned(),
+            3..=4 => VALUES[pick(bytes.next(), VALUES.len())].to_owned(),
             _ => {
                 // Raw: up to 16 bytes, lossily UTF-8.
                 let len = pick(bytes.next(), 17);
