@@ -25,7 +25,7 @@
 
 pub mod flags;
 pub mod gosyntax;
-mod http;
+pub mod http;
 pub mod logging;
 pub mod name;
 
@@ -331,13 +331,17 @@ impl Sidecar {
                     "Starting HTTP server"
                 );
                 self.progress.send_modify(|p| p.http_address = local);
-                let state = http::HttpState {
-                    socket: socket.clone(),
-                    driver_name: driver.clone(),
-                    timeout: config.timeout,
-                    registrar: registrar.clone(),
-                };
-                http_task = Some(tokio::spawn(http::serve(listener, state, serving.clone())));
+                let diagnostics = http::Diagnostics::new(
+                    socket.clone(),
+                    driver.clone(),
+                    config.timeout,
+                    registrar.clone(),
+                );
+                http_task = Some(tokio::spawn(http::serve(
+                    listener,
+                    diagnostics,
+                    serving.clone(),
+                )));
             }
         }
 

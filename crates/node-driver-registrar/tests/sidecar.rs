@@ -389,3 +389,85 @@ async fn healthz_never_hangs_when_the_socket_is_taken_over() {
     });
     drv.stop().await.unwrap();
 }
+
+/// CPU time the process `pid` has used so far (from /proc/<pid>/schedstat).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap();
+    Duration::from_nanos(stat.split_whitespace().next().unwrap().parse().unwrap())
+}
+
+/// The lowest file descriptor number `pid` does not use: with RLIMIT_NOFILE set to it, the
+/// process cannot open another descriptor.
+fn lowest_free_fd(pid: u32) -> u64 {
+    let used: std::collections::BTreeSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    (0..).find(|n| !used.contains(n)).unwrap()
+}
+
+/// The soft and hard RLIMIT_NOFILE of `pid`, from /proc/<pid>/limits.
+fn nofile_limits(pid: u32) -> rustix::process::Rlimit {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let mut values = line["Max open files".len()..]
+        .split_whitespace()
+        .map(|v| v.parse::<u64>().ok());
+    rustix::process::Rlimit {
+        current: values.next().unwrap(),
+        maximum: values.next().unwrap(),
+    }
+}
+
+/// Out of file descriptors (a real EMFILE: the child's RLIMIT_NOFILE is lowered with
+/// prlimit), the HTTP server backs off instead of retrying accept() in a busy loop, and
+/// serves the waiting client once descriptors are available again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_server_does_not_spin_when_out_of_file_descriptors() {
+    use rustix::process::{Pid, Resource, Rlimit, prlimit};
+    use std::io::{Read, Write};
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let mut args = args(&csi, &reg);
+    args.push("--http-endpoint=127.0.0.1:0".into());
+    let p = Proc::spawn(&args);
+    let http = p.http_address(SECS10);
+    wait_until(SECS10, "a healthy check", || {
+        http_get(http, "/healthz", SECS10).0 == 200
+    });
+
+    let pid = Pid::from_raw(p.pid() as i32).unwrap();
+    let old = nofile_limits(p.pid());
+    let lowered = Rlimit {
+        current: Some(lowest_free_fd(p.pid())),
+        maximum: old.maximum,
+    };
+    prlimit(Some(pid), Resource::Nofile, lowered).unwrap();
+
+    // The kernel completes the handshake (backlog); accept() in the sidecar fails with EMFILE.
+    let mut client = std::net::TcpStream::connect(http).unwrap();
+    client
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    p.wait_for_line("HTTP accept failed; retrying", SECS10);
+    let window = Duration::from_secs(2);
+    let (cpu0, t0) = (cpu_time(p.pid()), Instant::now());
+    std::thread::sleep(window);
+    let used = cpu_time(p.pid()) - cpu0;
+    let share = used.as_secs_f64() / t0.elapsed().as_secs_f64();
+    eprintln!("CPU while out of descriptors: {used:?} in {window:?}");
+    assert!(
+        share < 0.03,
+        "the sidecar used {used:?} of CPU in {window:?} while out of descriptors: it spins"
+    );
+
+    prlimit(Some(pid), Resource::Nofile, old).unwrap();
+    client.set_read_timeout(Some(SECS10)).unwrap();
+    let mut response = String::new();
+    client.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 "), "{response}");
+    drv.stop().await.unwrap();
+}
