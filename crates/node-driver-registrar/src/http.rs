@@ -172,6 +172,8 @@ where
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_buf_size(MAX_HEAD)
         .keep_alive(false)
+        // A client that shuts its sending side after the request still gets the answer.
+        .half_close(true)
         .serve_connection(TokioIo::new(io), service);
     match tokio::time::timeout(limit, connection).await {
         Ok(Ok(())) => {}

@@ -28,3 +28,31 @@ fn goflags_known_tricky_inputs() {
         goflags::check_values(s);
     }
 }
+
+#[path = "props/sidecar_http.rs"]
+mod sidecar_http;
+
+#[test]
+fn sidecar_http_answers_or_closes_on_any_bytes() {
+    arbtest::arbtest(|u| {
+        let data: Vec<u8> = u.arbitrary()?;
+        sidecar_http::check(&data);
+        Ok(())
+    })
+    .budget_ms(2_000);
+}
+
+#[test]
+fn sidecar_http_known_requests() {
+    for request in [
+        &b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"HEAD /healthz HTTP/1.0\r\n\r\n",
+        b"POST /healthz HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n",
+        b"GET /metrics HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        b"",
+        b"\r\n\r\n\r\n",
+    ] {
+        sidecar_http::exchange(request);
+    }
+}
