@@ -218,7 +218,11 @@ async fn healthz(diagnostics: &Arc<Diagnostics>) -> Verdict {
             .in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        match slot.as_ref().filter(|rx| rx.borrow().is_none()) {
+        // Join a check only while it runs: not one that finished, nor one whose task is gone.
+        let running = |rx: &&watch::Receiver<Option<Verdict>>| {
+            rx.borrow().is_none() && rx.has_changed().is_ok()
+        };
+        match slot.as_ref().filter(running) {
             Some(rx) => rx.clone(),
             None => {
                 let (tx, rx) = watch::channel(None);
