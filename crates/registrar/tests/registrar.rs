@@ -147,14 +147,7 @@ async fn answers(path: &std::path::Path) -> String {
 }
 
 /// Serves `name` on `path` with a short re-create check; returns the token and the task.
-fn start(
-    name: &str,
-    path: &std::path::Path,
-    period: Duration,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<Result<(), plugreg_registrar::Error>>,
-) {
+fn start(name: &str, path: &std::path::Path, period: Duration) -> Running {
     let registrar = Registrar::new(named(name));
     let token = CancellationToken::new();
     let options = ServeOptions {
@@ -188,16 +181,28 @@ async fn wait_for_answer(path: &std::path::Path, name: &str) {
     }
 }
 
+type Running = (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), plugreg_registrar::Error>>,
+);
+
+/// An older instance ("old") and a newer one ("new") on one path, the newer started once the
+/// older answers, returned once the newer answers.
+async fn old_and_new(path: &std::path::Path, period: Duration) -> (Running, Running) {
+    let old = start("old", path, period);
+    wait_for_answer(path, "old").await;
+    let new = start("new", path, period);
+    wait_for_answer(path, "new").await;
+    (old, new)
+}
+
 /// A DaemonSet surge rollout: the old and the new instance run at once on one path (R3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_instance_keeps_the_path_and_the_older_leaves_it_alone() {
     const PERIOD: Duration = Duration::from_millis(20);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p-reg.sock");
-    let (old_token, old_task) = start("old", &path, PERIOD);
-    wait_for_answer(&path, "old").await;
-    let (new_token, new_task) = start("new", &path, PERIOD);
-    wait_for_answer(&path, "new").await;
+    let ((old_token, old_task), (new_token, new_task)) = old_and_new(&path, PERIOD).await;
     let newest = inode(&path).unwrap();
 
     // Over 25 check periods the newer socket stays in place: nobody re-binds.
@@ -224,10 +229,7 @@ async fn the_older_instance_takes_the_path_back_when_the_newer_leaves() {
     const PERIOD: Duration = Duration::from_millis(20);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p-reg.sock");
-    let (old_token, old_task) = start("old", &path, PERIOD);
-    wait_for_answer(&path, "old").await;
-    let (new_token, new_task) = start("new", &path, PERIOD);
-    wait_for_answer(&path, "new").await;
+    let ((old_token, old_task), (new_token, new_task)) = old_and_new(&path, PERIOD).await;
     new_token.cancel();
     new_task.await.unwrap().unwrap();
     wait_for_answer(&path, "old").await;
