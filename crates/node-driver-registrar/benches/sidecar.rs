@@ -24,7 +24,11 @@ use plugreg_manager::{
 };
 use tokio_util::sync::CancellationToken;
 
-const BIN: &str = env!("CARGO_BIN_EXE_csi-node-driver-registrar");
+/// The binary under test: this build's, or `PLUGREG_SIDECAR_BIN` (to compare another build).
+fn bin() -> String {
+    std::env::var("PLUGREG_SIDECAR_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_csi-node-driver-registrar").to_owned())
+}
 const DRIVER: &str = "bench.csi.plugreg.io";
 const RUNS: usize = 30;
 const BURST: usize = 64;
@@ -129,7 +133,7 @@ async fn one_run(dir: &Path, keep: bool) -> (Sample, Option<std::process::Child>
         .port();
 
     let t0 = Instant::now();
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .arg(format!("--csi-address={}", csi.display()))
         .arg(format!("--plugin-registration-path={}", registry.display()))
         .arg("--kubelet-registration-path=/var/lib/kubelet/plugins/bench/csi.sock")
@@ -204,7 +208,7 @@ async fn main() {
     let per_check = t.elapsed() / 400;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let loaded = status_kib(pid, "VmRSS:");
-    // Bursts of concurrent probes: they share one check in flight (and up to 64 connections
+    // Bursts of concurrent probes: they share one check in flight (and up to 16 connections
     // are served at once, the rest wait in the backlog).
     let get_info_before = get_info_calls(http);
     let burst = tokio::task::spawn_blocking(move || {
@@ -238,7 +242,8 @@ async fn main() {
             ms(*v.last().unwrap())
         )
     };
-    let size = std::fs::metadata(BIN).map(|m| m.len()).unwrap_or(0);
+    let bin = bin();
+    let size = std::fs::metadata(&bin).map(|m| m.len()).unwrap_or(0);
     println!("### csi-node-driver-registrar ({RUNS} runs)\n");
     println!("| measure | p50 | p90 | p99 | max |");
     println!("|---|---|---|---|---|");
@@ -273,5 +278,5 @@ async fn main() {
         "GetInfo self-calls for {} concurrent /healthz ({BURSTS} bursts of {BURST}): {burst_get_info}",
         BURSTS * BURST
     );
-    println!("Binary size: {:.2} MiB ({BIN})", size as f64 / 1048576.0);
+    println!("Binary size: {:.2} MiB ({bin})", size as f64 / 1048576.0);
 }

@@ -32,8 +32,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::logging::V4;
 
-/// Connections served at once; further clients wait in the listen backlog.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Connections served at once; further clients wait in the listen backlog. Probes and scrapes
+/// need few; each connection costs about 10 KiB, and 64 at once took the sidecar over 5 MiB (R5).
+pub const MAX_CONNECTIONS: usize = 16;
 /// Longest request head (request line and headers) accepted; longer gets 431 and a close.
 pub const MAX_HEAD: usize = 16 * 1024;
 /// How long a client may take to send its request head.

@@ -471,3 +471,42 @@ async fn the_http_server_does_not_spin_when_out_of_file_descriptors() {
     assert!(response.starts_with("HTTP/1.1 200 "), "{response}");
     drv.stop().await.unwrap();
 }
+
+/// The HTTP endpoint serves at most `http::MAX_CONNECTIONS` connections at once: a client
+/// beyond them waits (in the listen backlog) until one ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_connections_beyond_the_cap_wait_until_one_ends() {
+    use std::io::{Read, Write};
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let mut args = args(&csi, &reg);
+    args.push("--http-endpoint=127.0.0.1:0".into());
+    let p = Proc::spawn(&args);
+    let http = p.http_address(SECS10);
+    // Clients that send nothing hold their slots (until the head timeout). The accept queue
+    // is first in, first out, so they take the slots before the client after them.
+    let mut idle: Vec<_> = (0..plugreg_node_driver_registrar::http::MAX_CONNECTIONS)
+        .map(|_| std::net::TcpStream::connect(http).unwrap())
+        .collect();
+    let mut waiting = std::net::TcpStream::connect(http).unwrap();
+    waiting
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut first = [0u8; 1];
+    let early = waiting.read(&mut first);
+    assert!(
+        early.is_err(),
+        "a connection beyond the cap was served: {early:?}"
+    );
+    // A slot frees up: the waiting client is served.
+    drop(idle.pop());
+    waiting.set_read_timeout(Some(SECS10)).unwrap();
+    let mut response = String::new();
+    waiting.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 "), "{response}");
+    drop(idle);
+    drv.stop().await.unwrap();
+}
