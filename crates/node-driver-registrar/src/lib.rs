@@ -7,8 +7,9 @@
 //! `CSIPlugin`/name/`--kubelet-registration-path`/`["1.0.0"]`, and wait for the kubelet's
 //! verdict. Where plugreg does better (decisions R1-R5): GetPluginInfo is retried within the
 //! connect window, the name is validated before it becomes a path, the socket is re-created if
-//! it vanishes and removed on every exit path, `/healthz` never takes longer than `--timeout`,
-//! and `/metrics` shows the kubelet's verdict.
+//! it vanishes or dies (but left to a newer live instance during a rolling update) and removed
+//! on every exit path, `/healthz` never takes longer than `--timeout`, concurrent probes share
+//! one check, and `/metrics` shows the kubelet's verdict.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), plugreg_node_driver_registrar::RunError> {
@@ -400,7 +401,15 @@ impl Sidecar {
             h.abort();
         }
         if result.is_ok() {
-            tracing::info!(socketPath = %socket.display(), "Registration socket removed");
+            // The server removes only the socket it created: one still at the path belongs to
+            // the instance that took it over (a rolling update).
+            if plugreg_transport::path_kind(&socket).ok()
+                == Some(plugreg_transport::PathKind::Socket)
+            {
+                tracing::info!(socketPath = %socket.display(), "Registration socket left to the instance that serves it now");
+            } else {
+                tracing::info!(socketPath = %socket.display(), "Registration socket removed");
+            }
         }
         result
     }

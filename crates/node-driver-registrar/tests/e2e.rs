@@ -258,6 +258,12 @@ async fn a_surge_rollout_hands_over_once_and_stopping_the_older_keeps_the_newer(
         is_socket(&socket),
         "the older instance removed the newer's socket"
     );
+    assert!(
+        old.log()
+            .contains("Registration socket left to the instance that serves it now"),
+        "{}",
+        old.log()
+    );
     assert_eq!(get_info(&socket).await.name, DRIVER);
     let quiet_end = tokio::time::Instant::now() + PERIOD * 10;
     if let Ok(call) = tokio::time::timeout_at(quiet_end, n.calls.recv()).await {
