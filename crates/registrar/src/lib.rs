@@ -163,8 +163,9 @@ impl Registrar {
 }
 
 /// Serves the router made by `make_router` on `socket` until `token` is cancelled, then removes
-/// the socket if it is still the one this call created. A stale socket at the path is replaced;
-/// a file that is not a socket is an error and stays untouched.
+/// the socket if it is still the one this call created. A socket already at the path when the
+/// call starts (a stale one, or an older instance's) is replaced: the newest instance takes the
+/// path. A file that is not a socket is an error and stays untouched.
 ///
 /// While serving, the socket is checked every [`ServeOptions::recreate_check`] (R3). If the path
 /// is empty, or holds a socket nobody listens on, it is created again and a fresh router is served
