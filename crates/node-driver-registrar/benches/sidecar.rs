@@ -5,7 +5,8 @@
 //! - start -> registration socket listening, and GetPluginInfo answered -> socket listening (R5);
 //! - start -> registered (the manager's `Registered` event, i.e. Notify(true) sent);
 //! - steady RSS (VmRSS) after 3 s idle and after 200 /healthz checks and 200 /metrics
-//!   scrapes, and peak RSS (VmHWM), from /proc/<pid>/status.
+//!   scrapes, after bursts of 64 concurrent /healthz (and how many GetInfo self-calls those
+//!   made: concurrent callers share one check), and peak RSS (VmHWM), from /proc/<pid>/status.
 //!
 //! Prints a Markdown report on stdout.
 
@@ -23,9 +24,15 @@ use plugreg_manager::{
 };
 use tokio_util::sync::CancellationToken;
 
-const BIN: &str = env!("CARGO_BIN_EXE_csi-node-driver-registrar");
+/// The binary under test: this build's, or `PLUGREG_SIDECAR_BIN` (to compare another build).
+fn bin() -> String {
+    std::env::var("PLUGREG_SIDECAR_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_csi-node-driver-registrar").to_owned())
+}
 const DRIVER: &str = "bench.csi.plugreg.io";
 const RUNS: usize = 30;
+const BURST: usize = 64;
+const BURSTS: usize = 5;
 
 struct Accept;
 
@@ -62,6 +69,23 @@ fn http_get(addr: SocketAddr, path: &str) -> u16 {
     r.split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The sidecar's count of GetInfo calls, from /metrics.
+fn get_info_calls(addr: SocketAddr) -> u64 {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    r.lines()
+        .find(|l| l.starts_with("csi_node_driver_registrar_get_info_calls_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
 
@@ -109,7 +133,7 @@ async fn one_run(dir: &Path, keep: bool) -> (Sample, Option<std::process::Child>
         .port();
 
     let t0 = Instant::now();
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .arg(format!("--csi-address={}", csi.display()))
         .arg(format!("--plugin-registration-path={}", registry.display()))
         .arg("--kubelet-registration-path=/var/lib/kubelet/plugins/bench/csi.sock")
@@ -184,6 +208,23 @@ async fn main() {
     let per_check = t.elapsed() / 400;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let loaded = status_kib(pid, "VmRSS:");
+    // Bursts of concurrent probes: they share one check in flight (and up to 16 connections
+    // are served at once, the rest wait in the backlog).
+    let get_info_before = get_info_calls(http);
+    let burst = tokio::task::spawn_blocking(move || {
+        for _ in 0..BURSTS {
+            let threads: Vec<_> = (0..BURST)
+                .map(|_| std::thread::spawn(move || http_get(http, "/healthz")))
+                .collect();
+            for t in threads {
+                assert_eq!(t.join().unwrap(), 200);
+            }
+        }
+    });
+    burst.await.unwrap();
+    let burst_get_info = get_info_calls(http) - get_info_before;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after_burst = status_kib(pid, "VmRSS:");
     let peak = status_kib(pid, "VmHWM:");
     let anon = status_kib(pid, "RssAnon:");
     let file = status_kib(pid, "RssFile:");
@@ -201,7 +242,8 @@ async fn main() {
             ms(*v.last().unwrap())
         )
     };
-    let size = std::fs::metadata(BIN).map(|m| m.len()).unwrap_or(0);
+    let bin = bin();
+    let size = std::fs::metadata(&bin).map(|m| m.len()).unwrap_or(0);
     println!("### csi-node-driver-registrar ({RUNS} runs)\n");
     println!("| measure | p50 | p90 | p99 | max |");
     println!("|---|---|---|---|---|");
@@ -223,6 +265,7 @@ async fn main() {
     println!("| VmRSS right after registration | {} |", after_start.0);
     println!("| VmRSS after 3 s idle | {idle} |");
     println!("| VmRSS after 200 /healthz + 200 /metrics | {loaded} |");
+    println!("| VmRSS after {BURSTS} bursts of {BURST} concurrent /healthz | {after_burst} |");
     println!("| VmHWM (peak RSS) | {peak} |");
     println!("| of the final VmRSS: RssAnon (private heap, stacks) | {anon} |");
     println!("| of the final VmRSS: RssFile (binary and libc pages, shared) | {file} |");
@@ -231,5 +274,9 @@ async fn main() {
         "Mean /healthz or /metrics round trip (sequential, incl. TCP connect): {}",
         ms(per_check)
     );
-    println!("Binary size: {:.2} MiB ({BIN})", size as f64 / 1048576.0);
+    println!(
+        "GetInfo self-calls for {} concurrent /healthz ({BURSTS} bursts of {BURST}): {burst_get_info}",
+        BURSTS * BURST
+    );
+    println!("Binary size: {:.2} MiB ({bin})", size as f64 / 1048576.0);
 }

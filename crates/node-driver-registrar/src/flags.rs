@@ -4,8 +4,9 @@
 //! flag is an error (exit 2) and `-h`/`-help` asks for the usage (exit 0).
 //!
 //! On top of upstream: the legacy klog flags (removed upstream in v2.11) are accepted and
-//! ignored with a warning, and `--csi-connect-window` sets how long the start-up may take to
-//! reach the CSI driver and learn its name.
+//! ignored with a warning, `--csi-connect-window` sets how long the start-up may take to
+//! reach the CSI driver and learn its name, and `--registration-socket-check-period` how often
+//! the registration socket is checked (R3).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -218,6 +219,13 @@ const SPECS: &[Spec] = &[
         "/registration",
         "Path to Kubernetes plugin registration directory.",
     ),
+    flag(
+        "registration-socket-check-period",
+        Kind::Duration,
+        "duration",
+        "500ms",
+        "How often the registration socket is checked: if the path is empty or holds a socket nobody listens on, the socket is created again; a live socket of another instance (a rolling update) is left alone. 0 turns the check off.",
+    ),
     legacy("skip-headers", Kind::Bool, ""),
     legacy("skip-log-headers", Kind::Bool, ""),
     legacy("stderrthreshold", Kind::Value, "value"),
@@ -244,6 +252,16 @@ const SPECS: &[Spec] = &[
         "comma-separated list of pattern=N settings for file-filtered logging (only works for text log format); accepted and ignored here.",
     ),
 ];
+
+/// The name of every flag (without dashes), sorted, legacy klog flags included.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    SPECS.iter().map(|s| s.name)
+}
+
+/// Whether `name` is a boolean flag (one that takes a value only as `-name=value`).
+pub fn is_bool(name: &str) -> bool {
+    lookup(name).is_some_and(|s| s.kind == Kind::Bool)
+}
 
 fn lookup(name: &str) -> Option<&'static Spec> {
     SPECS.iter().find(|s| s.name == name)
@@ -359,6 +377,7 @@ fn set_value(flags: &mut Flags, spec: &Spec, value: &str) -> Result<(), SyntaxEr
         "mode" => c.mode = value.to_owned(),
         "timeout" => c.timeout = parse_duration(value)?,
         "csi-connect-window" => c.csi_connect_window = parse_duration(value)?,
+        "registration-socket-check-period" => c.socket_check_period = parse_duration(value)?,
         "connection-timeout" => {
             // Only "is it non-zero" matters: it is deprecated and has no effect.
             let nanos = parse_duration_nanos(value)?;

@@ -151,8 +151,9 @@ pub fn parse_duration_nanos(s: &str) -> Result<i64, SyntaxError> {
         };
         let mut amount = int.checked_mul(unit).ok_or(SyntaxError::Parse)?;
         if !frac_part.is_empty() {
-            // Go keeps as many fraction digits as fit; 30 digits are plenty for nanoseconds.
-            let digits = &frac_part[..frac_part.len().min(30)];
+            // Go keeps as many fraction digits as fit. 18 digits are plenty for nanoseconds and
+            // keep `frac * unit` (< 10^18 * 3.6e12) far inside u128; 30 overflowed it.
+            let digits = &frac_part[..frac_part.len().min(18)];
             let frac: u128 = digits.parse().map_err(|_| SyntaxError::Parse)?;
             amount += frac * unit / 10u128.pow(digits.len() as u32);
         }
@@ -270,6 +271,8 @@ mod tests {
             ("+2s", 2 * SEC),
             ("0s", 0),
             ("1h1m1s1ms1us1ns", 3_661_001_001_001),
+            // Many fraction digits: found by the goflags fuzz target (overflowed before).
+            ("1.999999999999999999999999999999h", 7_199_999_999_999),
         ];
         for (s, want) in ok {
             assert_eq!(parse_duration_nanos(s), Ok(*want), "{s:?}");

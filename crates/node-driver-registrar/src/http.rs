@@ -1,54 +1,49 @@
 //! The diagnostics HTTP server: `/healthz` with upstream's codes and bodies, bounded by
 //! `--timeout` as a whole (R4), and `/metrics` in the Prometheus text format.
 //!
-//! A deliberately tiny HTTP/1.1 server (one request per connection, `Connection: close`):
-//! probes and scrapers need nothing more, and it keeps the sidecar's code, and so its
-//! resident memory, small (R5).
+//! hyper's HTTP/1 server, one request per connection, with the bounds an endpoint on the network
+//! needs (D7): at most [`MAX_CONNECTIONS`] connections at once (the rest wait in the kernel's
+//! backlog), a request head of at most [`MAX_HEAD`] bytes read within [`HEADER_READ_TIMEOUT`],
+//! a time limit on each whole connection, and a back-off on accept errors such as EMFILE (which
+//! would otherwise fail again at once, forever). Concurrent `/healthz` callers share one check
+//! in flight, so a burst of probes costs one GetInfo self-call, not one each.
 
+use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode, header};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use plugreg_proto::pluginregistration::InfoRequest;
 use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_registrar::Registrar;
+use plugreg_runtime::Backoff;
 use plugreg_transport::{MAX_MESSAGE_SIZE, PathKind};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::logging::V4;
 
-/// Longest request head (request line and headers) accepted.
-const MAX_HEAD: usize = 16 * 1024;
+/// Connections served at once; further clients wait in the listen backlog. Probes and scrapes
+/// need few; each connection costs about 10 KiB, and 64 at once took the sidecar over 5 MiB (R5).
+pub const MAX_CONNECTIONS: usize = 16;
+/// Longest request head (request line and headers) accepted; longer gets 431 and a close.
+pub const MAX_HEAD: usize = 16 * 1024;
 /// How long a client may take to send its request head.
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// An HTTP status code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StatusCode(pub u16);
-
-impl StatusCode {
-    pub(crate) const OK: StatusCode = StatusCode(200);
-    pub(crate) const BAD_REQUEST: StatusCode = StatusCode(400);
-    pub(crate) const NOT_FOUND: StatusCode = StatusCode(404);
-    pub(crate) const METHOD_NOT_ALLOWED: StatusCode = StatusCode(405);
-    pub(crate) const INTERNAL_SERVER_ERROR: StatusCode = StatusCode(500);
-
-    fn reason(self) -> &'static str {
-        match self.0 {
-            200 => "OK",
-            400 => "Bad Request",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            _ => "Internal Server Error",
-        }
-    }
-}
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time for writing a response, on top of the head timeout and `--timeout`: bounds a
+/// connection whose client never reads.
+const WRITE_SLACK: Duration = Duration::from_secs(5);
+/// Waits after failed accepts (EMFILE and friends): 5 ms doubling to 1 s, as Go's `net/http`.
+const ACCEPT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
 
 /// Binds the listener for a Go-style address: `:9809` (all interfaces), `host:port`,
 /// `[::1]:9809`.
@@ -65,149 +60,204 @@ pub(crate) async fn bind(endpoint: &str) -> io::Result<TcpListener> {
     }
 }
 
-/// What the handlers need.
-#[derive(Debug, Clone)]
-pub(crate) struct HttpState {
-    /// The registration socket.
-    pub socket: PathBuf,
-    /// The driver name GetInfo must answer.
-    pub driver_name: String,
-    /// Bound for the whole /healthz check.
-    pub timeout: Duration,
-    /// The registrar, for its counters.
-    pub registrar: Registrar,
+/// A finished health check: status code and body.
+type Verdict = (StatusCode, String);
+
+/// What the handlers need, and the health check in flight.
+#[derive(Debug)]
+pub struct Diagnostics {
+    socket: PathBuf,
+    driver_name: String,
+    timeout: Duration,
+    registrar: Registrar,
+    /// The check in flight, if any: later callers wait for its verdict instead of starting one.
+    in_flight: Mutex<Option<watch::Receiver<Option<Verdict>>>>,
 }
 
-/// Serves `/healthz` (any method), `/metrics` (GET, HEAD) and Go's 404 for anything else on
-/// `listener` until `token` is cancelled.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    state: HttpState,
-    token: CancellationToken,
-) -> io::Result<()> {
-    let state = Arc::new(state);
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = token.cancelled() => return Ok(()),
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                // Per-connection failures (e.g. the client reset) are not the server's.
-                Err(e) if is_transient(&e) => continue,
-                Err(e) => return Err(e),
-            },
-        };
-        let state = state.clone();
-        let token = token.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = token.cancelled() => {}
-                _ = handle(stream, &state) => {}
-            }
-        });
+impl Diagnostics {
+    /// The handlers for the registration socket `socket` of `driver_name`, served by
+    /// `registrar`; each `/healthz` check takes at most `timeout`.
+    pub fn new(
+        socket: PathBuf,
+        driver_name: String,
+        timeout: Duration,
+        registrar: Registrar,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            socket,
+            driver_name,
+            timeout,
+            registrar,
+            in_flight: Mutex::new(None),
+        })
     }
 }
 
-fn is_transient(e: &io::Error) -> bool {
+/// Serves `/healthz`, `/metrics` and Go's 404 for anything else on `listener` until `token` is
+/// cancelled. Fails only on an accept error that is neither a client's nor a passing shortage.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    diagnostics: Arc<Diagnostics>,
+    token: CancellationToken,
+) -> io::Result<()> {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut failures = 0;
+    loop {
+        // A free slot first: at the cap, clients wait in the backlog, not in our memory.
+        let slot = tokio::select! {
+            _ = token.cancelled() => return Ok(()),
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+        };
+        let accepted = tokio::select! {
+            _ = token.cancelled() => return Ok(()),
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                failures = 0;
+                let diagnostics = diagnostics.clone();
+                let token = token.clone();
+                tokio::spawn(async move {
+                    let _slot = slot;
+                    tokio::select! {
+                        _ = token.cancelled() => {}
+                        _ = serve_connection(stream, diagnostics) => {}
+                    }
+                });
+            }
+            // The client gave up before we accepted: not the server's problem.
+            Err(e) if is_client_error(&e) => {}
+            Err(e) if is_shortage(&e) => {
+                failures += 1;
+                let wait = ACCEPT_BACKOFF.delay(failures);
+                tracing::warn!(err = %e, retryIn = ?wait, "HTTP accept failed; retrying");
+                tokio::select! {
+                    _ = token.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn is_client_error(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
             | io::ErrorKind::Interrupted
             | io::ErrorKind::WouldBlock
-    ) || e.raw_os_error() == Some(24) // EMFILE: wait for the next accept
+    )
 }
 
-/// Reads one request head, answers it, closes the connection.
-async fn handle(mut stream: TcpStream, state: &HttpState) {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    let read = tokio::time::timeout(READ_TIMEOUT, async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            if head.len() > MAX_HEAD {
-                return false;
-            }
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => head.extend_from_slice(&buf[..n]),
-            }
-        }
-        true
-    })
-    .await;
-    if !matches!(read, Ok(true)) {
-        return;
-    }
-    let (code, body, head_only) = route(&head, state).await;
-    let mut response = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        code.0,
-        code.reason(),
-        if body.starts_with("# HELP") {
-            "text/plain; version=0.0.4; charset=utf-8"
-        } else {
-            "text/plain; charset=utf-8"
-        },
-        body.len(),
-    );
-    if !head_only {
-        response.push_str(&body);
-    }
-    let _ = stream.write_all(response.as_bytes()).await;
-    let _ = stream.shutdown().await;
+/// Out of file descriptors (EMFILE, ENFILE) or kernel memory (ENOBUFS, ENOMEM): it passes, but
+/// retrying at once fails again at once.
+fn is_shortage(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
 }
 
-/// Picks the answer for a request head: (status, body, whether to leave the body out).
-async fn route(head: &[u8], state: &HttpState) -> (StatusCode, String, bool) {
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return (StatusCode::BAD_REQUEST, "400 Bad Request".into(), false);
-    };
-    if !version.starts_with("HTTP/1.") {
-        return (StatusCode::BAD_REQUEST, "400 Bad Request".into(), false);
+/// Serves one HTTP/1 connection (one request; the connection closes after the answer) with the
+/// head-size and head-timeout limits, the whole of it bounded in time.
+pub async fn serve_connection<I>(io: I, diagnostics: Arc<Diagnostics>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let limit = HEADER_READ_TIMEOUT + diagnostics.timeout + WRITE_SLACK;
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let diagnostics = diagnostics.clone();
+        async move { Ok::<_, Infallible>(respond(&diagnostics, &request).await) }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(false)
+        // A client that shuts its sending side after the request still gets the answer.
+        .half_close(true)
+        .serve_connection(TokioIo::new(io), service);
+    match tokio::time::timeout(limit, connection).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::trace!(err = %e, "HTTP connection ended with an error"),
+        Err(_) => tracing::trace!("HTTP connection took too long; closed"),
     }
-    let head_only = method == "HEAD";
-    let path = target.split('?').next().unwrap_or_default();
-    match path {
-        "/healthz" => {
-            let (code, body) = healthz(state).await;
-            (code, body, head_only)
-        }
-        "/metrics" if method == "GET" || head_only => (
+}
+
+/// The answer to one request: `/healthz` (any method), `/metrics` (GET, HEAD), 404 otherwise.
+async fn respond(diagnostics: &Arc<Diagnostics>, request: &Request<Incoming>) -> Response<String> {
+    let method = request.method();
+    let (code, body) = match request.uri().path() {
+        "/healthz" => healthz(diagnostics).await,
+        "/metrics" if method == Method::GET || method == Method::HEAD => (
             StatusCode::OK,
-            render_metrics(&state.driver_name, &state.registrar),
-            head_only,
+            render_metrics(&diagnostics.driver_name, &diagnostics.registrar),
         ),
         "/metrics" => (
             StatusCode::METHOD_NOT_ALLOWED,
             "Method Not Allowed\n".into(),
-            false,
         ),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "404 page not found\n".into(),
-            head_only,
-        ),
-    }
+        _ => (StatusCode::NOT_FOUND, "404 page not found\n".into()),
+    };
+    let content_type = if body.starts_with("# HELP") {
+        "text/plain; version=0.0.4; charset=utf-8"
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    response
 }
 
-async fn healthz(state: &HttpState) -> (StatusCode, String) {
-    let (code, body) = check(state).await;
-    if code == StatusCode::OK {
-        tracing::trace!("Health check succeeded");
-    } else {
-        tracing::error!(err = %body, "Health check failed");
+/// The verdict of the check in flight, or of a new one if none is.
+async fn healthz(diagnostics: &Arc<Diagnostics>) -> Verdict {
+    let mut verdict = {
+        let mut slot = diagnostics
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Join a check only while it runs: not one that finished, nor one whose task is gone.
+        let running = |rx: &&watch::Receiver<Option<Verdict>>| {
+            rx.borrow().is_none() && rx.has_changed().is_ok()
+        };
+        match slot.as_ref().filter(running) {
+            Some(rx) => rx.clone(),
+            None => {
+                let (tx, rx) = watch::channel(None);
+                *slot = Some(rx.clone());
+                let diagnostics = diagnostics.clone();
+                // Its own task: the check completes (within --timeout) even if every caller
+                // hangs up, and the next caller starts afresh.
+                tokio::spawn(async move {
+                    let (code, body) = check(&diagnostics).await;
+                    if code == StatusCode::OK {
+                        tracing::trace!("Health check succeeded");
+                    } else {
+                        tracing::error!(err = %body, "Health check failed");
+                    }
+                    let _ = tx.send(Some((code, body)));
+                });
+                rx
+            }
+        }
+    };
+    match verdict.wait_for(Option::is_some).await {
+        Ok(v) => v.clone().expect("waited for Some"),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "health check aborted".into(),
+        ),
     }
-    (code, body)
 }
 
 /// One health check: the socket must exist and be a socket, and a GetInfo self-call through it
-/// must answer this driver's name, all within `state.timeout`.
-pub(crate) async fn check(state: &HttpState) -> (StatusCode, String) {
-    let deadline = Instant::now() + state.timeout;
-    let path = &state.socket;
+/// must answer this driver's name, all within the timeout.
+async fn check(diagnostics: &Diagnostics) -> Verdict {
+    let deadline = Instant::now() + diagnostics.timeout;
+    let path = &diagnostics.socket;
     match plugreg_transport::path_kind(path) {
         Err(e) => {
             return (
@@ -243,7 +293,7 @@ pub(crate) async fn check(state: &HttpState) -> (StatusCode, String) {
         Err(e) => {
             let err = match e {
                 plugreg_transport::Error::ConnectTimeout { .. } => EXPIRED.to_owned(),
-                other => crate::error_chain(&other),
+                other => plugreg_runtime::report::chain(&other),
             };
             return (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -259,7 +309,7 @@ pub(crate) async fn check(state: &HttpState) -> (StatusCode, String) {
     let err = match info {
         Ok(Ok(info)) => {
             let name = info.into_inner().name;
-            if name == state.driver_name {
+            if name == diagnostics.driver_name {
                 return (StatusCode::OK, "ok".into());
             }
             return (
@@ -267,7 +317,7 @@ pub(crate) async fn check(state: &HttpState) -> (StatusCode, String) {
                 format!("invalid driver name {name}"),
             );
         }
-        Ok(Err(status)) => crate::grpc_error(&status),
+        Ok(Err(status)) => plugreg_runtime::report::grpc(&status),
         Err(_) => format!("rpc error: code = DeadlineExceeded desc = {EXPIRED}"),
     };
     (
@@ -376,29 +426,89 @@ mod tests {
         assert_eq!(escape_label("a\"b\\c\n"), "a\\\"b\\\\c\\n");
     }
 
+    fn diagnostics() -> Arc<Diagnostics> {
+        Diagnostics::new(
+            PathBuf::from("/nonexistent/x-reg.sock"),
+            "x".into(),
+            Duration::from_millis(100),
+            Registrar::new(PluginInfo::default()),
+        )
+    }
+
+    /// Sends `request` over an in-memory connection to the real handler; returns what came back.
+    async fn exchange(request: &[u8]) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let served = tokio::spawn(serve_connection(server, diagnostics()));
+        client.write_all(request).await.unwrap();
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        served.await.unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn code(response: &str) -> u16 {
+        response
+            .strip_prefix("HTTP/1.")
+            .and_then(|r| r.get(2..5))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("not a response: {response:?}"))
+    }
+
     #[tokio::test]
     async fn routes_requests_the_go_way() {
-        let state = HttpState {
-            socket: PathBuf::from("/nonexistent/x-reg.sock"),
-            driver_name: "x".into(),
-            timeout: Duration::from_millis(100),
-            registrar: Registrar::new(PluginInfo::default()),
-        };
         let cases: &[(&str, u16, bool)] = &[
-            ("GET /healthz HTTP/1.1\r\n\r\n", 404, false),
-            ("POST /healthz?x=1 HTTP/1.1\r\n\r\n", 404, false),
-            ("GET /metrics HTTP/1.1\r\n\r\n", 200, false),
-            ("HEAD /metrics HTTP/1.0\r\n\r\n", 200, true),
-            ("POST /metrics HTTP/1.1\r\n\r\n", 405, false),
-            ("GET /debug/pprof/ HTTP/1.1\r\n\r\n", 404, false),
+            ("GET /healthz HTTP/1.1\r\n\r\n", 404, true),
+            (
+                "POST /healthz?x=1 HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc",
+                404,
+                true,
+            ),
+            ("GET /metrics HTTP/1.1\r\n\r\n", 200, true),
+            ("HEAD /metrics HTTP/1.0\r\n\r\n", 200, false),
+            ("POST /metrics HTTP/1.1\r\n\r\n", 405, true),
+            ("GET /debug/pprof/ HTTP/1.1\r\n\r\n", 404, true),
             ("garbage\r\n\r\n", 400, false),
             ("GET / SPDY/3\r\n\r\n", 400, false),
         ];
-        for (head, code, head_only) in cases {
-            let (c, body, h) = route(head.as_bytes(), &state).await;
-            assert_eq!((c.0, h), (*code, *head_only), "{head:?}: {body}");
+        for (request, want, has_body) in cases {
+            let response = exchange(request.as_bytes()).await;
+            assert_eq!(code(&response), *want, "{request:?}: {response}");
+            let body = response.split_once("\r\n\r\n").unwrap().1;
+            assert_eq!(!body.is_empty(), *has_body, "{request:?}: {response}");
         }
-        let (_, body, _) = route(b"GET /healthz HTTP/1.1\r\n\r\n", &state).await;
-        assert_eq!(body, "registration socket does not exist");
+        let response = exchange(b"GET /healthz HTTP/1.1\r\n\r\n").await;
+        assert!(response.ends_with("\r\n\r\nregistration socket does not exist"));
+        assert!(response.to_ascii_lowercase().contains("connection: close"));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_request_head_is_refused_without_buffering_it() {
+        let mut request = b"GET /metrics HTTP/1.1\r\nx: ".to_vec();
+        request.resize(MAX_HEAD * 4, b'a');
+        let response = exchange(&request).await;
+        assert_eq!(code(&response), 431, "{response}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_request_head_is_cut_off() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client, server) = tokio::io::duplex(1024);
+        let served = tokio::spawn(serve_connection(server, diagnostics()));
+        let start = Instant::now();
+        client
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost:")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        // The client never finishes its head: the server closes once the head timeout passes.
+        client.read_to_end(&mut out).await.unwrap();
+        served.await.unwrap();
+        assert!(
+            start.elapsed() >= HEADER_READ_TIMEOUT,
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(!String::from_utf8_lossy(&out).contains(" 200 "), "{out:?}");
     }
 }

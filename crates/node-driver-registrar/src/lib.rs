@@ -7,8 +7,9 @@
 //! `CSIPlugin`/name/`--kubelet-registration-path`/`["1.0.0"]`, and wait for the kubelet's
 //! verdict. Where plugreg does better (decisions R1-R5): GetPluginInfo is retried within the
 //! connect window, the name is validated before it becomes a path, the socket is re-created if
-//! it vanishes and removed on every exit path, `/healthz` never takes longer than `--timeout`,
-//! and `/metrics` shows the kubelet's verdict.
+//! it vanishes or dies (but left to a newer live instance during a rolling update) and removed
+//! on every exit path, `/healthz` never takes longer than `--timeout`, concurrent probes share
+//! one check, and `/metrics` shows the kubelet's verdict.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), plugreg_node_driver_registrar::RunError> {
@@ -25,7 +26,7 @@
 
 pub mod flags;
 pub mod gosyntax;
-mod http;
+pub mod http;
 pub mod logging;
 pub mod name;
 
@@ -36,6 +37,8 @@ use std::time::Duration;
 use plugreg_proto::csi::v1::GetPluginInfoRequest;
 use plugreg_proto::csi::v1::identity_client::IdentityClient;
 use plugreg_registrar::{PluginInfo, Registrar, ServeOptions};
+use plugreg_runtime::Backoff;
+use plugreg_runtime::report;
 use plugreg_transport::MAX_MESSAGE_SIZE;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -57,6 +60,13 @@ pub const PROBE_MODE: &str = "kubelet-registration-probe";
 
 /// The versions GetInfo reports: the CSI spec version, hard-coded as upstream.
 pub const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
+
+/// Retries of the first connection to the CSI driver: 50 ms doubling to 1 s, as csi-lib-utils.
+const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+
+/// Retries of GetPluginInfo within the connect window (R3): 100 ms doubling to 2 s.
+const GET_PLUGIN_INFO_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// How long a shutdown waits for in-flight registration RPCs before dropping them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -88,7 +98,8 @@ pub struct Config {
     pub csi_connect_window: Duration,
     /// `--automaxprocs`: accepted; the runtime is single-threaded.
     pub automaxprocs: bool,
-    /// How often the registration socket is checked and re-created if it vanished (no flag).
+    /// `--registration-socket-check-period` (plugreg): how often the registration socket is
+    /// checked and re-created if the path is empty or dead (R3); zero turns the check off.
     pub socket_check_period: Duration,
 }
 
@@ -321,13 +332,17 @@ impl Sidecar {
                     "Starting HTTP server"
                 );
                 self.progress.send_modify(|p| p.http_address = local);
-                let state = http::HttpState {
-                    socket: socket.clone(),
-                    driver_name: driver.clone(),
-                    timeout: config.timeout,
-                    registrar: registrar.clone(),
-                };
-                http_task = Some(tokio::spawn(http::serve(listener, state, serving.clone())));
+                let diagnostics = http::Diagnostics::new(
+                    socket.clone(),
+                    driver.clone(),
+                    config.timeout,
+                    registrar.clone(),
+                );
+                http_task = Some(tokio::spawn(http::serve(
+                    listener,
+                    diagnostics,
+                    serving.clone(),
+                )));
             }
         }
 
@@ -386,7 +401,15 @@ impl Sidecar {
             h.abort();
         }
         if result.is_ok() {
-            tracing::info!(socketPath = %socket.display(), "Registration socket removed");
+            // The server removes only the socket it created: one still at the path belongs to
+            // the instance that took it over (a rolling update).
+            if plugreg_transport::path_kind(&socket).ok()
+                == Some(plugreg_transport::PathKind::Socket)
+            {
+                tracing::info!(socketPath = %socket.display(), "Registration socket left to the instance that serves it now");
+            } else {
+                tracing::info!(socketPath = %socket.display(), "Registration socket removed");
+            }
         }
         result
     }
@@ -417,7 +440,7 @@ fn spawn_registration(
     let registrar = registrar.clone();
     let socket = socket.to_owned();
     let options = ServeOptions {
-        recreate_check: Some(config.socket_check_period),
+        recreate_check: Some(config.socket_check_period).filter(|p| !p.is_zero()),
     };
     tokio::spawn(async move {
         let r = registrar.clone();
@@ -437,7 +460,8 @@ async fn wait_for_socket(
     socket: &Path,
     server: &mut JoinHandle<Result<(), plugreg_registrar::Error>>,
 ) -> Option<Result<Result<(), plugreg_registrar::Error>, tokio::task::JoinError>> {
-    let mut pause = Duration::from_micros(200);
+    const POLL: Backoff = Backoff::new(Duration::from_micros(200), Duration::from_millis(20));
+    let mut polls = 0;
     loop {
         if server.is_finished() {
             return Some(server.await);
@@ -445,8 +469,8 @@ async fn wait_for_socket(
         if plugreg_transport::path_kind(socket).ok() == Some(plugreg_transport::PathKind::Socket) {
             return None;
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(20));
+        polls += 1;
+        POLL.sleep(polls).await;
     }
 }
 
@@ -465,11 +489,11 @@ fn registration_ended(
                 // Upstream logs the stale-socket clean-up failure with an empty message.
                 _ => "",
             };
-            tracing::error!(err = %error_chain(&e), socketPath = %socket.display(), "{msg}");
+            tracing::error!(err = %report::chain(&e), socketPath = %socket.display(), "{msg}");
             Err(e.into())
         }
         Ok(Err(e)) => {
-            tracing::error!(err = %error_chain(&e), "Registration Server stopped serving");
+            tracing::error!(err = %report::chain(&e), "Registration Server stopped serving");
             Err(e.into())
         }
         Err(join) => {
@@ -479,7 +503,7 @@ fn registration_ended(
     }
 }
 
-/// Connects to the CSI driver, retrying (50 ms doubling to 1 s) until `window_end`; logs
+/// Connects to the CSI driver, retrying ([`CONNECT_BACKOFF`]) until `window_end`; logs
 /// "Still connecting" every 10 s as csi-lib-utils does. `None` when `token` was cancelled.
 async fn connect_csi(
     address: &str,
@@ -489,14 +513,14 @@ async fn connect_csi(
     let path = match plugreg_transport::parse_address(address) {
         Ok(p) => p,
         Err(e) => {
-            tracing::error!(err = %error_chain(&e), "Error connecting to CSI driver");
+            tracing::error!(err = %report::chain(&e), "Error connecting to CSI driver");
             return Err(RunError::Address(e));
         }
     };
     let shown = format!("unix://{}", path.display());
     let start = Instant::now();
     let mut next_report = start + Duration::from_secs(10);
-    let mut pause = Duration::from_millis(50);
+    let mut failures = 0;
     loop {
         tracing::trace!(address = %shown, "Connecting");
         let remaining = window_end.saturating_duration_since(Instant::now());
@@ -509,7 +533,7 @@ async fn connect_csi(
         match result {
             Ok(channel) => return Ok(Some(channel)),
             Err(e) => {
-                tracing::debug!(err = %error_chain(&e), address = %shown, "CSI driver not reachable yet")
+                tracing::debug!(err = %report::chain(&e), address = %shown, "CSI driver not reachable yet")
             }
         }
         let now = Instant::now();
@@ -524,16 +548,17 @@ async fn connect_csi(
             tracing::info!(address = %shown, "Still connecting");
             next_report += Duration::from_secs(10);
         }
+        failures += 1;
+        let retry_at = (now + CONNECT_BACKOFF.delay(failures)).min(window_end);
         tokio::select! {
             _ = token.cancelled() => return Ok(None),
-            _ = tokio::time::sleep_until((now + pause).min(window_end)) => {}
+            _ = tokio::time::sleep_until(retry_at) => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
 /// Asks the driver its name with GetPluginInfo: each call under `timeout`, failures retried
-/// (100 ms doubling to 2 s) while the connect window is open (R3). The first call always gets
+/// ([`GET_PLUGIN_INFO_BACKOFF`]) while the connect window is open (R3). The first call always gets
 /// the full `timeout`, so `--timeout` values larger than the window work as upstream.
 /// `None` when `token` was cancelled.
 async fn driver_name(
@@ -545,7 +570,6 @@ async fn driver_name(
     let mut client = IdentityClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
-    let mut pause = Duration::from_millis(100);
     let mut attempt = 0u32;
     loop {
         attempt += 1;
@@ -566,10 +590,10 @@ async fn driver_name(
                 }
                 return Ok(Some(name));
             }
-            Ok(Err(status)) => grpc_error(&status),
+            Ok(Err(status)) => report::grpc(&status),
             Err(_) => "rpc error: code = DeadlineExceeded desc = context deadline exceeded".into(),
         };
-        let retry_at = Instant::now() + pause;
+        let retry_at = Instant::now() + GET_PLUGIN_INFO_BACKOFF.delay(attempt);
         if retry_at >= window_end {
             tracing::error!(err = %err, attempts = attempt, "Error retreiving CSI driver name");
             return Err(RunError::GetPluginInfo(err));
@@ -579,30 +603,5 @@ async fn driver_name(
             _ = token.cancelled() => return Ok(None),
             _ = tokio::time::sleep_until(retry_at) => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(2));
     }
-}
-
-/// A gRPC error worded as grpc-go words it: `rpc error: code = Unavailable desc = ...`.
-pub fn grpc_error(status: &tonic::Status) -> String {
-    format!(
-        "rpc error: code = {:?} desc = {}",
-        status.code(),
-        status.message()
-    )
-}
-
-/// An error and its sources, joined with `: `.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.ends_with(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }

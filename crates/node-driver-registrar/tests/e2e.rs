@@ -206,3 +206,75 @@ async fn a_second_instance_rejected_by_the_handler_exits_1_and_cleans_up() {
     manager.stopped().await;
     driver.stop().await.unwrap();
 }
+
+/// A DaemonSet rolling update with `maxSurge`: the old and the new sidecar of one driver run at
+/// once (R3). The newer keeps the socket, the older leaves it alone, the manager sees at most
+/// one hand-over, and stopping the older keeps the driver registered through the newer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surge_rollout_hands_over_once_and_stopping_the_older_keeps_the_newer() {
+    const PERIOD: Duration = Duration::from_millis(50);
+    let check = format!(
+        "--registration-socket-check-period={}ms",
+        PERIOD.as_millis()
+    );
+    let mut n = node().await;
+    let socket = reg_socket(&n.registry);
+    let mut with_check = args(&n.csi, &n.registry);
+    with_check.push(check);
+
+    let mut old = Proc::spawn(&with_check);
+    assert_eq!(n.next_call().await, registered());
+    wait_until(WAIT, "the older instance registered", || {
+        n.state_of(&socket) == Some(PluginState::Registered)
+    });
+
+    let mut new = Proc::spawn(&with_check);
+    new.wait_for_line("\"Registration Server started\"", WAIT);
+    // Watch the manager for 40 check periods.
+    let window_end = tokio::time::Instant::now() + PERIOD * 40;
+    let (mut registrations, mut deregistrations) = (0, 0);
+    while let Ok(Some(call)) = tokio::time::timeout_at(window_end, n.calls.recv()).await {
+        match call {
+            Call::Register { .. } => registrations += 1,
+            Call::Deregister { .. } => deregistrations += 1,
+        }
+    }
+    assert!(
+        registrations <= 1 && deregistrations <= 1,
+        "{registrations} registrations and {deregistrations} deregistrations: more than one hand-over\n\
+         older:\n{}\nnewer:\n{}",
+        old.log(),
+        new.log()
+    );
+    old.wait_for_line("replaced by another live instance", WAIT);
+    wait_until(WAIT, "registered through the newer instance", || {
+        n.state_of(&socket) == Some(PluginState::Registered)
+    });
+
+    // Stopping the older instance leaves the newer one's socket and registration alone.
+    old.signal(Signal::TERM);
+    assert_eq!(old.exit_code(WAIT), 0, "{}", old.log());
+    assert!(
+        is_socket(&socket),
+        "the older instance removed the newer's socket"
+    );
+    assert!(
+        old.log()
+            .contains("Registration socket left to the instance that serves it now"),
+        "{}",
+        old.log()
+    );
+    assert_eq!(get_info(&socket).await.name, DRIVER);
+    let quiet_end = tokio::time::Instant::now() + PERIOD * 10;
+    if let Ok(call) = tokio::time::timeout_at(quiet_end, n.calls.recv()).await {
+        panic!("the manager saw {call:?} after the older instance stopped");
+    }
+    assert_eq!(n.state_of(&socket), Some(PluginState::Registered));
+
+    new.signal(Signal::TERM);
+    assert_eq!(new.exit_code(WAIT), 0, "{}", new.log());
+    assert!(!socket.exists());
+    assert_eq!(n.next_call().await, deregistered());
+    n.token.cancel();
+    n.manager.stopped().await;
+}

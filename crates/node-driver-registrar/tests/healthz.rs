@@ -153,3 +153,92 @@ async fn healthz_reports_a_socket_that_answers_another_name() {
     r.token.cancel();
     r.task.await.unwrap().unwrap();
 }
+
+/// A registration socket that answers GetInfo slowly and counts the calls.
+#[derive(Clone)]
+struct SlowRegistration {
+    get_info_calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    delay: Duration,
+}
+
+#[tonic::async_trait]
+impl plugreg_proto::pluginregistration::registration_server::Registration for SlowRegistration {
+    async fn get_info(
+        &self,
+        _: tonic::Request<plugreg_proto::pluginregistration::InfoRequest>,
+    ) -> Result<tonic::Response<plugreg_proto::pluginregistration::PluginInfo>, tonic::Status> {
+        self.get_info_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        Ok(tonic::Response::new(
+            plugreg_proto::pluginregistration::PluginInfo {
+                name: DRIVER.into(),
+                ..Default::default()
+            },
+        ))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        _: tonic::Request<plugreg_proto::pluginregistration::RegistrationStatus>,
+    ) -> Result<
+        tonic::Response<plugreg_proto::pluginregistration::RegistrationStatusResponse>,
+        tonic::Status,
+    > {
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_healthz_callers_share_one_check() {
+    const CALLERS: usize = 40;
+    let r = running().await;
+    // Serve the path with a registration server that takes 300 ms per GetInfo and counts them.
+    std::fs::remove_file(&r.socket).unwrap();
+    let slow = SlowRegistration {
+        get_info_calls: Default::default(),
+        delay: Duration::from_millis(300),
+    };
+    let calls = slow.get_info_calls.clone();
+    let bound = plugreg_transport::bind(&r.socket).unwrap();
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(plugreg_transport::serve(
+        plugreg_transport::server().add_service(
+            plugreg_proto::pluginregistration::registration_server::RegistrationServer::new(slow),
+        ),
+        bound,
+        stop.clone().cancelled_owned(),
+    ));
+
+    let addr = r.http;
+    let answers = tokio::task::spawn_blocking(move || {
+        let start = std::sync::Arc::new(std::sync::Barrier::new(CALLERS));
+        let threads: Vec<_> = (0..CALLERS)
+            .map(|_| {
+                let start = start.clone();
+                std::thread::spawn(move || {
+                    start.wait();
+                    http_get(addr, "/healthz", Duration::from_secs(30))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let checks = calls.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        checks <= CALLERS / 8,
+        "{CALLERS} concurrent /healthz callers made {checks} GetInfo calls"
+    );
+    for (code, body) in &answers {
+        assert_eq!((*code, body.as_str()), (200, "ok"));
+    }
+    stop.cancel();
+    server.await.unwrap().unwrap();
+    r.token.cancel();
+    r.task.await.unwrap().unwrap();
+}

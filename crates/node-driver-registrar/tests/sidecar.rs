@@ -369,20 +369,178 @@ async fn healthz_never_hangs_when_the_socket_is_taken_over() {
     let p = Proc::spawn(&args);
     let http = p.http_address(SECS10);
     let socket = reg_socket(&reg);
-    // A listener that never accepts takes the path over; the sidecar re-creates its socket
-    // within its check period, so the check may see the hijacker, nothing, or the new socket:
-    // whichever it is, the answer comes within --timeout plus slack.
+    // A listener that never accepts takes the path over: the check sees it and answers within
+    // --timeout plus slack.
     std::fs::remove_file(&socket).unwrap();
-    let _hijacker = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let hijacker = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let t = Instant::now();
     let (code, body) = http_get(http, "/healthz", SECS10);
     let took = t.elapsed();
     assert!(matches!(code, 200 | 404 | 500), "{code} {body}");
     assert!(took < Duration::from_millis(900), "{took:?}: {code} {body}");
-    // And the sidecar takes its path back.
+    // The hijacker listens, so it counts as another live instance and is left alone (R3);
+    // once it is gone (its socket file stays, dead), the sidecar takes its path back.
+    p.wait_for_line("replaced by another live instance", SECS10);
+    assert!(is_socket(&socket));
+    drop(hijacker);
     p.wait_for_nth("\"Registration Server started\"", 2, SECS10);
     wait_until(SECS10, "a healthy check", || {
         http_get(http, "/healthz", SECS10).0 == 200
     });
+    drv.stop().await.unwrap();
+}
+
+/// CPU time the process `pid` has used so far (from /proc/<pid>/schedstat).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap();
+    Duration::from_nanos(stat.split_whitespace().next().unwrap().parse().unwrap())
+}
+
+/// The file descriptors `pid` has open.
+fn open_fds(pid: u32) -> std::collections::BTreeSet<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// The lowest file descriptor number `pid` does not use, once its descriptor table has been
+/// the same for 100 ms (connections of the last request close a moment after the answer):
+/// with RLIMIT_NOFILE set to it, the process cannot open another descriptor.
+fn lowest_free_fd(pid: u32) -> u64 {
+    let mut used = open_fds(pid);
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = open_fds(pid);
+        if now == used {
+            break;
+        }
+        used = now;
+    }
+    (0..).find(|n| !used.contains(n)).unwrap()
+}
+
+/// The soft and hard RLIMIT_NOFILE of `pid`, from /proc/<pid>/limits.
+fn nofile_limits(pid: u32) -> rustix::process::Rlimit {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let mut values = line["Max open files".len()..]
+        .split_whitespace()
+        .map(|v| v.parse::<u64>().ok());
+    rustix::process::Rlimit {
+        current: values.next().unwrap(),
+        maximum: values.next().unwrap(),
+    }
+}
+
+/// Out of file descriptors (a real EMFILE: the child's RLIMIT_NOFILE is lowered with
+/// prlimit), the HTTP server backs off instead of retrying accept() in a busy loop, and
+/// serves the waiting client once descriptors are available again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_server_does_not_spin_when_out_of_file_descriptors() {
+    use rustix::process::{Pid, Resource, Rlimit, prlimit};
+    use std::io::{Read, Write};
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let mut args = args(&csi, &reg);
+    args.push("--http-endpoint=127.0.0.1:0".into());
+    let p = Proc::spawn(&args);
+    let http = p.http_address(SECS10);
+    wait_until(SECS10, "a healthy check", || {
+        http_get(http, "/healthz", SECS10).0 == 200
+    });
+
+    let pid = Pid::from_raw(p.pid() as i32).unwrap();
+    let old = nofile_limits(p.pid());
+    // The kernel completes the handshake (backlog); accept() in the sidecar fails with EMFILE.
+    // A descriptor the sidecar was just closing (the last probe's connection) can leave a hole
+    // below the limit that one accept still fits in: then look again and lower the limit anew.
+    let mut attempts = 0;
+    let mut client = loop {
+        attempts += 1;
+        assert!(attempts <= 10, "could not exhaust the descriptors");
+        let lowered = Rlimit {
+            current: Some(lowest_free_fd(p.pid())),
+            maximum: old.maximum,
+        };
+        prlimit(Some(pid), Resource::Nofile, lowered).unwrap();
+        let mut client = std::net::TcpStream::connect(http).unwrap();
+        client
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        match client.read(&mut [0u8; 1]) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break client;
+            }
+            _ => continue, // it was served: there was a hole
+        }
+    };
+    p.wait_for_line("HTTP accept failed; retrying", SECS10);
+    let window = Duration::from_secs(2);
+    let (cpu0, t0) = (cpu_time(p.pid()), Instant::now());
+    std::thread::sleep(window);
+    let used = cpu_time(p.pid()) - cpu0;
+    let share = used.as_secs_f64() / t0.elapsed().as_secs_f64();
+    eprintln!("CPU while out of descriptors: {used:?} in {window:?}");
+    assert!(
+        share < 0.03,
+        "the sidecar used {used:?} of CPU in {window:?} while out of descriptors: it spins"
+    );
+
+    prlimit(Some(pid), Resource::Nofile, old).unwrap();
+    client.set_read_timeout(Some(SECS10)).unwrap();
+    let mut response = String::new();
+    client.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 "), "{response}");
+    drv.stop().await.unwrap();
+}
+
+/// The HTTP endpoint serves at most `http::MAX_CONNECTIONS` connections at once: a client
+/// beyond them waits (in the listen backlog) until one ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_connections_beyond_the_cap_wait_until_one_ends() {
+    use std::io::{Read, Write};
+    let (tmp, csi, reg) = dirs();
+    let drv = driver(tmp.path(), DriverConfig::default()).await;
+    let mut args = args(&csi, &reg);
+    args.push("--http-endpoint=127.0.0.1:0".into());
+    let p = Proc::spawn(&args);
+    let http = p.http_address(SECS10);
+    // Clients that send nothing hold their slots (until the head timeout). The accept queue
+    // is first in, first out, so they take the slots before the client after them.
+    let mut idle: Vec<_> = (0..plugreg_node_driver_registrar::http::MAX_CONNECTIONS)
+        .map(|_| std::net::TcpStream::connect(http).unwrap())
+        .collect();
+    let mut waiting = std::net::TcpStream::connect(http).unwrap();
+    waiting
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut first = [0u8; 1];
+    let early = waiting.read(&mut first);
+    assert!(
+        early.is_err(),
+        "a connection beyond the cap was served: {early:?}"
+    );
+    // A slot frees up: the waiting client is served.
+    drop(idle.pop());
+    waiting.set_read_timeout(Some(SECS10)).unwrap();
+    let mut response = String::new();
+    waiting.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 "), "{response}");
+    drop(idle);
     drv.stop().await.unwrap();
 }

@@ -74,8 +74,9 @@ impl Status {
 /// How [`Registrar::serve`] behaves.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// How often to check that the registration socket is still in place; when it is gone or
-    /// replaced it is created again. `None` turns the check off.
+    /// How often to check that the registration socket is still in place. When the path is empty
+    /// or holds a dead socket, the socket is created again; when another live instance took it
+    /// over, it is left to that instance (R3). `None` turns the check off.
     pub recreate_check: Option<Duration>,
 }
 
@@ -162,9 +163,15 @@ impl Registrar {
 }
 
 /// Serves the router made by `make_router` on `socket` until `token` is cancelled, then removes
-/// the socket. A stale socket at the path is replaced; a file that is not a socket is an error
-/// and stays untouched. If the socket disappears (or is replaced) while serving, it is created
-/// again and a fresh router is served on it.
+/// the socket if it is still the one this call created. A socket already at the path when the
+/// call starts (a stale one, or an older instance's) is replaced: the newest instance takes the
+/// path. A file that is not a socket is an error and stays untouched.
+///
+/// While serving, the socket is checked every [`ServeOptions::recreate_check`] (R3). If the path
+/// is empty, or holds a socket nobody listens on, it is created again and a fresh router is served
+/// on it. If another live socket took the path over (a newer instance of the same plugin during a
+/// rolling update), this call leaves it alone and stops serving, and keeps watching: it takes the
+/// path back only once that socket is gone or dead. It never removes a socket it did not create.
 pub async fn serve_router(
     socket: &Path,
     mut make_router: impl FnMut() -> Router,
@@ -206,20 +213,110 @@ pub async fn serve_router(
         if token.is_cancelled() {
             return Ok(());
         }
-        tracing::warn!(socketPath = %socket.display(), "registration socket disappeared; re-creating it");
-        bound = loop {
-            match plugreg_transport::bind(socket) {
-                Ok(b) => break b,
-                Err(e) => {
-                    tracing::warn!(socketPath = %socket.display(), error = %e, "cannot re-create the registration socket yet");
-                    let retry = options.recreate_check.unwrap_or(Duration::from_secs(1));
-                    tokio::select! {
-                        _ = token.cancelled() => return Ok(()),
-                        _ = tokio::time::sleep(retry) => {}
-                    }
+        let period = options.recreate_check.unwrap_or(Duration::from_secs(1));
+        match take_back(socket, period, &token).await {
+            Some(b) => bound = b,
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Who holds a socket path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Occupant {
+    /// Nothing is there.
+    Nobody,
+    /// A socket that accepts connections: some other instance serves it.
+    Live,
+    /// A socket whose connections are refused; its device and inode.
+    Refusing(u64, u64),
+    /// Not a socket: binding refuses it (and says so) until it is gone.
+    NotASocket,
+    /// A socket we cannot probe (no permission, say): left alone.
+    Unknown,
+}
+
+/// Looks at the path and, if a socket is there, dials it once.
+async fn occupant(path: &Path) -> Occupant {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => m,
+        Ok(_) => return Occupant::NotASocket,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Occupant::Nobody,
+        Err(_) => return Occupant::Unknown,
+    };
+    let dial = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::UnixStream::connect(path)).await;
+    match dial {
+        Ok(Ok(_)) => Occupant::Live,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Occupant::Refusing(meta.dev(), meta.ino())
+        }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Occupant::Nobody,
+        // A full backlog (EAGAIN) or a slow accept means someone listens.
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => Occupant::Live,
+        Err(_) => Occupant::Live,
+        Ok(Err(_)) => Occupant::Unknown,
+    }
+}
+
+/// How long a liveness dial of a socket at our path may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// After our socket left the path: waits until the path is empty, or holds a socket that refused
+/// two checks in a row (a socket bound by a Go program refuses for a moment before it listens),
+/// and binds it again. A live socket of another instance is left alone. `None` once `token` is
+/// cancelled.
+async fn take_back(
+    socket: &Path,
+    period: Duration,
+    token: &CancellationToken,
+) -> Option<plugreg_transport::BoundSocket> {
+    let mut refused: Option<(u64, u64)> = None;
+    let mut yielded = false;
+    loop {
+        let now = occupant(socket).await;
+        let bind = match now {
+            Occupant::Nobody => {
+                tracing::warn!(socketPath = %socket.display(), "registration socket disappeared; re-creating it");
+                true
+            }
+            Occupant::Refusing(dev, ino) if refused == Some((dev, ino)) => {
+                tracing::warn!(socketPath = %socket.display(), "registration socket is stale (nobody listens on it); re-creating it");
+                true
+            }
+            Occupant::Refusing(dev, ino) => {
+                refused = Some((dev, ino));
+                false
+            }
+            Occupant::Live => {
+                if !yielded {
+                    tracing::warn!(socketPath = %socket.display(), "registration socket was replaced by another live instance; leaving it to that instance");
+                    yielded = true;
                 }
+                refused = None;
+                false
+            }
+            Occupant::NotASocket => {
+                refused = None;
+                true
+            }
+            Occupant::Unknown => {
+                refused = None;
+                false
             }
         };
+        if bind {
+            match plugreg_transport::bind(socket) {
+                Ok(b) => return Some(b),
+                Err(e) => {
+                    tracing::warn!(socketPath = %socket.display(), error = %e, "cannot re-create the registration socket yet")
+                }
+            }
+        }
+        tokio::select! {
+            _ = token.cancelled() => return None,
+            _ = tokio::time::sleep(period) => {}
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use anyhow::Context;
 use plugreg_node_driver_registrar::flags::{self, FLAG_ERROR_EXIT, Parsed};
 use plugreg_node_driver_registrar::logging::{self, LogFormat};
 use plugreg_node_driver_registrar::{VERSION, run};
-use tokio::signal::unix::{SignalKind, signal};
+use plugreg_runtime::signal::Signals;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
@@ -66,16 +66,12 @@ fn serve(config: plugreg_node_driver_registrar::Config) -> anyhow::Result<i32> {
         .context("building the runtime")?;
     runtime.block_on(async {
         let token = CancellationToken::new();
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut signals = Signals::new().context("installing the SIGTERM and SIGINT handlers")?;
         let stop = token.clone();
         tokio::spawn(async move {
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-            };
+            let received = signals.shutdown().await;
             tracing::info!(
-                signal = name,
+                signal = received.name(),
                 "Received signal, removing the registration socket"
             );
             stop.cancel();
