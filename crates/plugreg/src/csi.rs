@@ -17,6 +17,8 @@ use plugreg_proto::csi::v1::plugin_capability::{self, service, volume_expansion}
 use plugreg_transport::PathKind;
 use serde::Serialize;
 
+pub use crate::ops::Output;
+
 use plugreg_csi::client::{CallError, CsiClient};
 
 /// The `plugreg csi` subcommands.
@@ -44,15 +46,6 @@ pub struct Target {
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     pub output: Output,
-}
-
-/// Output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    /// Aligned `KEY  value` lines.
-    Table,
-    /// One JSON object.
-    Json,
 }
 
 /// Why a `plugreg csi` command failed.
