@@ -27,6 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
 const HEADERS: u8 = 0x1;
+const PUSH_PROMISE: u8 = 0x5;
 const GOAWAY: u8 = 0x7;
 const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
@@ -90,6 +91,18 @@ impl Refused {
         f[13..17].copy_from_slice(&(self.reason as u32).to_be_bytes());
         f
     }
+}
+
+fn frame_too_large() -> Refused {
+    Refused::new(
+        Reason::FrameSizeError,
+        "frame larger than SETTINGS_MAX_FRAME_SIZE",
+    )
+}
+
+/// The payload length in a frame header.
+fn frame_len(h: &[u8; FRAME_HEADER]) -> usize {
+    (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2])
 }
 
 fn protocol(what: &'static str) -> Refused {
@@ -194,9 +207,23 @@ impl Rewriter {
     /// Takes `data` read from the client and appends what the server should read to `out`.
     ///
     /// On a refusal, `out` holds what came before the offending frame, and every later call
-    /// fails the same way.
+    /// fails the same way. A few bytes of header block may decode to up to
+    /// [`MAX_HEADER_LIST_SIZE`], so `out` can grow much faster than `data`: a caller that must
+    /// bound its memory uses [`Rewriter::feed_some`].
     pub fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), Refused> {
-        let result = self.feed_inner(data, out);
+        self.feed_some(data, out, usize::MAX).map(|_| ())
+    }
+
+    /// Like [`Rewriter::feed`], but stops taking bytes once `out` holds `out_limit` bytes or
+    /// more, and returns how many bytes of `data` it took. `out` then holds at most `out_limit`
+    /// plus one re-encoded header block ([`MAX_HEADER_LIST_SIZE`] and three frame headers).
+    pub fn feed_some(
+        &mut self,
+        data: &[u8],
+        out: &mut Vec<u8>,
+        out_limit: usize,
+    ) -> Result<usize, Refused> {
+        let result = self.feed_inner(data, out, out_limit);
         if let Err(e) = &result {
             self.state = State::Refused(*e);
             self.frame = Vec::new();
@@ -205,8 +232,14 @@ impl Rewriter {
         result
     }
 
-    fn feed_inner(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), Refused> {
-        while !data.is_empty() {
+    fn feed_inner(
+        &mut self,
+        mut data: &[u8],
+        out: &mut Vec<u8>,
+        out_limit: usize,
+    ) -> Result<usize, Refused> {
+        let total = data.len();
+        while !data.is_empty() && out.len() < out_limit {
             match &mut self.state {
                 State::Refused(e) => return Err(*e),
                 State::Preface(seen) => {
@@ -226,12 +259,16 @@ impl Rewriter {
                     self.head[*have..*have + n].copy_from_slice(&data[..n]);
                     *have += n;
                     data = &data[n..];
+                    // Refuse an oversized frame as soon as its length is known, as h2 does.
+                    if *have >= 3 && frame_len(&self.head) > MAX_FRAME_SIZE {
+                        return Err(frame_too_large());
+                    }
                     if *have == FRAME_HEADER {
                         self.frame_header(out)?;
                     }
                 }
                 State::Pass { left } => {
-                    let n = (*left).min(data.len());
+                    let n = (*left).min(data.len()).min(out_limit - out.len());
                     out.extend_from_slice(&data[..n]);
                     *left -= n;
                     data = &data[n..];
@@ -250,21 +287,16 @@ impl Rewriter {
                 }
             }
         }
-        Ok(())
+        Ok(total - data.len())
     }
 
     /// A complete frame header is in `self.head`.
     fn frame_header(&mut self, out: &mut Vec<u8>) -> Result<(), Refused> {
         let h = self.head;
-        let len = (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
-        if len > MAX_FRAME_SIZE {
-            return Err(Refused::new(
-                Reason::FrameSizeError,
-                "frame larger than SETTINGS_MAX_FRAME_SIZE",
-            ));
-        }
+        let len = frame_len(&h);
         let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
         match (h[3], &mut self.pending) {
+            (PUSH_PROMISE, _) => return Err(protocol("PUSH_PROMISE from a client")),
             (HEADERS, Some(_)) => return Err(protocol("HEADERS inside a header block")),
             (HEADERS, None) => {}
             (CONTINUATION, Some(p)) if p.stream == stream => {
@@ -276,7 +308,8 @@ impl Rewriter {
                     ));
                 }
             }
-            (CONTINUATION, _) => return Err(protocol("CONTINUATION without a header block")),
+            (CONTINUATION, Some(_)) => return Err(protocol("CONTINUATION on another stream")),
+            (CONTINUATION, None) => return Err(protocol("CONTINUATION without a header block")),
             (_, Some(_)) => return Err(protocol("frame interleaved inside a header block")),
             (_, None) => {
                 out.extend_from_slice(&h);
@@ -318,6 +351,11 @@ impl Rewriter {
         out: &mut Vec<u8>,
     ) -> Result<(), Refused> {
         let fragment = if kind == HEADERS {
+            // h2 refuses this as soon as the frame is complete; we would only pass it on at
+            // the end of the block.
+            if stream == 0 {
+                return Err(protocol("HEADERS on stream 0"));
+            }
             let mut p = payload;
             let mut pad = 0usize;
             if flags & PADDED != 0 {
@@ -332,6 +370,11 @@ impl Rewriter {
                     .split_first_chunk::<5>()
                     .ok_or_else(|| protocol("HEADERS shorter than its priority fields"))?;
                 p = rest;
+                // A stream depending on itself: h2 would reset it without decoding the block,
+                // and its HPACK table would then differ from ours. Refuse instead.
+                if u32::from_be_bytes([pr[0], pr[1], pr[2], pr[3]]) & 0x7fff_ffff == stream {
+                    return Err(protocol("HEADERS depending on its own stream"));
+                }
                 Some(*pr)
             } else {
                 None
@@ -504,6 +547,11 @@ impl FrameTracker {
     }
 }
 
+/// How much is read from the client at once.
+const READ_SIZE: usize = 16 * 1024;
+/// How much rewritten output is prepared ahead of the server's reads (plus one header block).
+const OUT_SIZE: usize = 16 * 1024;
+
 /// The GOAWAY being sent after a refusal.
 #[derive(Debug)]
 struct GoAway {
@@ -524,7 +572,10 @@ pub struct AuthorityFix<S> {
     rewriter: Rewriter,
     out: Vec<u8>,
     out_pos: usize,
-    scratch: Box<[u8]>,
+    /// Bytes read from the client; `input[in_pos..in_len]` is not fed to the rewriter yet.
+    input: Box<[u8]>,
+    in_pos: usize,
+    in_len: usize,
     server: FrameTracker,
     goaway: Option<GoAway>,
     read_waker: Option<Waker>,
@@ -539,7 +590,9 @@ impl<S> AuthorityFix<S> {
             rewriter: Rewriter::new(),
             out: Vec::new(),
             out_pos: 0,
-            scratch: vec![0u8; MAX_FRAME_SIZE].into_boxed_slice(),
+            input: vec![0u8; READ_SIZE].into_boxed_slice(),
+            in_pos: 0,
+            in_len: 0,
             server: FrameTracker::default(),
             goaway: None,
             read_waker: None,
@@ -617,22 +670,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for AuthorityFix<S> {
                 }
                 return Poll::Ready(Ok(()));
             }
-            let mut rb = ReadBuf::new(&mut this.scratch);
-            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut rb))?;
-            if rb.filled().is_empty() {
-                return Poll::Ready(Ok(()));
+            if this.in_pos == this.in_len {
+                let mut rb = ReadBuf::new(&mut this.input);
+                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut rb))?;
+                if rb.filled().is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+                this.in_len = rb.filled().len();
+                this.in_pos = 0;
             }
             // Only streams already handed to the server may have been processed.
             let last_stream = this.rewriter.last_stream();
-            if let Err(refused) = this.rewriter.feed(rb.filled(), &mut this.out) {
-                tracing::warn!(error = %refused, "refusing an HTTP/2 client");
-                this.out.clear();
-                this.out_pos = 0;
-                this.goaway = Some(GoAway {
-                    frame: refused.goaway(last_stream),
-                    refused,
-                    sent: 0,
-                });
+            let input = &this.input[this.in_pos..this.in_len];
+            match this.rewriter.feed_some(input, &mut this.out, OUT_SIZE) {
+                Ok(n) => this.in_pos += n,
+                Err(refused) => {
+                    tracing::warn!(error = %refused, "refusing an HTTP/2 client");
+                    this.out.clear();
+                    this.out_pos = 0;
+                    this.goaway = Some(GoAway {
+                        frame: refused.goaway(last_stream),
+                        refused,
+                        sent: 0,
+                    });
+                }
             }
         }
     }
