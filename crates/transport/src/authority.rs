@@ -194,6 +194,12 @@ impl Rewriter {
         self.last_stream
     }
 
+    /// Whether a header block has begun and not ended (its frames are held back until it
+    /// ends; h2 would decode them as they come).
+    pub fn in_header_block(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// Client bytes held back, waiting for the rest of their frame or header block (bounded by
     /// [`MAX_FRAME_SIZE`] + [`MAX_HEADER_BLOCK`] + a frame header).
     pub fn buffered(&self) -> usize {
@@ -552,12 +558,17 @@ const READ_SIZE: usize = 16 * 1024;
 /// How much rewritten output is prepared ahead of the server's reads (plus one header block).
 const OUT_SIZE: usize = 16 * 1024;
 
+/// How long a refused client has to take its GOAWAY before the connection is simply closed.
+const GOAWAY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The GOAWAY being sent after a refusal.
 #[derive(Debug)]
 struct GoAway {
     refused: Refused,
     frame: [u8; FRAME_HEADER + 8],
     sent: usize,
+    /// When to give up on sending it and just close.
+    deadline: Pin<Box<tokio::time::Sleep>>,
 }
 
 /// A server-side connection whose client-to-server bytes go through a [`Rewriter`].
@@ -646,8 +657,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for AuthorityFix<S> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
-            if let Some(g) = &this.goaway {
+            if let Some(g) = &mut this.goaway {
                 let refused = g.refused;
+                let io_err = || io::Error::new(io::ErrorKind::InvalidData, refused);
+                // A client that stops reading must not hold its connection slot for ever.
+                if g.deadline.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io_err()));
+                }
                 if !this.goaway_sent() {
                     if !this.server.at_boundary() {
                         // The server is mid-frame; its next write wakes us at the boundary.
@@ -658,7 +674,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for AuthorityFix<S> {
                 }
                 // Best effort: the client has its GOAWAY; the server learns from the error.
                 let _ = ready!(Pin::new(&mut this.inner).poll_shutdown(cx));
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, refused)));
+                return Poll::Ready(Err(io_err()));
             }
             if this.out_pos < this.out.len() {
                 let n = (this.out.len() - this.out_pos).min(buf.remaining());
@@ -692,6 +708,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for AuthorityFix<S> {
                         frame: refused.goaway(last_stream),
                         refused,
                         sent: 0,
+                        deadline: Box::pin(tokio::time::sleep(GOAWAY_TIMEOUT)),
                     });
                 }
             }

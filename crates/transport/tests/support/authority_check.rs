@@ -227,6 +227,12 @@ pub fn check(data: &[u8]) -> bool {
     match refused {
         None => {
             // h2 reads the same from both, up to a connection error it then finds in both.
+            let mut expected = expected;
+            if rw.in_header_block() && got.len() < expected.len() {
+                // h2 decodes a header block frame by frame and may fail on the first frames of
+                // one the input leaves unfinished; the rewriter holds such frames back.
+                expected.pop_if(|e| matches!(e, Event::ConnError(_)));
+            }
             let n = expected.len().min(got.len());
             assert_eq!(got[..n], expected[..n], "what h2 read from the output");
             assert_eq!(
