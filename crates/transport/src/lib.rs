@@ -325,7 +325,7 @@ pub fn bind(path: &Path) -> Result<BoundSocket> {
 
 /// Most connections one server handles at once unless told otherwise (D7): more clients wait in
 /// the socket's listen backlog until a connection closes. Each connection costs up to about
-/// 70 KiB of buffers in [`authority::AuthorityFix`] plus what h2 holds.
+/// 100 KiB of buffers in [`authority::AuthorityFix`] at worst, plus what h2 holds.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 /// Serves `router` on `socket` until `shutdown` completes, then removes the socket (if it is
