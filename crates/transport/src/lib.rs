@@ -12,14 +12,17 @@ use std::future::Future;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 pub mod authority;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// Largest gRPC message sent or accepted, both ways (4 MiB, gRPC's default receive limit).
@@ -320,18 +323,36 @@ pub fn bind(path: &Path) -> Result<BoundSocket> {
     })
 }
 
+/// Most connections one server handles at once unless told otherwise (D7): more clients wait in
+/// the socket's listen backlog until a connection closes. Each connection costs up to about
+/// 100 KiB of buffers in [`authority::AuthorityFix`] at worst, plus what h2 holds.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
 /// Serves `router` on `socket` until `shutdown` completes, then removes the socket (if it is
-/// still ours).
+/// still ours). Handles at most [`DEFAULT_MAX_CONNECTIONS`] connections at once.
 pub async fn serve(
     router: tonic::transport::server::Router,
     socket: BoundSocket,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
+    serve_with_limit(router, socket, DEFAULT_MAX_CONNECTIONS, shutdown).await
+}
+
+/// [`serve`] with at most `max_connections` (at least 1) connections at once: the next one is
+/// accepted only when one of them has closed.
+pub async fn serve_with_limit(
+    router: tonic::transport::server::Router,
+    socket: BoundSocket,
+    max_connections: usize,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
     let (listener, guard) = socket.into_parts();
-    // Older gRPC clients send the socket path as :authority; see `authority`.
-    let incoming = tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |conn| {
-        conn.map(authority::AuthorityFix::new)
-    });
+    let incoming = Incoming {
+        listener,
+        slots: Arc::new(Semaphore::new(max_connections.max(1))),
+        acquiring: None,
+        slot: None,
+    };
     let result = router
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
@@ -340,9 +361,47 @@ pub async fn serve(
     result.map_err(|source| Error::Serve { path, source })
 }
 
-/// A tonic server builder with plugreg's defaults.
+type Acquire = Pin<Box<dyn Future<Output = Option<OwnedSemaphorePermit>> + Send>>;
+
+/// Accepted connections, each holding a slot of the listener's connection cap, each wrapped in
+/// [`authority::AuthorityFix`] (older gRPC clients send the socket path as :authority).
+struct Incoming {
+    listener: UnixListener,
+    slots: Arc<Semaphore>,
+    acquiring: Option<Acquire>,
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+impl tokio_stream::Stream for Incoming {
+    type Item = io::Result<authority::AuthorityFix<UnixStream>>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.slot.is_none() {
+            // Not accepting until a slot is free leaves further clients in the kernel's
+            // backlog instead of growing without bound.
+            let slots = this.slots.clone();
+            let acquiring = this
+                .acquiring
+                .get_or_insert_with(|| Box::pin(async move { slots.acquire_owned().await.ok() }));
+            let slot = ready!(acquiring.as_mut().poll(cx));
+            this.acquiring = None;
+            match slot {
+                Some(s) => this.slot = Some(s),
+                None => return Poll::Ready(None),
+            }
+        }
+        let (stream, _) = ready!(this.listener.poll_accept(cx))?;
+        let slot = this.slot.take().expect("acquired above");
+        Poll::Ready(Some(Ok(authority::AuthorityFix::with_permit(stream, slot))))
+    }
+}
+
+/// A tonic server builder with plugreg's defaults: the header-list bound h2 advertises agrees
+/// with the one [`authority`] enforces.
 pub fn server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
+        .http2_max_header_list_size(authority::MAX_HEADER_LIST_SIZE as u32)
 }
 
 /// Dials the gRPC server on the Unix socket at `address` (absolute path or `unix://PATH`),

@@ -6,7 +6,8 @@ use std::time::Duration;
 use plugreg_proto::example::v1beta1::example_client::ExampleClient;
 use plugreg_proto::example::v1beta1::example_server::{Example, ExampleServer};
 use plugreg_proto::example::v1beta1::{ExampleRequest, ExampleResponse};
-use plugreg_transport::{Error, bind, connect, connect_path, serve, server};
+use plugreg_transport::{Error, bind, connect, connect_path, serve, serve_with_limit, server};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -165,4 +166,140 @@ async fn socket_path_too_long_is_refused_before_binding() {
     let path = dir.path().join("s".repeat(120));
     let err = bind(&path).unwrap_err();
     assert!(matches!(err, Error::PathTooLong { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_until_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cap.sock");
+    let socket = bind(&path).unwrap();
+    let token = CancellationToken::new();
+    let t = token.clone();
+    let router = server().add_service(ExampleServer::new(Echo));
+    let task = tokio::spawn(serve_with_limit(router, socket, 2, t.cancelled_owned()));
+    let call = |ch: tonic::transport::Channel| async move {
+        ExampleClient::new(ch)
+            .get_example_info(ExampleRequest {
+                request: "x".into(),
+                ..Default::default()
+            })
+            .await
+    };
+
+    // Two connections fill the cap; both are served.
+    let first = connect_path(&path, Duration::from_secs(5)).await.unwrap();
+    call(first.clone()).await.unwrap();
+    let second = connect_path(&path, Duration::from_secs(5)).await.unwrap();
+    call(second.clone()).await.unwrap();
+
+    // A third one connects (the kernel queues it in the backlog) but is not served while both
+    // stay open. Proving that something does not happen takes a bounded wait.
+    let third = connect_path(&path, Duration::from_secs(5)).await.unwrap();
+    let mut waiting = tokio::spawn(call(third));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut waiting)
+            .await
+            .is_err(),
+        "a connection over the cap was served"
+    );
+
+    // Closing one frees its slot: the waiting connection is accepted and served.
+    drop(first);
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("served once a slot is free")
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.into_inner().error, "x");
+    call(second).await.unwrap();
+
+    token.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// HPACK "literal without indexing, new name", no Huffman.
+fn literal(name: &[u8], value: &[u8], out: &mut Vec<u8>) {
+    out.push(0);
+    for s in [name, value] {
+        assert!(s.len() < 127, "one-byte length");
+        out.push(s.len() as u8);
+        out.extend_from_slice(s);
+    }
+}
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8], out: &mut Vec<u8>) {
+    let len = payload.len();
+    out.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// What grpc-go before ~2022 (kubelets before ~1.26) sends: the socket path as `:authority`.
+/// Written by hand because no Rust client can put a path in a URI authority.
+#[tokio::test]
+async fn a_socket_path_authority_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old-client.sock");
+    let (token, task) = start(&path);
+
+    let mut block = Vec::new();
+    literal(b":method", b"POST", &mut block);
+    literal(b":scheme", b"http", &mut block);
+    literal(b":path", b"/v1beta1.Example/GetExampleInfo", &mut block);
+    literal(b":authority", path.to_str().unwrap().as_bytes(), &mut block);
+    literal(b"content-type", b"application/grpc", &mut block);
+    literal(b"te", b"trailers", &mut block);
+    // ExampleRequest { request: "hi" } in a gRPC message frame.
+    let message = [0, 0, 0, 0, 4, 0x0a, 2, b'h', b'i'];
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    frame(0x4, 0, 0, &[], &mut bytes);
+    frame(0x1, 0x4, 1, &block, &mut bytes);
+    frame(0x0, 0x1, 1, &message, &mut bytes);
+
+    let mut conn = tokio::net::UnixStream::connect(&path).await.unwrap();
+    conn.write_all(&bytes).await.unwrap();
+    // Read the server's frames until the trailers (HEADERS with END_STREAM) of stream 1.
+    let mut decoder = loona_hpack::Decoder::new();
+    let mut headers = Vec::new();
+    let mut data = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let mut head = [0u8; 9];
+            conn.read_exact(&mut head)
+                .await
+                .expect("the server hung up early");
+            let len =
+                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            conn.read_exact(&mut payload).await.unwrap();
+            assert_ne!(head[3], 0x3, "RST_STREAM: the request was refused");
+            assert_ne!(head[3], 0x7, "GOAWAY: the connection was refused");
+            match head[3] {
+                0x0 => data.extend_from_slice(&payload),
+                0x1 => {
+                    headers.extend(decoder.decode(&payload).unwrap());
+                    if head[4] & 0x1 != 0 {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("a complete response");
+    let header = |n: &[u8]| {
+        headers
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.as_slice())
+    };
+    assert_eq!(header(b":status"), Some(&b"200"[..]));
+    assert_eq!(header(b"grpc-status"), Some(&b"0"[..]), "{headers:?}");
+    assert!(data.ends_with(b"hi"), "the echo: {data:?}");
+
+    // A graceful shutdown waits for open connections.
+    drop(conn);
+    token.cancel();
+    task.await.unwrap();
 }
