@@ -1,12 +1,14 @@
 //! What every plugreg program shares at run time, written once:
 //!
 //! * [`backoff`]: the one back-off policy (exponential, capped, optional jitter);
+//! * [`accept`]: what a listener does when `accept()` fails for want of file descriptors;
 //! * [`signal`]: SIGTERM / SIGINT (and SIGHUP for daemons) as one awaitable stream;
 //! * [`report`]: an error and its causes as one line, gRPC statuses worded as grpc-go words them.
 //!
 //! It depends on tokio and tonic only, so the registrar side can use it without pulling in
 //! inotify or kube.
 
+pub mod accept;
 pub mod backoff;
 pub mod report;
 pub mod signal;

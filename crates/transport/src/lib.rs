@@ -352,6 +352,8 @@ pub async fn serve_with_limit(
         slots: Arc::new(Semaphore::new(max_connections.max(1))),
         acquiring: None,
         slot: None,
+        shortages: 0,
+        pause: None,
     };
     let result = router
         .serve_with_incoming_shutdown(incoming, shutdown)
@@ -370,6 +372,10 @@ struct Incoming {
     slots: Arc<Semaphore>,
     acquiring: Option<Acquire>,
     slot: Option<OwnedSemaphorePermit>,
+    /// Accepts that failed in a row for want of resources, and the pause before the next one:
+    /// tonic retries a failed accept at once, which spins on EMFILE.
+    shortages: u32,
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl tokio_stream::Stream for Incoming {
@@ -391,9 +397,30 @@ impl tokio_stream::Stream for Incoming {
                 None => return Poll::Ready(None),
             }
         }
-        let (stream, _) = ready!(this.listener.poll_accept(cx))?;
-        let slot = this.slot.take().expect("acquired above");
-        Poll::Ready(Some(Ok(authority::AuthorityFix::with_permit(stream, slot))))
+        loop {
+            if let Some(pause) = this.pause.as_mut() {
+                ready!(pause.as_mut().poll(cx));
+                this.pause = None;
+            }
+            match ready!(this.listener.poll_accept(cx)) {
+                Ok((stream, _)) => {
+                    this.shortages = 0;
+                    let slot = this.slot.take().expect("acquired above");
+                    return Poll::Ready(Some(Ok(authority::AuthorityFix::with_permit(
+                        stream, slot,
+                    ))));
+                }
+                Err(e) if plugreg_runtime::accept::is_shortage(&e) => {
+                    this.shortages = this.shortages.saturating_add(1);
+                    let wait = plugreg_runtime::accept::BACKOFF.delay(this.shortages);
+                    if this.shortages == 1 {
+                        tracing::warn!(error = %e, "cannot accept a connection; pausing accepts");
+                    }
+                    this.pause = Some(Box::pin(tokio::time::sleep(wait)));
+                }
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+        }
     }
 }
 
