@@ -305,6 +305,8 @@ pub struct DriverConfig {
     pub get_plugin_info: Fault,
     /// How NodeGetInfo misbehaves.
     pub node_get_info: Fault,
+    /// How Probe misbehaves (an error or a hang; `ready: false` is [`ready`](Self::ready)).
+    pub probe: Fault,
     /// Where calls are counted; clone it before handing the config over to watch the driver.
     pub calls: Calls,
 }
@@ -323,6 +325,7 @@ impl Default for DriverConfig {
             node_capabilities: Vec::new(),
             get_plugin_info: Fault::default(),
             node_get_info: Fault::default(),
+            probe: Fault::default(),
             calls: Calls::default(),
         }
     }
@@ -528,7 +531,7 @@ impl Identity for Driver {
         &self,
         _: Request<ProbeRequest>,
     ) -> Result<Response<ProbeResponse>, tonic::Status> {
-        self.enter(Method::Probe, None).await?;
+        self.enter(Method::Probe, Some(&self.config.probe)).await?;
         Ok(Response::new(ProbeResponse {
             ready: Some(self.config.ready),
         }))

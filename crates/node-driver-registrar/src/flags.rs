@@ -8,15 +8,18 @@
 //! reach the CSI driver and learn its name, and `--registration-socket-check-period` how often
 //! the registration socket is checked (R3).
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
+use plugreg_sidecar_kit::goflag::logging as log_flags;
+use plugreg_sidecar_kit::goflag::{self, Kind, Outcome, Spec, Value, flag};
+use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration, parse_duration_nanos, parse_int};
+
 use crate::Config;
-use crate::gosyntax::{
-    SyntaxError, check_vmodule, parse_bool, parse_duration, parse_duration_nanos, parse_int,
-    parse_quantity_nonzero, parse_u32_decimal, parse_uint,
-};
-use crate::logging::{LogFormat, LogOptions};
+#[cfg(test)]
+use crate::logging::LogFormat;
+use crate::logging::LogOptions;
+
+pub use plugreg_sidecar_kit::goflag::{FLAG_ERROR_EXIT, FlagError};
 
 /// The whole command line.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -40,61 +43,13 @@ pub enum Parsed {
     Help,
 }
 
-/// A command-line error: print it, then [`usage`], to stderr and exit 2.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct FlagError(pub String);
-
-/// The exit code of a command-line error.
-pub const FLAG_ERROR_EXIT: i32 = 2;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Bool,
-    String,
-    Duration,
-    Int,
-    Uint,
-    /// Free-form value shown as `value` in the usage.
-    Value,
-}
-
-struct Spec {
-    name: &'static str,
-    kind: Kind,
-    /// Type name in the usage (`string`, `duration`, ...); empty for booleans.
-    type_name: &'static str,
-    default: &'static str,
-    usage: &'static str,
-    legacy: bool,
-}
-
-const fn flag(
-    name: &'static str,
-    kind: Kind,
-    type_name: &'static str,
-    default: &'static str,
-    usage: &'static str,
-) -> Spec {
-    Spec {
-        name,
-        kind,
-        type_name,
-        default,
-        usage,
-        legacy: false,
-    }
-}
-
 const fn legacy(name: &'static str, kind: Kind, type_name: &'static str) -> Spec {
-    Spec {
+    goflag::legacy(
         name,
         kind,
         type_name,
-        default: "",
-        usage: "Legacy klog flag (removed from node-driver-registrar in v2.11): accepted and ignored.",
-        legacy: true,
-    }
+        "Legacy klog flag (removed from node-driver-registrar in v2.11): accepted and ignored.",
+    )
 }
 
 /// Every flag, sorted by name as Go prints them.
@@ -161,48 +116,12 @@ const SPECS: &[Spec] = &[
     legacy("log-dir", Kind::String, "string"),
     legacy("log-file", Kind::String, "string"),
     legacy("log-file-max-size", Kind::Uint, "uint"),
-    flag(
-        "log-flush-frequency",
-        Kind::Duration,
-        "duration",
-        "5s",
-        "Maximum number of seconds between log flushes.",
-    ),
-    flag(
-        "log-json-info-buffer-size",
-        Kind::Value,
-        "quantity",
-        "",
-        "[Alpha] In JSON format with split output streams, the info messages can be buffered. Requires the LoggingAlphaOptions feature gate, which cannot be enabled here.",
-    ),
-    flag(
-        "log-json-split-stream",
-        Kind::Bool,
-        "",
-        "",
-        "[Alpha] In JSON format, write error messages to stderr and info messages to stdout. Requires the LoggingAlphaOptions feature gate, which cannot be enabled here.",
-    ),
-    flag(
-        "log-text-info-buffer-size",
-        Kind::Value,
-        "quantity",
-        "",
-        "[Alpha] In text format with split output streams, the info messages can be buffered. Requires the LoggingAlphaOptions feature gate, which cannot be enabled here.",
-    ),
-    flag(
-        "log-text-split-stream",
-        Kind::Bool,
-        "",
-        "",
-        "[Alpha] In text format, write error messages to stderr and info messages to stdout. Requires the LoggingAlphaOptions feature gate, which cannot be enabled here.",
-    ),
-    flag(
-        "logging-format",
-        Kind::String,
-        "string",
-        "text",
-        "Sets the log format. Permitted formats: \"json\", \"text\".",
-    ),
+    log_flags::LOG_FLUSH_FREQUENCY,
+    log_flags::LOG_JSON_INFO_BUFFER_SIZE,
+    log_flags::LOG_JSON_SPLIT_STREAM,
+    log_flags::LOG_TEXT_INFO_BUFFER_SIZE,
+    log_flags::LOG_TEXT_SPLIT_STREAM,
+    log_flags::LOGGING_FORMAT,
     legacy("logtostderr", Kind::Bool, ""),
     flag(
         "mode",
@@ -236,21 +155,9 @@ const SPECS: &[Spec] = &[
         "1s",
         "Timeout of each GetPluginInfo call at start-up and of the whole /healthz check.",
     ),
-    flag(
-        "v",
-        Kind::Value,
-        "value",
-        "0",
-        "number for the log level verbosity",
-    ),
+    log_flags::V,
     flag("version", Kind::Bool, "", "", "Show version."),
-    flag(
-        "vmodule",
-        Kind::Value,
-        "value",
-        "",
-        "comma-separated list of pattern=N settings for file-filtered logging (only works for text log format); accepted and ignored here.",
-    ),
+    log_flags::VMODULE,
 ];
 
 /// The name of every flag (without dashes), sorted, legacy klog flags included.
@@ -260,99 +167,31 @@ pub fn names() -> impl Iterator<Item = &'static str> {
 
 /// Whether `name` is a boolean flag (one that takes a value only as `-name=value`).
 pub fn is_bool(name: &str) -> bool {
-    lookup(name).is_some_and(|s| s.kind == Kind::Bool)
-}
-
-fn lookup(name: &str) -> Option<&'static Spec> {
-    SPECS.iter().find(|s| s.name == name)
+    goflag::lookup(SPECS, name).is_some_and(|s| s.kind == Kind::Bool)
 }
 
 /// The usage text Go's `flag` package would print for these flags, for the program `argv0`.
 pub fn usage(argv0: &str) -> String {
-    let mut out = format!("Usage of {argv0}:\n");
-    for spec in SPECS {
-        let mut line = format!("  -{}", spec.name);
-        if !spec.type_name.is_empty() {
-            let _ = write!(line, " {}", spec.type_name);
-        }
-        // Go puts a one-letter boolean's usage on the same line.
-        if line.len() <= 4 {
-            line.push('\t');
-        } else {
-            line.push_str("\n    \t");
-        }
-        line.push_str(spec.usage);
-        let is_zero = matches!(spec.default, "" | "0" | "0s" | "false");
-        if !is_zero {
-            if spec.kind == Kind::String {
-                let _ = write!(line, " (default {:?})", spec.default);
-            } else {
-                let _ = write!(line, " (default {})", spec.default);
-            }
-        }
-        out.push_str(&line);
-        out.push('\n');
-    }
-    out
+    goflag::usage(argv0, SPECS)
 }
 
 /// Parses the arguments after the program name.
 pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
     let mut flags = Flags::default();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = args[i].as_ref();
-        if arg.len() < 2 || !arg.starts_with('-') {
-            break;
-        }
-        let minuses = if arg.as_bytes()[1] == b'-' {
-            if arg.len() == 2 {
-                break; // "--" ends the flags
-            }
-            2
-        } else {
-            1
-        };
-        let body = &arg[minuses..];
-        if body.is_empty() || body.starts_with('-') || body.starts_with('=') {
-            return Err(FlagError(format!("bad flag syntax: {arg}")));
-        }
-        i += 1;
-        let (name, inline) = match body.split_once('=') {
-            Some((n, v)) => (n, Some(v)),
-            None => (body, None),
-        };
-        let Some(spec) = lookup(name) else {
-            if name == "help" || name == "h" {
-                return Ok(Parsed::Help);
-            }
-            return Err(FlagError(format!("flag provided but not defined: -{name}")));
-        };
-        if spec.kind == Kind::Bool {
-            let value = inline.unwrap_or("true");
-            let b = parse_bool(value).map_err(|e| {
-                FlagError(format!("invalid boolean value {value:?} for -{name}: {e}"))
-            })?;
-            set_bool(&mut flags, spec, b);
-        } else {
-            let value = match inline {
-                Some(v) => v,
-                None => match args.get(i) {
-                    Some(v) => {
-                        i += 1;
-                        v.as_ref()
-                    }
-                    None => return Err(FlagError(format!("flag needs an argument: -{name}"))),
-                },
-            };
-            set_value(&mut flags, spec, value)
-                .map_err(|e| FlagError(format!("invalid value {value:?} for flag -{name}: {e}")))?;
+    let outcome = goflag::parse(SPECS, args, |spec, value| {
+        match value {
+            Value::Bool(b) => set_bool(&mut flags, spec, b),
+            Value::Text(text) => set_value(&mut flags, spec, text)?,
         }
         if spec.legacy {
             flags.legacy.push(spec.name.to_owned());
         }
-    }
-    Ok(Parsed::Run(Box::new(flags)))
+        Ok(())
+    })?;
+    Ok(match outcome {
+        Outcome::Run => Parsed::Run(Box::new(flags)),
+        Outcome::Help => Parsed::Help,
+    })
 }
 
 fn set_bool(flags: &mut Flags, spec: &Spec, b: bool) {
@@ -360,15 +199,18 @@ fn set_bool(flags: &mut Flags, spec: &Spec, b: bool) {
         "automaxprocs" => flags.config.automaxprocs = b,
         "enable-pprof" => flags.config.enable_pprof = b,
         "version" => flags.version = b,
-        "log-text-split-stream" => flags.logging.text_split_stream = b,
-        "log-json-split-stream" => flags.logging.json_split_stream = b,
-        _ => {} // legacy klog booleans
+        name => {
+            // Logging booleans; the rest are legacy klog booleans (ignored).
+            flags.logging.set_bool(name, b);
+        }
     }
 }
 
 fn set_value(flags: &mut Flags, spec: &Spec, value: &str) -> Result<(), SyntaxError> {
+    if let Some(result) = flags.logging.set_value(spec.name, value) {
+        return result;
+    }
     let c = &mut flags.config;
-    let l = &mut flags.logging;
     match spec.name {
         "csi-address" => c.csi_address = value.to_owned(),
         "kubelet-registration-path" => c.kubelet_registration_path = value.to_owned(),
@@ -384,80 +226,10 @@ fn set_value(flags: &mut Flags, spec: &Spec, value: &str) -> Result<(), SyntaxEr
             c.connection_timeout = Duration::from_nanos(nanos.unsigned_abs());
         }
         "health-port" => c.health_port = parse_int(value)?,
-        "v" => l.verbosity = parse_u32_decimal(value)?,
-        "vmodule" => {
-            check_vmodule(value)?;
-            l.vmodule = value.to_owned();
-        }
-        "logging-format" => l.format = value.to_owned(),
-        "log-flush-frequency" => {
-            l.flush_frequency_nanos = parse_duration_nanos(value)?;
-        }
-        "log-text-info-buffer-size" => {
-            l.text_info_buffer_size_set = parse_quantity_nonzero(value)?;
-        }
-        "log-json-info-buffer-size" => {
-            l.json_info_buffer_size_set = parse_quantity_nonzero(value)?;
-        }
-        "log-file-max-size" => {
-            parse_uint(value)?;
-        }
-        _ => match spec.kind {
-            // Legacy flags: check the syntax Go checked, ignore the value.
-            Kind::Duration => {
-                parse_duration_nanos(value)?;
-            }
-            Kind::Int => {
-                parse_int(value)?;
-            }
-            Kind::Uint => {
-                parse_uint(value)?;
-            }
-            Kind::Bool | Kind::String | Kind::Value => {}
-        },
+        // Legacy flags: check the syntax Go checked, ignore the value.
+        _ => goflag::check_syntax(spec.kind, value)?,
     }
     Ok(())
-}
-
-impl LogOptions {
-    /// The format to use, or the validation errors upstream reports as "LoggingConfiguration
-    /// is invalid" (exit 1).
-    pub fn validate(&self) -> Result<LogFormat, Vec<String>> {
-        let mut errors = Vec::new();
-        let format = match self.format.as_str() {
-            "text" => Some(LogFormat::Text),
-            "json" => Some(LogFormat::Json),
-            other => {
-                errors.push(format!(
-                    "format: Unsupported value: {other:?}: supported values: \"json\", \"text\""
-                ));
-                None
-            }
-        };
-        if self.flush_frequency_nanos <= 0 {
-            errors.push(format!(
-                "flushFrequency: Invalid value: {}: Must be greater than zero",
-                self.flush_frequency_nanos
-            ));
-        }
-        let gated = "Forbidden: Feature LoggingAlphaOptions is disabled";
-        if self.text_split_stream {
-            errors.push(format!("options.text.splitStream: {gated}"));
-        }
-        if self.text_info_buffer_size_set {
-            errors.push(format!("options.text.infoBufferSize: {gated}"));
-        }
-        if self.json_split_stream {
-            errors.push(format!("options.json.splitStream: {gated}"));
-        }
-        if self.json_info_buffer_size_set {
-            errors.push(format!("options.json.infoBufferSize: {gated}"));
-        }
-        match format {
-            Some(f) if errors.is_empty() => Ok(f),
-            _ => Err(errors),
-        }
-    }
 }
 
 #[cfg(test)]

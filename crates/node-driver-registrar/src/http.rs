@@ -1,64 +1,36 @@
 //! The diagnostics HTTP server: `/healthz` with upstream's codes and bodies, bounded by
 //! `--timeout` as a whole (R4), and `/metrics` in the Prometheus text format.
 //!
-//! hyper's HTTP/1 server, one request per connection, with the bounds an endpoint on the network
-//! needs (D7): at most [`MAX_CONNECTIONS`] connections at once (the rest wait in the kernel's
+//! The server is `plugreg_sidecar_kit::http` (shared with livenessprobe): hyper's HTTP/1, one
+//! request per connection, with the bounds an endpoint on the network needs (D7): at most [`MAX_CONNECTIONS`] connections at once (the rest wait in the kernel's
 //! backlog), a request head of at most [`MAX_HEAD`] bytes read within [`HEADER_READ_TIMEOUT`],
 //! a time limit on each whole connection, and a back-off on accept errors such as EMFILE (which
 //! would otherwise fail again at once, forever). Concurrent `/healthz` callers share one check
 //! in flight, so a burst of probes costs one GetInfo self-call, not one each.
 
-use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode, header};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::{Method, Request, Response, StatusCode};
 use plugreg_proto::pluginregistration::InfoRequest;
 use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_registrar::Registrar;
-use plugreg_runtime::Backoff;
+use plugreg_sidecar_kit::http::{NOT_FOUND_BODY, SharedCheck, text_response};
 use plugreg_transport::{MAX_MESSAGE_SIZE, PathKind};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::logging::V4;
 
-/// Connections served at once; further clients wait in the listen backlog. Probes and scrapes
-/// need few; each connection costs about 10 KiB, and 64 at once took the sidecar over 5 MiB (R5).
-pub const MAX_CONNECTIONS: usize = 16;
-/// Longest request head (request line and headers) accepted; longer gets 431 and a close.
-pub const MAX_HEAD: usize = 16 * 1024;
-/// How long a client may take to send its request head.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time for writing a response, on top of the head timeout and `--timeout`: bounds a
-/// connection whose client never reads.
-const WRITE_SLACK: Duration = Duration::from_secs(5);
-/// Waits after failed accepts (EMFILE and friends): 5 ms doubling to 1 s, as Go's `net/http`.
-const ACCEPT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
-
-/// Binds the listener for a Go-style address: `:9809` (all interfaces), `host:port`,
-/// `[::1]:9809`.
-pub(crate) async fn bind(endpoint: &str) -> io::Result<TcpListener> {
-    if endpoint.starts_with(':') {
-        // Go's ":port" listens on every interface, IPv6 and IPv4; fall back to IPv4 only on
-        // hosts without IPv6.
-        match TcpListener::bind(format!("[::]{endpoint}")).await {
-            Ok(l) => Ok(l),
-            Err(_) => TcpListener::bind(format!("0.0.0.0{endpoint}")).await,
-        }
-    } else {
-        TcpListener::bind(endpoint).await
-    }
-}
+pub use plugreg_sidecar_kit::http::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_HEAD};
+pub(crate) use plugreg_sidecar_kit::http::{bind, local_addr};
 
 /// A finished health check: status code and body.
 type Verdict = (StatusCode, String);
@@ -71,7 +43,7 @@ pub struct Diagnostics {
     timeout: Duration,
     registrar: Registrar,
     /// The check in flight, if any: later callers wait for its verdict instead of starting one.
-    in_flight: Mutex<Option<watch::Receiver<Option<Verdict>>>>,
+    in_flight: SharedCheck<Verdict>,
 }
 
 impl Diagnostics {
@@ -88,7 +60,7 @@ impl Diagnostics {
             driver_name,
             timeout,
             registrar,
-            in_flight: Mutex::new(None),
+            in_flight: SharedCheck::default(),
         })
     }
 }
@@ -100,61 +72,8 @@ pub(crate) async fn serve(
     diagnostics: Arc<Diagnostics>,
     token: CancellationToken,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut failures = 0;
-    loop {
-        // A free slot first: at the cap, clients wait in the backlog, not in our memory.
-        let slot = tokio::select! {
-            _ = token.cancelled() => return Ok(()),
-            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-        };
-        let accepted = tokio::select! {
-            _ = token.cancelled() => return Ok(()),
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                failures = 0;
-                let diagnostics = diagnostics.clone();
-                let token = token.clone();
-                tokio::spawn(async move {
-                    let _slot = slot;
-                    tokio::select! {
-                        _ = token.cancelled() => {}
-                        _ = serve_connection(stream, diagnostics) => {}
-                    }
-                });
-            }
-            // The client gave up before we accepted: not the server's problem.
-            Err(e) if is_client_error(&e) => {}
-            Err(e) if is_shortage(&e) => {
-                failures += 1;
-                let wait = ACCEPT_BACKOFF.delay(failures);
-                tracing::warn!(err = %e, retryIn = ?wait, "HTTP accept failed; retrying");
-                tokio::select! {
-                    _ = token.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(wait) => {}
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-fn is_client_error(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::Interrupted
-            | io::ErrorKind::WouldBlock
-    )
-}
-
-/// Out of file descriptors (EMFILE, ENFILE) or kernel memory (ENOBUFS, ENOMEM): it passes, but
-/// retrying at once fails again at once.
-fn is_shortage(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
+    let limit = diagnostics.timeout;
+    plugreg_sidecar_kit::http::serve(listener, handler(diagnostics), limit, token).await
 }
 
 /// Serves one HTTP/1 connection (one request; the connection closes after the answer) with the
@@ -163,23 +82,20 @@ pub async fn serve_connection<I>(io: I, diagnostics: Arc<Diagnostics>)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let limit = HEADER_READ_TIMEOUT + diagnostics.timeout + WRITE_SLACK;
-    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+    let limit = diagnostics.timeout;
+    plugreg_sidecar_kit::http::serve_connection(io, handler(diagnostics), limit).await;
+}
+
+fn handler(
+    diagnostics: Arc<Diagnostics>,
+) -> impl Fn(Request<Incoming>) -> std::pin::Pin<Box<dyn Future<Output = Response<String>> + Send>>
++ Clone
++ Send
++ Sync
++ 'static {
+    move |request| {
         let diagnostics = diagnostics.clone();
-        async move { Ok::<_, Infallible>(respond(&diagnostics, &request).await) }
-    });
-    let connection = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEAD)
-        .keep_alive(false)
-        // A client that shuts its sending side after the request still gets the answer.
-        .half_close(true)
-        .serve_connection(TokioIo::new(io), service);
-    match tokio::time::timeout(limit, connection).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::trace!(err = %e, "HTTP connection ended with an error"),
-        Err(_) => tracing::trace!("HTTP connection took too long; closed"),
+        Box::pin(async move { respond(&diagnostics, &request).await })
     }
 }
 
@@ -196,61 +112,31 @@ async fn respond(diagnostics: &Arc<Diagnostics>, request: &Request<Incoming>) ->
             StatusCode::METHOD_NOT_ALLOWED,
             "Method Not Allowed\n".into(),
         ),
-        _ => (StatusCode::NOT_FOUND, "404 page not found\n".into()),
+        _ => (StatusCode::NOT_FOUND, NOT_FOUND_BODY.into()),
     };
-    let content_type = if body.starts_with("# HELP") {
-        "text/plain; version=0.0.4; charset=utf-8"
-    } else {
-        "text/plain; charset=utf-8"
-    };
-    let mut response = Response::new(body);
-    *response.status_mut() = code;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static(content_type),
-    );
-    response
+    text_response(code, body)
 }
 
 /// The verdict of the check in flight, or of a new one if none is.
 async fn healthz(diagnostics: &Arc<Diagnostics>) -> Verdict {
-    let mut verdict = {
-        let mut slot = diagnostics
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        // Join a check only while it runs: not one that finished, nor one whose task is gone.
-        let running = |rx: &&watch::Receiver<Option<Verdict>>| {
-            rx.borrow().is_none() && rx.has_changed().is_ok()
-        };
-        match slot.as_ref().filter(running) {
-            Some(rx) => rx.clone(),
-            None => {
-                let (tx, rx) = watch::channel(None);
-                *slot = Some(rx.clone());
-                let diagnostics = diagnostics.clone();
-                // Its own task: the check completes (within --timeout) even if every caller
-                // hangs up, and the next caller starts afresh.
-                tokio::spawn(async move {
-                    let (code, body) = check(&diagnostics).await;
-                    if code == StatusCode::OK {
-                        tracing::trace!("Health check succeeded");
-                    } else {
-                        tracing::error!(err = %body, "Health check failed");
-                    }
-                    let _ = tx.send(Some((code, body)));
-                });
-                rx
+    let check = || {
+        let diagnostics = diagnostics.clone();
+        async move {
+            let (code, body) = check(&diagnostics).await;
+            if code == StatusCode::OK {
+                tracing::trace!("Health check succeeded");
+            } else {
+                tracing::error!(err = %body, "Health check failed");
             }
+            (code, body)
         }
     };
-    match verdict.wait_for(Option::is_some).await {
-        Ok(v) => v.clone().expect("waited for Some"),
-        Err(_) => (
+    diagnostics.in_flight.run(check).await.unwrap_or_else(|| {
+        (
             StatusCode::INTERNAL_SERVER_ERROR,
             "health check aborted".into(),
-        ),
-    }
+        )
+    })
 }
 
 /// One health check: the socket must exist and be a socket, and a GetInfo self-call through it
@@ -383,11 +269,6 @@ fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
-}
-
-/// The address a listener actually got (for logs and callers using port 0).
-pub(crate) fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
-    listener.local_addr().ok()
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@
 //! ```
 
 pub mod flags;
-pub mod gosyntax;
+pub use plugreg_sidecar_kit::gosyntax;
 pub mod http;
 pub mod logging;
 pub mod name;

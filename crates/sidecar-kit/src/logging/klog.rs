@@ -12,16 +12,17 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use super::{LogFormat, V4};
+use super::LogFormat;
 
-/// Installs the global subscriber (stderr, `format`, `-v` = `verbosity`). Does nothing if a
-/// global subscriber is already set.
-pub fn init(format: LogFormat, verbosity: u32) {
+/// Installs the global subscriber (stderr, `format`, `-v` = `verbosity`); `own` lists the
+/// target prefixes of the sidecar's own lines (its info lines show at `-v=0`, its debug lines
+/// at `-v=2`). Does nothing if a global subscriber is already set.
+pub fn init(format: LogFormat, verbosity: u32, own: &'static [&'static str]) {
     let layer = tracing_subscriber::fmt::layer()
-        .event_format(KlogFormat { format })
+        .event_format(KlogFormat { format, own })
         .with_writer(std::io::stderr);
     let filter = tracing_subscriber::filter::filter_fn(move |meta| {
-        min_verbosity(meta).is_some_and(|v| v <= verbosity)
+        min_verbosity(meta, own).is_some_and(|v| v <= verbosity)
     });
     use tracing_subscriber::Layer as _;
     let _ = tracing_subscriber::registry()
@@ -30,10 +31,9 @@ pub fn init(format: LogFormat, verbosity: u32) {
 }
 
 /// The lowest `-v` at which a line shows, or `None` for never.
-fn min_verbosity(meta: &Metadata<'_>) -> Option<u32> {
+fn min_verbosity(meta: &Metadata<'_>, own: &[&str]) -> Option<u32> {
     let target = meta.target();
-    let this_crate = target.starts_with("plugreg_node_driver_registrar")
-        || target.starts_with("csi_node_driver_registrar");
+    let this_crate = own.iter().any(|p| target.starts_with(p));
     let plugreg = target.starts_with("plugreg");
     let level = *meta.level();
     Some(if level <= Level::WARN {
@@ -42,7 +42,8 @@ fn min_verbosity(meta: &Metadata<'_>) -> Option<u32> {
         if plugreg { 0 } else { 6 }
     } else if level == Level::DEBUG {
         match () {
-            _ if target == V4 => 4,
+            _ if target.ends_with("::v4") => 4,
+            _ if target.ends_with("::v5") => 5,
             _ if this_crate => 2,
             _ if plugreg => 4,
             _ => 6,
@@ -59,6 +60,8 @@ fn min_verbosity(meta: &Metadata<'_>) -> Option<u32> {
 pub struct KlogFormat {
     /// Which layout.
     pub format: LogFormat,
+    /// Target prefixes of the sidecar's own lines (see [`init`]).
+    pub own: &'static [&'static str],
 }
 
 impl<S, N> FormatEvent<S, N> for KlogFormat
@@ -78,7 +81,7 @@ where
         let line = Line {
             level: *meta.level(),
             caller: caller(meta),
-            v: min_verbosity(meta).unwrap_or(0),
+            v: min_verbosity(meta, self.own).unwrap_or(0),
             now: SystemTime::now(),
             fields,
         };

@@ -1,0 +1,324 @@
+//! The command line of livenessprobe v2.19, parsed the way Go's `flag` package parses it
+//! (`plugreg_sidecar_kit::goflag`): an unknown flag or a bad value is exit 2, `-h`/`-help`
+//! prints the usage and exits 0.
+//!
+//! On top of upstream: `--version` prints the version (upstream has none and exits 2), and the
+//! legacy klog flags are accepted and ignored with a warning.
+
+use std::time::Duration;
+
+use plugreg_sidecar_kit::goflag::logging as log_flags;
+use plugreg_sidecar_kit::goflag::{self, Kind, Outcome, Spec, Value, flag};
+use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration};
+use plugreg_sidecar_kit::logging::LogOptions;
+
+use crate::Config;
+
+pub use plugreg_sidecar_kit::goflag::{FLAG_ERROR_EXIT, FlagError};
+
+/// The whole command line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Flags {
+    /// What the sidecar does.
+    pub config: Config,
+    /// How it logs (validated separately: an invalid logging configuration is exit 1, not 2).
+    pub logging: LogOptions,
+    /// `--version`: print the version and exit 0 (a plugreg extension).
+    pub version: bool,
+    /// Legacy klog flags that were given (accepted and ignored), in order, without dashes.
+    pub legacy: Vec<String>,
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// Run (or print the version, if [`Flags::version`] is set).
+    Run(Box<Flags>),
+    /// `-h`, `-help` or `--help`: print [`usage`] and exit 0.
+    Help,
+}
+
+const fn legacy(name: &'static str, kind: Kind, type_name: &'static str) -> Spec {
+    goflag::legacy(
+        name,
+        kind,
+        type_name,
+        "Legacy klog flag (no longer registered by livenessprobe): accepted and ignored.",
+    )
+}
+
+/// Every flag, sorted by name as Go prints them.
+const SPECS: &[Spec] = &[
+    legacy("add-dir-header", Kind::Bool, ""),
+    legacy("alsologtostderr", Kind::Bool, ""),
+    flag(
+        "automaxprocs",
+        Kind::Bool,
+        "",
+        "",
+        "Set GOMAXPROCS from the container's CPU quota. Accepted for compatibility: this runtime is single-threaded.",
+    ),
+    flag(
+        "csi-address",
+        Kind::String,
+        "string",
+        "/run/csi/socket",
+        "Address of the CSI driver socket to probe (a path or unix://PATH).",
+    ),
+    flag(
+        "health-port",
+        Kind::String,
+        "string",
+        "9808",
+        "(deprecated) TCP port of the 0.0.0.0 listener for /healthz, used when --http-endpoint is empty. Only one of `--health-port` and `--http-endpoint` can be set.",
+    ),
+    flag(
+        "http-endpoint",
+        Kind::String,
+        "string",
+        "",
+        "The TCP network address where the HTTP server for /healthz (and metrics) will listen (example: `:9808`). Empty means 0.0.0.0:<--health-port>. Only one of `--health-port` and `--http-endpoint` can be set.",
+    ),
+    legacy("log-backtrace-at", Kind::Value, "value"),
+    legacy("log-dir", Kind::String, "string"),
+    legacy("log-file", Kind::String, "string"),
+    legacy("log-file-max-size", Kind::Uint, "uint"),
+    log_flags::LOG_FLUSH_FREQUENCY,
+    log_flags::LOG_JSON_INFO_BUFFER_SIZE,
+    log_flags::LOG_JSON_SPLIT_STREAM,
+    log_flags::LOG_TEXT_INFO_BUFFER_SIZE,
+    log_flags::LOG_TEXT_SPLIT_STREAM,
+    log_flags::LOGGING_FORMAT,
+    legacy("logtostderr", Kind::Bool, ""),
+    flag(
+        "metrics-address",
+        Kind::String,
+        "string",
+        "",
+        "(deprecated) The TCP network address of a separate HTTP server for metrics only. Only one of `--metrics-address` and `--http-endpoint` can be set.",
+    ),
+    flag(
+        "metrics-path",
+        Kind::String,
+        "string",
+        "/metrics",
+        "The HTTP path where prometheus metrics will be exposed.",
+    ),
+    legacy("one-output", Kind::Bool, ""),
+    flag(
+        "probe-timeout",
+        Kind::Duration,
+        "duration",
+        "3s",
+        "How long one /healthz check may take: connecting to the driver plus its Probe call.",
+    ),
+    legacy("skip-headers", Kind::Bool, ""),
+    legacy("skip-log-headers", Kind::Bool, ""),
+    legacy("stderrthreshold", Kind::Value, "value"),
+    log_flags::V,
+    flag(
+        "version",
+        Kind::Bool,
+        "",
+        "",
+        "Show version (a plugreg extension).",
+    ),
+    log_flags::VMODULE,
+];
+
+/// The name of every flag (without dashes), sorted, legacy klog flags included.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    SPECS.iter().map(|s| s.name)
+}
+
+/// Whether `name` is a boolean flag (one that takes a value only as `-name=value`).
+pub fn is_bool(name: &str) -> bool {
+    goflag::lookup(SPECS, name).is_some_and(|s| s.kind == Kind::Bool)
+}
+
+/// The usage text Go's `flag` package would print for these flags, for the program `argv0`.
+pub fn usage(argv0: &str) -> String {
+    goflag::usage(argv0, SPECS)
+}
+
+/// Parses the arguments after the program name.
+pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
+    let mut flags = Flags::default();
+    let outcome = goflag::parse(SPECS, args, |spec, value| {
+        match value {
+            Value::Bool(b) => match spec.name {
+                "automaxprocs" => flags.config.automaxprocs = b,
+                "version" => flags.version = b,
+                name => {
+                    // Logging booleans; the rest are legacy klog booleans (ignored).
+                    flags.logging.set_bool(name, b);
+                }
+            },
+            Value::Text(text) => set_value(&mut flags, spec, text)?,
+        }
+        if spec.legacy {
+            flags.legacy.push(spec.name.to_owned());
+        }
+        Ok(())
+    })?;
+    Ok(match outcome {
+        Outcome::Run => Parsed::Run(Box::new(flags)),
+        Outcome::Help => Parsed::Help,
+    })
+}
+
+fn set_value(flags: &mut Flags, spec: &Spec, value: &str) -> Result<(), SyntaxError> {
+    if let Some(result) = flags.logging.set_value(spec.name, value) {
+        return result;
+    }
+    let c = &mut flags.config;
+    match spec.name {
+        "csi-address" => c.csi_address = value.to_owned(),
+        "health-port" => c.health_port = value.to_owned(),
+        "http-endpoint" => c.http_endpoint = value.to_owned(),
+        "metrics-address" => c.metrics_address = value.to_owned(),
+        "metrics-path" => c.metrics_path = value.to_owned(),
+        "probe-timeout" => c.probe_timeout = probe_timeout(value)?,
+        // Legacy flags: check the syntax Go checked, ignore the value.
+        _ => goflag::check_syntax(spec.kind, value)?,
+    }
+    Ok(())
+}
+
+/// A Go duration; a negative one acts as an expired deadline (zero).
+fn probe_timeout(value: &str) -> Result<Duration, SyntaxError> {
+    parse_duration(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugreg_sidecar_kit::logging::LogFormat;
+
+    fn run(args: &[&str]) -> Flags {
+        match parse(args) {
+            Ok(Parsed::Run(f)) => *f,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    fn err(args: &[&str]) -> String {
+        match parse(args) {
+            Err(FlagError(m)) => m,
+            other => panic!("{args:?} must fail: {other:?}"),
+        }
+    }
+
+    /// Upstream's flag table: every flag, its type and default.
+    #[test]
+    fn flag_table_matches_upstream() {
+        let f = run(&[]);
+        let c = &f.config;
+        assert_eq!(c.csi_address, "/run/csi/socket");
+        assert_eq!(c.probe_timeout, Duration::from_secs(3));
+        assert_eq!(c.health_port, "9808");
+        assert_eq!(c.http_endpoint, "");
+        assert_eq!(c.metrics_address, "");
+        assert_eq!(c.metrics_path, "/metrics");
+        assert!(!c.automaxprocs);
+        assert!(!f.version);
+        assert_eq!(f.logging.verbosity, 0);
+        assert_eq!(f.logging.validate(), Ok(LogFormat::Text));
+
+        // (flag, type in the usage, default in the usage)
+        let upstream: &[(&str, &str, Option<&str>)] = &[
+            ("automaxprocs", "", None),
+            ("csi-address", "string", Some("\"/run/csi/socket\"")),
+            ("health-port", "string", Some("\"9808\"")),
+            ("http-endpoint", "string", None),
+            ("log-flush-frequency", "duration", Some("5s")),
+            ("log-json-info-buffer-size", "quantity", None),
+            ("log-json-split-stream", "", None),
+            ("log-text-info-buffer-size", "quantity", None),
+            ("log-text-split-stream", "", None),
+            ("logging-format", "string", Some("\"text\"")),
+            ("metrics-address", "string", None),
+            ("metrics-path", "string", Some("\"/metrics\"")),
+            ("probe-timeout", "duration", Some("3s")),
+            ("v", "value", None),
+            ("vmodule", "value", None),
+        ];
+        let u = usage("/livenessprobe");
+        assert!(u.starts_with("Usage of /livenessprobe:\n"));
+        for (name, type_name, default) in upstream {
+            let head = if type_name.is_empty() {
+                format!("  -{name}\n")
+            } else {
+                format!("  -{name} {type_name}\n")
+            };
+            let at = u.find(&head).unwrap_or_else(|| panic!("{head:?} in\n{u}"));
+            let line = u[at + head.len()..].lines().next().unwrap();
+            if let Some(d) = default {
+                assert!(line.ends_with(&format!("(default {d})")), "{name}: {line}");
+            } else {
+                assert!(!line.contains("(default"), "{name}: {line}");
+            }
+        }
+        for (name, kind, _) in plugreg_sidecar_kit::goflag::LEGACY_KLOG {
+            let spec = goflag::lookup(SPECS, name).unwrap_or_else(|| panic!("legacy {name}"));
+            assert!(spec.legacy && spec.kind == *kind, "legacy {name}");
+        }
+        let names: Vec<_> = names().collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted, "flags are listed sorted, as Go does");
+    }
+
+    #[test]
+    fn values_use_go_syntax() {
+        let f = run(&[
+            "-csi-address",
+            "/csi/csi.sock",
+            "--probe-timeout=1m30s",
+            "--health-port=9999",
+            "--metrics-path=/m",
+            "-v=5",
+        ]);
+        assert_eq!(f.config.csi_address, "/csi/csi.sock");
+        assert_eq!(f.config.probe_timeout, Duration::from_secs(90));
+        assert_eq!(f.config.health_port, "9999");
+        assert_eq!(f.config.metrics_path, "/m");
+        assert_eq!(f.logging.verbosity, 5);
+        // health-port is a string upstream: any text is accepted here (listening may fail).
+        assert_eq!(run(&["--health-port=abc"]).config.health_port, "abc");
+        assert_eq!(
+            err(&["--probe-timeout=3"]),
+            "invalid value \"3\" for flag -probe-timeout: parse error"
+        );
+        assert_eq!(
+            run(&["--probe-timeout=-1s"]).config.probe_timeout,
+            Duration::ZERO
+        );
+        assert!(run(&["--automaxprocs"]).config.automaxprocs);
+        assert!(run(&["--version"]).version);
+    }
+
+    #[test]
+    fn errors_and_help_are_go_s() {
+        assert_eq!(err(&["--x"]), "flag provided but not defined: -x");
+        for not_defined in ["--timeout=1s", "--kubelet-registration-path=/p", "--mode=x"] {
+            assert!(err(&[not_defined]).starts_with("flag provided but not defined"));
+        }
+        assert_eq!(
+            err(&["--csi-address"]),
+            "flag needs an argument: -csi-address"
+        );
+        assert_eq!(
+            err(&["-automaxprocs=maybe"]),
+            "invalid boolean value \"maybe\" for -automaxprocs: parse error"
+        );
+        for h in ["-h", "-help", "--help"] {
+            assert_eq!(parse(&[h]), Ok(Parsed::Help));
+        }
+        let f = run(&["--logtostderr", "--log-file-max-size=10", "--v=2"]);
+        assert_eq!(f.legacy, ["logtostderr", "log-file-max-size"]);
+        assert_eq!(f.logging.verbosity, 2);
+        // Parsing stops at the first non-flag argument.
+        assert_eq!(run(&["x", "--bogus"]).config, Config::default());
+    }
+}

@@ -1,0 +1,181 @@
+//! The metrics upstream's registry holds (csi-lib-utils' metrics manager, subsystem
+//! `csi_sidecar`): the `csi_sidecar_operations_seconds` histogram of gRPC calls to the driver by
+//! driver, method and status code, and `process_start_time_seconds`; rendered in the
+//! Prometheus text format. The label sets are bounded: two methods, seventeen codes, the driver
+//! name (and `unknown-driver` for the start-up GetPluginInfo).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The driver label before the driver's name is known.
+pub const UNKNOWN_DRIVER: &str = "unknown-driver";
+
+/// Histogram bucket bounds in seconds, as csi-lib-utils.
+pub const BUCKETS: [f64; 13] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
+];
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    /// Non-cumulative counts per bucket; the `+Inf` count is `count`.
+    buckets: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+/// (driver_name, method_name, grpc_status_code)
+type Key = (String, &'static str, &'static str);
+
+/// The registry (cheap to clone; clones share it).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    start: f64,
+    operations: Arc<Mutex<BTreeMap<Key, Histogram>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Go's name of a gRPC code (`codes.Code.String()`).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "Canceled",
+        Unknown => "Unknown",
+        InvalidArgument => "InvalidArgument",
+        DeadlineExceeded => "DeadlineExceeded",
+        NotFound => "NotFound",
+        AlreadyExists => "AlreadyExists",
+        PermissionDenied => "PermissionDenied",
+        ResourceExhausted => "ResourceExhausted",
+        FailedPrecondition => "FailedPrecondition",
+        Aborted => "Aborted",
+        OutOfRange => "OutOfRange",
+        Unimplemented => "Unimplemented",
+        Internal => "Internal",
+        Unavailable => "Unavailable",
+        DataLoss => "DataLoss",
+        Unauthenticated => "Unauthenticated",
+    }
+}
+
+impl Metrics {
+    /// An empty registry; the process start time is now.
+    pub fn new() -> Self {
+        let start = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        Self {
+            start,
+            operations: Arc::default(),
+        }
+    }
+
+    /// Records one call of `method` to `driver` that ended with `code` after `took`.
+    pub fn record(&self, driver: &str, method: &'static str, code: tonic::Code, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let mut ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
+        let h = ops
+            .entry((driver.to_owned(), method, code_name(code)))
+            .or_default();
+        if let Some(i) = BUCKETS.iter().position(|&b| seconds <= b) {
+            h.buckets[i] += 1;
+        }
+        h.sum += seconds;
+        h.count += 1;
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let ops = self
+            .operations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut out = String::new();
+        let name = "csi_sidecar_operations_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} [ALPHA] Container Storage Interface operation duration with gRPC error code status total"
+        );
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for ((driver, method, code), h) in &ops {
+            let labels = format!(
+                "driver_name=\"{}\",grpc_status_code=\"{code}\",method_name=\"{method}\"",
+                escape_label(driver)
+            );
+            let mut cumulative = 0;
+            for (bound, n) in BUCKETS.iter().zip(h.buckets) {
+                cumulative += n;
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+            }
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+        }
+        let _ = writeln!(
+            out,
+            "# HELP process_start_time_seconds [ALPHA] Start time of the process since unix epoch in seconds."
+        );
+        let _ = writeln!(out, "# TYPE process_start_time_seconds gauge");
+        let _ = writeln!(out, "process_start_time_seconds {}", self.start);
+        out
+    }
+}
+
+/// Escapes a Prometheus label value.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_lines_are_cumulative_with_sorted_labels() {
+        let m = Metrics::new();
+        m.record(
+            "d",
+            "/csi.v1.Identity/Probe",
+            tonic::Code::Ok,
+            Duration::from_millis(200),
+        );
+        m.record(
+            "d",
+            "/csi.v1.Identity/Probe",
+            tonic::Code::Ok,
+            Duration::from_secs(2),
+        );
+        m.record(
+            UNKNOWN_DRIVER,
+            "/csi.v1.Identity/GetPluginInfo",
+            tonic::Code::Cancelled,
+            Duration::from_millis(1),
+        );
+        let text = m.render();
+        let probe =
+            "driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\"";
+        for line in [
+            "# TYPE csi_sidecar_operations_seconds histogram".to_owned(),
+            format!("csi_sidecar_operations_seconds_bucket{{{probe},le=\"0.1\"}} 0"),
+            format!("csi_sidecar_operations_seconds_bucket{{{probe},le=\"0.25\"}} 1"),
+            format!("csi_sidecar_operations_seconds_bucket{{{probe},le=\"2.5\"}} 2"),
+            format!("csi_sidecar_operations_seconds_bucket{{{probe},le=\"+Inf\"}} 2"),
+            format!("csi_sidecar_operations_seconds_count{{{probe}}} 2"),
+            "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",grpc_status_code=\"Canceled\",method_name=\"/csi.v1.Identity/GetPluginInfo\"} 1".to_owned(),
+            "# TYPE process_start_time_seconds gauge".to_owned(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert_eq!(escape_label("a\"b\\c\n"), "a\\\"b\\\\c\\n");
+    }
+}

@@ -1,0 +1,9 @@
+//! What plugreg's drop-ins for the Go CSI sidecars (csi-node-driver-registrar, livenessprobe)
+//! share: Go's `flag` syntax and value parsers ([`goflag`], [`gosyntax`]), component-base's
+//! logging flags and klog-style log lines ([`logging`]), and a small HTTP/1 diagnostics server
+//! with the bounds a network endpoint needs and one shared health check in flight ([`http`]).
+
+pub mod goflag;
+pub mod gosyntax;
+pub mod http;
+pub mod logging;
