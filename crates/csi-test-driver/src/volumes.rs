@@ -635,8 +635,14 @@ impl Controller for Driver {
                 }),
             }));
         }
-        state.next_id += 1;
-        let id = format!("vol-{}", state.next_id);
+        // Never an id a pre-provisioned volume already has.
+        let id = loop {
+            state.next_id += 1;
+            let id = format!("pv-{}", state.next_id);
+            if !state.volumes.contains_key(&id) {
+                break id;
+            }
+        };
         drop(state);
         self.volume_dir(&id)?;
         let mut state = self.lock();
