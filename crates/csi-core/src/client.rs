@@ -231,13 +231,16 @@ impl Connection {
             let mut request = tonic::Request::new(msg.clone());
             // The driver sees the deadline too (grpc-timeout).
             request.set_timeout(self.timeout);
+            let started = tokio::time::Instant::now();
             let result = match tokio::time::timeout(self.timeout, make(request)).await {
                 Ok(Ok(r)) => return Ok(r.into_inner()),
-                Ok(Err(status)) if deadline_passed(&status) => CallError::Timeout {
-                    method,
-                    timeout: self.timeout,
-                    attempts: attempt,
-                },
+                Ok(Err(status)) if deadline_passed(&status, started.elapsed() >= self.timeout) => {
+                    CallError::Timeout {
+                        method,
+                        timeout: self.timeout,
+                        attempts: attempt,
+                    }
+                }
                 Ok(Err(status)) => CallError::Rpc {
                     method,
                     status,
@@ -259,10 +262,12 @@ impl Connection {
     }
 }
 
-/// Whether `status` says the call's deadline passed: tonic's own enforcement of the
-/// `grpc-timeout` we set, or the driver's DEADLINE_EXCEEDED.
-fn deadline_passed(status: &tonic::Status) -> bool {
-    if status.code() == Code::DeadlineExceeded {
+/// Whether `status` says the call's deadline passed: the driver's DEADLINE_EXCEEDED, or tonic's
+/// own enforcement of the `grpc-timeout` we set. tonic reports the latter as CANCELLED
+/// ("Timeout expired") without a source, racing our timer for the same deadline, so a
+/// CANCELLED once the deadline is `over` counts as the timeout too.
+fn deadline_passed(status: &tonic::Status, over: bool) -> bool {
+    if status.code() == Code::DeadlineExceeded || (over && status.code() == Code::Cancelled) {
         return true;
     }
     let mut source = std::error::Error::source(status);

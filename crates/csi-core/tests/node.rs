@@ -534,3 +534,36 @@ async fn check_fails_without_a_volume() {
     let failed: Vec<_> = report.failures().map(|s| s.step.as_str()).collect();
     assert_eq!(failed, ["volume"]);
 }
+
+/// tonic enforces the `grpc-timeout` it sends as well and then reports CANCELLED ("Timeout
+/// expired") without a source; racing our own timer, either could win. Every timeout must
+/// surface as DEADLINE_EXCEEDED all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_is_always_deadline_exceeded() {
+    let g = MountGuard::new();
+    let d = driver(
+        g.path(),
+        DriverConfig {
+            node_capabilities: caps_all(),
+            faults: BTreeMap::from([(
+                Method::NodeUnpublishVolume,
+                Fault {
+                    hang: true,
+                    ..Fault::default()
+                },
+            )]),
+            ..DriverConfig::default()
+        },
+    )
+    .await;
+    let c = client(&d, Duration::from_millis(20), Retry::ONCE).await;
+    let mut codes = BTreeMap::new();
+    for _ in 0..100 {
+        let err = c.unpublish("vol-a", &g.path().join("t")).await.unwrap_err();
+        *codes.entry(format!("{:?}", err.code())).or_insert(0) += 1;
+    }
+    assert_eq!(
+        codes,
+        BTreeMap::from([("Some(DeadlineExceeded)".to_owned(), 100)])
+    );
+}
