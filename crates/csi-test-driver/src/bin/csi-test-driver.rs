@@ -293,3 +293,62 @@ async fn main() -> anyhow::Result<()> {
     emit(serde_json::json!({"event": "stopped", "socket": socket}));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_fault_specs() {
+        let (m, f) = parse_fault("NodeStageVolume:code=RESOURCE_EXHAUSTED,fail-first=2").unwrap();
+        assert_eq!(m, Method::NodeStageVolume);
+        assert_eq!(f.fail_first, Some(2));
+        assert_eq!(f.error.unwrap().code, Code::ResourceExhausted);
+
+        let (m, f) = parse_fault("CreateVolume:delay=250ms,delay-first=1,hang").unwrap();
+        assert_eq!(m, Method::CreateVolume);
+        assert_eq!(f.delay, Some(Duration::from_millis(250)));
+        assert_eq!(f.delay_first, Some(1));
+        assert!(f.hang);
+        assert_eq!(f.error, None);
+
+        let (_, f) = parse_fault("Probe:code=9,message=not yet").unwrap();
+        let e = f.error.unwrap();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (Code::FailedPrecondition, "not yet")
+        );
+        // A message alone fails with INTERNAL.
+        let (_, f) = parse_fault("NodeGetInfo:message=x").unwrap();
+        assert_eq!(f.error.unwrap().code, Code::Internal);
+        // A method alone: no misbehaviour.
+        assert_eq!(parse_fault("Probe").unwrap().1, Fault::default());
+
+        for bad in [
+            "NoSuchMethod:hang",
+            "Probe:code=OK",
+            "Probe:code=17",
+            "Probe:code=NOPE",
+            "Probe:delay=soon",
+            "Probe:fail-first=-1",
+            "Probe:hang=yes",
+            "Probe:colour=blue",
+        ] {
+            assert!(parse_fault(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn parses_capabilities_and_volume_ids() {
+        assert_eq!(
+            parse_node_capability("STAGE_UNSTAGE_VOLUME").unwrap(),
+            NodeCapability::StageUnstageVolume
+        );
+        assert!(parse_node_capability("UNKNOWN").is_err());
+        assert!(parse_node_capability("stage").is_err());
+        assert_eq!(parse_volume_id("vol-1").unwrap(), "vol-1");
+        for bad in ["", ".", "..", "a/b", &"x".repeat(129)] {
+            assert!(parse_volume_id(bad).is_err(), "{bad:?}");
+        }
+    }
+}
