@@ -567,3 +567,34 @@ async fn a_timeout_is_always_deadline_exceeded() {
         BTreeMap::from([("Some(DeadlineExceeded)".to_owned(), 100)])
     );
 }
+
+/// What a driver run without root does: directories, no mounts; the sequence is the same.
+#[tokio::test]
+async fn directory_mode_makes_directories_only() {
+    let g = MountGuard::new();
+    let d = driver(
+        g.path(),
+        DriverConfig {
+            node_capabilities: caps_all(),
+            mount: plugreg_csi_test_driver::MountMode::Directory,
+            ..DriverConfig::default()
+        },
+    )
+    .await;
+    let c = client(&d, NodeClient::TIMEOUT, Retry::ONCE).await;
+    let spec = VolumeSpec::new("vol-a");
+    let paths = c
+        .paths(
+            &KubeletLayout::new(g.path()),
+            "csi.plugreg.test",
+            &spec,
+            "p",
+            "v",
+        )
+        .unwrap();
+    c.mount(&spec, &paths).await.unwrap();
+    assert!(paths.target.is_dir());
+    assert!(mounts_under(g.path()).is_empty());
+    c.unmount("vol-a", &paths).await.unwrap();
+    assert!(!paths.target.exists());
+}
