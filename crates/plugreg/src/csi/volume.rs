@@ -107,11 +107,28 @@ pub struct ExpandArgs {
     pub required_bytes: i64,
 }
 
+/// Which driver `check` asks (every call is made once: the check shows what the driver says).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckTarget {
+    /// The driver's socket: a path or unix://PATH.
+    #[arg(long, visible_alias = "csi-address", value_name = "SOCKET")]
+    pub endpoint: String,
+    /// Limit for each call (the kubelet's is 2 minutes).
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Limit for connecting.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
 /// `check`: the driver and where the volume comes from.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CheckArgs {
     #[command(flatten)]
-    pub target: NodeTarget,
+    pub target: CheckTarget,
     /// The Controller's socket, when it is not --endpoint.
     #[arg(long, value_name = "SOCKET")]
     pub controller_endpoint: Option<String>,
