@@ -256,8 +256,8 @@ async fn controller_faults() {
     req.set_timeout(Duration::from_millis(200));
     let hung = tokio::time::timeout(Duration::from_millis(500), ctl.delete_volume(req)).await;
     assert!(
-        matches!(&hung, Err(_)) || matches!(&hung, Ok(Err(s)) if s.code() != Code::Ok),
-        "a hanging DeleteVolume never succeeds: {hung:?}"
+        matches!(&hung, Ok(Err(_))),
+        "a hanging DeleteVolume never answers; the caller's deadline ends it: {hung:?}"
     );
     d.calls().wait_for(Method::DeleteVolume, 1).await;
     d.stop().await.unwrap();
