@@ -303,8 +303,11 @@ fn injected_failures_fail_the_command_with_their_code() {
     }
 }
 
-fn check(d: &Driver, extra: &[&str]) -> (Option<i32>, Value) {
+/// `plugreg csi check`, its temp dir inside `tmp` (a failed check may leave directories a
+/// hung driver still had mounted; the test's guard removes them).
+fn check(d: &Driver, tmp: &Path, extra: &[&str]) -> (Option<i32>, Value) {
     let out = run(plugreg()
+        .env("TMPDIR", tmp)
         .args(["csi", "check", "--endpoint", &d.endpoint(), "-o", "json"])
         .args(extra));
     (out.status.code(), json(&out))
@@ -326,7 +329,7 @@ fn check_passes_on_the_test_driver() {
     let mut args = ALL_CAPS.to_vec();
     args.push("--controller");
     let d = Driver::start(g.path(), &args);
-    let (code, report) = check(&d, &[]);
+    let (code, report) = check(&d, g.path(), &[]);
     assert_eq!(code, Some(0), "{report:#}");
     assert!(
         report["steps"]
@@ -345,12 +348,25 @@ fn check_passes_on_the_test_driver() {
         "NOT_FOUND"
     );
     assert_eq!(step(&report, "DeleteVolume repeated")["outcome"], "pass");
+    let left: Vec<_> = std::fs::read_dir(g.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("plugreg-csi-check-")
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "a passed check removes its temp dir: {left:?}"
+    );
     drop(d);
 
     // Nothing advertised, the volume from --volume-id: skipped by capability, still exit 0.
     let g2 = MountGuard::new();
     let d = Driver::start(g2.path(), &[]);
-    let (code, report) = check(&d, &["--volume-id", "vol-1"]);
+    let (code, report) = check(&d, g2.path(), &["--volume-id", "vol-1"]);
     assert_eq!(code, Some(0), "{report:#}");
     assert_eq!(step(&report, "NodeStageVolume")["outcome"], "skip");
     assert_eq!(step(&report, "CreateVolume")["outcome"], "skip");
@@ -359,7 +375,7 @@ fn check_passes_on_the_test_driver() {
         "pass"
     );
     // No volume at all: fails, naming the step.
-    let (code, report) = check(&d, &[]);
+    let (code, report) = check(&d, g2.path(), &[]);
     assert_eq!(code, Some(1));
     assert_eq!(step(&report, "volume")["outcome"], "fail");
     assert!(mounts_under(g.path()).is_empty() && mounts_under(g2.path()).is_empty());
@@ -417,7 +433,7 @@ fn check_fails_naming_the_step_on_each_fault() {
         let mut args = ALL_CAPS.to_vec();
         args.extend(["--controller", "--fault", fault]);
         let d = Driver::start(g.path(), &args);
-        let (exit, report) = check(&d, &["--timeout", "1s"]);
+        let (exit, report) = check(&d, g.path(), &["--timeout", "1s"]);
         assert_eq!(exit, Some(1), "{fault}: {report:#}");
         let s = step(&report, failing);
         assert_eq!(s["outcome"], "fail", "{fault}: {report:#}");
@@ -434,7 +450,7 @@ fn check_table_output_and_exit_status() {
         g.path(),
         &["--fault", "NodePublishVolume:code=INTERNAL,message=boom"],
     );
-    let out = run(plugreg().args([
+    let out = run(plugreg().env("TMPDIR", g.path()).args([
         "csi",
         "check",
         "--endpoint",
