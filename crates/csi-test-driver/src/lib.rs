@@ -1,10 +1,13 @@
 //! A configurable fake CSI driver for tests and demos.
 //!
-//! It serves CSI `Identity` (GetPluginInfo, GetPluginCapabilities, Probe) and the registration
-//! part of `Node` (NodeGetCapabilities, NodeGetInfo) on a Unix socket. Every answer comes from a
-//! [`DriverConfig`]; GetPluginInfo and NodeGetInfo can be made slow, failing or hanging through a
-//! [`Fault`], for every call or only for the first few. [`Calls`] counts the calls and streams
-//! them as [`Call`] events, so a test can wait for and assert on what its peer did.
+//! It serves CSI `Identity` (GetPluginInfo, GetPluginCapabilities, Probe), `Node` (every RPC)
+//! and, when asked, the volume part of `Controller` (CreateVolume, DeleteVolume,
+//! ControllerGetCapabilities) on a Unix socket. Every answer comes from a [`DriverConfig`].
+//! Stage and publish make real bind mounts when the driver runs as root and plain directories
+//! otherwise (see [`MountMode`]); the checks follow the error codes the CSI spec requires. Any
+//! method can be made slow, failing or hanging through a [`Fault`], for every call or only for
+//! the first few. [`Calls`] counts the calls and streams them as [`Call`] events, so a test can
+//! wait for and assert on what its peer did.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), plugreg_csi_test_driver::Error> {
@@ -30,17 +33,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use plugreg_proto::csi::v1::controller_server::ControllerServer;
 use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
-use plugreg_proto::csi::v1::node_server::{Node, NodeServer};
+use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
-    GetPluginInfoResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
-    NodeGetInfoRequest, NodeGetInfoResponse, NodeServiceCapability, PluginCapability, ProbeRequest,
-    ProbeResponse, Topology, node_service_capability, plugin_capability,
+    GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse, node_service_capability,
+    plugin_capability,
 };
 use plugreg_transport::{BoundSocket, MAX_MESSAGE_SIZE};
 use tokio::sync::{Notify, broadcast};
@@ -49,7 +52,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Router;
 use tonic::{Request, Response};
 
+mod volumes;
+
 pub use node_service_capability::rpc::Type as NodeCapability;
+pub use volumes::{MountMode, valid_volume_id};
 
 /// How long a stopping driver waits for open connections to close before dropping them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -145,8 +151,8 @@ impl Fault {
     }
 }
 
-/// The RPCs the driver serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The RPCs the driver serves (the Controller ones only with [`DriverConfig::controller`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Method {
     /// `/csi.v1.Identity/GetPluginInfo`
     GetPluginInfo,
@@ -158,16 +164,43 @@ pub enum Method {
     NodeGetCapabilities,
     /// `/csi.v1.Node/NodeGetInfo`
     NodeGetInfo,
+    /// `/csi.v1.Node/NodeStageVolume`
+    NodeStageVolume,
+    /// `/csi.v1.Node/NodeUnstageVolume`
+    NodeUnstageVolume,
+    /// `/csi.v1.Node/NodePublishVolume`
+    NodePublishVolume,
+    /// `/csi.v1.Node/NodeUnpublishVolume`
+    NodeUnpublishVolume,
+    /// `/csi.v1.Node/NodeGetVolumeStats`
+    NodeGetVolumeStats,
+    /// `/csi.v1.Node/NodeExpandVolume`
+    NodeExpandVolume,
+    /// `/csi.v1.Controller/CreateVolume`
+    CreateVolume,
+    /// `/csi.v1.Controller/DeleteVolume`
+    DeleteVolume,
+    /// `/csi.v1.Controller/ControllerGetCapabilities`
+    ControllerGetCapabilities,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 5] = [
+    pub const ALL: [Method; 14] = [
         Method::GetPluginInfo,
         Method::GetPluginCapabilities,
         Method::Probe,
         Method::NodeGetCapabilities,
         Method::NodeGetInfo,
+        Method::NodeStageVolume,
+        Method::NodeUnstageVolume,
+        Method::NodePublishVolume,
+        Method::NodeUnpublishVolume,
+        Method::NodeGetVolumeStats,
+        Method::NodeExpandVolume,
+        Method::CreateVolume,
+        Method::DeleteVolume,
+        Method::ControllerGetCapabilities,
     ];
 
     /// The method name, e.g. `GetPluginInfo`.
@@ -178,7 +211,21 @@ impl Method {
             Method::Probe => "Probe",
             Method::NodeGetCapabilities => "NodeGetCapabilities",
             Method::NodeGetInfo => "NodeGetInfo",
+            Method::NodeStageVolume => "NodeStageVolume",
+            Method::NodeUnstageVolume => "NodeUnstageVolume",
+            Method::NodePublishVolume => "NodePublishVolume",
+            Method::NodeUnpublishVolume => "NodeUnpublishVolume",
+            Method::NodeGetVolumeStats => "NodeGetVolumeStats",
+            Method::NodeExpandVolume => "NodeExpandVolume",
+            Method::CreateVolume => "CreateVolume",
+            Method::DeleteVolume => "DeleteVolume",
+            Method::ControllerGetCapabilities => "ControllerGetCapabilities",
         }
+    }
+
+    /// The method named `name` (as [`as_str`](Self::as_str) spells it).
+    pub fn from_name(name: &str) -> Option<Method> {
+        Method::ALL.into_iter().find(|m| m.as_str() == name)
     }
 
     fn index(self) -> usize {
@@ -305,8 +352,22 @@ pub struct DriverConfig {
     pub get_plugin_info: Fault,
     /// How NodeGetInfo misbehaves.
     pub node_get_info: Fault,
-    /// How Probe misbehaves (an error or a hang; `ready: false` is [`ready`](Self::ready)).
-    pub probe: Fault,
+    /// How the other methods misbehave (for GetPluginInfo and NodeGetInfo an entry here wins
+    /// over the two fields above).
+    pub faults: BTreeMap<Method, Fault>,
+    /// Serve the Controller service (CreateVolume, DeleteVolume, ControllerGetCapabilities with
+    /// CREATE_DELETE_VOLUME; UNIMPLEMENTED for the rest) and list CONTROLLER_SERVICE.
+    pub controller: bool,
+    /// Volumes that exist from the start (pre-provisioned), by id; see [`valid_volume_id`].
+    pub volumes: Vec<String>,
+    /// Where volumes live (`<dir>/<volume id>`); `None`: `<socket>.volumes` beside the socket.
+    pub data_dir: Option<PathBuf>,
+    /// Bind mounts or plain directories.
+    pub mount: MountMode,
+    /// Capacity of a volume created without a size, and of pre-provisioned volumes.
+    pub default_capacity: i64,
+    /// CreateVolume refuses more than this with OUT_OF_RANGE (0: no limit).
+    pub max_capacity: i64,
     /// Where calls are counted; clone it before handing the config over to watch the driver.
     pub calls: Calls,
 }
@@ -325,7 +386,13 @@ impl Default for DriverConfig {
             node_capabilities: Vec::new(),
             get_plugin_info: Fault::default(),
             node_get_info: Fault::default(),
-            probe: Fault::default(),
+            faults: BTreeMap::new(),
+            controller: false,
+            volumes: Vec::new(),
+            data_dir: None,
+            mount: MountMode::Auto,
+            default_capacity: 1 << 30,
+            max_capacity: 0,
             calls: Calls::default(),
         }
     }
@@ -345,24 +412,45 @@ pub fn parse_topology(list: &str) -> Result<BTreeMap<String, String>, Error> {
     Ok(segments)
 }
 
-/// The gRPC services (Identity and Node) answering from `config`. Hanging and delayed calls
-/// give up with UNAVAILABLE when `token` is cancelled, so a server shutdown never waits on them.
+/// The gRPC services (Identity, Node and, with [`DriverConfig::controller`], Controller)
+/// answering from `config`. Hanging and delayed calls give up with UNAVAILABLE when `token` is
+/// cancelled, so a server shutdown never waits on them. Volumes live in `config.data_dir`, or
+/// in the current directory's `csi-test-driver.volumes` when it is unset.
 pub fn router(config: DriverConfig, token: CancellationToken) -> Router {
+    build(config, token).0
+}
+
+fn build(mut config: DriverConfig, token: CancellationToken) -> (Router, Driver) {
+    let data_dir = config
+        .data_dir
+        .take()
+        .unwrap_or_else(|| PathBuf::from("csi-test-driver.volumes"));
+    let state = volumes::State::with_volumes(&config.volumes, config.default_capacity);
     let driver = Driver {
         config: Arc::new(config),
         token,
+        data_dir,
+        state: Arc::new(Mutex::new(state)),
     };
-    plugreg_transport::server()
+    let mut router = plugreg_transport::server()
         .add_service(
             IdentityServer::new(driver.clone())
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
         )
         .add_service(
-            NodeServer::new(driver)
+            NodeServer::new(driver.clone())
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        )
+        );
+    if driver.config.controller {
+        router = router.add_service(
+            ControllerServer::new(driver.clone())
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        );
+    }
+    (router, driver)
 }
 
 /// Creates the socket at `socket` (replacing a stale one) and serves until `token` is
@@ -379,11 +467,27 @@ pub async fn serve(
 /// Serves on an already bound socket until `token` is cancelled; the socket is removed on
 /// return.
 pub async fn serve_bound(
-    config: DriverConfig,
+    mut config: DriverConfig,
     socket: BoundSocket,
     token: CancellationToken,
 ) -> Result<(), Error> {
-    let router = router(config, token.clone());
+    if config.data_dir.is_none() {
+        let mut name = socket.path().file_name().unwrap_or_default().to_owned();
+        name.push(".volumes");
+        config.data_dir = Some(socket.path().with_file_name(name));
+    }
+    let (router, driver) = build(config, token.clone());
+    let result = serve_router(router, socket, token).await;
+    // Whatever happened, leave no mount behind.
+    driver.unmount_all();
+    result
+}
+
+async fn serve_router(
+    router: Router,
+    socket: BoundSocket,
+    token: CancellationToken,
+) -> Result<(), Error> {
     let serving = plugreg_transport::serve(router, socket, token.clone().cancelled_owned());
     tokio::pin!(serving);
     tokio::select! {
@@ -452,13 +556,26 @@ impl Drop for RunningDriver {
 struct Driver {
     config: Arc<DriverConfig>,
     token: CancellationToken,
+    data_dir: PathBuf,
+    state: Arc<Mutex<volumes::State>>,
 }
 
 impl Driver {
+    fn fault(&self, method: Method) -> Option<&Fault> {
+        self.config.faults.get(&method).or(match method {
+            Method::GetPluginInfo => Some(&self.config.get_plugin_info),
+            Method::NodeGetInfo => Some(&self.config.node_get_info),
+            _ => None,
+        })
+    }
+
     /// Counts and publishes a call, then carries out its fault plan.
-    async fn enter(&self, method: Method, fault: Option<&Fault>) -> Result<(), tonic::Status> {
+    async fn enter(&self, method: Method) -> Result<(), tonic::Status> {
         let index = self.config.calls.record(method);
-        let plan = fault.map(|f| f.plan(index)).unwrap_or_default();
+        let plan = self
+            .fault(method)
+            .map(|f| f.plan(index))
+            .unwrap_or_default();
         tracing::debug!(%method, number = index + 1, ?plan, "CSI call");
         self.config.calls.publish(Call {
             method,
@@ -495,8 +612,7 @@ impl Identity for Driver {
         &self,
         _: Request<GetPluginInfoRequest>,
     ) -> Result<Response<GetPluginInfoResponse>, tonic::Status> {
-        self.enter(Method::GetPluginInfo, Some(&self.config.get_plugin_info))
-            .await?;
+        self.enter(Method::GetPluginInfo).await?;
         Ok(Response::new(GetPluginInfoResponse {
             name: self.config.name.clone(),
             vendor_version: self.config.vendor_version.clone(),
@@ -508,20 +624,24 @@ impl Identity for Driver {
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, tonic::Status> {
-        self.enter(Method::GetPluginCapabilities, None).await?;
-        let capabilities = self
-            .config
-            .accessibility_constraints
-            .then(|| PluginCapability {
-                r#type: Some(plugin_capability::Type::Service(
-                    plugin_capability::Service {
-                        r#type: plugin_capability::service::Type::VolumeAccessibilityConstraints
-                            as i32,
-                    },
-                )),
-            })
-            .into_iter()
-            .collect();
+        self.enter(Method::GetPluginCapabilities).await?;
+        use plugin_capability::service::Type;
+        let service = |t: Type| PluginCapability {
+            r#type: Some(plugin_capability::Type::Service(
+                plugin_capability::Service { r#type: t as i32 },
+            )),
+        };
+        let capabilities = [
+            (self.config.controller, Type::ControllerService),
+            (
+                self.config.accessibility_constraints,
+                Type::VolumeAccessibilityConstraints,
+            ),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, t)| service(t))
+        .collect();
         Ok(Response::new(GetPluginCapabilitiesResponse {
             capabilities,
         }))
@@ -531,46 +651,9 @@ impl Identity for Driver {
         &self,
         _: Request<ProbeRequest>,
     ) -> Result<Response<ProbeResponse>, tonic::Status> {
-        self.enter(Method::Probe, Some(&self.config.probe)).await?;
+        self.enter(Method::Probe).await?;
         Ok(Response::new(ProbeResponse {
             ready: Some(self.config.ready),
-        }))
-    }
-}
-
-#[tonic::async_trait]
-impl Node for Driver {
-    async fn node_get_capabilities(
-        &self,
-        _: Request<NodeGetCapabilitiesRequest>,
-    ) -> Result<Response<NodeGetCapabilitiesResponse>, tonic::Status> {
-        self.enter(Method::NodeGetCapabilities, None).await?;
-        let capabilities = self
-            .config
-            .node_capabilities
-            .iter()
-            .map(|&t| NodeServiceCapability {
-                r#type: Some(node_service_capability::Type::Rpc(
-                    node_service_capability::Rpc { r#type: t as i32 },
-                )),
-            })
-            .collect();
-        Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
-    }
-
-    async fn node_get_info(
-        &self,
-        _: Request<NodeGetInfoRequest>,
-    ) -> Result<Response<NodeGetInfoResponse>, tonic::Status> {
-        self.enter(Method::NodeGetInfo, Some(&self.config.node_get_info))
-            .await?;
-        let accessible_topology = (!self.config.topology.is_empty()).then(|| Topology {
-            segments: to_map(&self.config.topology),
-        });
-        Ok(Response::new(NodeGetInfoResponse {
-            node_id: self.config.node_id.clone(),
-            max_volumes_per_node: self.config.max_volumes_per_node,
-            accessible_topology,
         }))
     }
 }

@@ -88,8 +88,11 @@ async fn answers_from_its_config() {
     let calls = driver.calls().clone();
     assert_eq!(calls.get_plugin_info(), 1);
     assert_eq!(calls.node_get_info(), 1);
-    for m in Method::ALL {
-        assert_eq!(calls.count(m), 1, "{m}");
+    for m in &Method::ALL[..5] {
+        assert_eq!(calls.count(*m), 1, "{m}");
+    }
+    for m in &Method::ALL[5..] {
+        assert_eq!(calls.count(*m), 0, "{m}");
     }
     driver.stop().await.unwrap();
     assert!(!path.exists(), "stop removes the socket");

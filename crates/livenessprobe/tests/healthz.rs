@@ -12,6 +12,11 @@ use common::{Proc, SOON, args, driver, get, http};
 use plugreg_csi_test_driver::{DriverConfig, Failure, Fault, Method};
 use tonic::Code;
 
+/// The driver's Probe misbehaves as `fault` says.
+fn probe(fault: Fault) -> std::collections::BTreeMap<Method, Fault> {
+    [(Method::Probe, fault)].into()
+}
+
 async fn blocking_get(addr: SocketAddr, path: &'static str) -> (u16, String) {
     tokio::task::spawn_blocking(move || get(addr, path))
         .await
@@ -61,10 +66,10 @@ async fn a_failing_or_not_ready_driver_gives_500_with_upstreams_body() {
     let _f = driver(
         &failing,
         DriverConfig {
-            probe: Fault {
+            faults: probe(Fault {
                 error: Some(Failure::new(Code::FailedPrecondition, "disk on fire")),
                 ..Fault::default()
-            },
+            }),
             ..DriverConfig::default()
         },
     )
@@ -105,10 +110,10 @@ async fn a_hanging_driver_gives_500_when_the_probe_timeout_runs_out() {
     let _d = driver(
         &socket,
         DriverConfig {
-            probe: Fault {
+            faults: probe(Fault {
                 hang: true,
                 ..Fault::default()
-            },
+            }),
             ..DriverConfig::default()
         },
     )
@@ -163,10 +168,10 @@ async fn concurrent_callers_share_one_probe() {
     let d = driver(
         &socket,
         DriverConfig {
-            probe: Fault {
+            faults: probe(Fault {
                 delay: Some(Duration::from_secs(2)),
                 ..Fault::default()
-            },
+            }),
             ..DriverConfig::default()
         },
     )

@@ -2,10 +2,16 @@
 //!
 //! * `info`: Identity (GetPluginInfo, GetPluginCapabilities, Probe);
 //! * `node-info`: NodeGetInfo (what the kubelet publishes for the driver);
-//! * `node-capabilities`: NodeGetCapabilities.
+//! * `node-capabilities`: NodeGetCapabilities;
+//! * `stage`, `unstage`, `publish`, `unpublish`, `expand`, `stats`: one node call each, as the
+//!   kubelet makes it; `mount` and `unmount`: the kubelet's whole sequence ([`volume`]);
+//! * `check`: the driver check for driver authors (exit 0 only when every step passed).
 //!
 //! Output is a table for people or `--output json` for scripts. `main` mounts [`CsiCommand`] as
-//! a subcommand and calls [`run`]. The calls themselves are `plugreg_csi::client`'s.
+//! a subcommand and calls [`run`]. The identity calls are `plugreg_csi::client`'s, the volume
+//! calls `plugreg_csi_core::node`'s.
+
+pub mod volume;
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -32,6 +38,26 @@ pub enum CsiCommand {
     NodeInfo(Target),
     /// Show the driver's node service capabilities (NodeGetCapabilities).
     NodeCapabilities(Target),
+    /// NodeStageVolume (creates the staging directory first, as the kubelet does; skipped
+    /// without STAGE_UNSTAGE_VOLUME).
+    Stage(Box<volume::VolumeArgs>),
+    /// NodeUnstageVolume (skipped without STAGE_UNSTAGE_VOLUME).
+    Unstage(Box<volume::VolumeArgs>),
+    /// NodePublishVolume (creates the target's parent first).
+    Publish(Box<volume::VolumeArgs>),
+    /// NodeUnpublishVolume.
+    Unpublish(Box<volume::VolumeArgs>),
+    /// NodeExpandVolume (only when the driver has EXPAND_VOLUME).
+    Expand(Box<volume::ExpandArgs>),
+    /// NodeGetVolumeStats (only when the driver has GET_VOLUME_STATS).
+    Stats(Box<volume::VolumeArgs>),
+    /// The kubelet's mount sequence: stage (when supported), then publish.
+    Mount(Box<volume::VolumeArgs>),
+    /// The kubelet's unmount sequence: unpublish, then unstage (when supported).
+    Unmount(Box<volume::VolumeArgs>),
+    /// Run the driver through the kubelet's sequence and the spec's error codes in a temp dir;
+    /// exit 0 only when every step passed.
+    Check(Box<volume::CheckArgs>),
 }
 
 /// Which driver to ask, how long to wait, how to print.
@@ -128,6 +154,32 @@ pub enum CliError {
     /// Encoding JSON failed.
     #[error("failed to encode JSON output")]
     Json(#[source] serde_json::Error),
+    /// A node call failed or could not be made. The text carries the whole chain, the
+    /// driver's status worded as grpc-go words it (`rpc error: code = NotFound desc = ...`).
+    #[error("{endpoint}: {}", plugreg_runtime::report::chain(.error))]
+    Node {
+        /// The endpoint.
+        endpoint: String,
+        /// Why (with the driver's gRPC status).
+        error: plugreg_csi_core::NodeError,
+    },
+    /// `check` found steps that do not follow the spec.
+    #[error("check of {endpoint} failed: {}", failed.join("; "))]
+    CheckFailed {
+        /// The endpoint.
+        endpoint: String,
+        /// The failed steps.
+        failed: Vec<String>,
+    },
+    /// The check's temp dir could not be made.
+    #[error("cannot create {path:?}")]
+    TempDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
 }
 
 impl CliError {
@@ -201,7 +253,17 @@ pub struct NodeCapabilitiesOutput {
 
 /// Runs `cmd`, writing its output to `out`.
 pub async fn run(cmd: CsiCommand, out: &mut dyn Write) -> Result<(), CliError> {
+    use volume::Op;
     match cmd {
+        CsiCommand::Stage(a) => volume::run_volume(Op::Stage, *a, out).await,
+        CsiCommand::Unstage(a) => volume::run_volume(Op::Unstage, *a, out).await,
+        CsiCommand::Publish(a) => volume::run_volume(Op::Publish, *a, out).await,
+        CsiCommand::Unpublish(a) => volume::run_volume(Op::Unpublish, *a, out).await,
+        CsiCommand::Stats(a) => volume::run_volume(Op::Stats, *a, out).await,
+        CsiCommand::Mount(a) => volume::run_volume(Op::Mount, *a, out).await,
+        CsiCommand::Unmount(a) => volume::run_volume(Op::Unmount, *a, out).await,
+        CsiCommand::Expand(a) => volume::run_expand(*a, out).await,
+        CsiCommand::Check(a) => volume::run_check(*a, out).await,
         CsiCommand::Info(t) => {
             let c = connect(&t).await?;
             let e = |err| CliError::from_call(&t.endpoint, err);
@@ -298,19 +360,23 @@ pub async fn run(cmd: CsiCommand, out: &mut dyn Write) -> Result<(), CliError> {
     }
 }
 
+/// Checks that a socket is at `endpoint`.
+fn check_socket(endpoint: &str) -> Result<(), CliError> {
+    let path = plugreg_transport::parse_address(endpoint).map_err(|source| CliError::Endpoint {
+        endpoint: endpoint.to_owned(),
+        source,
+    })?;
+    match plugreg_transport::path_kind(&path) {
+        Ok(PathKind::Socket) => Ok(()),
+        Ok(PathKind::Missing) => Err(CliError::NoSocket { path }),
+        Ok(PathKind::Other) => Err(CliError::NotASocket { path }),
+        Err(source) => Err(CliError::Inspect { path, source }),
+    }
+}
+
 /// Checks that a socket is at the endpoint, then dials it.
 async fn connect(t: &Target) -> Result<CsiClient, CliError> {
-    let path =
-        plugreg_transport::parse_address(&t.endpoint).map_err(|source| CliError::Endpoint {
-            endpoint: t.endpoint.clone(),
-            source,
-        })?;
-    match plugreg_transport::path_kind(&path) {
-        Ok(PathKind::Socket) => {}
-        Ok(PathKind::Missing) => return Err(CliError::NoSocket { path }),
-        Ok(PathKind::Other) => return Err(CliError::NotASocket { path }),
-        Err(source) => return Err(CliError::Inspect { path, source }),
-    }
+    check_socket(&t.endpoint)?;
     CsiClient::connect(&t.endpoint, t.timeout)
         .await
         .map_err(|e| CliError::from_call(&t.endpoint, e))

@@ -6,7 +6,7 @@
 //!
 //! - [`pluginregistration`]: the kubelet plugin registration service (`GetInfo`,
 //!   `NotifyRegistrationStatus`), the same on the wire for v1alpha1, v1beta1 and v1.
-//! - [`csi`]: CSI v1 Identity and the Node RPCs that registration uses.
+//! - [`csi`]: CSI v1 Identity, Node and Controller.
 //! - [`example`]: the small versioned example services used by tests and the demo.
 
 /// The kubelet plugin registration API (proto package `pluginregistration`).
@@ -22,7 +22,7 @@ pub mod pluginregistration {
     pub const DRA_PLUGIN: &str = "DRAPlugin";
 }
 
-/// CSI (proto package `csi.v1`): Identity, and the Node RPCs registration needs.
+/// CSI (proto package `csi.v1`): Identity, Node and Controller.
 pub mod csi {
     /// Package `csi.v1`.
     pub mod v1 {

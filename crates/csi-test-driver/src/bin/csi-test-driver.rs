@@ -9,11 +9,15 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, parse_topology};
+use plugreg_csi_test_driver::{
+    Code, DriverConfig, Failure, Fault, Method, MountMode, NodeCapability, parse_topology,
+    valid_volume_id,
+};
 use plugreg_runtime::signal::Signals;
 use tokio_util::sync::CancellationToken;
 
-/// A fake CSI driver (Identity + Node) on a Unix socket, for tests and demos.
+/// A fake CSI driver (Identity, Node, optionally Controller) on a Unix socket, for tests and
+/// demos. Stage and publish make bind mounts when run as root.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -68,6 +72,30 @@ struct Args {
     /// Never answer NodeGetInfo.
     #[arg(long)]
     node_get_info_hang: bool,
+    /// Advertise this node capability (repeatable): STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS,
+    /// EXPAND_VOLUME, VOLUME_CONDITION, SINGLE_NODE_MULTI_WRITER, VOLUME_MOUNT_GROUP.
+    #[arg(long = "node-capability", value_name = "NAME", value_parser = parse_node_capability)]
+    node_capabilities: Vec<NodeCapability>,
+    /// Serve the Controller service (CreateVolume, DeleteVolume, ControllerGetCapabilities).
+    #[arg(long)]
+    controller: bool,
+    /// A pre-provisioned volume id (repeatable).
+    #[arg(long = "volume", value_name = "ID", value_parser = parse_volume_id)]
+    volumes: Vec<String>,
+    /// Where volumes live [default: <socket>.volumes].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// bind: bind mounts; directory: plain directories; auto: bind mounts when root.
+    #[arg(long, value_enum, default_value_t = Mount::Auto)]
+    mount: Mount,
+    /// CreateVolume refuses more bytes than this with OUT_OF_RANGE (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    max_capacity: i64,
+    /// Make a method misbehave (repeatable): `METHOD:KEY=VALUE,...` with keys
+    /// `delay` (e.g. 200ms), `delay-first` (N), `code` (name or number), `message`,
+    /// `fail-first` (N) and the flag `hang`. Example: `NodeStageVolume:code=RESOURCE_EXHAUSTED,fail-first=2`.
+    #[arg(long = "fault", value_name = "SPEC", value_parser = parse_fault)]
+    faults: Vec<(Method, Fault)>,
     /// Wait this long before creating the socket.
     #[arg(long, value_parser = humantime::parse_duration)]
     start_delay: Option<Duration>,
@@ -107,9 +135,110 @@ impl Args {
                 hang: self.node_get_info_hang,
                 ..Fault::default()
             },
+            node_capabilities: self.node_capabilities.clone(),
+            controller: self.controller,
+            volumes: self.volumes.clone(),
+            data_dir: self.data_dir.clone(),
+            mount: match self.mount {
+                Mount::Auto => MountMode::Auto,
+                Mount::Bind => MountMode::Bind,
+                Mount::Directory => MountMode::Directory,
+            },
+            max_capacity: self.max_capacity,
+            faults: self.faults.iter().cloned().collect(),
             ..DriverConfig::default()
         })
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mount {
+    Auto,
+    Bind,
+    Directory,
+}
+
+fn parse_node_capability(s: &str) -> Result<NodeCapability, String> {
+    NodeCapability::from_str_name(s)
+        .filter(|c| *c != NodeCapability::Unknown)
+        .ok_or_else(|| format!("unknown node capability {s:?}"))
+}
+
+fn parse_volume_id(s: &str) -> Result<String, String> {
+    if valid_volume_id(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "invalid volume id {s:?}: 1-128 bytes, no '/', not '.' or '..'"
+        ))
+    }
+}
+
+const CODES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+fn parse_code(s: &str) -> Result<Code, String> {
+    let n = match s.parse::<i32>() {
+        Ok(n) => n,
+        Err(_) => CODES
+            .iter()
+            .position(|c| c.eq_ignore_ascii_case(s))
+            .map(|i| i as i32)
+            .ok_or_else(|| format!("unknown gRPC code {s:?}"))?,
+    };
+    if (1..=16).contains(&n) {
+        Ok(Code::from_i32(n))
+    } else {
+        Err(format!("gRPC code {s:?} is not an error code (1-16)"))
+    }
+}
+
+/// `METHOD:KEY=VALUE,...` (see `--fault`).
+fn parse_fault(s: &str) -> Result<(Method, Fault), String> {
+    let (name, spec) = s.split_once(':').unwrap_or((s, ""));
+    let method = Method::from_name(name).ok_or_else(|| format!("unknown method {name:?}"))?;
+    let mut fault = Fault::default();
+    let mut code = None;
+    let mut message = None;
+    let number = |v: &str| v.parse::<u64>().map_err(|e| format!("{v:?}: {e}"));
+    for item in spec.split(',').filter(|i| !i.is_empty()) {
+        let (k, v) = item.split_once('=').unwrap_or((item, ""));
+        match k {
+            "delay" => {
+                fault.delay = Some(humantime::parse_duration(v).map_err(|e| format!("{v:?}: {e}"))?)
+            }
+            "delay-first" => fault.delay_first = Some(number(v)?),
+            "fail-first" => fault.fail_first = Some(number(v)?),
+            "code" => code = Some(parse_code(v)?),
+            "message" => message = Some(v.to_owned()),
+            "hang" if v.is_empty() => fault.hang = true,
+            _ => return Err(format!("unknown fault setting {item:?}")),
+        }
+    }
+    if code.is_some() || message.is_some() {
+        fault.error = Some(Failure::new(
+            code.unwrap_or(Code::Internal),
+            message.unwrap_or_else(|| format!("injected {name} failure")),
+        ));
+    }
+    Ok((method, fault))
 }
 
 /// Prints one JSON line; a closed stdout is not an error (the reader may be gone).
@@ -150,7 +279,8 @@ async fn main() -> anyhow::Result<()> {
                 "method": call.method.as_str(),
                 "number": call.number,
                 "delay_ms": call.delay.map(|d| d.as_millis() as u64),
-                "error": call.error.map(|e| e.message),
+                "error": call.error.as_ref().map(|e| e.message.clone()),
+                "code": call.error.map(|e| e.code as i32),
                 "hang": call.hang,
             }));
         }
@@ -162,4 +292,63 @@ async fn main() -> anyhow::Result<()> {
     plugreg_csi_test_driver::serve_bound(config, bound, token).await?;
     emit(serde_json::json!({"event": "stopped", "socket": socket}));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_fault_specs() {
+        let (m, f) = parse_fault("NodeStageVolume:code=RESOURCE_EXHAUSTED,fail-first=2").unwrap();
+        assert_eq!(m, Method::NodeStageVolume);
+        assert_eq!(f.fail_first, Some(2));
+        assert_eq!(f.error.unwrap().code, Code::ResourceExhausted);
+
+        let (m, f) = parse_fault("CreateVolume:delay=250ms,delay-first=1,hang").unwrap();
+        assert_eq!(m, Method::CreateVolume);
+        assert_eq!(f.delay, Some(Duration::from_millis(250)));
+        assert_eq!(f.delay_first, Some(1));
+        assert!(f.hang);
+        assert_eq!(f.error, None);
+
+        let (_, f) = parse_fault("Probe:code=9,message=not yet").unwrap();
+        let e = f.error.unwrap();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (Code::FailedPrecondition, "not yet")
+        );
+        // A message alone fails with INTERNAL.
+        let (_, f) = parse_fault("NodeGetInfo:message=x").unwrap();
+        assert_eq!(f.error.unwrap().code, Code::Internal);
+        // A method alone: no misbehaviour.
+        assert_eq!(parse_fault("Probe").unwrap().1, Fault::default());
+
+        for bad in [
+            "NoSuchMethod:hang",
+            "Probe:code=OK",
+            "Probe:code=17",
+            "Probe:code=NOPE",
+            "Probe:delay=soon",
+            "Probe:fail-first=-1",
+            "Probe:hang=yes",
+            "Probe:colour=blue",
+        ] {
+            assert!(parse_fault(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn parses_capabilities_and_volume_ids() {
+        assert_eq!(
+            parse_node_capability("STAGE_UNSTAGE_VOLUME").unwrap(),
+            NodeCapability::StageUnstageVolume
+        );
+        assert!(parse_node_capability("UNKNOWN").is_err());
+        assert!(parse_node_capability("stage").is_err());
+        assert_eq!(parse_volume_id("vol-1").unwrap(), "vol-1");
+        for bad in ["", ".", "..", "a/b", &"x".repeat(129)] {
+            assert!(parse_volume_id(bad).is_err(), "{bad:?}");
+        }
+    }
 }

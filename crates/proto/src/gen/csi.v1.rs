@@ -251,6 +251,799 @@ pub struct Topology {
         ::prost::alloc::string::String,
     >,
 }
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct VolumeCapability {
+    #[prost(message, optional, tag = "3")]
+    pub access_mode: ::core::option::Option<volume_capability::AccessMode>,
+    #[prost(oneof = "volume_capability::AccessType", tags = "1, 2")]
+    pub access_type: ::core::option::Option<volume_capability::AccessType>,
+}
+/// Nested message and enum types in `VolumeCapability`.
+pub mod volume_capability {
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct BlockVolume {}
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct MountVolume {
+        /// Filesystem type; empty means unspecified.
+        #[prost(string, tag = "1")]
+        pub fs_type: ::prost::alloc::string::String,
+        #[prost(string, repeated, tag = "2")]
+        pub mount_flags: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+        /// Group id to mount with (VOLUME_MOUNT_GROUP).
+        #[prost(string, tag = "3")]
+        pub volume_mount_group: ::prost::alloc::string::String,
+    }
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct AccessMode {
+        #[prost(enumeration = "access_mode::Mode", tag = "1")]
+        pub mode: i32,
+    }
+    /// Nested message and enum types in `AccessMode`.
+    pub mod access_mode {
+        #[derive(
+            Clone,
+            Copy,
+            Debug,
+            PartialEq,
+            Eq,
+            Hash,
+            PartialOrd,
+            Ord,
+            ::prost::Enumeration
+        )]
+        #[repr(i32)]
+        pub enum Mode {
+            Unknown = 0,
+            SingleNodeWriter = 1,
+            SingleNodeReaderOnly = 2,
+            MultiNodeReaderOnly = 3,
+            MultiNodeSingleWriter = 4,
+            MultiNodeMultiWriter = 5,
+            SingleNodeSingleWriter = 6,
+            SingleNodeMultiWriter = 7,
+        }
+        impl Mode {
+            /// String value of the enum field names used in the ProtoBuf definition.
+            ///
+            /// The values are not transformed in any way and thus are considered stable
+            /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+            pub fn as_str_name(&self) -> &'static str {
+                match self {
+                    Self::Unknown => "UNKNOWN",
+                    Self::SingleNodeWriter => "SINGLE_NODE_WRITER",
+                    Self::SingleNodeReaderOnly => "SINGLE_NODE_READER_ONLY",
+                    Self::MultiNodeReaderOnly => "MULTI_NODE_READER_ONLY",
+                    Self::MultiNodeSingleWriter => "MULTI_NODE_SINGLE_WRITER",
+                    Self::MultiNodeMultiWriter => "MULTI_NODE_MULTI_WRITER",
+                    Self::SingleNodeSingleWriter => "SINGLE_NODE_SINGLE_WRITER",
+                    Self::SingleNodeMultiWriter => "SINGLE_NODE_MULTI_WRITER",
+                }
+            }
+            /// Creates an enum from field names used in the ProtoBuf definition.
+            pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+                match value {
+                    "UNKNOWN" => Some(Self::Unknown),
+                    "SINGLE_NODE_WRITER" => Some(Self::SingleNodeWriter),
+                    "SINGLE_NODE_READER_ONLY" => Some(Self::SingleNodeReaderOnly),
+                    "MULTI_NODE_READER_ONLY" => Some(Self::MultiNodeReaderOnly),
+                    "MULTI_NODE_SINGLE_WRITER" => Some(Self::MultiNodeSingleWriter),
+                    "MULTI_NODE_MULTI_WRITER" => Some(Self::MultiNodeMultiWriter),
+                    "SINGLE_NODE_SINGLE_WRITER" => Some(Self::SingleNodeSingleWriter),
+                    "SINGLE_NODE_MULTI_WRITER" => Some(Self::SingleNodeMultiWriter),
+                    _ => None,
+                }
+            }
+        }
+    }
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum AccessType {
+        #[prost(message, tag = "1")]
+        Block(BlockVolume),
+        #[prost(message, tag = "2")]
+        Mount(MountVolume),
+    }
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CapacityRange {
+    #[prost(int64, tag = "1")]
+    pub required_bytes: i64,
+    #[prost(int64, tag = "2")]
+    pub limit_bytes: i64,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct VolumeUsage {
+    #[prost(int64, tag = "1")]
+    pub available: i64,
+    #[prost(int64, tag = "2")]
+    pub total: i64,
+    #[prost(int64, tag = "3")]
+    pub used: i64,
+    #[prost(enumeration = "volume_usage::Unit", tag = "4")]
+    pub unit: i32,
+}
+/// Nested message and enum types in `VolumeUsage`.
+pub mod volume_usage {
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        ::prost::Enumeration
+    )]
+    #[repr(i32)]
+    pub enum Unit {
+        Unknown = 0,
+        Bytes = 1,
+        Inodes = 2,
+    }
+    impl Unit {
+        /// String value of the enum field names used in the ProtoBuf definition.
+        ///
+        /// The values are not transformed in any way and thus are considered stable
+        /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+        pub fn as_str_name(&self) -> &'static str {
+            match self {
+                Self::Unknown => "UNKNOWN",
+                Self::Bytes => "BYTES",
+                Self::Inodes => "INODES",
+            }
+        }
+        /// Creates an enum from field names used in the ProtoBuf definition.
+        pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+            match value {
+                "UNKNOWN" => Some(Self::Unknown),
+                "BYTES" => Some(Self::Bytes),
+                "INODES" => Some(Self::Inodes),
+                _ => None,
+            }
+        }
+    }
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct VolumeCondition {
+    #[prost(bool, tag = "1")]
+    pub abnormal: bool,
+    #[prost(string, tag = "2")]
+    pub message: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct NodeStageVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "2")]
+    pub publish_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(string, tag = "3")]
+    pub staging_target_path: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "4")]
+    pub volume_capability: ::core::option::Option<VolumeCapability>,
+    #[prost(map = "string, string", tag = "5")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(map = "string, string", tag = "6")]
+    pub volume_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeStageVolumeResponse {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeUnstageVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub staging_target_path: ::prost::alloc::string::String,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeUnstageVolumeResponse {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct NodePublishVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "2")]
+    pub publish_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(string, tag = "3")]
+    pub staging_target_path: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub target_path: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "5")]
+    pub volume_capability: ::core::option::Option<VolumeCapability>,
+    #[prost(bool, tag = "6")]
+    pub readonly: bool,
+    #[prost(map = "string, string", tag = "7")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(map = "string, string", tag = "8")]
+    pub volume_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodePublishVolumeResponse {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeUnpublishVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub target_path: ::prost::alloc::string::String,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeUnpublishVolumeResponse {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeGetVolumeStatsRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub volume_path: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub staging_target_path: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct NodeGetVolumeStatsResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub usage: ::prost::alloc::vec::Vec<VolumeUsage>,
+    #[prost(message, optional, tag = "2")]
+    pub volume_condition: ::core::option::Option<VolumeCondition>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct NodeExpandVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub volume_path: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "3")]
+    pub capacity_range: ::core::option::Option<CapacityRange>,
+    #[prost(string, tag = "4")]
+    pub staging_target_path: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "5")]
+    pub volume_capability: ::core::option::Option<VolumeCapability>,
+    #[prost(map = "string, string", tag = "6")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeExpandVolumeResponse {
+    #[prost(int64, tag = "1")]
+    pub capacity_bytes: i64,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct CreateVolumeRequest {
+    /// Idempotency key chosen by the CO.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "2")]
+    pub capacity_range: ::core::option::Option<CapacityRange>,
+    #[prost(message, repeated, tag = "3")]
+    pub volume_capabilities: ::prost::alloc::vec::Vec<VolumeCapability>,
+    #[prost(map = "string, string", tag = "4")]
+    pub parameters: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(map = "string, string", tag = "5")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(message, optional, tag = "6")]
+    pub volume_content_source: ::core::option::Option<VolumeContentSource>,
+    #[prost(message, optional, tag = "7")]
+    pub accessibility_requirements: ::core::option::Option<TopologyRequirement>,
+    #[prost(map = "string, string", tag = "8")]
+    pub mutable_parameters: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct VolumeContentSource {
+    #[prost(oneof = "volume_content_source::Type", tags = "1, 2")]
+    pub r#type: ::core::option::Option<volume_content_source::Type>,
+}
+/// Nested message and enum types in `VolumeContentSource`.
+pub mod volume_content_source {
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct SnapshotSource {
+        #[prost(string, tag = "1")]
+        pub snapshot_id: ::prost::alloc::string::String,
+    }
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct VolumeSource {
+        #[prost(string, tag = "1")]
+        pub volume_id: ::prost::alloc::string::String,
+    }
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Type {
+        #[prost(message, tag = "1")]
+        Snapshot(SnapshotSource),
+        #[prost(message, tag = "2")]
+        Volume(VolumeSource),
+    }
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct CreateVolumeResponse {
+    #[prost(message, optional, tag = "1")]
+    pub volume: ::core::option::Option<Volume>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Volume {
+    #[prost(int64, tag = "1")]
+    pub capacity_bytes: i64,
+    #[prost(string, tag = "2")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "3")]
+    pub volume_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(message, optional, tag = "4")]
+    pub content_source: ::core::option::Option<VolumeContentSource>,
+    #[prost(message, repeated, tag = "5")]
+    pub accessible_topology: ::prost::alloc::vec::Vec<Topology>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct TopologyRequirement {
+    #[prost(message, repeated, tag = "1")]
+    pub requisite: ::prost::alloc::vec::Vec<Topology>,
+    #[prost(message, repeated, tag = "2")]
+    pub preferred: ::prost::alloc::vec::Vec<Topology>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct DeleteVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "2")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DeleteVolumeResponse {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ControllerPublishVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub node_id: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "3")]
+    pub volume_capability: ::core::option::Option<VolumeCapability>,
+    #[prost(bool, tag = "4")]
+    pub readonly: bool,
+    #[prost(map = "string, string", tag = "5")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(map = "string, string", tag = "6")]
+    pub volume_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ControllerPublishVolumeResponse {
+    #[prost(map = "string, string", tag = "1")]
+    pub publish_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ControllerUnpublishVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub node_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "3")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ControllerUnpublishVolumeResponse {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ValidateVolumeCapabilitiesRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "2")]
+    pub volume_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(message, repeated, tag = "3")]
+    pub volume_capabilities: ::prost::alloc::vec::Vec<VolumeCapability>,
+    #[prost(map = "string, string", tag = "4")]
+    pub parameters: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(map = "string, string", tag = "5")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(map = "string, string", tag = "6")]
+    pub mutable_parameters: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ValidateVolumeCapabilitiesResponse {
+    /// Unset: not confirmed.
+    #[prost(message, optional, tag = "1")]
+    pub confirmed: ::core::option::Option<
+        validate_volume_capabilities_response::Confirmed,
+    >,
+    #[prost(string, tag = "2")]
+    pub message: ::prost::alloc::string::String,
+}
+/// Nested message and enum types in `ValidateVolumeCapabilitiesResponse`.
+pub mod validate_volume_capabilities_response {
+    #[derive(Clone, PartialEq, ::prost::Message)]
+    pub struct Confirmed {
+        #[prost(map = "string, string", tag = "1")]
+        pub volume_context: ::std::collections::HashMap<
+            ::prost::alloc::string::String,
+            ::prost::alloc::string::String,
+        >,
+        #[prost(message, repeated, tag = "2")]
+        pub volume_capabilities: ::prost::alloc::vec::Vec<super::VolumeCapability>,
+        #[prost(map = "string, string", tag = "3")]
+        pub parameters: ::std::collections::HashMap<
+            ::prost::alloc::string::String,
+            ::prost::alloc::string::String,
+        >,
+        #[prost(map = "string, string", tag = "4")]
+        pub mutable_parameters: ::std::collections::HashMap<
+            ::prost::alloc::string::String,
+            ::prost::alloc::string::String,
+        >,
+    }
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListVolumesRequest {
+    #[prost(int32, tag = "1")]
+    pub max_entries: i32,
+    #[prost(string, tag = "2")]
+    pub starting_token: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListVolumesResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub entries: ::prost::alloc::vec::Vec<list_volumes_response::Entry>,
+    #[prost(string, tag = "2")]
+    pub next_token: ::prost::alloc::string::String,
+}
+/// Nested message and enum types in `ListVolumesResponse`.
+pub mod list_volumes_response {
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct VolumeStatus {
+        #[prost(string, repeated, tag = "1")]
+        pub published_node_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+        #[prost(message, optional, tag = "2")]
+        pub volume_condition: ::core::option::Option<super::VolumeCondition>,
+    }
+    #[derive(Clone, PartialEq, ::prost::Message)]
+    pub struct Entry {
+        #[prost(message, optional, tag = "1")]
+        pub volume: ::core::option::Option<super::Volume>,
+        #[prost(message, optional, tag = "2")]
+        pub status: ::core::option::Option<VolumeStatus>,
+    }
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ControllerGetVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ControllerGetVolumeResponse {
+    #[prost(message, optional, tag = "1")]
+    pub volume: ::core::option::Option<Volume>,
+    #[prost(message, optional, tag = "2")]
+    pub status: ::core::option::Option<controller_get_volume_response::VolumeStatus>,
+}
+/// Nested message and enum types in `ControllerGetVolumeResponse`.
+pub mod controller_get_volume_response {
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct VolumeStatus {
+        #[prost(string, repeated, tag = "1")]
+        pub published_node_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+        #[prost(message, optional, tag = "2")]
+        pub volume_condition: ::core::option::Option<super::VolumeCondition>,
+    }
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ControllerModifyVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "2")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(map = "string, string", tag = "3")]
+    pub mutable_parameters: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ControllerModifyVolumeResponse {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct GetCapacityRequest {
+    #[prost(message, repeated, tag = "1")]
+    pub volume_capabilities: ::prost::alloc::vec::Vec<VolumeCapability>,
+    #[prost(map = "string, string", tag = "2")]
+    pub parameters: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(message, optional, tag = "3")]
+    pub accessible_topology: ::core::option::Option<Topology>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetCapacityResponse {
+    #[prost(int64, tag = "1")]
+    pub available_capacity: i64,
+    #[prost(message, optional, tag = "2")]
+    pub maximum_volume_size: ::core::option::Option<i64>,
+    #[prost(message, optional, tag = "3")]
+    pub minimum_volume_size: ::core::option::Option<i64>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ControllerGetCapabilitiesRequest {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ControllerGetCapabilitiesResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub capabilities: ::prost::alloc::vec::Vec<ControllerServiceCapability>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ControllerServiceCapability {
+    #[prost(oneof = "controller_service_capability::Type", tags = "1")]
+    pub r#type: ::core::option::Option<controller_service_capability::Type>,
+}
+/// Nested message and enum types in `ControllerServiceCapability`.
+pub mod controller_service_capability {
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct Rpc {
+        #[prost(enumeration = "rpc::Type", tag = "1")]
+        pub r#type: i32,
+    }
+    /// Nested message and enum types in `RPC`.
+    pub mod rpc {
+        #[derive(
+            Clone,
+            Copy,
+            Debug,
+            PartialEq,
+            Eq,
+            Hash,
+            PartialOrd,
+            Ord,
+            ::prost::Enumeration
+        )]
+        #[repr(i32)]
+        pub enum Type {
+            Unknown = 0,
+            CreateDeleteVolume = 1,
+            PublishUnpublishVolume = 2,
+            ListVolumes = 3,
+            GetCapacity = 4,
+            CreateDeleteSnapshot = 5,
+            ListSnapshots = 6,
+            CloneVolume = 7,
+            PublishReadonly = 8,
+            ExpandVolume = 9,
+            ListVolumesPublishedNodes = 10,
+            VolumeCondition = 11,
+            GetVolume = 12,
+            SingleNodeMultiWriter = 13,
+            ModifyVolume = 14,
+            GetSnapshot = 15,
+        }
+        impl Type {
+            /// String value of the enum field names used in the ProtoBuf definition.
+            ///
+            /// The values are not transformed in any way and thus are considered stable
+            /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+            pub fn as_str_name(&self) -> &'static str {
+                match self {
+                    Self::Unknown => "UNKNOWN",
+                    Self::CreateDeleteVolume => "CREATE_DELETE_VOLUME",
+                    Self::PublishUnpublishVolume => "PUBLISH_UNPUBLISH_VOLUME",
+                    Self::ListVolumes => "LIST_VOLUMES",
+                    Self::GetCapacity => "GET_CAPACITY",
+                    Self::CreateDeleteSnapshot => "CREATE_DELETE_SNAPSHOT",
+                    Self::ListSnapshots => "LIST_SNAPSHOTS",
+                    Self::CloneVolume => "CLONE_VOLUME",
+                    Self::PublishReadonly => "PUBLISH_READONLY",
+                    Self::ExpandVolume => "EXPAND_VOLUME",
+                    Self::ListVolumesPublishedNodes => "LIST_VOLUMES_PUBLISHED_NODES",
+                    Self::VolumeCondition => "VOLUME_CONDITION",
+                    Self::GetVolume => "GET_VOLUME",
+                    Self::SingleNodeMultiWriter => "SINGLE_NODE_MULTI_WRITER",
+                    Self::ModifyVolume => "MODIFY_VOLUME",
+                    Self::GetSnapshot => "GET_SNAPSHOT",
+                }
+            }
+            /// Creates an enum from field names used in the ProtoBuf definition.
+            pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+                match value {
+                    "UNKNOWN" => Some(Self::Unknown),
+                    "CREATE_DELETE_VOLUME" => Some(Self::CreateDeleteVolume),
+                    "PUBLISH_UNPUBLISH_VOLUME" => Some(Self::PublishUnpublishVolume),
+                    "LIST_VOLUMES" => Some(Self::ListVolumes),
+                    "GET_CAPACITY" => Some(Self::GetCapacity),
+                    "CREATE_DELETE_SNAPSHOT" => Some(Self::CreateDeleteSnapshot),
+                    "LIST_SNAPSHOTS" => Some(Self::ListSnapshots),
+                    "CLONE_VOLUME" => Some(Self::CloneVolume),
+                    "PUBLISH_READONLY" => Some(Self::PublishReadonly),
+                    "EXPAND_VOLUME" => Some(Self::ExpandVolume),
+                    "LIST_VOLUMES_PUBLISHED_NODES" => {
+                        Some(Self::ListVolumesPublishedNodes)
+                    }
+                    "VOLUME_CONDITION" => Some(Self::VolumeCondition),
+                    "GET_VOLUME" => Some(Self::GetVolume),
+                    "SINGLE_NODE_MULTI_WRITER" => Some(Self::SingleNodeMultiWriter),
+                    "MODIFY_VOLUME" => Some(Self::ModifyVolume),
+                    "GET_SNAPSHOT" => Some(Self::GetSnapshot),
+                    _ => None,
+                }
+            }
+        }
+    }
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Type {
+        #[prost(message, tag = "1")]
+        Rpc(Rpc),
+    }
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ControllerExpandVolumeRequest {
+    #[prost(string, tag = "1")]
+    pub volume_id: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "2")]
+    pub capacity_range: ::core::option::Option<CapacityRange>,
+    #[prost(map = "string, string", tag = "3")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(message, optional, tag = "4")]
+    pub volume_capability: ::core::option::Option<VolumeCapability>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ControllerExpandVolumeResponse {
+    #[prost(int64, tag = "1")]
+    pub capacity_bytes: i64,
+    #[prost(bool, tag = "2")]
+    pub node_expansion_required: bool,
+}
+/// Wire-identical to google.protobuf.Timestamp (csi-wire.md 0), declared here so the crate
+/// needs no prost-types.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SnapshotTime {
+    #[prost(int64, tag = "1")]
+    pub seconds: i64,
+    #[prost(int32, tag = "2")]
+    pub nanos: i32,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Snapshot {
+    #[prost(int64, tag = "1")]
+    pub size_bytes: i64,
+    #[prost(string, tag = "2")]
+    pub snapshot_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub source_volume_id: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "4")]
+    pub creation_time: ::core::option::Option<SnapshotTime>,
+    #[prost(bool, tag = "5")]
+    pub ready_to_use: bool,
+    #[prost(string, tag = "6")]
+    pub group_snapshot_id: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct CreateSnapshotRequest {
+    #[prost(string, tag = "1")]
+    pub source_volume_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "3")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(map = "string, string", tag = "4")]
+    pub parameters: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CreateSnapshotResponse {
+    #[prost(message, optional, tag = "1")]
+    pub snapshot: ::core::option::Option<Snapshot>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct DeleteSnapshotRequest {
+    #[prost(string, tag = "1")]
+    pub snapshot_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "2")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DeleteSnapshotResponse {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListSnapshotsRequest {
+    #[prost(int32, tag = "1")]
+    pub max_entries: i32,
+    #[prost(string, tag = "2")]
+    pub starting_token: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub source_volume_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub snapshot_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "5")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListSnapshotsResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub entries: ::prost::alloc::vec::Vec<list_snapshots_response::Entry>,
+    #[prost(string, tag = "2")]
+    pub next_token: ::prost::alloc::string::String,
+}
+/// Nested message and enum types in `ListSnapshotsResponse`.
+pub mod list_snapshots_response {
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct Entry {
+        #[prost(message, optional, tag = "1")]
+        pub snapshot: ::core::option::Option<super::Snapshot>,
+    }
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct GetSnapshotRequest {
+    #[prost(string, tag = "1")]
+    pub snapshot_id: ::prost::alloc::string::String,
+    #[prost(map = "string, string", tag = "2")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetSnapshotResponse {
+    #[prost(message, optional, tag = "1")]
+    pub snapshot: ::core::option::Option<Snapshot>,
+}
 /// Generated client implementations.
 pub mod identity_client {
     #![allow(
@@ -761,6 +1554,150 @@ pub mod node_client {
             self.inner = self.inner.max_encoding_message_size(limit);
             self
         }
+        pub async fn node_stage_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::NodeStageVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeStageVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Node/NodeStageVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Node", "NodeStageVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn node_unstage_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::NodeUnstageVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeUnstageVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Node/NodeUnstageVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Node", "NodeUnstageVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn node_publish_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::NodePublishVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodePublishVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Node/NodePublishVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Node", "NodePublishVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn node_unpublish_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::NodeUnpublishVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeUnpublishVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Node/NodeUnpublishVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Node", "NodeUnpublishVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn node_get_volume_stats(
+            &mut self,
+            request: impl tonic::IntoRequest<super::NodeGetVolumeStatsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeGetVolumeStatsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Node/NodeGetVolumeStats",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Node", "NodeGetVolumeStats"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn node_expand_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::NodeExpandVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeExpandVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Node/NodeExpandVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Node", "NodeExpandVolume"));
+            self.inner.unary(req, path, codec).await
+        }
         pub async fn node_get_capabilities(
             &mut self,
             request: impl tonic::IntoRequest<super::NodeGetCapabilitiesRequest>,
@@ -821,6 +1758,48 @@ pub mod node_server {
     /// Generated trait containing gRPC methods that should be implemented for use with NodeServer.
     #[async_trait]
     pub trait Node: std::marker::Send + std::marker::Sync + 'static {
+        async fn node_stage_volume(
+            &self,
+            request: tonic::Request<super::NodeStageVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeStageVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn node_unstage_volume(
+            &self,
+            request: tonic::Request<super::NodeUnstageVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeUnstageVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn node_publish_volume(
+            &self,
+            request: tonic::Request<super::NodePublishVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodePublishVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn node_unpublish_volume(
+            &self,
+            request: tonic::Request<super::NodeUnpublishVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeUnpublishVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn node_get_volume_stats(
+            &self,
+            request: tonic::Request<super::NodeGetVolumeStatsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeGetVolumeStatsResponse>,
+            tonic::Status,
+        >;
+        async fn node_expand_volume(
+            &self,
+            request: tonic::Request<super::NodeExpandVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NodeExpandVolumeResponse>,
+            tonic::Status,
+        >;
         async fn node_get_capabilities(
             &self,
             request: tonic::Request<super::NodeGetCapabilitiesRequest>,
@@ -912,6 +1891,276 @@ pub mod node_server {
         }
         fn call(&mut self, req: http::Request<B>) -> Self::Future {
             match req.uri().path() {
+                "/csi.v1.Node/NodeStageVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct NodeStageVolumeSvc<T: Node>(pub Arc<T>);
+                    impl<
+                        T: Node,
+                    > tonic::server::UnaryService<super::NodeStageVolumeRequest>
+                    for NodeStageVolumeSvc<T> {
+                        type Response = super::NodeStageVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::NodeStageVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Node>::node_stage_volume(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = NodeStageVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Node/NodeUnstageVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct NodeUnstageVolumeSvc<T: Node>(pub Arc<T>);
+                    impl<
+                        T: Node,
+                    > tonic::server::UnaryService<super::NodeUnstageVolumeRequest>
+                    for NodeUnstageVolumeSvc<T> {
+                        type Response = super::NodeUnstageVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::NodeUnstageVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Node>::node_unstage_volume(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = NodeUnstageVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Node/NodePublishVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct NodePublishVolumeSvc<T: Node>(pub Arc<T>);
+                    impl<
+                        T: Node,
+                    > tonic::server::UnaryService<super::NodePublishVolumeRequest>
+                    for NodePublishVolumeSvc<T> {
+                        type Response = super::NodePublishVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::NodePublishVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Node>::node_publish_volume(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = NodePublishVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Node/NodeUnpublishVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct NodeUnpublishVolumeSvc<T: Node>(pub Arc<T>);
+                    impl<
+                        T: Node,
+                    > tonic::server::UnaryService<super::NodeUnpublishVolumeRequest>
+                    for NodeUnpublishVolumeSvc<T> {
+                        type Response = super::NodeUnpublishVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::NodeUnpublishVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Node>::node_unpublish_volume(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = NodeUnpublishVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Node/NodeGetVolumeStats" => {
+                    #[allow(non_camel_case_types)]
+                    struct NodeGetVolumeStatsSvc<T: Node>(pub Arc<T>);
+                    impl<
+                        T: Node,
+                    > tonic::server::UnaryService<super::NodeGetVolumeStatsRequest>
+                    for NodeGetVolumeStatsSvc<T> {
+                        type Response = super::NodeGetVolumeStatsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::NodeGetVolumeStatsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Node>::node_get_volume_stats(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = NodeGetVolumeStatsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Node/NodeExpandVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct NodeExpandVolumeSvc<T: Node>(pub Arc<T>);
+                    impl<
+                        T: Node,
+                    > tonic::server::UnaryService<super::NodeExpandVolumeRequest>
+                    for NodeExpandVolumeSvc<T> {
+                        type Response = super::NodeExpandVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::NodeExpandVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Node>::node_expand_volume(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = NodeExpandVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
                 "/csi.v1.Node/NodeGetCapabilities" => {
                     #[allow(non_camel_case_types)]
                     struct NodeGetCapabilitiesSvc<T: Node>(pub Arc<T>);
@@ -1037,6 +2286,1394 @@ pub mod node_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "csi.v1.Node";
     impl<T> tonic::server::NamedService for NodeServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Generated client implementations.
+pub mod controller_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    #[derive(Debug, Clone)]
+    pub struct ControllerClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl<T> ControllerClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> ControllerClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            ControllerClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        pub async fn create_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::CreateVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CreateVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/CreateVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "CreateVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn delete_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::DeleteVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/DeleteVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "DeleteVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn controller_publish_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ControllerPublishVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerPublishVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/ControllerPublishVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "ControllerPublishVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn controller_unpublish_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ControllerUnpublishVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerUnpublishVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/ControllerUnpublishVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("csi.v1.Controller", "ControllerUnpublishVolume"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn validate_volume_capabilities(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ValidateVolumeCapabilitiesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ValidateVolumeCapabilitiesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/ValidateVolumeCapabilities",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("csi.v1.Controller", "ValidateVolumeCapabilities"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn list_volumes(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ListVolumesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListVolumesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/ListVolumes",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "ListVolumes"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn get_capacity(
+            &mut self,
+            request: impl tonic::IntoRequest<super::GetCapacityRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::GetCapacityResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/GetCapacity",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "GetCapacity"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn controller_get_capabilities(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ControllerGetCapabilitiesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerGetCapabilitiesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/ControllerGetCapabilities",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("csi.v1.Controller", "ControllerGetCapabilities"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn create_snapshot(
+            &mut self,
+            request: impl tonic::IntoRequest<super::CreateSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CreateSnapshotResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/CreateSnapshot",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "CreateSnapshot"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn delete_snapshot(
+            &mut self,
+            request: impl tonic::IntoRequest<super::DeleteSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteSnapshotResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/DeleteSnapshot",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "DeleteSnapshot"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn list_snapshots(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ListSnapshotsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListSnapshotsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/ListSnapshots",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "ListSnapshots"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn get_snapshot(
+            &mut self,
+            request: impl tonic::IntoRequest<super::GetSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::GetSnapshotResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/GetSnapshot",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "GetSnapshot"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn controller_expand_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ControllerExpandVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerExpandVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/ControllerExpandVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "ControllerExpandVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn controller_get_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ControllerGetVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerGetVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/ControllerGetVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "ControllerGetVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn controller_modify_volume(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ControllerModifyVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerModifyVolumeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.Controller/ControllerModifyVolume",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("csi.v1.Controller", "ControllerModifyVolume"));
+            self.inner.unary(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod controller_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with ControllerServer.
+    #[async_trait]
+    pub trait Controller: std::marker::Send + std::marker::Sync + 'static {
+        async fn create_volume(
+            &self,
+            request: tonic::Request<super::CreateVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CreateVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn delete_volume(
+            &self,
+            request: tonic::Request<super::DeleteVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn controller_publish_volume(
+            &self,
+            request: tonic::Request<super::ControllerPublishVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerPublishVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn controller_unpublish_volume(
+            &self,
+            request: tonic::Request<super::ControllerUnpublishVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerUnpublishVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn validate_volume_capabilities(
+            &self,
+            request: tonic::Request<super::ValidateVolumeCapabilitiesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ValidateVolumeCapabilitiesResponse>,
+            tonic::Status,
+        >;
+        async fn list_volumes(
+            &self,
+            request: tonic::Request<super::ListVolumesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListVolumesResponse>,
+            tonic::Status,
+        >;
+        async fn get_capacity(
+            &self,
+            request: tonic::Request<super::GetCapacityRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::GetCapacityResponse>,
+            tonic::Status,
+        >;
+        async fn controller_get_capabilities(
+            &self,
+            request: tonic::Request<super::ControllerGetCapabilitiesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerGetCapabilitiesResponse>,
+            tonic::Status,
+        >;
+        async fn create_snapshot(
+            &self,
+            request: tonic::Request<super::CreateSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CreateSnapshotResponse>,
+            tonic::Status,
+        >;
+        async fn delete_snapshot(
+            &self,
+            request: tonic::Request<super::DeleteSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteSnapshotResponse>,
+            tonic::Status,
+        >;
+        async fn list_snapshots(
+            &self,
+            request: tonic::Request<super::ListSnapshotsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListSnapshotsResponse>,
+            tonic::Status,
+        >;
+        async fn get_snapshot(
+            &self,
+            request: tonic::Request<super::GetSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::GetSnapshotResponse>,
+            tonic::Status,
+        >;
+        async fn controller_expand_volume(
+            &self,
+            request: tonic::Request<super::ControllerExpandVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerExpandVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn controller_get_volume(
+            &self,
+            request: tonic::Request<super::ControllerGetVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerGetVolumeResponse>,
+            tonic::Status,
+        >;
+        async fn controller_modify_volume(
+            &self,
+            request: tonic::Request<super::ControllerModifyVolumeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ControllerModifyVolumeResponse>,
+            tonic::Status,
+        >;
+    }
+    #[derive(Debug)]
+    pub struct ControllerServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> ControllerServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for ControllerServer<T>
+    where
+        T: Controller,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/csi.v1.Controller/CreateVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct CreateVolumeSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::CreateVolumeRequest>
+                    for CreateVolumeSvc<T> {
+                        type Response = super::CreateVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::CreateVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::create_volume(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = CreateVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/DeleteVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct DeleteVolumeSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::DeleteVolumeRequest>
+                    for DeleteVolumeSvc<T> {
+                        type Response = super::DeleteVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::DeleteVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::delete_volume(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = DeleteVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/ControllerPublishVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct ControllerPublishVolumeSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::ControllerPublishVolumeRequest>
+                    for ControllerPublishVolumeSvc<T> {
+                        type Response = super::ControllerPublishVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::ControllerPublishVolumeRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::controller_publish_volume(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ControllerPublishVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/ControllerUnpublishVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct ControllerUnpublishVolumeSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<
+                        super::ControllerUnpublishVolumeRequest,
+                    > for ControllerUnpublishVolumeSvc<T> {
+                        type Response = super::ControllerUnpublishVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::ControllerUnpublishVolumeRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::controller_unpublish_volume(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ControllerUnpublishVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/ValidateVolumeCapabilities" => {
+                    #[allow(non_camel_case_types)]
+                    struct ValidateVolumeCapabilitiesSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<
+                        super::ValidateVolumeCapabilitiesRequest,
+                    > for ValidateVolumeCapabilitiesSvc<T> {
+                        type Response = super::ValidateVolumeCapabilitiesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::ValidateVolumeCapabilitiesRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::validate_volume_capabilities(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ValidateVolumeCapabilitiesSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/ListVolumes" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListVolumesSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::ListVolumesRequest>
+                    for ListVolumesSvc<T> {
+                        type Response = super::ListVolumesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ListVolumesRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::list_volumes(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListVolumesSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/GetCapacity" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetCapacitySvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::GetCapacityRequest>
+                    for GetCapacitySvc<T> {
+                        type Response = super::GetCapacityResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::GetCapacityRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::get_capacity(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetCapacitySvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/ControllerGetCapabilities" => {
+                    #[allow(non_camel_case_types)]
+                    struct ControllerGetCapabilitiesSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<
+                        super::ControllerGetCapabilitiesRequest,
+                    > for ControllerGetCapabilitiesSvc<T> {
+                        type Response = super::ControllerGetCapabilitiesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::ControllerGetCapabilitiesRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::controller_get_capabilities(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ControllerGetCapabilitiesSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/CreateSnapshot" => {
+                    #[allow(non_camel_case_types)]
+                    struct CreateSnapshotSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::CreateSnapshotRequest>
+                    for CreateSnapshotSvc<T> {
+                        type Response = super::CreateSnapshotResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::CreateSnapshotRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::create_snapshot(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = CreateSnapshotSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/DeleteSnapshot" => {
+                    #[allow(non_camel_case_types)]
+                    struct DeleteSnapshotSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::DeleteSnapshotRequest>
+                    for DeleteSnapshotSvc<T> {
+                        type Response = super::DeleteSnapshotResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::DeleteSnapshotRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::delete_snapshot(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = DeleteSnapshotSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/ListSnapshots" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListSnapshotsSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::ListSnapshotsRequest>
+                    for ListSnapshotsSvc<T> {
+                        type Response = super::ListSnapshotsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ListSnapshotsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::list_snapshots(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListSnapshotsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/GetSnapshot" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetSnapshotSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::GetSnapshotRequest>
+                    for GetSnapshotSvc<T> {
+                        type Response = super::GetSnapshotResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::GetSnapshotRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::get_snapshot(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetSnapshotSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/ControllerExpandVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct ControllerExpandVolumeSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::ControllerExpandVolumeRequest>
+                    for ControllerExpandVolumeSvc<T> {
+                        type Response = super::ControllerExpandVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ControllerExpandVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::controller_expand_volume(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ControllerExpandVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/ControllerGetVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct ControllerGetVolumeSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::ControllerGetVolumeRequest>
+                    for ControllerGetVolumeSvc<T> {
+                        type Response = super::ControllerGetVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ControllerGetVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::controller_get_volume(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ControllerGetVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.Controller/ControllerModifyVolume" => {
+                    #[allow(non_camel_case_types)]
+                    struct ControllerModifyVolumeSvc<T: Controller>(pub Arc<T>);
+                    impl<
+                        T: Controller,
+                    > tonic::server::UnaryService<super::ControllerModifyVolumeRequest>
+                    for ControllerModifyVolumeSvc<T> {
+                        type Response = super::ControllerModifyVolumeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ControllerModifyVolumeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Controller>::controller_modify_volume(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ControllerModifyVolumeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for ControllerServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "csi.v1.Controller";
+    impl<T> tonic::server::NamedService for ControllerServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }

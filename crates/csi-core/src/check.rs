@@ -1,0 +1,945 @@
+//! The driver check for driver authors (decision C2): runs a driver's Identity and Node
+//! services through the kubelet's sequence in a directory of the caller's (a temp dir), and
+//! reports each step: pass, fail with the gRPC status, or skipped by capability.
+//!
+//! The check follows the CSI spec (v1.12.0, csi-wire.md §1.12) strictly, no more: a missing
+//! required argument must be INVALID_ARGUMENT, an unknown volume NOT_FOUND, stage, publish,
+//! unpublish, unstage and DeleteVolume must succeed when repeated, unstaging or unpublishing
+//! something no longer there must be OK. Every call is made once (no retry), so a driver's
+//! transient errors show. The volume comes from the driver's Controller service when it
+//! offers CREATE_DELETE_VOLUME (and is deleted after), otherwise from the caller.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use plugreg_proto::csi::v1::{
+    CapacityRange, ControllerGetCapabilitiesRequest, CreateVolumeRequest, DeleteVolumeRequest,
+    GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeExpandVolumeRequest,
+    NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodeGetVolumeStatsRequest,
+    NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
+    NodeUnstageVolumeRequest, ProbeRequest, VolumeCapability, controller_service_capability,
+    node_service_capability, plugin_capability, volume_usage,
+};
+use serde::Serialize;
+use tonic::Code;
+
+use crate::client::{CallError, Connection, Retry};
+use crate::layout::KubeletLayout;
+use crate::node::{NodeCapability, VolumeSpec};
+
+/// What the check runs against.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    /// The driver's socket (Identity and Node).
+    pub endpoint: String,
+    /// The Controller's socket, when not `endpoint`.
+    pub controller_endpoint: Option<String>,
+    /// The volume to use when the driver cannot create one.
+    pub volume_id: Option<String>,
+    /// A directory of the caller's, used as the kubelet root (it should be empty).
+    pub root: PathBuf,
+    /// Limit for dialing.
+    pub dial_timeout: Duration,
+    /// Limit for each call.
+    pub call_timeout: Duration,
+    /// Size asked of CreateVolume; NodeExpandVolume asks for twice as much.
+    pub capacity_bytes: i64,
+}
+
+/// How one step went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// As the spec requires.
+    Pass,
+    /// Not as the spec requires.
+    Fail,
+    /// Not run: the driver does not advertise what it needs.
+    Skip,
+}
+
+/// One step's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepReport {
+    /// What was done, e.g. `NodeStageVolume repeated`.
+    pub step: String,
+    /// Pass, fail or skip.
+    pub outcome: Outcome,
+    /// The gRPC code the driver answered with (`OK` for success), when a call was made.
+    pub code: Option<String>,
+    /// Why it failed or was skipped, or what was found.
+    pub detail: String,
+}
+
+/// The whole check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// The endpoint checked.
+    pub endpoint: String,
+    /// The driver's name, once known.
+    pub driver: Option<String>,
+    /// The steps in order.
+    pub steps: Vec<StepReport>,
+}
+
+impl Report {
+    /// Whether every step passed or was skipped, and at least one passed.
+    pub fn passed(&self) -> bool {
+        self.steps.iter().all(|s| s.outcome != Outcome::Fail)
+            && self.steps.iter().any(|s| s.outcome == Outcome::Pass)
+    }
+
+    /// The steps that failed.
+    pub fn failures(&self) -> impl Iterator<Item = &StepReport> {
+        self.steps.iter().filter(|s| s.outcome == Outcome::Fail)
+    }
+
+    fn push(
+        &mut self,
+        step: impl Into<String>,
+        outcome: Outcome,
+        code: Option<Code>,
+        detail: impl Into<String>,
+    ) {
+        self.steps.push(StepReport {
+            step: step.into(),
+            outcome,
+            code: code.map(code_name),
+            detail: detail.into(),
+        });
+    }
+
+    fn skip(&mut self, step: impl Into<String>, why: impl Into<String>) {
+        self.push(step, Outcome::Skip, None, why);
+    }
+
+    /// Records a call that had to succeed; returns its answer when it did.
+    fn expect_ok<T>(&mut self, step: impl Into<String>, r: Result<T, CallError>) -> Option<T> {
+        match r {
+            Ok(v) => {
+                self.push(step, Outcome::Pass, Some(Code::Ok), "");
+                Some(v)
+            }
+            Err(e) => {
+                let code = e.code();
+                self.push(step, Outcome::Fail, code, error_text(&e));
+                None
+            }
+        }
+    }
+
+    /// Records a call that had to fail with `want`.
+    fn expect_code<T>(&mut self, step: impl Into<String>, want: Code, r: Result<T, CallError>) {
+        let step = step.into();
+        match r {
+            Ok(_) => self.push(
+                step,
+                Outcome::Fail,
+                Some(Code::Ok),
+                format!("succeeded; the spec requires {}", code_name(want)),
+            ),
+            Err(e) if e.code() == Some(want) => self.push(step, Outcome::Pass, Some(want), ""),
+            Err(e) => {
+                let code = e.code();
+                self.push(
+                    step,
+                    Outcome::Fail,
+                    code,
+                    format!(
+                        "the spec requires {}; got: {}",
+                        code_name(want),
+                        error_text(&e)
+                    ),
+                )
+            }
+        }
+    }
+}
+
+/// The spec's name of a gRPC code, e.g. `INVALID_ARGUMENT`.
+pub fn code_name(c: Code) -> String {
+    let s = format!("{c:?}");
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if ch.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(ch.to_ascii_uppercase());
+    }
+    if c == Code::Ok { "OK".into() } else { out }
+}
+
+fn error_text(e: &CallError) -> String {
+    match e {
+        CallError::Rpc { status, .. } => plugreg_runtime::report::grpc(status),
+        other => other.to_string(),
+    }
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// Runs the check. Never panics on what a driver answers; every problem becomes a failed step.
+pub async fn run(opts: &CheckOptions) -> Report {
+    let mut report = Report {
+        endpoint: opts.endpoint.clone(),
+        driver: None,
+        steps: Vec::new(),
+    };
+    let conn = match Connection::connect(
+        &opts.endpoint,
+        opts.dial_timeout,
+        opts.call_timeout,
+        Retry::ONCE,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            report.push("connect", Outcome::Fail, None, error_text(&e));
+            return report;
+        }
+    };
+    let mut checker = Checker {
+        conn: conn.clone(),
+        controller: None,
+        opts,
+        node_caps: Vec::new(),
+    };
+    checker.identity(&mut report).await;
+    checker.node_info(&mut report).await;
+    checker.controller(&mut report).await;
+    let volume = checker.volume(&mut report).await;
+    checker.required_codes(&mut report).await;
+    if let Some((spec, created)) = volume {
+        let driver = report.driver.clone().unwrap_or_default();
+        checker.sequence(&mut report, &spec, driver).await;
+        if created {
+            checker.delete(&mut report, &spec.volume_id).await;
+        }
+    }
+    report
+}
+
+struct Checker<'a> {
+    conn: Connection,
+    /// The Controller connection, when it offers CREATE_DELETE_VOLUME.
+    controller: Option<Connection>,
+    opts: &'a CheckOptions,
+    node_caps: Vec<i32>,
+}
+
+/// A capability for the unknown-volume and missing-argument probes.
+fn probe_capability() -> VolumeCapability {
+    VolumeSpec::new("x").capability(false)
+}
+
+impl Checker<'_> {
+    fn has(&self, c: NodeCapability) -> bool {
+        self.node_caps.contains(&(c as i32))
+    }
+
+    async fn identity(&mut self, report: &mut Report) {
+        let c = &self.conn;
+        let id = c.identity();
+        let r = c
+            .call("Probe", &ProbeRequest {}, |r| {
+                let mut id = id.clone();
+                async move { id.probe(r).await }
+            })
+            .await;
+        if let Some(p) = report.expect_ok("Probe", r)
+            && p.ready == Some(false)
+        {
+            let last = report.steps.last_mut().expect("just pushed");
+            last.outcome = Outcome::Fail;
+            last.detail = "ready is false: the driver is still starting".into();
+        }
+        let r = c
+            .call("GetPluginInfo", &GetPluginInfoRequest {}, |r| {
+                let mut id = id.clone();
+                async move { id.get_plugin_info(r).await }
+            })
+            .await;
+        if let Some(info) = report.expect_ok("GetPluginInfo", r) {
+            let last = report.steps.last_mut().expect("just pushed");
+            if let Err(e) = crate::name::check_driver_name(&info.name) {
+                last.outcome = Outcome::Fail;
+                last.detail = e.to_string();
+            } else if info.vendor_version.is_empty() {
+                last.outcome = Outcome::Fail;
+                last.detail = "vendor_version is required".into();
+            } else {
+                last.detail = format!("{} {}", info.name, info.vendor_version);
+                report.driver = Some(info.name);
+            }
+        }
+        let r = c
+            .call(
+                "GetPluginCapabilities",
+                &GetPluginCapabilitiesRequest {},
+                |r| {
+                    let mut id = id.clone();
+                    async move { id.get_plugin_capabilities(r).await }
+                },
+            )
+            .await;
+        if let Some(caps) = report.expect_ok("GetPluginCapabilities", r) {
+            let controller = caps.capabilities.iter().any(|c| {
+                matches!(&c.r#type, Some(plugin_capability::Type::Service(s))
+                    if s.r#type == plugin_capability::service::Type::ControllerService as i32)
+            });
+            if controller && self.opts.controller_endpoint.is_none() {
+                self.controller = Some(self.conn.clone());
+            }
+        }
+    }
+
+    async fn node_info(&mut self, report: &mut Report) {
+        let c = &self.conn;
+        let node = c.node();
+        let r = c
+            .call("NodeGetCapabilities", &NodeGetCapabilitiesRequest {}, |r| {
+                let mut n = node.clone();
+                async move { n.node_get_capabilities(r).await }
+            })
+            .await;
+        if let Some(caps) = report.expect_ok("NodeGetCapabilities", r) {
+            self.node_caps = caps
+                .capabilities
+                .iter()
+                .filter_map(|c| {
+                    c.r#type
+                        .as_ref()
+                        .map(|node_service_capability::Type::Rpc(r)| r.r#type)
+                })
+                .collect();
+            let names: Vec<String> = self
+                .node_caps
+                .iter()
+                .map(|&n| {
+                    NodeCapability::try_from(n)
+                        .map_or_else(|_| n.to_string(), |c| c.as_str_name().to_owned())
+                })
+                .collect();
+            report.steps.last_mut().expect("just pushed").detail = names.join(", ");
+        }
+        let r = c
+            .call("NodeGetInfo", &NodeGetInfoRequest {}, |r| {
+                let mut n = node.clone();
+                async move { n.node_get_info(r).await }
+            })
+            .await;
+        if let Some(info) = report.expect_ok("NodeGetInfo", r) {
+            let last = report.steps.last_mut().expect("just pushed");
+            if info.node_id.is_empty() || info.node_id.len() > 256 {
+                last.outcome = Outcome::Fail;
+                last.detail = "node_id is required (1-256 bytes)".into();
+            } else {
+                last.detail = format!("node_id {}", info.node_id);
+            }
+        }
+    }
+
+    async fn controller(&mut self, report: &mut Report) {
+        if let Some(ep) = &self.opts.controller_endpoint {
+            match Connection::connect(
+                ep,
+                self.opts.dial_timeout,
+                self.opts.call_timeout,
+                Retry::ONCE,
+            )
+            .await
+            {
+                Ok(c) => self.controller = Some(c),
+                Err(e) => {
+                    report.push("connect controller", Outcome::Fail, None, error_text(&e));
+                    return;
+                }
+            }
+        }
+        let Some(c) = self.controller.take() else {
+            report.skip(
+                "ControllerGetCapabilities",
+                "no CONTROLLER_SERVICE plugin capability",
+            );
+            return;
+        };
+        let ctl = c.controller();
+        let r = c
+            .call(
+                "ControllerGetCapabilities",
+                &ControllerGetCapabilitiesRequest {},
+                |r| {
+                    let mut ctl = ctl.clone();
+                    async move { ctl.controller_get_capabilities(r).await }
+                },
+            )
+            .await;
+        if let Some(caps) = report.expect_ok("ControllerGetCapabilities", r) {
+            let create = caps.capabilities.iter().any(|c| {
+                matches!(&c.r#type, Some(controller_service_capability::Type::Rpc(r))
+                    if r.r#type == controller_service_capability::rpc::Type::CreateDeleteVolume as i32)
+            });
+            if create {
+                self.controller = Some(c);
+            } else {
+                report.steps.last_mut().expect("just pushed").detail =
+                    "no CREATE_DELETE_VOLUME".into();
+            }
+        }
+    }
+
+    /// The volume to test with, and whether the check created it.
+    async fn volume(&mut self, report: &mut Report) -> Option<(VolumeSpec, bool)> {
+        let Some(c) = self.controller.clone() else {
+            report.skip(
+                "CreateVolume",
+                "no CREATE_DELETE_VOLUME controller capability",
+            );
+            return match &self.opts.volume_id {
+                Some(id) => Some((VolumeSpec::new(id.clone()), false)),
+                None => {
+                    report.push(
+                        "volume",
+                        Outcome::Fail,
+                        None,
+                        "no volume to test with: the driver cannot create one and no --volume-id was given",
+                    );
+                    None
+                }
+            };
+        };
+        let name = format!("plugreg-check-{}-{}", std::process::id(), unique());
+        let msg = CreateVolumeRequest {
+            name,
+            capacity_range: Some(CapacityRange {
+                required_bytes: self.opts.capacity_bytes,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![probe_capability()],
+            ..Default::default()
+        };
+        let ctl = c.controller();
+        let call = || {
+            c.call("CreateVolume", &msg, |r| {
+                let mut ctl = ctl.clone();
+                async move { ctl.create_volume(r).await }
+            })
+        };
+        let first = report.expect_ok("CreateVolume", call().await)?;
+        let Some(vol) = first.volume.filter(|v| !v.volume_id.is_empty()) else {
+            let last = report.steps.last_mut().expect("just pushed");
+            last.outcome = Outcome::Fail;
+            last.detail = "the response has no volume id".into();
+            return None;
+        };
+        report.steps.last_mut().expect("just pushed").detail = format!("volume {}", vol.volume_id);
+        let mut spec = VolumeSpec::new(vol.volume_id.clone());
+        spec.volume_context = vol.volume_context.into_iter().collect();
+        if let Some(again) = report.expect_ok("CreateVolume repeated (same name)", call().await) {
+            let got = again.volume.map(|v| v.volume_id).unwrap_or_default();
+            if got != spec.volume_id {
+                let last = report.steps.last_mut().expect("just pushed");
+                last.outcome = Outcome::Fail;
+                last.detail = format!(
+                    "returned volume {got:?}, not {:?}: not idempotent",
+                    spec.volume_id
+                );
+            }
+        }
+        Some((spec, true))
+    }
+
+    /// The codes the spec requires for missing arguments and unknown volumes.
+    async fn required_codes(&mut self, report: &mut Report) {
+        let node = self.conn.node();
+        let c = &self.conn;
+        let dir = &self.opts.root;
+        let path = s(&dir.join("nonexistent"));
+        let unknown = format!("plugreg-check-unknown-{}", unique());
+        let stages = self.has(NodeCapability::StageUnstageVolume);
+        let cap = Some(probe_capability());
+
+        macro_rules! call {
+            ($method:literal, $rpc:ident, $msg:expr) => {{
+                let msg = $msg;
+                c.call($method, &msg, |r| {
+                    let mut n = node.clone();
+                    async move { n.$rpc(r).await }
+                })
+                .await
+            }};
+        }
+
+        if stages {
+            let stage = |volume_id: &str, staging: &str, cap: Option<VolumeCapability>| {
+                NodeStageVolumeRequest {
+                    volume_id: volume_id.to_owned(),
+                    staging_target_path: staging.to_owned(),
+                    volume_capability: cap,
+                    ..Default::default()
+                }
+            };
+            report.expect_code(
+                "NodeStageVolume without volume_id",
+                Code::InvalidArgument,
+                call!(
+                    "NodeStageVolume",
+                    node_stage_volume,
+                    stage("", &path, cap.clone())
+                ),
+            );
+            report.expect_code(
+                "NodeStageVolume without staging_target_path",
+                Code::InvalidArgument,
+                call!(
+                    "NodeStageVolume",
+                    node_stage_volume,
+                    stage(&unknown, "", cap.clone())
+                ),
+            );
+            report.expect_code(
+                "NodeStageVolume without volume_capability",
+                Code::InvalidArgument,
+                call!(
+                    "NodeStageVolume",
+                    node_stage_volume,
+                    stage(&unknown, &path, None)
+                ),
+            );
+            report.expect_code(
+                "NodeStageVolume of an unknown volume",
+                Code::NotFound,
+                call!(
+                    "NodeStageVolume",
+                    node_stage_volume,
+                    stage(&unknown, &path, cap.clone())
+                ),
+            );
+            let unstage = |volume_id: &str, staging: &str| NodeUnstageVolumeRequest {
+                volume_id: volume_id.to_owned(),
+                staging_target_path: staging.to_owned(),
+            };
+            report.expect_code(
+                "NodeUnstageVolume without volume_id",
+                Code::InvalidArgument,
+                call!("NodeUnstageVolume", node_unstage_volume, unstage("", &path)),
+            );
+            report.expect_code(
+                "NodeUnstageVolume without staging_target_path",
+                Code::InvalidArgument,
+                call!(
+                    "NodeUnstageVolume",
+                    node_unstage_volume,
+                    unstage(&unknown, "")
+                ),
+            );
+            report.expect_code(
+                "NodeUnstageVolume of an unknown volume",
+                Code::NotFound,
+                call!(
+                    "NodeUnstageVolume",
+                    node_unstage_volume,
+                    unstage(&unknown, &path)
+                ),
+            );
+        } else {
+            report.skip(
+                "NodeStageVolume/NodeUnstageVolume error codes",
+                "no STAGE_UNSTAGE_VOLUME",
+            );
+        }
+
+        let staging = if stages { path.clone() } else { String::new() };
+        let publish = |volume_id: &str, target: &str, cap: Option<VolumeCapability>| {
+            NodePublishVolumeRequest {
+                volume_id: volume_id.to_owned(),
+                staging_target_path: staging.clone(),
+                target_path: target.to_owned(),
+                volume_capability: cap,
+                ..Default::default()
+            }
+        };
+        let target = s(&dir.join("nonexistent-target"));
+        report.expect_code(
+            "NodePublishVolume without volume_id",
+            Code::InvalidArgument,
+            call!(
+                "NodePublishVolume",
+                node_publish_volume,
+                publish("", &target, cap.clone())
+            ),
+        );
+        report.expect_code(
+            "NodePublishVolume without target_path",
+            Code::InvalidArgument,
+            call!(
+                "NodePublishVolume",
+                node_publish_volume,
+                publish(&unknown, "", cap.clone())
+            ),
+        );
+        report.expect_code(
+            "NodePublishVolume without volume_capability",
+            Code::InvalidArgument,
+            call!(
+                "NodePublishVolume",
+                node_publish_volume,
+                publish(&unknown, &target, None)
+            ),
+        );
+        report.expect_code(
+            "NodePublishVolume of an unknown volume",
+            Code::NotFound,
+            call!(
+                "NodePublishVolume",
+                node_publish_volume,
+                publish(&unknown, &target, cap.clone())
+            ),
+        );
+        let unpublish = |volume_id: &str, target: &str| NodeUnpublishVolumeRequest {
+            volume_id: volume_id.to_owned(),
+            target_path: target.to_owned(),
+        };
+        report.expect_code(
+            "NodeUnpublishVolume without volume_id",
+            Code::InvalidArgument,
+            call!(
+                "NodeUnpublishVolume",
+                node_unpublish_volume,
+                unpublish("", &target)
+            ),
+        );
+        report.expect_code(
+            "NodeUnpublishVolume without target_path",
+            Code::InvalidArgument,
+            call!(
+                "NodeUnpublishVolume",
+                node_unpublish_volume,
+                unpublish(&unknown, "")
+            ),
+        );
+        report.expect_code(
+            "NodeUnpublishVolume of an unknown volume",
+            Code::NotFound,
+            call!(
+                "NodeUnpublishVolume",
+                node_unpublish_volume,
+                unpublish(&unknown, &target)
+            ),
+        );
+
+        if self.has(NodeCapability::GetVolumeStats) {
+            let stats = |volume_id: &str, p: &str| NodeGetVolumeStatsRequest {
+                volume_id: volume_id.to_owned(),
+                volume_path: p.to_owned(),
+                staging_target_path: String::new(),
+            };
+            report.expect_code(
+                "NodeGetVolumeStats without volume_id",
+                Code::InvalidArgument,
+                call!(
+                    "NodeGetVolumeStats",
+                    node_get_volume_stats,
+                    stats("", &target)
+                ),
+            );
+            report.expect_code(
+                "NodeGetVolumeStats without volume_path",
+                Code::InvalidArgument,
+                call!(
+                    "NodeGetVolumeStats",
+                    node_get_volume_stats,
+                    stats(&unknown, "")
+                ),
+            );
+            report.expect_code(
+                "NodeGetVolumeStats of an unknown volume",
+                Code::NotFound,
+                call!(
+                    "NodeGetVolumeStats",
+                    node_get_volume_stats,
+                    stats(&unknown, &target)
+                ),
+            );
+        } else {
+            report.skip("NodeGetVolumeStats error codes", "no GET_VOLUME_STATS");
+        }
+        if self.has(NodeCapability::ExpandVolume) {
+            let expand = |volume_id: &str, p: &str| NodeExpandVolumeRequest {
+                volume_id: volume_id.to_owned(),
+                volume_path: p.to_owned(),
+                ..Default::default()
+            };
+            report.expect_code(
+                "NodeExpandVolume without volume_id",
+                Code::InvalidArgument,
+                call!("NodeExpandVolume", node_expand_volume, expand("", &target)),
+            );
+            report.expect_code(
+                "NodeExpandVolume without volume_path",
+                Code::InvalidArgument,
+                call!("NodeExpandVolume", node_expand_volume, expand(&unknown, "")),
+            );
+            report.expect_code(
+                "NodeExpandVolume of an unknown volume",
+                Code::NotFound,
+                call!(
+                    "NodeExpandVolume",
+                    node_expand_volume,
+                    expand(&unknown, &target)
+                ),
+            );
+        } else {
+            report.skip("NodeExpandVolume error codes", "no EXPAND_VOLUME");
+        }
+    }
+
+    /// Stage, publish, stats, expand, unpublish, unstage, each repeated where the spec wants
+    /// idempotency, on the kubelet's paths under the check's directory.
+    async fn sequence(&mut self, report: &mut Report, spec: &VolumeSpec, driver: String) {
+        let layout = KubeletLayout::new(&self.opts.root);
+        let stages = self.has(NodeCapability::StageUnstageVolume);
+        // A driver with an invalid name already failed GetPluginInfo; paths still need a name.
+        let driver = if crate::name::check_driver_name(&driver).is_ok() {
+            driver
+        } else {
+            "unnamed.driver".into()
+        };
+        let staging = match layout.staging_path(&driver, &spec.volume_id) {
+            Ok(p) => p,
+            Err(e) => {
+                report.push("paths", Outcome::Fail, None, e.to_string());
+                return;
+            }
+        };
+        let target = match layout.publish_path("plugreg-check-pod", "plugreg-check-volume") {
+            Ok(p) => p,
+            Err(e) => {
+                report.push("paths", Outcome::Fail, None, e.to_string());
+                return;
+            }
+        };
+        let node = self.conn.node();
+        let c = &self.conn;
+        let cap = Some(spec.capability(false));
+        let ctx: HashMap<String, String> = spec.volume_context.clone().into_iter().collect();
+        macro_rules! call {
+            ($method:literal, $rpc:ident, $msg:expr) => {{
+                let msg = $msg;
+                c.call($method, &msg, |r| {
+                    let mut n = node.clone();
+                    async move { n.$rpc(r).await }
+                })
+                .await
+            }};
+        }
+        let mkdir = |report: &mut Report, p: &Path| -> bool {
+            match std::fs::create_dir_all(p) {
+                Ok(()) => true,
+                Err(e) => {
+                    report.push(
+                        format!("create {}", p.display()),
+                        Outcome::Fail,
+                        None,
+                        e.to_string(),
+                    );
+                    false
+                }
+            }
+        };
+
+        let stage_msg = NodeStageVolumeRequest {
+            volume_id: spec.volume_id.clone(),
+            staging_target_path: s(&staging),
+            volume_capability: cap.clone(),
+            volume_context: ctx.clone(),
+            ..Default::default()
+        };
+        if stages {
+            if !mkdir(report, &staging) {
+                return;
+            }
+            report.expect_ok(
+                "NodeStageVolume",
+                call!("NodeStageVolume", node_stage_volume, stage_msg.clone()),
+            );
+            report.expect_ok(
+                "NodeStageVolume repeated",
+                call!("NodeStageVolume", node_stage_volume, stage_msg.clone()),
+            );
+        } else {
+            report.skip("NodeStageVolume", "no STAGE_UNSTAGE_VOLUME");
+        }
+
+        if let Some(parent) = target.parent()
+            && !mkdir(report, parent)
+        {
+            return;
+        }
+        let publish_msg = NodePublishVolumeRequest {
+            volume_id: spec.volume_id.clone(),
+            staging_target_path: if stages { s(&staging) } else { String::new() },
+            target_path: s(&target),
+            volume_capability: cap.clone(),
+            volume_context: ctx.clone(),
+            ..Default::default()
+        };
+        if report
+            .expect_ok(
+                "NodePublishVolume",
+                call!(
+                    "NodePublishVolume",
+                    node_publish_volume,
+                    publish_msg.clone()
+                ),
+            )
+            .is_some()
+            && !target.exists()
+        {
+            let last = report.steps.last_mut().expect("just pushed");
+            last.outcome = Outcome::Fail;
+            last.detail = format!("the driver did not create the target {}", target.display());
+        }
+        report.expect_ok(
+            "NodePublishVolume repeated",
+            call!(
+                "NodePublishVolume",
+                node_publish_volume,
+                publish_msg.clone()
+            ),
+        );
+
+        if self.has(NodeCapability::GetVolumeStats) {
+            let msg = NodeGetVolumeStatsRequest {
+                volume_id: spec.volume_id.clone(),
+                volume_path: s(&target),
+                staging_target_path: if stages { s(&staging) } else { String::new() },
+            };
+            if let Some(stats) = report.expect_ok(
+                "NodeGetVolumeStats",
+                call!("NodeGetVolumeStats", node_get_volume_stats, msg),
+            ) {
+                let last = report.steps.last_mut().expect("just pushed");
+                let bytes = stats
+                    .usage
+                    .iter()
+                    .find(|u| u.unit == volume_usage::Unit::Bytes as i32);
+                match bytes {
+                    None if stats.usage.is_empty() => {
+                        last.outcome = Outcome::Fail;
+                        last.detail = "no usage reported".into();
+                    }
+                    Some(u) if u.total < 0 || u.used < 0 || u.available < 0 => {
+                        last.outcome = Outcome::Fail;
+                        last.detail = "negative usage".into();
+                    }
+                    Some(u) => last.detail = format!("{} of {} bytes used", u.used, u.total),
+                    None => {}
+                }
+            }
+        } else {
+            report.skip("NodeGetVolumeStats", "no GET_VOLUME_STATS");
+        }
+        if self.has(NodeCapability::ExpandVolume) {
+            let msg = NodeExpandVolumeRequest {
+                volume_id: spec.volume_id.clone(),
+                volume_path: s(&target),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: self.opts.capacity_bytes.saturating_mul(2),
+                    limit_bytes: 0,
+                }),
+                staging_target_path: if stages { s(&staging) } else { String::new() },
+                volume_capability: cap.clone(),
+                ..Default::default()
+            };
+            report.expect_ok(
+                "NodeExpandVolume",
+                call!("NodeExpandVolume", node_expand_volume, msg.clone()),
+            );
+            report.expect_ok(
+                "NodeExpandVolume repeated",
+                call!("NodeExpandVolume", node_expand_volume, msg),
+            );
+        } else {
+            report.skip("NodeExpandVolume", "no EXPAND_VOLUME");
+        }
+
+        let unpublish_msg = NodeUnpublishVolumeRequest {
+            volume_id: spec.volume_id.clone(),
+            target_path: s(&target),
+        };
+        report.expect_ok(
+            "NodeUnpublishVolume",
+            call!(
+                "NodeUnpublishVolume",
+                node_unpublish_volume,
+                unpublish_msg.clone()
+            ),
+        );
+        report.expect_ok(
+            "NodeUnpublishVolume repeated",
+            call!("NodeUnpublishVolume", node_unpublish_volume, unpublish_msg),
+        );
+        if stages {
+            let msg = NodeUnstageVolumeRequest {
+                volume_id: spec.volume_id.clone(),
+                staging_target_path: s(&staging),
+            };
+            report.expect_ok(
+                "NodeUnstageVolume",
+                call!("NodeUnstageVolume", node_unstage_volume, msg.clone()),
+            );
+            report.expect_ok(
+                "NodeUnstageVolume repeated",
+                call!("NodeUnstageVolume", node_unstage_volume, msg),
+            );
+        } else {
+            report.skip("NodeUnstageVolume", "no STAGE_UNSTAGE_VOLUME");
+        }
+    }
+
+    async fn delete(&mut self, report: &mut Report, volume_id: &str) {
+        let Some(c) = &self.controller else { return };
+        let ctl = c.controller();
+        let msg = DeleteVolumeRequest {
+            volume_id: volume_id.to_owned(),
+            ..Default::default()
+        };
+        for step in ["DeleteVolume", "DeleteVolume repeated"] {
+            let r = c
+                .call("DeleteVolume", &msg, |r| {
+                    let mut ctl = ctl.clone();
+                    async move { ctl.delete_volume(r).await }
+                })
+                .await;
+            report.expect_ok(step, r);
+        }
+    }
+}
+
+/// A number that differs between runs and calls (names of test volumes).
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    nanos ^ (N.fetch_add(1, Ordering::Relaxed) << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_names_as_in_the_spec() {
+        assert_eq!(code_name(Code::Ok), "OK");
+        assert_eq!(code_name(Code::InvalidArgument), "INVALID_ARGUMENT");
+        assert_eq!(code_name(Code::NotFound), "NOT_FOUND");
+        assert_eq!(code_name(Code::ResourceExhausted), "RESOURCE_EXHAUSTED");
+    }
+}

@@ -1,0 +1,797 @@
+//! The driver's volumes and the Node and Controller RPCs that act on them.
+//!
+//! A volume is a directory `<data dir>/<volume id>`. NodeStageVolume bind-mounts it on the
+//! staging path, NodePublishVolume bind-mounts the staging path (or, without
+//! STAGE_UNSTAGE_VOLUME, the volume) on the target path, read-only when asked: real mounts when
+//! the driver runs as root ([`MountMode::Auto`]), plain directories otherwise. The checks follow
+//! the error codes the CSI spec requires (csi-wire.md §1.12): a missing argument is
+//! INVALID_ARGUMENT, an unknown volume NOT_FOUND, a second stage or publish with another
+//! capability ALREADY_EXISTS, publishing without the staging path a stage-capable driver needs
+//! FAILED_PRECONDITION; repeated calls with the same arguments succeed (idempotency).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use plugreg_proto::csi::v1::controller_server::Controller;
+use plugreg_proto::csi::v1::node_server::Node;
+use plugreg_proto::csi::v1::{
+    ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
+    ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerModifyVolumeRequest,
+    ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerPublishVolumeResponse, ControllerServiceCapability, ControllerUnpublishVolumeRequest,
+    ControllerUnpublishVolumeResponse, CreateSnapshotRequest, CreateSnapshotResponse,
+    CreateVolumeRequest, CreateVolumeResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
+    DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
+    GetSnapshotRequest, GetSnapshotResponse, ListSnapshotsRequest, ListSnapshotsResponse,
+    ListVolumesRequest, ListVolumesResponse, NodeExpandVolumeRequest, NodeExpandVolumeResponse,
+    NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
+    NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
+    NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability,
+    NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnpublishVolumeRequest,
+    NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, Topology,
+    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, Volume,
+    VolumeCapability, VolumeUsage, controller_service_capability, node_service_capability,
+    volume_usage,
+};
+use tonic::{Request, Response, Status};
+
+use crate::{Driver, Method, NodeCapability, to_map};
+
+/// Longest id, name or path accepted (the spec's string limit is 128 bytes; paths get more room
+/// since a kubelet root can be deep).
+const MAX_PATH_LEN: usize = 4096;
+
+/// How NodeStageVolume and NodePublishVolume expose a volume.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MountMode {
+    /// Bind mounts when the driver runs as root, directories otherwise.
+    #[default]
+    Auto,
+    /// Always bind mounts (fails without the privilege).
+    Bind,
+    /// Never mount: stage and publish only create directories.
+    Directory,
+}
+
+/// One volume the driver knows.
+#[derive(Debug, Clone)]
+pub(crate) struct VolumeState {
+    /// The CreateVolume name (empty for a pre-provisioned volume).
+    name: String,
+    capacity: i64,
+    /// Where it is staged, with the capability used.
+    staged: Option<(PathBuf, VolumeCapability)>,
+    /// Where it is published: target → (capability, readonly).
+    published: BTreeMap<PathBuf, (VolumeCapability, bool)>,
+}
+
+/// Everything that changes while the driver runs.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    volumes: BTreeMap<String, VolumeState>,
+    next_id: u64,
+    /// Paths this driver mounted, in mount order (unmounted in reverse on stop).
+    mounts: Vec<PathBuf>,
+}
+
+impl State {
+    /// A state with the pre-provisioned `volumes`.
+    pub(crate) fn with_volumes(volumes: &[String], capacity: i64) -> Self {
+        let mut s = State::default();
+        for id in volumes {
+            s.volumes.insert(
+                id.clone(),
+                VolumeState {
+                    name: String::new(),
+                    capacity,
+                    staged: None,
+                    published: BTreeMap::new(),
+                },
+            );
+        }
+        s
+    }
+}
+
+/// Whether `id` can name a directory: not empty, no `/`, not `.` or `..`, no NUL, ≤128 bytes.
+pub fn valid_volume_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id != "." && id != ".." && !id.contains(['/', '\0'])
+}
+
+fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
+    if value.is_empty() {
+        Err(Status::invalid_argument(format!("{field} is required")))
+    } else if value.len() > MAX_PATH_LEN {
+        Err(Status::invalid_argument(format!("{field} is too long")))
+    } else {
+        Ok(value)
+    }
+}
+
+fn required_path(value: &str, field: &str) -> Result<PathBuf, Status> {
+    let p = Path::new(required(value, field)?);
+    if !p.is_absolute() || value.contains('\0') {
+        return Err(Status::invalid_argument(format!(
+            "{field} must be an absolute path"
+        )));
+    }
+    Ok(p.to_owned())
+}
+
+fn capability(c: Option<&VolumeCapability>, field: &str) -> Result<VolumeCapability, Status> {
+    let c = c.ok_or_else(|| Status::invalid_argument(format!("{field} is required")))?;
+    if c.access_type.is_none() {
+        return Err(Status::invalid_argument(format!(
+            "{field}: access type (block or mount) is required"
+        )));
+    }
+    if c.access_mode.is_none() {
+        return Err(Status::invalid_argument(format!(
+            "{field}: access mode is required"
+        )));
+    }
+    if matches!(
+        c.access_type,
+        Some(plugreg_proto::csi::v1::volume_capability::AccessType::Block(_))
+    ) {
+        // The capability is valid but this driver keeps volumes as directories.
+        return Err(Status::failed_precondition(
+            "block volumes are not supported by this driver",
+        ));
+    }
+    Ok(c.clone())
+}
+
+fn not_found(id: &str) -> Status {
+    Status::not_found(format!("volume {id:?} does not exist"))
+}
+
+fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> Status {
+    Status::internal(format!("{what} {}: {e}", path.display()))
+}
+
+impl Driver {
+    fn has(&self, cap: NodeCapability) -> bool {
+        self.config.node_capabilities.contains(&cap)
+    }
+
+    fn volume_dir(&self, id: &str) -> Result<PathBuf, Status> {
+        let dir = self.data_dir.join(id);
+        std::fs::create_dir_all(&dir).map_err(|e| internal("cannot create", &dir, e))?;
+        Ok(dir)
+    }
+
+    fn binds(&self) -> bool {
+        match self.config.mount {
+            MountMode::Auto => rustix::process::geteuid().is_root(),
+            MountMode::Bind => true,
+            MountMode::Directory => false,
+        }
+    }
+
+    /// Exposes `source` at `target` (an existing directory): a bind mount, remounted read-only
+    /// when asked, or nothing in directory mode.
+    fn expose(
+        &self,
+        state: &mut State,
+        source: &Path,
+        target: &Path,
+        readonly: bool,
+    ) -> Result<(), Status> {
+        if !self.binds() {
+            return Ok(());
+        }
+        rustix::mount::mount_bind(source, target)
+            .map_err(|e| internal("cannot bind-mount onto", target, e))?;
+        state.mounts.push(target.to_owned());
+        if readonly {
+            use rustix::mount::MountFlags;
+            if let Err(e) =
+                rustix::mount::mount_remount(target, MountFlags::BIND | MountFlags::RDONLY, "")
+            {
+                let _ = self.conceal(state, target);
+                return Err(internal("cannot remount read-only", target, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes [`expose`](Self::expose).
+    fn conceal(&self, state: &mut State, target: &Path) -> Result<(), Status> {
+        let Some(i) = state.mounts.iter().rposition(|m| m == target) else {
+            return Ok(());
+        };
+        match rustix::mount::unmount(target, rustix::mount::UnmountFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {
+                state.mounts.remove(i);
+                Ok(())
+            }
+            Err(e) => Err(internal("cannot unmount", target, e)),
+        }
+    }
+
+    /// Unmounts everything this driver mounted (on stop), newest first.
+    pub(crate) fn unmount_all(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(target) = state.mounts.last().cloned() {
+            if let Err(e) = self.conceal(&mut state, &target) {
+                tracing::warn!(target = %target.display(), error = %e.message(), "unmount on stop failed; detaching");
+                let _ = rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH);
+                state.mounts.pop();
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[tonic::async_trait]
+impl Node for Driver {
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        self.enter(Method::NodeGetCapabilities).await?;
+        let capabilities = self
+            .config
+            .node_capabilities
+            .iter()
+            .map(|&t| NodeServiceCapability {
+                r#type: Some(node_service_capability::Type::Rpc(
+                    node_service_capability::Rpc { r#type: t as i32 },
+                )),
+            })
+            .collect();
+        Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        self.enter(Method::NodeGetInfo).await?;
+        let accessible_topology = (!self.config.topology.is_empty()).then(|| Topology {
+            segments: to_map(&self.config.topology),
+        });
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.config.node_id.clone(),
+            max_volumes_per_node: self.config.max_volumes_per_node,
+            accessible_topology,
+        }))
+    }
+
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        self.enter(Method::NodeStageVolume).await?;
+        if !self.has(NodeCapability::StageUnstageVolume) {
+            return Err(Status::unimplemented(
+                "NodeStageVolume: STAGE_UNSTAGE_VOLUME is not advertised",
+            ));
+        }
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let path = required_path(&r.staging_target_path, "staging_target_path")?;
+        let cap = capability(r.volume_capability.as_ref(), "volume_capability")?;
+        let dir = {
+            let state = self.lock();
+            let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
+            match &v.staged {
+                Some((p, c)) if *p == path && *c == cap => {
+                    return Ok(Response::new(NodeStageVolumeResponse {}));
+                }
+                Some((p, _)) if *p == path => {
+                    return Err(Status::already_exists(format!(
+                        "volume {id:?} is staged at {} with another capability",
+                        p.display()
+                    )));
+                }
+                Some((p, _)) => {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {id:?} is already staged at {}",
+                        p.display()
+                    )));
+                }
+                None => {}
+            }
+            drop(state);
+            self.volume_dir(id)?
+        };
+        // The CO creates the staging directory (csi-wire.md §1.13).
+        if !path.is_dir() {
+            return Err(Status::failed_precondition(format!(
+                "staging path {} is not a directory",
+                path.display()
+            )));
+        }
+        let mut state = self.lock();
+        let Some(v) = state.volumes.get(id).cloned() else {
+            return Err(not_found(id));
+        };
+        if v.staged.is_some() {
+            return Err(Status::aborted(format!(
+                "volume {id:?}: a concurrent NodeStageVolume won"
+            )));
+        }
+        self.expose(&mut state, &dir, &path, false)?;
+        if let Some(v) = state.volumes.get_mut(id) {
+            v.staged = Some((path, cap));
+        }
+        Ok(Response::new(NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        self.enter(Method::NodeUnstageVolume).await?;
+        if !self.has(NodeCapability::StageUnstageVolume) {
+            return Err(Status::unimplemented(
+                "NodeUnstageVolume: STAGE_UNSTAGE_VOLUME is not advertised",
+            ));
+        }
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let path = required_path(&r.staging_target_path, "staging_target_path")?;
+        let mut state = self.lock();
+        let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
+        // Not staged there: nothing to do, and the spec wants OK.
+        if !matches!(&v.staged, Some((p, _)) if *p == path) {
+            return Ok(Response::new(NodeUnstageVolumeResponse {}));
+        }
+        if !v.published.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id:?} is still published at {} target(s)",
+                v.published.len()
+            )));
+        }
+        self.conceal(&mut state, &path)?;
+        if let Some(v) = state.volumes.get_mut(id) {
+            v.staged = None;
+        }
+        Ok(Response::new(NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        self.enter(Method::NodePublishVolume).await?;
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let target = required_path(&r.target_path, "target_path")?;
+        let cap = capability(r.volume_capability.as_ref(), "volume_capability")?;
+        let staging = self.has(NodeCapability::StageUnstageVolume);
+        let staging_path = if staging {
+            if r.staging_target_path.is_empty() {
+                return Err(Status::failed_precondition(
+                    "staging_target_path is required: the driver advertises STAGE_UNSTAGE_VOLUME",
+                ));
+            }
+            Some(required_path(
+                &r.staging_target_path,
+                "staging_target_path",
+            )?)
+        } else {
+            None
+        };
+        let source = {
+            let state = self.lock();
+            let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
+            if let Some((c, ro)) = v.published.get(&target) {
+                if *c == cap && *ro == r.readonly {
+                    return Ok(Response::new(NodePublishVolumeResponse {}));
+                }
+                return Err(Status::already_exists(format!(
+                    "volume {id:?} is published at {} with another capability or readonly flag",
+                    target.display()
+                )));
+            }
+            match (&staging_path, &v.staged) {
+                (Some(want), Some((p, _))) if p == want => p.clone(),
+                (Some(want), _) => {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {id:?} is not staged at {}",
+                        want.display()
+                    )));
+                }
+                (None, _) => {
+                    drop(state);
+                    self.volume_dir(id)?
+                }
+            }
+        };
+        // The plugin creates the target; its parent must exist (csi-wire.md §1.6).
+        match std::fs::create_dir(&target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && target.is_dir() => {}
+            Err(e) => return Err(internal("cannot create", &target, e)),
+        }
+        let mut state = self.lock();
+        if state
+            .volumes
+            .get(id)
+            .is_none_or(|v| v.published.contains_key(&target))
+        {
+            return Err(Status::aborted(format!(
+                "volume {id:?}: a concurrent call changed it"
+            )));
+        }
+        self.expose(&mut state, &source, &target, r.readonly)?;
+        if let Some(v) = state.volumes.get_mut(id) {
+            v.published.insert(target, (cap, r.readonly));
+        }
+        Ok(Response::new(NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        self.enter(Method::NodeUnpublishVolume).await?;
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let target = required_path(&r.target_path, "target_path")?;
+        let mut state = self.lock();
+        let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
+        if v.published.contains_key(&target) {
+            self.conceal(&mut state, &target)?;
+            if let Some(v) = state.volumes.get_mut(id) {
+                v.published.remove(&target);
+            }
+        }
+        // The plugin removes the target it created; a repeat finds it gone.
+        match std::fs::remove_dir(&target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(internal("cannot remove", &target, e)),
+        }
+        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        self.enter(Method::NodeGetVolumeStats).await?;
+        if !self.has(NodeCapability::GetVolumeStats) {
+            return Err(Status::unimplemented(
+                "NodeGetVolumeStats: GET_VOLUME_STATS is not advertised",
+            ));
+        }
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let path = required_path(&r.volume_path, "volume_path")?;
+        let dir = {
+            let state = self.lock();
+            let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
+            if !is_at(v, &path) {
+                return Err(Status::not_found(format!(
+                    "volume {id:?} is not staged or published at {}",
+                    path.display()
+                )));
+            }
+            self.data_dir.join(id)
+        };
+        let s = rustix::fs::statvfs(&dir).map_err(|e| internal("statvfs", &dir, e))?;
+        let clamp = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+        let bytes = |blocks: u64| clamp(blocks.saturating_mul(s.f_frsize));
+        Ok(Response::new(NodeGetVolumeStatsResponse {
+            usage: vec![
+                VolumeUsage {
+                    available: bytes(s.f_bavail),
+                    total: bytes(s.f_blocks),
+                    used: bytes(s.f_blocks.saturating_sub(s.f_bfree)),
+                    unit: volume_usage::Unit::Bytes as i32,
+                },
+                VolumeUsage {
+                    available: clamp(s.f_favail),
+                    total: clamp(s.f_files),
+                    used: clamp(s.f_files.saturating_sub(s.f_ffree)),
+                    unit: volume_usage::Unit::Inodes as i32,
+                },
+            ],
+            volume_condition: None,
+        }))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        self.enter(Method::NodeExpandVolume).await?;
+        if !self.has(NodeCapability::ExpandVolume) {
+            return Err(Status::unimplemented(
+                "NodeExpandVolume: EXPAND_VOLUME is not advertised",
+            ));
+        }
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let path = required_path(&r.volume_path, "volume_path")?;
+        let mut state = self.lock();
+        let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
+        if !is_at(v, &path) {
+            return Err(Status::not_found(format!(
+                "volume {id:?} is not staged or published at {}",
+                path.display()
+            )));
+        }
+        if let Some(range) = r.capacity_range {
+            if range.required_bytes < 0
+                || range.limit_bytes < 0
+                || (range.limit_bytes > 0 && range.required_bytes > range.limit_bytes)
+            {
+                return Err(Status::out_of_range("invalid capacity range"));
+            }
+            v.capacity = v.capacity.max(range.required_bytes);
+        }
+        Ok(Response::new(NodeExpandVolumeResponse {
+            capacity_bytes: v.capacity,
+        }))
+    }
+}
+
+/// Whether `v` is staged or published at `path`.
+fn is_at(v: &VolumeState, path: &Path) -> bool {
+    v.published.contains_key(path) || v.staged.as_ref().is_some_and(|(p, _)| p == path)
+}
+
+fn unimplemented<T>(method: &str) -> Result<Response<T>, Status> {
+    Err(Status::unimplemented(format!(
+        "{method} is not implemented by the test driver"
+    )))
+}
+
+#[tonic::async_trait]
+impl Controller for Driver {
+    async fn create_volume(
+        &self,
+        request: Request<CreateVolumeRequest>,
+    ) -> Result<Response<CreateVolumeResponse>, Status> {
+        self.enter(Method::CreateVolume).await?;
+        let r = request.into_inner();
+        let name = required(&r.name, "name")?;
+        if name.len() > 128 || name.chars().any(char::is_control) {
+            return Err(Status::invalid_argument(
+                "name must be at most 128 bytes without control characters",
+            ));
+        }
+        if r.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument("volume_capabilities is required"));
+        }
+        for c in &r.volume_capabilities {
+            capability(Some(c), "volume_capabilities")?;
+        }
+        if r.volume_content_source.is_some() {
+            return Err(Status::invalid_argument(
+                "volume content sources are not supported (no CLONE_VOLUME or snapshots)",
+            ));
+        }
+        let (required_bytes, limit) = r
+            .capacity_range
+            .map_or((0, 0), |c| (c.required_bytes, c.limit_bytes));
+        if required_bytes < 0 || limit < 0 || (limit > 0 && required_bytes > limit) {
+            return Err(Status::out_of_range("invalid capacity range"));
+        }
+        let max = self.config.max_capacity;
+        if max > 0 && required_bytes > max {
+            return Err(Status::out_of_range(format!(
+                "{required_bytes} bytes requested, at most {max} allowed"
+            )));
+        }
+        let capacity = if required_bytes > 0 {
+            required_bytes
+        } else if limit > 0 {
+            limit.min(self.config.default_capacity)
+        } else {
+            self.config.default_capacity
+        };
+        // Topology: the volume lives on this driver's node; a requirement that excludes it
+        // cannot be met here.
+        let topology = &self.config.topology;
+        let accessible_topology = if topology.is_empty() {
+            Vec::new()
+        } else {
+            if let Some(req) = &r.accessibility_requirements {
+                let fits = |t: &Topology| {
+                    t.segments
+                        .iter()
+                        .all(|(k, v)| topology.get(k).is_some_and(|mine| mine == v))
+                };
+                let listed = if req.requisite.is_empty() {
+                    &req.preferred
+                } else {
+                    &req.requisite
+                };
+                if !listed.is_empty() && !listed.iter().any(fits) {
+                    return Err(Status::resource_exhausted(
+                        "no requested topology segment is served by this driver",
+                    ));
+                }
+            }
+            vec![Topology {
+                segments: to_map(topology),
+            }]
+        };
+        let mut state = self.lock();
+        if let Some((id, v)) = state.volumes.iter().find(|(_, v)| v.name == name) {
+            if v.capacity < required_bytes || (limit > 0 && v.capacity > limit) {
+                return Err(Status::already_exists(format!(
+                    "volume {name:?} exists with {} bytes, incompatible with the request",
+                    v.capacity
+                )));
+            }
+            return Ok(Response::new(CreateVolumeResponse {
+                volume: Some(Volume {
+                    capacity_bytes: v.capacity,
+                    volume_id: id.clone(),
+                    volume_context: Default::default(),
+                    content_source: None,
+                    accessible_topology,
+                }),
+            }));
+        }
+        // Never an id a pre-provisioned volume already has.
+        let id = loop {
+            state.next_id += 1;
+            let id = format!("pv-{}", state.next_id);
+            if !state.volumes.contains_key(&id) {
+                break id;
+            }
+        };
+        drop(state);
+        self.volume_dir(&id)?;
+        let mut state = self.lock();
+        state.volumes.insert(
+            id.clone(),
+            VolumeState {
+                name: name.to_owned(),
+                capacity,
+                staged: None,
+                published: BTreeMap::new(),
+            },
+        );
+        Ok(Response::new(CreateVolumeResponse {
+            volume: Some(Volume {
+                capacity_bytes: capacity,
+                volume_id: id,
+                volume_context: Default::default(),
+                content_source: None,
+                accessible_topology,
+            }),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<DeleteVolumeRequest>,
+    ) -> Result<Response<DeleteVolumeResponse>, Status> {
+        self.enter(Method::DeleteVolume).await?;
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let mut state = self.lock();
+        let Some(v) = state.volumes.get(id) else {
+            // Deleting a missing volume is success (idempotency).
+            return Ok(Response::new(DeleteVolumeResponse {}));
+        };
+        if v.staged.is_some() || !v.published.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id:?} is still staged or published"
+            )));
+        }
+        state.volumes.remove(id);
+        drop(state);
+        let dir = self.data_dir.join(id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(internal("cannot remove", &dir, e)),
+        }
+        Ok(Response::new(DeleteVolumeResponse {}))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        self.enter(Method::ControllerGetCapabilities).await?;
+        let capabilities = vec![ControllerServiceCapability {
+            r#type: Some(controller_service_capability::Type::Rpc(
+                controller_service_capability::Rpc {
+                    r#type: controller_service_capability::rpc::Type::CreateDeleteVolume as i32,
+                },
+            )),
+        }];
+        Ok(Response::new(ControllerGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        _: Request<ControllerPublishVolumeRequest>,
+    ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
+        unimplemented("ControllerPublishVolume")
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        _: Request<ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
+        unimplemented("ControllerUnpublishVolume")
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        _: Request<ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
+        unimplemented("ValidateVolumeCapabilities")
+    }
+
+    async fn list_volumes(
+        &self,
+        _: Request<ListVolumesRequest>,
+    ) -> Result<Response<ListVolumesResponse>, Status> {
+        unimplemented("ListVolumes")
+    }
+
+    async fn get_capacity(
+        &self,
+        _: Request<GetCapacityRequest>,
+    ) -> Result<Response<GetCapacityResponse>, Status> {
+        unimplemented("GetCapacity")
+    }
+
+    async fn create_snapshot(
+        &self,
+        _: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
+        unimplemented("CreateSnapshot")
+    }
+
+    async fn delete_snapshot(
+        &self,
+        _: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        unimplemented("DeleteSnapshot")
+    }
+
+    async fn list_snapshots(
+        &self,
+        _: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
+        unimplemented("ListSnapshots")
+    }
+
+    async fn get_snapshot(
+        &self,
+        _: Request<GetSnapshotRequest>,
+    ) -> Result<Response<GetSnapshotResponse>, Status> {
+        unimplemented("GetSnapshot")
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        _: Request<ControllerExpandVolumeRequest>,
+    ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
+        unimplemented("ControllerExpandVolume")
+    }
+
+    async fn controller_get_volume(
+        &self,
+        _: Request<ControllerGetVolumeRequest>,
+    ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
+        unimplemented("ControllerGetVolume")
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _: Request<ControllerModifyVolumeRequest>,
+    ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
+        unimplemented("ControllerModifyVolume")
+    }
+}

@@ -1,0 +1,264 @@
+//! The driver's Controller service on a real socket: CreateVolume idempotent by name, the
+//! spec's codes for incompatible repeats, capacity and topology, DeleteVolume, the RPCs it does
+//! not implement, call counters and faults (issue 12's csi-provisioner tests build on these).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, Method, NodeCapability, start};
+use plugreg_proto::csi::v1::controller_client::ControllerClient;
+use plugreg_proto::csi::v1::identity_client::IdentityClient;
+use plugreg_proto::csi::v1::node_client::NodeClient;
+use plugreg_proto::csi::v1::{
+    CapacityRange, ControllerGetCapabilitiesRequest, CreateVolumeRequest, DeleteVolumeRequest,
+    GetCapacityRequest, GetPluginCapabilitiesRequest, NodeStageVolumeRequest,
+    NodeUnstageVolumeRequest, Topology, TopologyRequirement, VolumeCapability,
+    controller_service_capability, plugin_capability, volume_capability,
+};
+use tonic::transport::Channel;
+
+async fn channel(path: &Path) -> Channel {
+    plugreg_transport::connect_path(path, Duration::from_secs(5))
+        .await
+        .unwrap()
+}
+
+fn cap() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Mount(
+            volume_capability::MountVolume::default(),
+        )),
+        access_mode: Some(volume_capability::AccessMode {
+            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+fn create(name: &str, bytes: i64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap()],
+        ..Default::default()
+    }
+}
+
+fn zone(z: &str) -> Topology {
+    Topology {
+        segments: HashMap::from([("zone".to_owned(), z.to_owned())]),
+    }
+}
+
+#[tokio::test]
+async fn create_and_delete_follow_the_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let d = start(
+        DriverConfig {
+            controller: true,
+            topology: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
+            max_capacity: 1 << 30,
+            node_capabilities: vec![NodeCapability::StageUnstageVolume],
+            mount: plugreg_csi_test_driver::MountMode::Directory,
+            ..DriverConfig::default()
+        },
+        &sock,
+    )
+    .await
+    .unwrap();
+    let ch = channel(&sock).await;
+    let mut ctl = ControllerClient::new(ch.clone());
+
+    let caps = IdentityClient::new(ch.clone())
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(caps.capabilities.iter().any(|c| matches!(
+        &c.r#type,
+        Some(plugin_capability::Type::Service(s))
+            if s.r#type == plugin_capability::service::Type::ControllerService as i32
+    )));
+    let ccaps = ctl
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        &ccaps.capabilities[..],
+        [c] if matches!(&c.r#type, Some(controller_service_capability::Type::Rpc(r))
+            if r.r#type == controller_service_capability::rpc::Type::CreateDeleteVolume as i32)
+    ));
+
+    // Created once; a repeat with the same name returns the same volume.
+    let v1 = ctl
+        .create_volume(create("pvc-1", 1 << 20))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(v1.capacity_bytes, 1 << 20);
+    assert_eq!(v1.accessible_topology, vec![zone("a")]);
+    assert!(
+        dir.path()
+            .join("csi.sock.volumes")
+            .join(&v1.volume_id)
+            .is_dir()
+    );
+    let again = ctl
+        .create_volume(create("pvc-1", 1 << 20))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again.volume_id, v1.volume_id);
+    // Same name, a size the volume does not have: ALREADY_EXISTS.
+    let e = ctl
+        .create_volume(create("pvc-1", 2 << 20))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    // Too big: OUT_OF_RANGE; no name or no capability: INVALID_ARGUMENT.
+    let e = ctl.create_volume(create("big", 2 << 30)).await.unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange);
+    let e = ctl.create_volume(create("", 1)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let mut no_caps = create("x", 1);
+    no_caps.volume_capabilities.clear();
+    assert_eq!(
+        ctl.create_volume(no_caps).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    // A topology the driver does not serve: RESOURCE_EXHAUSTED; one it serves: fine.
+    let mut elsewhere = create("pvc-2", 1);
+    elsewhere.accessibility_requirements = Some(TopologyRequirement {
+        requisite: vec![zone("b")],
+        preferred: vec![],
+    });
+    assert_eq!(
+        ctl.create_volume(elsewhere.clone())
+            .await
+            .unwrap_err()
+            .code(),
+        Code::ResourceExhausted
+    );
+    elsewhere.accessibility_requirements = Some(TopologyRequirement {
+        requisite: vec![zone("b"), zone("a")],
+        preferred: vec![zone("a")],
+    });
+    let v2 = ctl
+        .create_volume(elsewhere)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_ne!(v2.volume_id, v1.volume_id);
+
+    // A staged volume cannot be deleted; then it can, twice (idempotent), and its data goes.
+    let staging = dir.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    let mut node = NodeClient::new(ch.clone());
+    node.node_stage_volume(NodeStageVolumeRequest {
+        volume_id: v1.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let del = DeleteVolumeRequest {
+        volume_id: v1.volume_id.clone(),
+        ..Default::default()
+    };
+    assert_eq!(
+        ctl.delete_volume(del.clone()).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    node.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: v1.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    ctl.delete_volume(del.clone()).await.unwrap();
+    ctl.delete_volume(del).await.unwrap();
+    assert!(
+        !dir.path()
+            .join("csi.sock.volumes")
+            .join(&v1.volume_id)
+            .exists()
+    );
+
+    // Not implemented: UNIMPLEMENTED.
+    let e = ctl
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+
+    assert_eq!(d.calls().count(Method::CreateVolume), 8);
+    assert_eq!(d.calls().count(Method::DeleteVolume), 3);
+    assert_eq!(d.calls().count(Method::ControllerGetCapabilities), 1);
+    d.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn controller_faults() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let d = start(
+        DriverConfig {
+            controller: true,
+            faults: BTreeMap::from([
+                (
+                    Method::CreateVolume,
+                    Fault {
+                        error: Some(Failure::new(Code::ResourceExhausted, "full")),
+                        fail_first: Some(1),
+                        ..Fault::default()
+                    },
+                ),
+                (
+                    Method::DeleteVolume,
+                    Fault {
+                        hang: true,
+                        ..Fault::default()
+                    },
+                ),
+            ]),
+            ..DriverConfig::default()
+        },
+        &sock,
+    )
+    .await
+    .unwrap();
+    let mut ctl = ControllerClient::new(channel(&sock).await);
+    let e = ctl.create_volume(create("v", 1)).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (Code::ResourceExhausted, "full"));
+    let v = ctl
+        .create_volume(create("v", 1))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let mut req = tonic::Request::new(DeleteVolumeRequest {
+        volume_id: v.volume_id,
+        ..Default::default()
+    });
+    req.set_timeout(Duration::from_millis(200));
+    let hung = tokio::time::timeout(Duration::from_millis(500), ctl.delete_volume(req)).await;
+    assert!(
+        matches!(&hung, Ok(Err(_))),
+        "a hanging DeleteVolume never answers; the caller's deadline ends it: {hung:?}"
+    );
+    d.calls().wait_for(Method::DeleteVolume, 1).await;
+    d.stop().await.unwrap();
+}

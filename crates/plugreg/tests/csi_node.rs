@@ -1,0 +1,478 @@
+//! `plugreg csi stage|publish|...|mount|unmount|check` as real processes against the
+//! `csi-test-driver` binary, also a real process, with real bind mounts (the tests run as root
+//! here; without root the driver makes plain directories and the mount assertions are
+//! skipped, saying so). A guard unmounts whatever is left under a test's temp dir, even when
+//! the test fails.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn plugreg() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_plugreg"))
+}
+
+fn driver_bin() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_plugreg"))
+        .parent()
+        .unwrap()
+        .join("csi-test-driver");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p plugreg-csi-test-driver` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+fn is_mounted(p: &Path) -> bool {
+    mounts_under(p).iter().any(|m| m == p)
+}
+
+fn root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// A temp dir under /tmp whose mounts are detached on drop (deepest first).
+struct MountGuard(tempfile::TempDir);
+
+impl MountGuard {
+    fn new() -> Self {
+        Self(
+            tempfile::Builder::new()
+                .prefix("plugreg-cli-")
+                .tempdir_in("/tmp")
+                .unwrap(),
+        )
+    }
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let mut left = mounts_under(self.0.path());
+        left.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in left {
+            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+/// The driver process; SIGTERM on drop (it unmounts what it mounted, then exits).
+struct Driver {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Driver {
+    fn start(dir: &Path, args: &[&str]) -> Driver {
+        let socket = dir.join("csi.sock");
+        let mut child = Command::new(driver_bin())
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--volume", "vol-1"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        // Reads every line (so the pipe never fills) and reports when it listens.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("\"listening\"") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(15))
+            .expect("the driver listens");
+        Driver { child, socket }
+    }
+
+    fn endpoint(&self) -> String {
+        self.socket.display().to_string()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let _ = self.child.wait();
+    }
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap()
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: stdout {:?} stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn volume_cmd(op: &str, d: &Driver, g: &MountGuard) -> Command {
+    let mut c = volume_table(op, d, g);
+    c.args(["-o", "json"]);
+    c
+}
+
+fn volume_table(op: &str, d: &Driver, g: &MountGuard) -> Command {
+    let mut c = plugreg();
+    c.args([
+        "csi",
+        op,
+        "--endpoint",
+        &d.endpoint(),
+        "--volume-id",
+        "vol-1",
+    ])
+    .arg("--kubelet-root")
+    .arg(g.path().join("kubelet"));
+    c
+}
+
+const ALL_CAPS: [&str; 6] = [
+    "--node-capability",
+    "STAGE_UNSTAGE_VOLUME",
+    "--node-capability",
+    "GET_VOLUME_STATS",
+    "--node-capability",
+    "EXPAND_VOLUME",
+];
+
+#[test]
+fn single_calls_and_the_mount_sequence_really_mount() {
+    let g = MountGuard::new();
+    let d = Driver::start(g.path(), &ALL_CAPS);
+
+    // mount: stage, then publish; the paths are the kubelet's.
+    let out = run(&mut volume_cmd("mount", &d, &g));
+    assert!(out.status.success(), "{out:?}");
+    let m = json(&out);
+    assert_eq!(
+        m["calls"],
+        serde_json::json!(["NodeStageVolume", "NodePublishVolume"])
+    );
+    let staging = PathBuf::from(m["staging_path"].as_str().unwrap());
+    let target = PathBuf::from(m["target_path"].as_str().unwrap());
+    assert!(
+        staging.starts_with(
+            g.path()
+                .join("kubelet/plugins/kubernetes.io/csi/csi.plugreg.test")
+        )
+    );
+    assert!(staging.ends_with("globalmount"));
+    assert_eq!(
+        target,
+        g.path()
+            .join("kubelet/pods/plugreg/volumes/kubernetes.io~csi/vol-1/mount")
+    );
+    if root() {
+        assert!(
+            is_mounted(&staging) && is_mounted(&target),
+            "{:?}",
+            mounts_under(g.path())
+        );
+        std::fs::write(target.join("f"), b"data").unwrap();
+        assert_eq!(
+            std::fs::read(g.path().join("csi.sock.volumes/vol-1/f")).unwrap(),
+            b"data"
+        );
+    }
+
+    let out = run(&mut volume_cmd("stats", &d, &g));
+    assert!(out.status.success(), "{out:?}");
+    assert!(json(&out)["usage"]["BYTES"]["total"].as_i64().unwrap() > 0);
+    let out = run(volume_cmd("expand", &d, &g).args(["--required-bytes", "3000000000"]));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(json(&out)["capacity_bytes"], 3_000_000_000i64);
+
+    // unmount: unpublish, then unstage; nothing stays mounted.
+    let out = run(&mut volume_cmd("unmount", &d, &g));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        json(&out)["calls"],
+        serde_json::json!(["NodeUnpublishVolume", "NodeUnstageVolume"])
+    );
+    assert!(mounts_under(g.path()).is_empty());
+    assert!(!target.exists());
+
+    // The single calls, one at a time, in the kubelet's order; table output names the paths.
+    for op in ["stage", "publish"] {
+        let out = run(&mut volume_table(op, &d, &g));
+        assert!(out.status.success(), "{op}: {out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.contains("STAGING PATH") && text.contains(&target.display().to_string()),
+            "{text}"
+        );
+    }
+    if root() {
+        assert!(is_mounted(&staging) && is_mounted(&target));
+    }
+    let out = run(&mut volume_cmd("unstage", &d, &g));
+    assert!(!out.status.success(), "unstage while published must fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("code = FailedPrecondition"), "{err}");
+    for op in ["unpublish", "unstage"] {
+        let out = run(&mut volume_cmd(op, &d, &g));
+        assert!(out.status.success(), "{op}: {out:?}");
+    }
+    assert!(mounts_under(g.path()).is_empty());
+}
+
+#[test]
+fn without_stage_support_mount_only_publishes() {
+    let g = MountGuard::new();
+    let d = Driver::start(g.path(), &[]);
+    let out = run(&mut volume_cmd("mount", &d, &g));
+    assert!(out.status.success(), "{out:?}");
+    let m = json(&out);
+    assert_eq!(m["calls"], serde_json::json!(["NodePublishVolume"]));
+    assert_eq!(m["skipped"], serde_json::json!(["NodeStageVolume"]));
+    assert_eq!(m["staging_path"], Value::Null);
+    let out = run(&mut volume_cmd("stats", &d, &g));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not advertise GET_VOLUME_STATS"),
+        "{out:?}"
+    );
+    let out = run(&mut volume_cmd("unmount", &d, &g));
+    assert!(out.status.success(), "{out:?}");
+    assert!(mounts_under(g.path()).is_empty());
+}
+
+#[test]
+fn injected_failures_fail_the_command_with_their_code() {
+    let cases: [(&str, &[&str], &str); 4] = [
+        (
+            "NodeStageVolume:code=RESOURCE_EXHAUSTED",
+            &["--attempts", "2"],
+            "code = ResourceExhausted",
+        ),
+        (
+            "NodeStageVolume:code=INTERNAL,message=disk on fire",
+            &[],
+            "code = Internal desc = disk on fire",
+        ),
+        (
+            "NodePublishVolume:hang",
+            &["--timeout", "300ms", "--attempts", "1"],
+            "did not answer within",
+        ),
+        ("NodePublishVolume:code=NOT_FOUND", &[], "code = NotFound"),
+    ];
+    for (fault, extra, want) in cases {
+        let g = MountGuard::new();
+        let mut args = ALL_CAPS.to_vec();
+        args.extend(["--fault", fault]);
+        let d = Driver::start(g.path(), &args);
+        let out = run(volume_cmd("mount", &d, &g).args(extra));
+        assert_eq!(out.status.code(), Some(1), "{fault}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{fault}: {err}");
+        drop(d);
+        assert!(
+            mounts_under(g.path()).is_empty(),
+            "{fault}: the driver unmounts on SIGTERM"
+        );
+    }
+}
+
+/// `plugreg csi check`, its temp dir inside `tmp` (a failed check may leave directories a
+/// hung driver still had mounted; the test's guard removes them).
+fn check(d: &Driver, tmp: &Path, extra: &[&str]) -> (Option<i32>, Value) {
+    let out = run(plugreg()
+        .env("TMPDIR", tmp)
+        .args(["csi", "check", "--endpoint", &d.endpoint(), "-o", "json"])
+        .args(extra));
+    (out.status.code(), json(&out))
+}
+
+fn step<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["step"] == name)
+        .unwrap_or_else(|| panic!("no step {name:?} in {report:#}"))
+}
+
+#[test]
+fn check_passes_on_the_test_driver() {
+    // Everything advertised, the volume from CreateVolume.
+    let g = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.push("--controller");
+    let d = Driver::start(g.path(), &args);
+    let (code, report) = check(&d, g.path(), &[]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert!(
+        report["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["outcome"] == "pass"),
+        "{report:#}"
+    );
+    assert_eq!(
+        step(&report, "CreateVolume repeated (same name)")["outcome"],
+        "pass"
+    );
+    assert_eq!(
+        step(&report, "NodeStageVolume of an unknown volume")["code"],
+        "NOT_FOUND"
+    );
+    assert_eq!(step(&report, "DeleteVolume repeated")["outcome"], "pass");
+    let left: Vec<_> = std::fs::read_dir(g.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("plugreg-csi-check-")
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "a passed check removes its temp dir: {left:?}"
+    );
+    drop(d);
+
+    // Nothing advertised, the volume from --volume-id: skipped by capability, still exit 0.
+    let g2 = MountGuard::new();
+    let d = Driver::start(g2.path(), &[]);
+    let (code, report) = check(&d, g2.path(), &["--volume-id", "vol-1"]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(step(&report, "NodeStageVolume")["outcome"], "skip");
+    assert_eq!(step(&report, "CreateVolume")["outcome"], "skip");
+    assert_eq!(
+        step(&report, "NodePublishVolume repeated")["outcome"],
+        "pass"
+    );
+    // No volume at all: fails, naming the step.
+    let (code, report) = check(&d, g2.path(), &[]);
+    assert_eq!(code, Some(1));
+    assert_eq!(step(&report, "volume")["outcome"], "fail");
+    assert!(mounts_under(g.path()).is_empty() && mounts_under(g2.path()).is_empty());
+}
+
+#[test]
+fn check_fails_naming_the_step_on_each_fault() {
+    // (fault, failing step, code the step reports)
+    let cases = [
+        (
+            "Probe:code=FAILED_PRECONDITION",
+            "Probe",
+            "FAILED_PRECONDITION",
+        ),
+        (
+            "CreateVolume:code=RESOURCE_EXHAUSTED",
+            "CreateVolume",
+            "RESOURCE_EXHAUSTED",
+        ),
+        // A transient error is reported too: the check makes every call once.
+        (
+            "CreateVolume:code=UNAVAILABLE,fail-first=1",
+            "CreateVolume",
+            "UNAVAILABLE",
+        ),
+        (
+            "NodeStageVolume:code=INTERNAL",
+            "NodeStageVolume",
+            "INTERNAL",
+        ),
+        (
+            "NodePublishVolume:code=NOT_FOUND",
+            "NodePublishVolume",
+            "NOT_FOUND",
+        ),
+        (
+            "NodeGetVolumeStats:delay=3s",
+            "NodeGetVolumeStats",
+            "DEADLINE_EXCEEDED",
+        ),
+        (
+            "NodeUnpublishVolume:hang",
+            "NodeUnpublishVolume",
+            "DEADLINE_EXCEEDED",
+        ),
+        (
+            "NodeUnstageVolume:code=ABORTED",
+            "NodeUnstageVolume repeated",
+            "ABORTED",
+        ),
+        ("DeleteVolume:code=INTERNAL", "DeleteVolume", "INTERNAL"),
+    ];
+    for (fault, failing, code) in cases {
+        let g = MountGuard::new();
+        let mut args = ALL_CAPS.to_vec();
+        args.extend(["--controller", "--fault", fault]);
+        let d = Driver::start(g.path(), &args);
+        let (exit, report) = check(&d, g.path(), &["--timeout", "1s"]);
+        assert_eq!(exit, Some(1), "{fault}: {report:#}");
+        let s = step(&report, failing);
+        assert_eq!(s["outcome"], "fail", "{fault}: {report:#}");
+        assert_eq!(s["code"], code, "{fault}: {report:#}");
+        drop(d);
+        assert!(mounts_under(g.path()).is_empty(), "{fault}");
+    }
+}
+
+#[test]
+fn check_table_output_and_exit_status() {
+    let g = MountGuard::new();
+    let d = Driver::start(
+        g.path(),
+        &["--fault", "NodePublishVolume:code=INTERNAL,message=boom"],
+    );
+    let out = run(plugreg().env("TMPDIR", g.path()).args([
+        "csi",
+        "check",
+        "--endpoint",
+        &d.endpoint(),
+        "--volume-id",
+        "vol-1",
+    ]));
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("STEP "), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("NodePublishVolume "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("FAIL") && line.contains("INTERNAL") && line.contains("boom"),
+        "{line}"
+    );
+    assert!(text.lines().last().unwrap().contains("failed"), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("check of") && err.contains("NodePublishVolume"),
+        "{err}"
+    );
+}
