@@ -371,10 +371,12 @@ pub struct PreferredAllocationRequest {
 /// Candidates for one container.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ContainerPreferredAllocationRequest {
+    /// Upstream spells these available_deviceIDs, must_include_deviceIDs and deviceIDs; only the
+    /// numbers matter on the wire, and these names give readable Rust.
     #[prost(string, repeated, tag = "1")]
-    pub available_device_i_ds: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    pub available_device_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     #[prost(string, repeated, tag = "2")]
-    pub must_include_device_i_ds: ::prost::alloc::vec::Vec<
+    pub must_include_device_ids: ::prost::alloc::vec::Vec<
         ::prost::alloc::string::String,
     >,
     #[prost(int32, tag = "3")]
@@ -392,7 +394,7 @@ pub struct PreferredAllocationResponse {
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ContainerPreferredAllocationResponse {
     #[prost(string, repeated, tag = "1")]
-    pub device_i_ds: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    pub device_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 /// Devices to allocate, per container.
 #[derive(Clone, PartialEq, ::prost::Message)]
