@@ -4,6 +4,7 @@ mod csi;
 mod daemon;
 #[cfg(feature = "demo")]
 mod demo;
+mod device;
 mod logging;
 mod ops;
 #[cfg(feature = "demo")]
