@@ -89,6 +89,12 @@ impl Devices {
         })))
     }
 
+    /// The inventory.
+    #[cfg_attr(not(feature = "demo"), allow(dead_code))]
+    pub fn inventory(&self) -> &Arc<Inventory> {
+        &self.inventory
+    }
+
     /// Stops every device plugin client.
     pub fn stop(&self) {
         self.inventory.clear();

@@ -6,6 +6,8 @@ mod daemon;
 mod demo;
 mod device;
 mod device_cmd;
+#[cfg(feature = "demo")]
+mod device_demo;
 mod logging;
 mod ops;
 #[cfg(feature = "demo")]

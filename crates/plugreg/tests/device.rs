@@ -236,3 +236,27 @@ async fn device_plugins_registered_either_way_show_devices_health_and_restarts()
     assert!(gadget.wait_exit(SOON).await.unwrap().success());
     assert!(!device_dir.join("example.com_gadget.sock").exists());
 }
+
+#[test]
+fn demo_shows_a_device_plugins_devices_and_a_health_flip() {
+    let out = Command::new(env!("CARGO_BIN_EXE_plugreg"))
+        .arg("demo")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "DevicePlugin (options, ListAndWatch: devices and health)",
+        "3b. A device plugin (3 widgets of example.com/widget) registers through plugins_registry:",
+        "   widget-1  Healthy   NUMA 1\n",
+        "widget-1 turned unhealthy",
+        "   widget-1  Unhealthy NUMA 1\n",
+        "plugins_registry/example.com_widget-reg.sock   DevicePlugin",
+    ] {
+        assert!(text.contains(want), "demo output lacks {want:?}:\n{text}");
+    }
+}
