@@ -64,12 +64,11 @@ pub(crate) async fn connect(path: &Path, cfg: &ClientConfig) -> Result<Connected
         .map_err(ConnectError::Dial)?;
     let mut client = DevicePluginClient::new(channel)
         .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
-    let mut req = tonic::Request::new(Empty {});
-    req.set_timeout(cfg.options_timeout);
-    // set_timeout only tells the server; the local timeout is what bounds a hung plugin.
+    // Bounded here, not through grpc-timeout: the plugin's own deadline would race ours and
+    // make the error text depend on who fired first.
     let options = match tokio::time::timeout(
         cfg.options_timeout,
-        client.get_device_plugin_options(req),
+        client.get_device_plugin_options(Empty {}),
     )
     .await
     {

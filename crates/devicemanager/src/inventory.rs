@@ -12,6 +12,10 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+/// Most distinct resource names `plugreg_device_plugin_registration_total` keeps apart.
+pub const MAX_REGISTRATION_LABELS: usize = 256;
+const OTHER_LABEL: &str = "<other>";
+
 /// How a device plugin registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum RegisteredVia {
@@ -306,13 +310,19 @@ impl Inventory {
         self.bump();
     }
 
+    /// Counts a Register call. Names come from any client before validation, so the number of
+    /// distinct labels is capped: beyond [`MAX_REGISTRATION_LABELS`] they count as `<other>`.
     pub(crate) fn count_classic_registration(&self, resource: &str) {
-        *self
+        let mut counts = self
             .classic_registrations
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(resource.to_owned())
-            .or_default() += 1;
+            .unwrap_or_else(|e| e.into_inner());
+        let key = if counts.contains_key(resource) || counts.len() < MAX_REGISTRATION_LABELS {
+            resource
+        } else {
+            OTHER_LABEL
+        };
+        *counts.entry(key.to_owned()).or_default() += 1;
     }
 
     /// The endpoint at `endpoint`.
@@ -467,6 +477,23 @@ mod tests {
         assert!(inv.remove(ep, Some(&new)));
         assert!(new.token.is_cancelled());
         assert!(inv.snapshot().is_empty());
+    }
+
+    #[test]
+    fn registration_counts_keep_a_bounded_number_of_labels() {
+        let inv = Inventory::new();
+        for i in 0..MAX_REGISTRATION_LABELS + 10 {
+            inv.count_classic_registration(&format!("x.com/r{i}"));
+        }
+        inv.count_classic_registration("x.com/r0");
+        let m = inv.render_metrics();
+        assert!(m.contains("{resource_name=\"x.com/r0\"} 2\n"), "{m}");
+        assert!(m.contains("{resource_name=\"<other>\"} 10\n"), "{m}");
+        assert_eq!(
+            m.matches("plugreg_device_plugin_registration_total{")
+                .count(),
+            MAX_REGISTRATION_LABELS + 1
+        );
     }
 
     #[test]

@@ -536,3 +536,47 @@ async fn two_sockets_of_one_resource_are_two_clients_and_deregister_drops_only_o
     assert_eq!(healthy(&snap[0]), 3);
     token.cancel();
 }
+
+#[tokio::test]
+async fn a_broken_stream_marks_devices_unhealthy_and_is_redialled_when_the_plugin_is_back() {
+    use plugreg_manager::PluginHandler;
+    let dir = tempfile::tempdir().unwrap();
+    let inv = Arc::new(Inventory::new());
+    let handler = DevicePluginHandler::new(inv.clone(), quick());
+    let socket = dir.path().join("w.sock");
+    let serve = |widgets: Arc<Widgets>| {
+        let token = CancellationToken::new();
+        let logic = plugreg_deviceplugin::DevicePluginService::new(widgets, token.clone());
+        let bound = plugreg_transport::bind(&socket).unwrap();
+        let router = plugreg_transport::server().add_service(logic.into_server());
+        let t = token.clone();
+        tokio::spawn(
+            async move { plugreg_transport::serve(router, bound, t.cancelled_owned()).await },
+        );
+        token
+    };
+    let first = serve(Arc::new(Widgets::new(2, 0, false)));
+    let e = socket.display().to_string();
+    handler
+        .register(RESOURCE, &e, &["v1beta1".into()])
+        .await
+        .unwrap();
+    until(&inv, "2 healthy", |s| s.len() == 1 && healthy(&s[0]) == 2).await;
+
+    first.cancel();
+    let snap = until(&inv, "unhealthy, re-dialling", |s| {
+        s.len() == 1 && !s[0].connected && healthy(&s[0]) == 0 && s[0].last_error.is_some()
+    })
+    .await;
+    assert_eq!(snap[0].devices.len(), 2);
+
+    // Back with 3 devices on the same socket: re-dialled without a new registration.
+    let second = serve(Arc::new(Widgets::new(3, 0, false)));
+    let snap = until(&inv, "re-dialled", |s| {
+        s.len() == 1 && s[0].connected && healthy(&s[0]) == 3
+    })
+    .await;
+    assert_eq!(snap[0].registered_via, RegisteredVia::PluginsRegistry);
+    assert!(snap[0].last_error.is_none());
+    second.cancel();
+}

@@ -20,6 +20,7 @@
 mod plugin;
 mod service;
 
+pub use async_trait::async_trait;
 pub use plugin::{DevicePlugin, Error, Event, PluginConfig, Registration};
 pub use plugreg_proto::deviceplugin::v1beta1 as api;
 pub use service::{DeviceLogic, DevicePluginService};

@@ -249,3 +249,84 @@ async fn calls_the_kubelet_would_not_make_are_refused_and_hung_plugins_time_out(
     ]);
     assert!(err.contains("cannot connect to device plugin"), "{err}");
 }
+
+/// A device plugin (the plugin-side library, in this test process) whose Allocate,
+/// GetPreferredAllocation and PreStartContainer never answer.
+struct Stuck {
+    devices: tokio::sync::watch::Sender<Vec<plugreg_deviceplugin::api::Device>>,
+}
+
+#[plugreg_deviceplugin::async_trait]
+impl plugreg_deviceplugin::DeviceLogic for Stuck {
+    fn options(&self) -> plugreg_deviceplugin::api::DevicePluginOptions {
+        plugreg_deviceplugin::api::DevicePluginOptions {
+            pre_start_required: true,
+            get_preferred_allocation_available: true,
+        }
+    }
+    fn devices(&self) -> tokio::sync::watch::Receiver<Vec<plugreg_deviceplugin::api::Device>> {
+        self.devices.subscribe()
+    }
+    async fn allocate(
+        &self,
+        _: plugreg_deviceplugin::api::ContainerAllocateRequest,
+    ) -> Result<plugreg_deviceplugin::api::ContainerAllocateResponse, tonic::Status> {
+        std::future::pending().await
+    }
+    async fn preferred_allocation(
+        &self,
+        _: plugreg_deviceplugin::api::ContainerPreferredAllocationRequest,
+    ) -> Result<plugreg_deviceplugin::api::ContainerPreferredAllocationResponse, tonic::Status>
+    {
+        std::future::pending().await
+    }
+    async fn pre_start(&self, _: Vec<String>) -> Result<(), tonic::Status> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_plugin_that_hangs_in_a_call_is_reported_after_the_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let socket = tmp.path().join("stuck.sock");
+    let token = tokio_util::sync::CancellationToken::new();
+    let logic = std::sync::Arc::new(Stuck {
+        devices: tokio::sync::watch::Sender::new(Vec::new()),
+    });
+    let service = plugreg_deviceplugin::DevicePluginService::new(logic, token.clone());
+    let bound = plugreg_transport::bind(&socket).unwrap();
+    let router = plugreg_transport::server().add_service(service.into_server());
+    let t = token.clone();
+    tokio::spawn(async move { plugreg_transport::serve(router, bound, t.cancelled_owned()).await });
+    let s = socket.display().to_string();
+    for (call, args) in [
+        ("Allocate", vec!["allocate", "--devices", "a"]),
+        (
+            "GetPreferredAllocation",
+            vec!["preferred", "--available", "a,b", "--size", "1"],
+        ),
+        ("PreStartContainer", vec!["prestart", "--devices", "a"]),
+    ] {
+        let mut a = vec!["device"];
+        a.extend(args);
+        a.extend(["--endpoint", &s, "--timeout", "300ms"]);
+        let o = tokio::task::spawn_blocking({
+            let a: Vec<String> = a.iter().map(|x| x.to_string()).collect();
+            move || {
+                Command::new(env!("CARGO_BIN_EXE_plugreg"))
+                    .args(&a)
+                    .output()
+                    .unwrap()
+            }
+        })
+        .await
+        .unwrap();
+        assert!(!o.status.success());
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(
+            err.trim_end(),
+            format!("plugreg: {s} did not answer {call} within 300ms")
+        );
+    }
+    token.cancel();
+}
