@@ -203,6 +203,52 @@ async fn the_kubelets_refusals_read_as_plugregs_handler_words_them() {
         &["--resource", "kubernetes.io/gadget"],
         &[("--kubelet-socket", &device_dir.join("kubelet.sock"))],
     );
+    // A plugin advertising no v1beta1 (through the registrar directly).
+    let registrar = plugreg_registrar::Registrar::new(plugreg_registrar::PluginInfo {
+        r#type: "DevicePlugin".into(),
+        name: "example.com/old".into(),
+        endpoint: tmp.path().join("old.sock").display().to_string(),
+        supported_versions: vec!["v1alpha".into(), "v1".into()],
+    });
+    let token = tokio_util::sync::CancellationToken::new();
+    let (r, t, s) = (
+        registrar.clone(),
+        token.clone(),
+        registry.join("old-reg.sock"),
+    );
+    tokio::spawn(async move { r.serve(&s, Default::default(), t).await });
+    let v = k
+        .next_matching(is("ValidatePlugin", "example.com/old"), WAIT)
+        .await
+        .unwrap();
+    let ours =
+        plugreg_devicemanager::DevicePluginHandler::new(Default::default(), Default::default())
+            .validate("example.com/old", "/x", &["v1alpha".into(), "v1".into()])
+            .await
+            .unwrap_err()
+            .to_string();
+    assert_eq!(v["result"], ours);
+    token.cancel();
+
+    // A classic Register with another version (a raw client).
+    let ch = plugreg_transport::connect_path(&device_dir.join("kubelet.sock"), WAIT)
+        .await
+        .unwrap();
+    let e = plugreg_deviceplugin::api::registration_client::RegistrationClient::new(ch)
+        .register(plugreg_deviceplugin::api::RegisterRequest {
+            version: "v1".into(),
+            endpoint: "x.sock".into(),
+            resource_name: "example.com/x".into(),
+            options: None,
+        })
+        .await
+        .unwrap_err();
+    let ours = plugreg_devicemanager::RegisterRefusal::Version("v1".into());
+    assert_eq!(
+        (e.code(), e.message()),
+        (tonic::Code::Unknown, ours.to_string().as_str())
+    );
+
     let v = b.next_event("registration_failed", WAIT).await.unwrap();
     let ours = plugreg_devicemanager::RegisterRefusal::Name("kubernetes.io/gadget".into());
     assert_eq!(
