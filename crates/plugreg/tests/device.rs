@@ -216,6 +216,36 @@ async fn device_plugins_registered_either_way_show_devices_health_and_restarts()
     })
     .await;
 
+    // The registry plugin killed (its sockets stay behind) and restarted: the stream broke, so
+    // its devices turn unhealthy; the new instance re-creates both sockets and is listed again.
+    drop(widget);
+    until_plugin(&addr, "example.com/widget", "widgets unhealthy", |e| {
+        e["details"]["connected"] == false && healthy(e) == 0
+    })
+    .await;
+    let mut widget = start_plugin(
+        &[
+            "--resource",
+            "example.com/widget",
+            "--devices",
+            "3",
+            "--numa-nodes",
+            "2",
+        ],
+        &[
+            ("--registry-dir", &registry),
+            ("--socket", &tmp.path().join("widget.sock")),
+        ],
+    );
+    widget
+        .next_matching(|v| v["event"] == "registered", SOON)
+        .await
+        .unwrap();
+    until_plugin(&addr, "example.com/widget", "widgets back", |e| {
+        e["details"]["connected"] == true && healthy(e) == 3
+    })
+    .await;
+
     // The registry plugin stopped: SIGTERM removes both of its sockets; the manager deregisters
     // it and it is no longer listed.
     widget.terminate().unwrap();
