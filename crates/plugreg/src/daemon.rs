@@ -87,6 +87,9 @@ pub struct ManagerArgs {
     /// Refused probes in a row that make a plugin dead.
     #[arg(long, default_value_t = 3)]
     pub liveness_failures: u32,
+    /// Device plugins.
+    #[command(flatten)]
+    pub device: crate::device::DeviceArgs,
 }
 
 impl ManagerArgs {
@@ -112,7 +115,10 @@ impl ManagerArgs {
     }
 
     /// The handlers for the configured plugin types.
-    pub async fn handlers(&self) -> anyhow::Result<HandlerRegistry> {
+    pub async fn handlers(
+        &self,
+        devices: &crate::device::Devices,
+    ) -> anyhow::Result<HandlerRegistry> {
         let mut handlers = HandlerRegistry::new();
         for t in &self.plugin_types {
             let t = t.trim();
@@ -124,6 +130,8 @@ impl ManagerArgs {
                     t,
                     Arc::new(ExampleHandler::new(self.example_versions.clone())),
                 );
+            } else if t == plugreg_devicemanager::PLUGIN_TYPE {
+                handlers.insert(t, devices.handler());
             } else if t == plugreg_csi::PLUGIN_TYPE
                 && let Some(sink) = self.csi_sink()
             {
@@ -165,10 +173,12 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
     // Installed first: a SIGHUP that arrives once the daemon says it is up must rescan, not kill.
     let mut signals = Signals::with_hangup()?;
     let token = CancellationToken::new();
-    let handlers = args.handlers().await?;
+    let devices = crate::device::Devices::new(&args.device);
+    let handlers = args.handlers(&devices).await?;
     let manager = PluginManager::start(args.config(), handlers, token.clone())
         .await
         .context("cannot start the plugin manager")?;
+    let classic = devices.start_classic(&args.device, &token)?;
 
     let http = match args.http_endpoint {
         Some(addr) => {
@@ -177,7 +187,7 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(endpoint = %listener.local_addr()?, "Starting HTTP server");
             let listener = CappedListener::new(listener, args.http_max_connections);
-            let app = router(manager.clone());
+            let app = router_with(manager.clone(), devices.clone());
             let t = token.clone();
             Some(tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, app)
@@ -205,8 +215,12 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
     }
     token.cancel();
     // Bounded drain: the reconciler abandons operations in flight; plugin sockets stay.
+    devices.stop();
     let drain = async {
         manager.stopped().await;
+        if let Some(h) = classic {
+            let _ = h.await;
+        }
         if let Some(h) = http {
             let _ = h.await;
         }
@@ -220,17 +234,30 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the HTTP routes read.
+#[derive(Clone)]
+pub struct AppState {
+    manager: PluginManager,
+    devices: crate::device::Devices,
+}
+
 /// The HTTP routes: /healthz, /metrics, /plugins.
+#[cfg(test)]
 pub fn router(manager: PluginManager) -> Router {
+    router_with(manager, crate::device::Devices::new(&Default::default()))
+}
+
+/// The HTTP routes, with the device inventory the device-plugin handler feeds.
+pub fn router_with(manager: PluginManager, devices: crate::device::Devices) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/plugins", get(plugins))
-        .with_state(manager)
+        .with_state(AppState { manager, devices })
 }
 
 /// 200 "ok" while the watcher and the reconciler run; 503 with the reason when not.
-async fn healthz(State(m): State<PluginManager>) -> impl IntoResponse {
+async fn healthz(State(AppState { manager: m, .. }): State<AppState>) -> impl IntoResponse {
     match m.health() {
         Ok(()) => (StatusCode::OK, "ok".to_owned()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
@@ -316,19 +343,28 @@ impl AsyncWrite for CappedStream {
     }
 }
 
-async fn metrics(State(m): State<PluginManager>) -> impl IntoResponse {
+async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    let mut text = s.manager.render_metrics();
+    text.push_str(&s.devices.render_metrics());
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        m.render_metrics(),
+        text,
     )
 }
 
-async fn plugins(State(m): State<PluginManager>) -> impl IntoResponse {
-    let body = serde_json::to_string_pretty(&m.snapshot())
-        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+async fn plugins(State(s): State<AppState>) -> impl IntoResponse {
+    let mut entries: Vec<serde_json::Value> = s
+        .manager
+        .snapshot()
+        .iter()
+        .filter_map(|r| serde_json::to_value(r).ok())
+        .collect();
+    s.devices.decorate(&mut entries);
+    let body =
+        serde_json::to_string_pretty(&entries).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     ([(header::CONTENT_TYPE, "application/json")], body)
 }
 

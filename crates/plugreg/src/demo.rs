@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use plugreg_example_plugin::{ExampleConfig, ExamplePlugin};
-use plugreg_handlers::{EXAMPLE_PLUGIN, ExampleHandler, RecordHandler};
+use plugreg_handlers::{EXAMPLE_PLUGIN, ExampleHandler};
 use plugreg_manager::{HandlerRegistry, ManagerConfig, ManagerEvent, PluginManager, PluginState};
 use plugreg_registrar::Status;
 use tokio::sync::broadcast;
@@ -38,6 +38,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
     writeln!(out, "working in {}\n", base.display())?;
 
     // 1. The kubelet side.
+    let devices = crate::device_demo::devices();
     let handlers = HandlerRegistry::new()
         .with(
             EXAMPLE_PLUGIN,
@@ -46,7 +47,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
                 "v1beta2".into(),
             ])),
         )
-        .with("DevicePlugin", Arc::new(RecordHandler::new()))
+        .with("DevicePlugin", devices.handler())
         .with(
             plugreg_csi::PLUGIN_TYPE,
             Arc::new(
@@ -67,7 +68,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
     )?;
     writeln!(
         out,
-        "   handlers: ExamplePlugin (accepts versions v1beta1,v1beta2), CSIPlugin (NodeGetInfo, node info to a file), DevicePlugin (accept and record)\n"
+        "   handlers: ExamplePlugin (accepts versions v1beta1,v1beta2), CSIPlugin (NodeGetInfo, node info to a file), DevicePlugin (options, ListAndWatch: devices and health)\n"
     )?;
 
     // 2. Three example plugins.
@@ -179,6 +180,8 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
         Err(e) => writeln!(out, "   [failed] {driver_name}: {e}")?,
     }
     writeln!(out)?;
+
+    crate::device_demo::step(&devices, &registry, &base, &token, out).await?;
 
     // 4. A socket removed.
     let (name, _, _, widget, _) = &running[0];

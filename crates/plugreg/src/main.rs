@@ -4,6 +4,10 @@ mod csi;
 mod daemon;
 #[cfg(feature = "demo")]
 mod demo;
+mod device;
+mod device_cmd;
+#[cfg(feature = "demo")]
+mod device_demo;
 mod logging;
 mod ops;
 #[cfg(feature = "demo")]
@@ -44,6 +48,11 @@ enum Command {
         #[command(subcommand)]
         command: csi::CsiCommand,
     },
+    /// Call a device plugin on its socket as the kubelet does.
+    Device {
+        #[command(subcommand)]
+        command: device_cmd::DeviceCommand,
+    },
     /// Show the whole registration flow in a temp dir (no root, no cluster).
     #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
@@ -68,6 +77,7 @@ async fn main() -> ExitCode {
         Command::Csi { command } => csi::run(command, &mut stdout)
             .await
             .map_err(anyhow::Error::from),
+        Command::Device { command } => device_cmd::run(command, &mut stdout).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args, &mut stdout).await,
     };

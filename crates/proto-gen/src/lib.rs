@@ -14,9 +14,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 /// The `.proto` files, relative to [`proto_dir`] (which is also the import root).
-pub const PROTO_FILES: [&str; 4] = [
+pub const PROTO_FILES: [&str; 5] = [
     "pluginregistration.proto",
     "example_v1beta1.proto",
+    "deviceplugin_v1beta1.proto",
     "example_v1beta2.proto",
     "csi.proto",
 ];

@@ -8,6 +8,8 @@
 //!   `NotifyRegistrationStatus`), the same on the wire for v1alpha1, v1beta1 and v1.
 //! - [`csi`]: CSI v1 Identity, Node and Controller.
 //! - [`example`]: the small versioned example services used by tests and the demo.
+//! - [`deviceplugin`]: the kubelet device plugin API v1beta1 (`DevicePlugin`, and the classic
+//!   `Registration` served on kubelet.sock).
 
 /// The kubelet plugin registration API (proto package `pluginregistration`).
 pub mod pluginregistration {
@@ -31,12 +33,50 @@ pub mod csi {
     }
 }
 
+/// Everything in proto package `v1beta1`: the example service at v1beta1 and the device plugin
+/// API share the package (prost generates one file per package); [`example::v1beta1`] and
+/// [`deviceplugin::v1beta1`] each re-export their part.
+mod package_v1beta1 {
+    #![allow(missing_docs, clippy::all)]
+    include!("gen/v1beta1.rs");
+}
+
+/// The kubelet device plugin API.
+pub mod deviceplugin {
+    /// Version v1beta1 (proto package `v1beta1`).
+    pub mod v1beta1 {
+        pub use crate::package_v1beta1::{
+            AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateRequest,
+            ContainerAllocateResponse, ContainerPreferredAllocationRequest,
+            ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,
+            ListAndWatchResponse, Mount, NumaNode, PreStartContainerRequest,
+            PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
+            RegisterRequest, TopologyInfo, device_plugin_client, device_plugin_server,
+            registration_client, registration_server,
+        };
+
+        /// The API version a device plugin registers with.
+        pub const VERSION: &str = "v1beta1";
+        /// `Device.health` of a usable device; any other value is unhealthy.
+        pub const HEALTHY: &str = "Healthy";
+        /// `Device.health` of an unusable device.
+        pub const UNHEALTHY: &str = "Unhealthy";
+        /// The kubelet's device-plugin directory (holds kubelet.sock and plugins' sockets).
+        pub const DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins/";
+        /// The classic registration socket's file name in [`DEVICE_PLUGIN_PATH`].
+        pub const KUBELET_SOCKET_NAME: &str = "kubelet.sock";
+        /// The kubelet's deadline for PreStartContainer, in seconds.
+        pub const PRE_START_CONTAINER_TIMEOUT_SECS: u64 = 30;
+    }
+}
+
 /// The example services, one module per API version.
 pub mod example {
     /// Package `v1beta1`.
     pub mod v1beta1 {
-        #![allow(missing_docs, clippy::all)]
-        include!("gen/v1beta1.rs");
+        pub use crate::package_v1beta1::{
+            ExampleRequest, ExampleResponse, example_client, example_server,
+        };
     }
     /// Package `v1beta2`.
     pub mod v1beta2 {

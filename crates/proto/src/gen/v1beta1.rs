@@ -300,3 +300,1081 @@ pub mod example_server {
         const NAME: &'static str = SERVICE_NAME;
     }
 }
+/// No fields.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Empty {}
+/// Feature flags of a device plugin.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DevicePluginOptions {
+    /// PreStartContainer must be called before each container start.
+    #[prost(bool, tag = "1")]
+    pub pre_start_required: bool,
+    /// GetPreferredAllocation is implemented.
+    #[prost(bool, tag = "2")]
+    pub get_preferred_allocation_available: bool,
+}
+/// A classic registration.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RegisterRequest {
+    /// API version the plugin speaks: v1beta1.
+    #[prost(string, tag = "1")]
+    pub version: ::prost::alloc::string::String,
+    /// The plugin's socket file name, relative to the kubelet's device-plugin directory.
+    #[prost(string, tag = "2")]
+    pub endpoint: ::prost::alloc::string::String,
+    /// The extended resource served, e.g. vendor.com/gpu.
+    #[prost(string, tag = "3")]
+    pub resource_name: ::prost::alloc::string::String,
+    /// The plugin's feature flags.
+    #[prost(message, optional, tag = "4")]
+    pub options: ::core::option::Option<DevicePluginOptions>,
+}
+/// The full current device list.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListAndWatchResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub devices: ::prost::alloc::vec::Vec<Device>,
+}
+/// NUMA affinity of a device.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct TopologyInfo {
+    #[prost(message, repeated, tag = "1")]
+    pub nodes: ::prost::alloc::vec::Vec<NumaNode>,
+}
+/// One NUMA node.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NumaNode {
+    #[prost(int64, tag = "1")]
+    pub id: i64,
+}
+/// One device.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Device {
+    /// Chosen by the plugin.
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    /// Healthy or Unhealthy.
+    #[prost(string, tag = "2")]
+    pub health: ::prost::alloc::string::String,
+    /// Optional NUMA affinity.
+    #[prost(message, optional, tag = "3")]
+    pub topology: ::core::option::Option<TopologyInfo>,
+}
+/// Candidates to choose from, per container.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PreferredAllocationRequest {
+    #[prost(message, repeated, tag = "1")]
+    pub container_requests: ::prost::alloc::vec::Vec<
+        ContainerPreferredAllocationRequest,
+    >,
+}
+/// Candidates for one container.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ContainerPreferredAllocationRequest {
+    /// Upstream spells these available_deviceIDs, must_include_deviceIDs and deviceIDs; only the
+    /// numbers matter on the wire, and these names give readable Rust.
+    #[prost(string, repeated, tag = "1")]
+    pub available_device_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, repeated, tag = "2")]
+    pub must_include_device_ids: ::prost::alloc::vec::Vec<
+        ::prost::alloc::string::String,
+    >,
+    #[prost(int32, tag = "3")]
+    pub allocation_size: i32,
+}
+/// The plugin's choice, per container.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PreferredAllocationResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub container_responses: ::prost::alloc::vec::Vec<
+        ContainerPreferredAllocationResponse,
+    >,
+}
+/// The plugin's choice for one container.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ContainerPreferredAllocationResponse {
+    #[prost(string, repeated, tag = "1")]
+    pub device_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+/// Devices to allocate, per container.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct AllocateRequest {
+    #[prost(message, repeated, tag = "1")]
+    pub container_requests: ::prost::alloc::vec::Vec<ContainerAllocateRequest>,
+}
+/// Devices for one container.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ContainerAllocateRequest {
+    #[prost(string, repeated, tag = "1")]
+    pub devices_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+/// What each container needs, per container.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct AllocateResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub container_responses: ::prost::alloc::vec::Vec<ContainerAllocateResponse>,
+}
+/// What one container needs to use its devices.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ContainerAllocateResponse {
+    #[prost(map = "string, string", tag = "1")]
+    pub envs: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(message, repeated, tag = "2")]
+    pub mounts: ::prost::alloc::vec::Vec<Mount>,
+    #[prost(message, repeated, tag = "3")]
+    pub devices: ::prost::alloc::vec::Vec<DeviceSpec>,
+    #[prost(map = "string, string", tag = "4")]
+    pub annotations: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(message, repeated, tag = "5")]
+    pub cdi_devices: ::prost::alloc::vec::Vec<CdiDevice>,
+}
+/// A host path to bind-mount.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Mount {
+    #[prost(string, tag = "1")]
+    pub container_path: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub host_path: ::prost::alloc::string::String,
+    #[prost(bool, tag = "3")]
+    pub read_only: bool,
+}
+/// A device node to expose.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DeviceSpec {
+    #[prost(string, tag = "1")]
+    pub container_path: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub host_path: ::prost::alloc::string::String,
+    /// cgroup permissions: any of r, w, m.
+    #[prost(string, tag = "3")]
+    pub permissions: ::prost::alloc::string::String,
+}
+/// A CDI device, by its full name (vendor/class=name).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CdiDevice {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+}
+/// Devices about to be used by a container.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PreStartContainerRequest {
+    #[prost(string, repeated, tag = "1")]
+    pub devices_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+/// No fields.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PreStartContainerResponse {}
+/// Generated client implementations.
+pub mod registration_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    /// Served by the kubelet on kubelet.sock: the classic way for a device plugin to register.
+    #[derive(Debug, Clone)]
+    pub struct RegistrationClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl<T> RegistrationClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> RegistrationClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            RegistrationClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        /// A device plugin announces its resource and socket; answered once the kubelet dialled back.
+        pub async fn register(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RegisterRequest>,
+        ) -> std::result::Result<tonic::Response<super::Empty>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/v1beta1.Registration/Register",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("v1beta1.Registration", "Register"));
+            self.inner.unary(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod registration_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with RegistrationServer.
+    #[async_trait]
+    pub trait Registration: std::marker::Send + std::marker::Sync + 'static {
+        /// A device plugin announces its resource and socket; answered once the kubelet dialled back.
+        async fn register(
+            &self,
+            request: tonic::Request<super::RegisterRequest>,
+        ) -> std::result::Result<tonic::Response<super::Empty>, tonic::Status>;
+    }
+    /// Served by the kubelet on kubelet.sock: the classic way for a device plugin to register.
+    #[derive(Debug)]
+    pub struct RegistrationServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> RegistrationServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for RegistrationServer<T>
+    where
+        T: Registration,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/v1beta1.Registration/Register" => {
+                    #[allow(non_camel_case_types)]
+                    struct RegisterSvc<T: Registration>(pub Arc<T>);
+                    impl<
+                        T: Registration,
+                    > tonic::server::UnaryService<super::RegisterRequest>
+                    for RegisterSvc<T> {
+                        type Response = super::Empty;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RegisterRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Registration>::register(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RegisterSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for RegistrationServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "v1beta1.Registration";
+    impl<T> tonic::server::NamedService for RegistrationServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Generated client implementations.
+pub mod device_plugin_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    /// Served by a device plugin on its own socket; the kubelet is the client.
+    #[derive(Debug, Clone)]
+    pub struct DevicePluginClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl<T> DevicePluginClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> DevicePluginClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            DevicePluginClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        /// The plugin's feature flags.
+        pub async fn get_device_plugin_options(
+            &mut self,
+            request: impl tonic::IntoRequest<super::Empty>,
+        ) -> std::result::Result<
+            tonic::Response<super::DevicePluginOptions>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/v1beta1.DevicePlugin/GetDevicePluginOptions",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("v1beta1.DevicePlugin", "GetDevicePluginOptions"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// The full device list at once, then again on every change; never ends while the plugin lives.
+        pub async fn list_and_watch(
+            &mut self,
+            request: impl tonic::IntoRequest<super::Empty>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::ListAndWatchResponse>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/v1beta1.DevicePlugin/ListAndWatch",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("v1beta1.DevicePlugin", "ListAndWatch"));
+            self.inner.server_streaming(req, path, codec).await
+        }
+        /// The plugin's preferred devices among candidates (only when advertised).
+        pub async fn get_preferred_allocation(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PreferredAllocationRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PreferredAllocationResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/v1beta1.DevicePlugin/GetPreferredAllocation",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("v1beta1.DevicePlugin", "GetPreferredAllocation"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// What a container needs to use the given devices.
+        pub async fn allocate(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AllocateRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::AllocateResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/v1beta1.DevicePlugin/Allocate",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("v1beta1.DevicePlugin", "Allocate"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Called before a container using the devices starts (only when advertised).
+        pub async fn pre_start_container(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PreStartContainerRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PreStartContainerResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/v1beta1.DevicePlugin/PreStartContainer",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("v1beta1.DevicePlugin", "PreStartContainer"));
+            self.inner.unary(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod device_plugin_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with DevicePluginServer.
+    #[async_trait]
+    pub trait DevicePlugin: std::marker::Send + std::marker::Sync + 'static {
+        /// The plugin's feature flags.
+        async fn get_device_plugin_options(
+            &self,
+            request: tonic::Request<super::Empty>,
+        ) -> std::result::Result<
+            tonic::Response<super::DevicePluginOptions>,
+            tonic::Status,
+        >;
+        /// Server streaming response type for the ListAndWatch method.
+        type ListAndWatchStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::ListAndWatchResponse, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// The full device list at once, then again on every change; never ends while the plugin lives.
+        async fn list_and_watch(
+            &self,
+            request: tonic::Request<super::Empty>,
+        ) -> std::result::Result<
+            tonic::Response<Self::ListAndWatchStream>,
+            tonic::Status,
+        >;
+        /// The plugin's preferred devices among candidates (only when advertised).
+        async fn get_preferred_allocation(
+            &self,
+            request: tonic::Request<super::PreferredAllocationRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PreferredAllocationResponse>,
+            tonic::Status,
+        >;
+        /// What a container needs to use the given devices.
+        async fn allocate(
+            &self,
+            request: tonic::Request<super::AllocateRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::AllocateResponse>,
+            tonic::Status,
+        >;
+        /// Called before a container using the devices starts (only when advertised).
+        async fn pre_start_container(
+            &self,
+            request: tonic::Request<super::PreStartContainerRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PreStartContainerResponse>,
+            tonic::Status,
+        >;
+    }
+    /// Served by a device plugin on its own socket; the kubelet is the client.
+    #[derive(Debug)]
+    pub struct DevicePluginServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> DevicePluginServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for DevicePluginServer<T>
+    where
+        T: DevicePlugin,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/v1beta1.DevicePlugin/GetDevicePluginOptions" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetDevicePluginOptionsSvc<T: DevicePlugin>(pub Arc<T>);
+                    impl<T: DevicePlugin> tonic::server::UnaryService<super::Empty>
+                    for GetDevicePluginOptionsSvc<T> {
+                        type Response = super::DevicePluginOptions;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::Empty>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as DevicePlugin>::get_device_plugin_options(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetDevicePluginOptionsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/v1beta1.DevicePlugin/ListAndWatch" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListAndWatchSvc<T: DevicePlugin>(pub Arc<T>);
+                    impl<
+                        T: DevicePlugin,
+                    > tonic::server::ServerStreamingService<super::Empty>
+                    for ListAndWatchSvc<T> {
+                        type Response = super::ListAndWatchResponse;
+                        type ResponseStream = T::ListAndWatchStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::Empty>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as DevicePlugin>::list_and_watch(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListAndWatchSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/v1beta1.DevicePlugin/GetPreferredAllocation" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetPreferredAllocationSvc<T: DevicePlugin>(pub Arc<T>);
+                    impl<
+                        T: DevicePlugin,
+                    > tonic::server::UnaryService<super::PreferredAllocationRequest>
+                    for GetPreferredAllocationSvc<T> {
+                        type Response = super::PreferredAllocationResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PreferredAllocationRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as DevicePlugin>::get_preferred_allocation(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetPreferredAllocationSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/v1beta1.DevicePlugin/Allocate" => {
+                    #[allow(non_camel_case_types)]
+                    struct AllocateSvc<T: DevicePlugin>(pub Arc<T>);
+                    impl<
+                        T: DevicePlugin,
+                    > tonic::server::UnaryService<super::AllocateRequest>
+                    for AllocateSvc<T> {
+                        type Response = super::AllocateResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::AllocateRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as DevicePlugin>::allocate(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = AllocateSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/v1beta1.DevicePlugin/PreStartContainer" => {
+                    #[allow(non_camel_case_types)]
+                    struct PreStartContainerSvc<T: DevicePlugin>(pub Arc<T>);
+                    impl<
+                        T: DevicePlugin,
+                    > tonic::server::UnaryService<super::PreStartContainerRequest>
+                    for PreStartContainerSvc<T> {
+                        type Response = super::PreStartContainerResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PreStartContainerRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as DevicePlugin>::pre_start_container(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PreStartContainerSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for DevicePluginServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "v1beta1.DevicePlugin";
+    impl<T> tonic::server::NamedService for DevicePluginServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}

@@ -1,0 +1,144 @@
+//! The `DevicePlugin` handler: device plugins registered through the plugin manager.
+
+use std::sync::Arc;
+
+use plugreg_handler_api::{HandlerError, PluginHandler, async_trait};
+use plugreg_proto::deviceplugin::v1beta1::VERSION;
+
+use crate::client::{self, ClientConfig, ConnectError};
+use crate::inventory::{Inventory, RegisteredVia};
+use crate::resource::is_extended_resource_name;
+
+/// Why the handler refused or failed a plugin; the texts are the kubelet's.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerRefusal {
+    /// `v1beta1` is not among the advertised versions.
+    #[error("manager version, {VERSION}, is not among plugin supported versions [{}]", .0.join(" "))]
+    Versions(Vec<String>),
+    /// The name is not an extended resource name.
+    #[error("invalid name of device plugin socket: the ResourceName \"{0}\" is invalid")]
+    Name(String),
+    /// The endpoint is not a socket path.
+    #[error("invalid device plugin endpoint {endpoint:?}")]
+    Endpoint {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: plugreg_transport::Error,
+    },
+    /// Dialing or GetDevicePluginOptions failed.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+}
+
+/// The `DevicePlugin` handler (D9): validates as the kubelet, dials the plugin, reads its
+/// options and keeps its ListAndWatch stream open, feeding the shared [`Inventory`].
+#[derive(Debug, Clone)]
+pub struct DevicePluginHandler {
+    inventory: Arc<Inventory>,
+    config: ClientConfig,
+}
+
+impl DevicePluginHandler {
+    /// A handler feeding `inventory`.
+    pub fn new(inventory: Arc<Inventory>, config: ClientConfig) -> Self {
+        Self { inventory, config }
+    }
+
+    /// The inventory it feeds.
+    pub fn inventory(&self) -> &Arc<Inventory> {
+        &self.inventory
+    }
+}
+
+#[async_trait]
+impl PluginHandler for DevicePluginHandler {
+    async fn validate(
+        &self,
+        name: &str,
+        _endpoint: &str,
+        versions: &[String],
+    ) -> Result<(), HandlerError> {
+        if !versions.iter().any(|v| v == VERSION) {
+            return Err(HandlerRefusal::Versions(versions.to_vec()).into());
+        }
+        if !is_extended_resource_name(name) {
+            return Err(HandlerRefusal::Name(name.to_owned()).into());
+        }
+        Ok(())
+    }
+
+    async fn register(
+        &self,
+        name: &str,
+        endpoint: &str,
+        _versions: &[String],
+    ) -> Result<(), HandlerError> {
+        let path = plugreg_transport::parse_address(endpoint).map_err(|source| {
+            HandlerRefusal::Endpoint {
+                endpoint: endpoint.to_owned(),
+                source,
+            }
+        })?;
+        let connected = client::connect(&path, &self.config)
+            .await
+            .map_err(HandlerRefusal::from)?;
+        client::start(
+            &self.inventory,
+            &path,
+            name,
+            RegisteredVia::PluginsRegistry,
+            connected,
+            &self.config,
+        );
+        Ok(())
+    }
+
+    async fn deregister(&self, name: &str, endpoint: &str) {
+        let Ok(path) = plugreg_transport::parse_address(endpoint) else {
+            return;
+        };
+        // Only this socket's client, and only if it came through the plugin manager: a classic
+        // registration of the same socket is not ours to drop (D6).
+        if self
+            .inventory
+            .remove_via(&path, RegisteredVia::PluginsRegistry)
+        {
+            tracing::info!(resource = name, endpoint, "device plugin deregistered");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn validation_texts_are_the_kubelets() {
+        let h = DevicePluginHandler::new(Arc::default(), ClientConfig::default());
+        let v = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let e = h
+            .validate("x.com/w", "/e", &v(&["v1alpha", "v1"]))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "manager version, v1beta1, is not among plugin supported versions [v1alpha v1]"
+        );
+        let e = h.validate("x.com/w", "/e", &[]).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "manager version, v1beta1, is not among plugin supported versions []"
+        );
+        let e = h
+            .validate("gpu", "/e", &v(&["v1", "v1beta1"]))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid name of device plugin socket: the ResourceName \"gpu\" is invalid"
+        );
+        h.validate("x.com/w", "/e", &v(&["v1beta1"])).await.unwrap();
+    }
+}

@@ -1,0 +1,156 @@
+//! `plugreg manager`'s device-plugin side (D9, D11): the `DevicePlugin` handler, the classic
+//! kubelet.sock server (`--device-plugin-dir`), and what `/plugins` and `/metrics` show of them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use plugreg_devicemanager::{
+    ClassicRegistration, ClientConfig, DevicePluginHandler, EndpointInfo, Inventory, RegisteredVia,
+};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// The device-plugin flags of `plugreg manager`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DeviceArgs {
+    /// Also serve the classic device-plugin registration (v1beta1 `Register`) on
+    /// DIR/kubelet.sock; plugins registered there feed the same device inventory.
+    #[arg(long, value_name = "DIR")]
+    pub device_plugin_dir: Option<PathBuf>,
+    /// Limit for dialing a device plugin.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub device_plugin_dial_timeout: Duration,
+    /// Limit for a device plugin's GetDevicePluginOptions.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub device_plugin_options_timeout: Duration,
+}
+
+impl Default for DeviceArgs {
+    fn default() -> Self {
+        Self {
+            device_plugin_dir: None,
+            device_plugin_dial_timeout: Duration::from_secs(10),
+            device_plugin_options_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The device inventory and what feeds it.
+#[derive(Debug, Clone)]
+pub struct Devices {
+    inventory: Arc<Inventory>,
+    config: ClientConfig,
+}
+
+impl Devices {
+    /// An empty inventory with the flags' limits.
+    pub fn new(args: &DeviceArgs) -> Self {
+        let config = ClientConfig {
+            dial_timeout: args.device_plugin_dial_timeout,
+            options_timeout: args.device_plugin_options_timeout,
+            ..ClientConfig::default()
+        };
+        Self {
+            inventory: Arc::new(Inventory::new()),
+            config,
+        }
+    }
+
+    /// The handler for type `DevicePlugin`.
+    pub fn handler(&self) -> Arc<DevicePluginHandler> {
+        Arc::new(DevicePluginHandler::new(
+            self.inventory.clone(),
+            self.config.clone(),
+        ))
+    }
+
+    /// Starts serving DIR/kubelet.sock when `--device-plugin-dir` is given.
+    pub fn start_classic(
+        &self,
+        args: &DeviceArgs,
+        token: &CancellationToken,
+    ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+        let Some(dir) = &args.device_plugin_dir else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {dir:?}"))?;
+        let server = ClassicRegistration::new(dir, self.inventory.clone(), self.config.clone());
+        // Bind before returning, so that a bad directory fails the start.
+        let path = server.socket_path();
+        plugreg_transport::check_path_len(&path)
+            .with_context(|| format!("cannot serve {path:?}"))?;
+        let t = token.clone();
+        Ok(Some(tokio::spawn(async move {
+            if let Err(e) = server.serve(t).await {
+                tracing::error!(error = %plugreg_runtime::report::chain(&e), "device plugin registration server stopped");
+            }
+        })))
+    }
+
+    /// The inventory.
+    #[cfg_attr(not(feature = "demo"), allow(dead_code))]
+    pub fn inventory(&self) -> &Arc<Inventory> {
+        &self.inventory
+    }
+
+    /// Stops every device plugin client.
+    pub fn stop(&self) {
+        self.inventory.clear();
+    }
+
+    /// Adds `details` to each registered device plugin of `entries` (the manager's records as
+    /// JSON) and appends one entry per plugin registered through kubelet.sock.
+    pub fn decorate(&self, entries: &mut Vec<Value>) {
+        let endpoints = self.inventory.snapshot();
+        for e in entries.iter_mut() {
+            if e["type"] != plugreg_devicemanager::PLUGIN_TYPE {
+                continue;
+            }
+            let endpoint = e["endpoint"].as_str().unwrap_or_default();
+            let found = endpoints.iter().find(|x| {
+                x.registered_via == RegisteredVia::PluginsRegistry
+                    && plugreg_transport::parse_address(endpoint).is_ok_and(|p| p == x.endpoint)
+            });
+            if let Some(info) = found {
+                e["details"] = details(info);
+            }
+        }
+        for info in endpoints
+            .iter()
+            .filter(|x| x.registered_via == RegisteredVia::KubeletSock)
+        {
+            entries.push(json!({
+                "socket": info.endpoint,
+                "type": plugreg_devicemanager::PLUGIN_TYPE,
+                "name": info.resource,
+                "endpoint": info.endpoint,
+                "versions": [plugreg_proto::deviceplugin::v1beta1::VERSION],
+                "state": if info.connected { "registered" } else { "failed" },
+                "desired": true,
+                "last_error": info.last_error,
+                "registered_at": humantime::format_rfc3339_nanos(info.registered_at).to_string(),
+                "details": details(info),
+            }));
+        }
+    }
+
+    /// The inventory's Prometheus text.
+    pub fn render_metrics(&self) -> String {
+        self.inventory.render_metrics()
+    }
+}
+
+/// The agreed `details` object of a device plugin.
+fn details(info: &EndpointInfo) -> Value {
+    json!({
+        "resource": info.resource,
+        "registered_via": info.registered_via,
+        "connected": info.connected,
+        "options": info.options,
+        "devices": info.devices,
+        "updates": info.updates,
+        "last_error": info.last_error,
+    })
+}
