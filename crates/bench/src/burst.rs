@@ -309,7 +309,7 @@ impl ManagerProc {
                 cmd.arg("manager")
                     .arg("--registry-dir")
                     .arg(dir)
-                    .args(["--plugin-types", "DevicePlugin"])
+                    .args(["--plugin-types", crate::handler::PLUGIN_TYPE])
                     .arg("--http-endpoint")
                     .arg(http.to_string())
                     .args(["--liveness-interval", "0"]);

@@ -1,5 +1,5 @@
 //! The hidden `manager` subcommand: the plugin manager library in a process of its own, with an
-//! accept-all `DevicePlugin` handler and no HTTP server, so that its memory can be read from
+//! accept-all `BenchPlugin` handler and no HTTP server, so that its memory can be read from
 //! `/proc` like the daemon's. It says `ready` once started, answers `metrics` on stdin with the
 //! Prometheus text followed by a line `# end`, and stops on `stop` or end of input.
 

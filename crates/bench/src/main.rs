@@ -146,7 +146,7 @@ enum Hidden {
     },
     /// Churn plugin sockets against the `plugreg manager` daemon and check its end state.
     Soak(soak::SoakArgs),
-    /// Run the plugin manager library with an accept-all DevicePlugin handler.
+    /// Run the plugin manager library with an accept-all BenchPlugin handler.
     #[command(hide = true)]
     Manager {
         #[arg(long)]

@@ -226,8 +226,8 @@ fn latency_section(o: &mut String, runs: &[LatencyResult]) {
         "One plugin at a time, {} measured after {} unmeasured warm-up registrations. The plugin \
          manager library runs in the benchmark process on a 2-worker multi-thread runtime with \
          upstream's defaults (64 concurrent operations, 1 s resync) and an accept-all \
-         `DevicePlugin` handler that timestamps its calls; each plugin is the registrar library \
-         (`DevicePlugin`, `example.com/bench-N`, `v1beta1`) on a current-thread runtime. \
+         `BenchPlugin` handler that timestamps its calls; each plugin is the registrar library \
+         (`BenchPlugin`, `example.com/bench-N`, `v1beta1`) on a current-thread runtime. \
          Registration starts just before the socket is bound (bound under a hidden name and \
          renamed into place) and ends when the plugin's status channel says registered; \
          deregistration starts just before the benchmark deletes the socket and ends when the \

@@ -362,7 +362,7 @@ impl Daemon {
             .arg("manager")
             .arg("--registry-dir")
             .arg(dir)
-            .args(["--plugin-types", "DevicePlugin"])
+            .args(["--plugin-types", crate::handler::PLUGIN_TYPE])
             .arg("--http-endpoint")
             .arg(http.to_string())
             .arg("--liveness-interval")
