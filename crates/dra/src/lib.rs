@@ -45,6 +45,9 @@ pub const DEFAULT_PLUGIN_SOCKET: &str = "dra.sock";
 /// Lock file serialising calls across the instances of a rolling update.
 pub const SERIALIZE_LOCK_FILE: &str = "serialize.lock";
 
+/// How long calls in flight may finish once the driver is stopped.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One claim's outcome of a prepare: its devices, or why it failed.
 pub type PrepareResult = Result<Vec<Device>, String>;
 
@@ -265,8 +268,18 @@ pub async fn start<D: Driver>(
     let bound = plugreg_transport::bind(&plugin_socket)?;
     let t = token.clone();
     let dra_task = tokio::spawn(async move {
-        if let Err(e) = plugreg_transport::serve(router, bound, t.cancelled_owned()).await {
-            tracing::error!(error = %e, "DRA gRPC server failed");
+        let serve = plugreg_transport::serve(router, bound, t.clone().cancelled_owned());
+        // The kubelet keeps its connection open: a graceful stop would wait for it forever.
+        // Dropping the server closes the connections and removes the socket.
+        let grace = async {
+            t.cancelled().await;
+            tokio::time::sleep(STOP_GRACE).await;
+        };
+        tokio::select! {
+            r = serve => if let Err(e) = r {
+                tracing::error!(error = %e, "DRA gRPC server failed");
+            },
+            _ = grace => {}
         }
     });
 
