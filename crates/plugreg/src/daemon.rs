@@ -35,9 +35,9 @@ pub struct ManagerArgs {
     /// Address for /healthz, /metrics and /plugins, e.g. 127.0.0.1:9810 (off when empty).
     #[arg(long)]
     pub http_endpoint: Option<SocketAddr>,
-    /// Plugin types to accept. ExamplePlugin gets the example handler; CSIPlugin the CSI
-    /// handler when a node-info sink is configured; every other type an accept-and-record
-    /// handler.
+    /// Plugin types to accept. ExamplePlugin gets the example handler; DRAPlugin the DRA
+    /// handler; CSIPlugin the CSI handler when a node-info sink is configured; every other type
+    /// an accept-and-record handler.
     #[arg(
         long,
         value_delimiter = ',',
@@ -119,7 +119,9 @@ impl ManagerArgs {
             if t.is_empty() {
                 continue;
             }
-            if t == EXAMPLE_PLUGIN {
+            if t == plugreg_proto::pluginregistration::DRA_PLUGIN {
+                handlers.insert(t, Arc::new(crate::dra::daemon_handler().clone()));
+            } else if t == EXAMPLE_PLUGIN {
                 handlers.insert(
                     t,
                     Arc::new(ExampleHandler::new(self.example_versions.clone())),
@@ -322,12 +324,12 @@ async fn metrics(State(m): State<PluginManager>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        m.render_metrics(),
+        m.render_metrics() + &crate::dra::daemon_handler().render_metrics(),
     )
 }
 
 async fn plugins(State(m): State<PluginManager>) -> impl IntoResponse {
-    let body = serde_json::to_string_pretty(&m.snapshot())
+    let body = serde_json::to_string_pretty(&crate::dra::plugins_json(&m.snapshot()))
         .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     ([(header::CONTENT_TYPE, "application/json")], body)
 }

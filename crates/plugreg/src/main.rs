@@ -4,6 +4,7 @@ mod csi;
 mod daemon;
 #[cfg(feature = "demo")]
 mod demo;
+mod dra;
 mod logging;
 mod ops;
 #[cfg(feature = "demo")]
@@ -44,6 +45,11 @@ enum Command {
         #[command(subcommand)]
         command: csi::CsiCommand,
     },
+    /// Call a DRA driver's socket as the kubelet would.
+    Dra {
+        #[command(subcommand)]
+        command: dra::DraCommand,
+    },
     /// Show the whole registration flow in a temp dir (no root, no cluster).
     #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
@@ -68,6 +74,7 @@ async fn main() -> ExitCode {
         Command::Csi { command } => csi::run(command, &mut stdout)
             .await
             .map_err(anyhow::Error::from),
+        Command::Dra { command } => dra::run(command, &mut stdout).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args, &mut stdout).await,
     };
