@@ -16,8 +16,13 @@
 //! With [`Config::rolling_update`] the sockets are `<driver>-<uid>-reg.sock` and `dra-<uid>.sock`,
 //! so an old and a new instance can be registered at once.
 //!
+//! With feature `kube`, [`slices::publish`] publishes the driver's ResourceSlices.
+//!
 //! Unlike the Go helper, the claims are handed to the driver as references
 //! (namespace, name, UID): this crate does not fetch ResourceClaims.
+
+#[cfg(feature = "kube")]
+pub mod slices;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

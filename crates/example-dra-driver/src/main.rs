@@ -1,6 +1,7 @@
 //! `plugreg-example-dra-driver`: an example DRA driver. Serves DRAPlugin v1 and v1beta1 and the
 //! health service, registers with the kubelet (or `plugreg manager`), and prints one JSON line per
-//! event on stdout: `listening`, `notify`, `NodePrepareResources`, `NodeUnprepareResources`.
+//! event on stdout: `listening`, `notify`, `NodePrepareResources`, `NodeUnprepareResources`,
+//! and with `--kubeconfig` `ResourceSlicesPublished` (or `ResourceSlicesFailed`).
 //! SIGTERM or SIGINT removes its sockets.
 
 use std::path::PathBuf;
@@ -34,9 +35,43 @@ struct Args {
     /// Pool name (default: the node name, else "pool").
     #[arg(long)]
     pool: Option<String>,
-    /// Node name (pool name default).
+    /// Node name (pool name default); with --kubeconfig, publish a ResourceSlice for this node.
     #[arg(long)]
     node_name: Option<String>,
+    /// Kubeconfig: publish the devices as a ResourceSlice (needs --node-name).
+    #[arg(long, requires = "node_name")]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// Publishes the driver's devices as one pool of one slice.
+async fn publish(
+    kubeconfig: &std::path::Path,
+    driver: &str,
+    node: &str,
+    pool: &str,
+    devices: Vec<String>,
+) -> anyhow::Result<plugreg_dra::slices::Stats> {
+    use plugreg_dra::slices::{Pool, Slice, SliceDevice};
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("cannot read {}", kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .context("bad kubeconfig")?;
+    let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let pool = Pool {
+        name: pool.into(),
+        generation: 0,
+        slices: vec![Slice {
+            devices: devices
+                .into_iter()
+                .map(|name| SliceDevice {
+                    name,
+                    attributes: Default::default(),
+                })
+                .collect(),
+        }],
+    };
+    Ok(plugreg_dra::slices::publish(&client, driver, node, &[pool]).await?)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -58,15 +93,16 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot create {:?}", config.plugin_dir))?;
     let pool = args
         .pool
-        .or(args.node_name)
+        .or(args.node_name.clone())
         .unwrap_or_else(|| "pool".into());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let driver = Arc::new(ExampleDriver::new(
         &args.driver_name,
-        pool,
+        pool.clone(),
         args.devices,
         Some(tx.clone()),
     ));
+    let devices = driver.device_names();
     let mut signals = Signals::new().context("cannot install the SIGTERM/SIGINT handlers")?;
     let token = CancellationToken::new();
     let plugin = plugreg_dra::start(driver, config, token.clone())
@@ -96,6 +132,18 @@ async fn main() -> anyhow::Result<()> {
             "ts_ns": now_ns(),
         })
     );
+    if let (Some(kc), Some(node)) = (&args.kubeconfig, &args.node_name) {
+        let line = match publish(kc, &args.driver_name, node, &pool, devices).await {
+            Ok(st) => serde_json::json!({
+                "event": "ResourceSlicesPublished", "created": st.created, "deleted": st.deleted,
+                "ts_ns": now_ns()
+            }),
+            Err(e) => serde_json::json!({
+                "event": "ResourceSlicesFailed", "error": format!("{e:#}"), "ts_ns": now_ns()
+            }),
+        };
+        println!("{line}");
+    }
     loop {
         tokio::select! {
             line = rx.recv() => match line {
