@@ -256,3 +256,16 @@ async fn the_daemon_shows_each_dra_instance_and_its_device_health() {
     m.terminate().unwrap();
     assert!(m.wait_exit(SOON).await.unwrap().success());
 }
+
+#[test]
+fn the_demo_prepares_a_claim_through_a_dra_driver() {
+    let (code, out, err) = plugreg(&["demo"]);
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "[registered] gpu.demo.plugreg.io: service v1.DRAPlugin",
+        "[prepared] claim default/gpu-claim -> node-1/dev-0 CDI gpu.demo.plugreg.io/dev=0f1e2d3c-demo",
+        "[unprepared] claim default/gpu-claim\n",
+    ] {
+        assert!(out.contains(want), "demo output lacks {want:?}:\n{out}");
+    }
+}
