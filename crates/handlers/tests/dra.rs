@@ -486,3 +486,77 @@ async fn device_health_from_the_stream_is_shown_and_stale_reports_are_unknown() 
     .await;
     token.cancel();
 }
+
+/// Counts calls in flight across drivers; remembers the most at once.
+#[derive(Default)]
+struct Overlap {
+    now: std::sync::atomic::AtomicUsize,
+    max: std::sync::atomic::AtomicUsize,
+}
+
+struct SlowDriver(Arc<Overlap>);
+
+#[async_trait]
+impl Driver for SlowDriver {
+    async fn prepare(
+        &self,
+        claims: Vec<Claim>,
+    ) -> Result<HashMap<String, PrepareResult>, DriverError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.0.now.fetch_add(1, SeqCst) + 1;
+        self.0.max.fetch_max(n, SeqCst);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.0.now.fetch_sub(1, SeqCst);
+        Ok(claims.into_iter().map(|c| (c.uid, Ok(vec![]))).collect())
+    }
+
+    async fn unprepare(
+        &self,
+        claims: Vec<Claim>,
+    ) -> Result<HashMap<String, Result<(), String>>, DriverError> {
+        Ok(claims.into_iter().map(|c| (c.uid, Ok(()))).collect())
+    }
+}
+
+#[tokio::test]
+async fn rolling_update_instances_serialise_their_calls_through_the_lock_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = CancellationToken::new();
+    let overlap = Arc::new(Overlap::default());
+    let mut eps = Vec::new();
+    for uid in ["a", "b"] {
+        let mut c = config(dir.path(), "s.example.com");
+        c.rolling_update = Some(uid.into());
+        let p = plugreg_dra::start(Arc::new(SlowDriver(overlap.clone())), c, token.clone())
+            .await
+            .unwrap();
+        eps.push(p.plugin_socket().display().to_string());
+    }
+    assert!(dir.path().join("plugins/s.example.com").is_dir());
+    // One handler per instance, so that both are called at once.
+    let mut calls = Vec::new();
+    for (i, ep) in eps.iter().enumerate() {
+        let h = DraHandler::new();
+        h.register("s.example.com", ep, &["v1.DRAPlugin".to_owned()])
+            .await
+            .unwrap();
+        for j in 0..3 {
+            let h = h.clone();
+            calls.push(tokio::spawn(async move {
+                h.prepare("s.example.com", vec![claim(&format!("u{i}{j}"), "c")])
+                    .await
+                    .unwrap()
+            }));
+        }
+    }
+    for c in calls {
+        c.await.unwrap();
+    }
+    assert_eq!(overlap.max.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(
+        dir.path()
+            .join("plugins/s.example.com/serialize.lock")
+            .exists()
+    );
+    token.cancel();
+}
