@@ -35,9 +35,9 @@ pub struct ManagerArgs {
     /// Address for /healthz, /metrics and /plugins, e.g. 127.0.0.1:9810 (off when empty).
     #[arg(long)]
     pub http_endpoint: Option<SocketAddr>,
-    /// Plugin types to accept. ExamplePlugin gets the example handler; CSIPlugin the CSI
-    /// handler when a node-info sink is configured; every other type an accept-and-record
-    /// handler.
+    /// Plugin types to accept. ExamplePlugin gets the example handler; DRAPlugin the DRA
+    /// handler; CSIPlugin the CSI handler when a node-info sink is configured; every other type
+    /// an accept-and-record handler.
     #[arg(
         long,
         value_delimiter = ',',
@@ -125,7 +125,9 @@ impl ManagerArgs {
             if t.is_empty() {
                 continue;
             }
-            if t == EXAMPLE_PLUGIN {
+            if t == plugreg_proto::pluginregistration::DRA_PLUGIN {
+                handlers.insert(t, Arc::new(crate::dra::daemon_handler().clone()));
+            } else if t == EXAMPLE_PLUGIN {
                 handlers.insert(
                     t,
                     Arc::new(ExampleHandler::new(self.example_versions.clone())),
@@ -346,6 +348,7 @@ impl AsyncWrite for CappedStream {
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     let mut text = s.manager.render_metrics();
     text.push_str(&s.devices.render_metrics());
+    text.push_str(&crate::dra::daemon_handler().render_metrics());
     (
         [(
             header::CONTENT_TYPE,
@@ -356,12 +359,8 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 async fn plugins(State(s): State<AppState>) -> impl IntoResponse {
-    let mut entries: Vec<serde_json::Value> = s
-        .manager
-        .snapshot()
-        .iter()
-        .filter_map(|r| serde_json::to_value(r).ok())
-        .collect();
+    // Each type's handler adds its `details` (DevicePlugin: devices; DRAPlugin: instances).
+    let mut entries = crate::dra::plugins_json(&s.manager.snapshot());
     s.devices.decorate(&mut entries);
     let body =
         serde_json::to_string_pretty(&entries).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));

@@ -39,6 +39,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
 
     // 1. The kubelet side.
     let devices = crate::device_demo::devices();
+    let dra_handler = plugreg_handlers::DraHandler::new();
     let handlers = HandlerRegistry::new()
         .with(
             EXAMPLE_PLUGIN,
@@ -48,6 +49,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
             ])),
         )
         .with("DevicePlugin", devices.handler())
+        .with("DRAPlugin", Arc::new(dra_handler.clone()))
         .with(
             plugreg_csi::PLUGIN_TYPE,
             Arc::new(
@@ -200,6 +202,18 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
         t0.elapsed().as_secs_f64() * 1e3
     )?;
     let _ = widget;
+
+    // 4b. A DRA driver: registered, then a claim prepared and unprepared through it.
+    writeln!(out, "4b. A DRA driver (plugreg-dra) and a claim:")?;
+    crate::dra::demo_step(
+        &registry,
+        &base.join("plugins/gpu.demo.plugreg.io"),
+        &dra_handler,
+        token.clone(),
+        out,
+    )
+    .await?;
+    writeln!(out)?;
 
     // 5. The manager's view.
     writeln!(

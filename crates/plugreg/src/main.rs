@@ -8,6 +8,7 @@ mod device;
 mod device_cmd;
 #[cfg(feature = "demo")]
 mod device_demo;
+mod dra;
 mod logging;
 mod ops;
 #[cfg(feature = "demo")]
@@ -53,6 +54,11 @@ enum Command {
         #[command(subcommand)]
         command: device_cmd::DeviceCommand,
     },
+    /// Call a DRA driver's socket as the kubelet would.
+    Dra {
+        #[command(subcommand)]
+        command: dra::DraCommand,
+    },
     /// Show the whole registration flow in a temp dir (no root, no cluster).
     #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
@@ -78,6 +84,7 @@ async fn main() -> ExitCode {
             .await
             .map_err(anyhow::Error::from),
         Command::Device { command } => device_cmd::run(command, &mut stdout).await,
+        Command::Dra { command } => dra::run(command, &mut stdout).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args, &mut stdout).await,
     };

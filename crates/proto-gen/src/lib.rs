@@ -14,12 +14,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 /// The `.proto` files, relative to [`proto_dir`] (which is also the import root).
-pub const PROTO_FILES: [&str; 5] = [
+pub const PROTO_FILES: [&str; 8] = [
     "pluginregistration.proto",
     "example_v1beta1.proto",
     "deviceplugin_v1beta1.proto",
     "example_v1beta2.proto",
     "csi.proto",
+    "dra_v1.proto",
+    "dra_v1beta1.proto",
+    "dra_health_v1alpha1.proto",
 ];
 
 /// Why generating or comparing failed.

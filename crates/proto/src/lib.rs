@@ -10,6 +10,7 @@
 //! - [`example`]: the small versioned example services used by tests and the demo.
 //! - [`deviceplugin`]: the kubelet device plugin API v1beta1 (`DevicePlugin`, and the classic
 //!   `Registration` served on kubelet.sock).
+//! - [`dra`]: the kubelet DRA plugin API (v1, v1beta1) and the DRA health API (v1alpha1).
 
 /// The kubelet plugin registration API (proto package `pluginregistration`).
 pub mod pluginregistration {
@@ -82,5 +83,32 @@ pub mod example {
     pub mod v1beta2 {
         #![allow(missing_docs, clippy::all)]
         include!("gen/v1beta2.rs");
+    }
+}
+
+/// The kubelet's DRA plugin API (`DRAPlugin`, packages `k8s.io.kubelet.pkg.apis.dra.*`) and the
+/// DRA device health API (`DRAResourceHealth`, package `v1alpha1`).
+pub mod dra {
+    /// `PluginInfo.supported_versions` entry selecting [`v1`].
+    pub const V1_SERVICE: &str = "v1.DRAPlugin";
+    /// `PluginInfo.supported_versions` entry selecting [`v1beta1`].
+    pub const V1BETA1_SERVICE: &str = "v1beta1.DRAPlugin";
+    /// `PluginInfo.supported_versions` entry for the v1alpha1 health service.
+    pub const HEALTH_V1ALPHA1_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+
+    /// Package `k8s.io.kubelet.pkg.apis.dra.v1`.
+    pub mod v1 {
+        #![allow(missing_docs, clippy::all)]
+        include!("gen/k8s.io.kubelet.pkg.apis.dra.v1.rs");
+    }
+    /// Package `k8s.io.kubelet.pkg.apis.dra.v1beta1` (v1 without `Device.share_id`).
+    pub mod v1beta1 {
+        #![allow(missing_docs, clippy::all)]
+        include!("gen/k8s.io.kubelet.pkg.apis.dra.v1beta1.rs");
+    }
+    /// Package `v1alpha1`: `DRAResourceHealth`.
+    pub mod health_v1alpha1 {
+        #![allow(missing_docs, clippy::all)]
+        include!("gen/v1alpha1.rs");
     }
 }
