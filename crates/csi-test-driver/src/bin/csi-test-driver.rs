@@ -79,6 +79,11 @@ struct Args {
     /// Serve the Controller service (CreateVolume, DeleteVolume, ControllerGetCapabilities).
     #[arg(long)]
     controller: bool,
+    /// Also advertise PUBLISH_UNPUBLISH_VOLUME and serve ControllerPublishVolume and
+    /// ControllerUnpublishVolume; NodeStageVolume and NodePublishVolume then require
+    /// publish_context["device"], as csi-test's mock driver does (implies --controller).
+    #[arg(long)]
+    controller_publish: bool,
     /// A pre-provisioned volume id (repeatable).
     #[arg(long = "volume", value_name = "ID", value_parser = parse_volume_id)]
     volumes: Vec<String>,
@@ -136,7 +141,8 @@ impl Args {
                 ..Fault::default()
             },
             node_capabilities: self.node_capabilities.clone(),
-            controller: self.controller,
+            controller: self.controller || self.controller_publish,
+            controller_publish: self.controller_publish,
             volumes: self.volumes.clone(),
             data_dir: self.data_dir.clone(),
             mount: match self.mount {
