@@ -366,10 +366,10 @@ pub struct DriverConfig {
     /// Serve the Controller service (CreateVolume, DeleteVolume, ControllerGetCapabilities with
     /// CREATE_DELETE_VOLUME; UNIMPLEMENTED for the rest) and list CONTROLLER_SERVICE.
     pub controller: bool,
-    /// With [`controller`](Self::controller): advertise PUBLISH_UNPUBLISH_VOLUME, serve
-    /// ControllerPublishVolume (publish_context `{"device": "/dev/plugreg-test"}`) and
-    /// ControllerUnpublishVolume, and, like csi-test's mock driver, refuse NodeStageVolume and
-    /// NodePublishVolume without `publish_context["device"]` (INVALID_ARGUMENT).
+    /// Like csi-test's mock driver, refuse NodeStageVolume and NodePublishVolume without
+    /// `publish_context["device"]` (INVALID_ARGUMENT); with [`controller`](Self::controller)
+    /// also advertise PUBLISH_UNPUBLISH_VOLUME and serve ControllerPublishVolume (publish_context
+    /// `{"device": "/dev/plugreg-test"}`) and ControllerUnpublishVolume.
     pub controller_publish: bool,
     /// Volumes that exist from the start (pre-provisioned), by id; see [`valid_volume_id`].
     pub volumes: Vec<String>,

@@ -79,9 +79,9 @@ struct Args {
     /// Serve the Controller service (CreateVolume, DeleteVolume, ControllerGetCapabilities).
     #[arg(long)]
     controller: bool,
-    /// Also advertise PUBLISH_UNPUBLISH_VOLUME and serve ControllerPublishVolume and
-    /// ControllerUnpublishVolume; NodeStageVolume and NodePublishVolume then require
-    /// publish_context["device"], as csi-test's mock driver does (implies --controller).
+    /// NodeStageVolume and NodePublishVolume require publish_context["device"], as csi-test's
+    /// mock driver does; with --controller also advertise PUBLISH_UNPUBLISH_VOLUME and serve
+    /// ControllerPublishVolume (which returns it) and ControllerUnpublishVolume.
     #[arg(long)]
     controller_publish: bool,
     /// A pre-provisioned volume id (repeatable).
@@ -141,7 +141,7 @@ impl Args {
                 ..Fault::default()
             },
             node_capabilities: self.node_capabilities.clone(),
-            controller: self.controller || self.controller_publish,
+            controller: self.controller,
             controller_publish: self.controller_publish,
             volumes: self.volumes.clone(),
             data_dir: self.data_dir.clone(),
