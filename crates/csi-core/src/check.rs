@@ -8,13 +8,20 @@
 //! something no longer there must be OK. Every call is made once (no retry), so a driver's
 //! transient errors show. The volume comes from the driver's Controller service when it
 //! offers CREATE_DELETE_VOLUME (and is deleted after), otherwise from the caller.
+//!
+//! When the Controller offers PUBLISH_UNPUBLISH_VOLUME, the check calls ControllerPublishVolume
+//! before any node call with the volume and ControllerUnpublishVolume after NodeUnstageVolume,
+//! as the spec makes the CO do, and hands the publish_context to the node calls. The
+//! missing-argument probes use the real volume's id, so only the argument under test is
+//! missing: the spec does not order "argument missing" before "volume unknown".
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plugreg_proto::csi::v1::{
-    CapacityRange, ControllerGetCapabilitiesRequest, CreateVolumeRequest, DeleteVolumeRequest,
+    CapacityRange, ControllerGetCapabilitiesRequest, ControllerPublishVolumeRequest,
+    ControllerUnpublishVolumeRequest, CreateVolumeRequest, DeleteVolumeRequest,
     GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeExpandVolumeRequest,
     NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodeGetVolumeStatsRequest,
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
@@ -45,6 +52,11 @@ pub struct CheckOptions {
     pub call_timeout: Duration,
     /// Size asked of CreateVolume; NodeExpandVolume asks for twice as much.
     pub capacity_bytes: i64,
+    /// The volume_context of `volume_id` (a created volume uses CreateVolume's).
+    pub volume_context: BTreeMap<String, String>,
+    /// publish_context for the node calls when no Controller publishes the volume; what
+    /// ControllerPublishVolume returns is added over it.
+    pub publish_context: BTreeMap<String, String>,
 }
 
 /// How one step went.
@@ -131,26 +143,35 @@ impl Report {
 
     /// Records a call that had to fail with `want`.
     fn expect_code<T>(&mut self, step: impl Into<String>, want: Code, r: Result<T, CallError>) {
+        self.expect_any(step, &[want], r);
+    }
+
+    /// Records a call that had to fail with one of `want`.
+    fn expect_any<T>(&mut self, step: impl Into<String>, want: &[Code], r: Result<T, CallError>) {
         let step = step.into();
+        let wanted = want
+            .iter()
+            .map(|&c| code_name(c))
+            .collect::<Vec<_>>()
+            .join(" or ");
         match r {
             Ok(_) => self.push(
                 step,
                 Outcome::Fail,
                 Some(Code::Ok),
-                format!("succeeded; the spec requires {}", code_name(want)),
+                format!("succeeded; the spec requires {wanted}"),
             ),
-            Err(e) if e.code() == Some(want) => self.push(step, Outcome::Pass, Some(want), ""),
+            Err(e) if e.code().is_some_and(|c| want.contains(&c)) => {
+                let code = e.code();
+                self.push(step, Outcome::Pass, code, "")
+            }
             Err(e) => {
                 let code = e.code();
                 self.push(
                     step,
                     Outcome::Fail,
                     code,
-                    format!(
-                        "the spec requires {}; got: {}",
-                        code_name(want),
-                        error_text(&e)
-                    ),
+                    format!("the spec requires {wanted}; got: {}", error_text(&e)),
                 )
             }
         }
@@ -205,17 +226,35 @@ pub async fn run(opts: &CheckOptions) -> Report {
     let mut checker = Checker {
         conn: conn.clone(),
         controller: None,
+        create: false,
+        publish: false,
         opts,
         node_caps: Vec::new(),
+        node_id: None,
     };
     checker.identity(&mut report).await;
     checker.node_info(&mut report).await;
     checker.controller(&mut report).await;
-    let volume = checker.volume(&mut report).await;
-    checker.required_codes(&mut report).await;
+    let mut volume = checker.volume(&mut report).await;
+    // The CO publishes before any node call with the volume (csi-wire.md §1.12).
+    let published = match &mut volume {
+        Some((spec, _)) => checker.controller_publish(&mut report, spec).await,
+        None => false,
+    };
+    checker
+        .required_codes(&mut report, volume.as_ref().map(|(s, _)| s))
+        .await;
     if let Some((spec, created)) = volume {
-        let driver = report.driver.clone().unwrap_or_default();
-        checker.sequence(&mut report, &spec, driver).await;
+        if published {
+            let driver = report.driver.clone().unwrap_or_default();
+            checker.sequence(&mut report, &spec, driver).await;
+            checker.controller_unpublish(&mut report, &spec).await;
+        } else {
+            report.skip(
+                "NodeStageVolume to NodeUnstageVolume",
+                "ControllerPublishVolume failed; the spec requires it first",
+            );
+        }
         if created {
             checker.delete(&mut report, &spec.volume_id).await;
         }
@@ -225,10 +264,17 @@ pub async fn run(opts: &CheckOptions) -> Report {
 
 struct Checker<'a> {
     conn: Connection,
-    /// The Controller connection, when it offers CREATE_DELETE_VOLUME.
+    /// The Controller connection, when it offers CREATE_DELETE_VOLUME or
+    /// PUBLISH_UNPUBLISH_VOLUME.
     controller: Option<Connection>,
+    /// The Controller offers CREATE_DELETE_VOLUME.
+    create: bool,
+    /// The Controller offers PUBLISH_UNPUBLISH_VOLUME.
+    publish: bool,
     opts: &'a CheckOptions,
     node_caps: Vec<i32>,
+    /// NodeGetInfo's node_id, when valid.
+    node_id: Option<String>,
 }
 
 /// A capability for the unknown-volume and missing-argument probes.
@@ -339,6 +385,7 @@ impl Checker<'_> {
                 last.detail = "node_id is required (1-256 bytes)".into();
             } else {
                 last.detail = format!("node_id {}", info.node_id);
+                self.node_id = Some(info.node_id);
             }
         }
     }
@@ -379,28 +426,44 @@ impl Checker<'_> {
             )
             .await;
         if let Some(caps) = report.expect_ok("ControllerGetCapabilities", r) {
-            let create = caps.capabilities.iter().any(|c| {
-                matches!(&c.r#type, Some(controller_service_capability::Type::Rpc(r))
-                    if r.r#type == controller_service_capability::rpc::Type::CreateDeleteVolume as i32)
-            });
-            if create {
-                self.controller = Some(c);
+            use controller_service_capability::rpc::Type;
+            let has = |t: Type| {
+                caps.capabilities.iter().any(|c| {
+                    matches!(&c.r#type, Some(controller_service_capability::Type::Rpc(r))
+                        if r.r#type == t as i32)
+                })
+            };
+            self.create = has(Type::CreateDeleteVolume);
+            self.publish = has(Type::PublishUnpublishVolume);
+            let names: Vec<&str> = [Type::CreateDeleteVolume, Type::PublishUnpublishVolume]
+                .into_iter()
+                .filter(|&t| has(t))
+                .map(|t| t.as_str_name())
+                .collect();
+            report.steps.last_mut().expect("just pushed").detail = if names.is_empty() {
+                "neither CREATE_DELETE_VOLUME nor PUBLISH_UNPUBLISH_VOLUME".into()
             } else {
-                report.steps.last_mut().expect("just pushed").detail =
-                    "no CREATE_DELETE_VOLUME".into();
+                names.join(", ")
+            };
+            if self.create || self.publish {
+                self.controller = Some(c);
             }
         }
     }
 
     /// The volume to test with, and whether the check created it.
     async fn volume(&mut self, report: &mut Report) -> Option<(VolumeSpec, bool)> {
-        let Some(c) = self.controller.clone() else {
+        let Some(c) = self.controller.clone().filter(|_| self.create) else {
             report.skip(
                 "CreateVolume",
                 "no CREATE_DELETE_VOLUME controller capability",
             );
             return match &self.opts.volume_id {
-                Some(id) => Some((VolumeSpec::new(id.clone()), false)),
+                Some(id) => {
+                    let mut spec = VolumeSpec::new(id.clone());
+                    spec.volume_context = self.opts.volume_context.clone();
+                    Some((spec, false))
+                }
                 None => {
                     report.push(
                         "volume",
@@ -453,8 +516,83 @@ impl Checker<'_> {
         Some((spec, true))
     }
 
-    /// The codes the spec requires for missing arguments and unknown volumes.
-    async fn required_codes(&mut self, report: &mut Report) {
+    /// ControllerPublishVolume to NodeGetInfo's node, and its repeat, when the Controller
+    /// offers PUBLISH_UNPUBLISH_VOLUME; its publish_context goes into `spec`. Returns whether
+    /// the node calls may go ahead.
+    async fn controller_publish(&mut self, report: &mut Report, spec: &mut VolumeSpec) -> bool {
+        spec.publish_context = self.opts.publish_context.clone();
+        // Without the capability there is no step: ControllerGetCapabilities lists what is
+        // offered.
+        let Some(c) = self.controller.clone().filter(|_| self.publish) else {
+            return true;
+        };
+        let Some(node_id) = self.node_id.clone() else {
+            report.push(
+                "ControllerPublishVolume",
+                Outcome::Fail,
+                None,
+                "not called: NodeGetInfo gave no node_id",
+            );
+            return false;
+        };
+        let msg = ControllerPublishVolumeRequest {
+            volume_id: spec.volume_id.clone(),
+            node_id,
+            volume_capability: Some(spec.capability(false)),
+            readonly: false,
+            volume_context: spec.volume_context.clone().into_iter().collect(),
+            ..Default::default()
+        };
+        let ctl = c.controller();
+        let call = || {
+            c.call("ControllerPublishVolume", &msg, |r| {
+                let mut ctl = ctl.clone();
+                async move { ctl.controller_publish_volume(r).await }
+            })
+        };
+        let Some(first) = report.expect_ok("ControllerPublishVolume", call().await) else {
+            return false;
+        };
+        let mut keys: Vec<&str> = first.publish_context.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        report.steps.last_mut().expect("just pushed").detail =
+            format!("publish_context keys: {}", keys.join(", "));
+        report.expect_ok("ControllerPublishVolume repeated", call().await);
+        spec.publish_context.extend(first.publish_context);
+        true
+    }
+
+    /// ControllerUnpublishVolume from NodeGetInfo's node, and its repeat, after the node is
+    /// done with the volume.
+    async fn controller_unpublish(&mut self, report: &mut Report, spec: &VolumeSpec) {
+        let Some(c) = self.controller.clone().filter(|_| self.publish) else {
+            return;
+        };
+        let msg = ControllerUnpublishVolumeRequest {
+            volume_id: spec.volume_id.clone(),
+            node_id: self.node_id.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        let ctl = c.controller();
+        for step in [
+            "ControllerUnpublishVolume",
+            "ControllerUnpublishVolume repeated",
+        ] {
+            let r = c
+                .call("ControllerUnpublishVolume", &msg, |r| {
+                    let mut ctl = ctl.clone();
+                    async move { ctl.controller_unpublish_volume(r).await }
+                })
+                .await;
+            report.expect_ok(step, r);
+        }
+    }
+
+    /// The codes the spec requires for missing arguments and unknown volumes. The
+    /// missing-argument probes name `volume` (only the argument under test is missing); without
+    /// a volume they name an unknown one and also accept NOT_FOUND, since the spec does not
+    /// say which check a driver makes first.
+    async fn required_codes(&mut self, report: &mut Report, volume: Option<&VolumeSpec>) {
         let node = self.conn.node();
         let c = &self.conn;
         let dir = &self.opts.root;
@@ -462,6 +600,25 @@ impl Checker<'_> {
         let unknown = format!("plugreg-check-unknown-{}", unique());
         let stages = self.has(NodeCapability::StageUnstageVolume);
         let cap = Some(probe_capability());
+        let (real, missing_codes, suffix): (String, &[Code], &str) = match volume {
+            Some(v) => (v.volume_id.clone(), &[Code::InvalidArgument], ""),
+            None => (
+                unknown.clone(),
+                &[Code::InvalidArgument, Code::NotFound],
+                " (unknown volume: NOT_FOUND accepted)",
+            ),
+        };
+        let publish_context: HashMap<String, String> = volume
+            .map_or(&self.opts.publish_context, |v| &v.publish_context)
+            .clone()
+            .into_iter()
+            .collect();
+        // A probe whose missing argument is not volume_id.
+        macro_rules! missing {
+            ($step:literal, $r:expr) => {
+                report.expect_any(format!("{}{suffix}", $step), missing_codes, $r)
+            };
+        }
 
         macro_rules! call {
             ($method:literal, $rpc:ident, $msg:expr) => {{
@@ -480,6 +637,7 @@ impl Checker<'_> {
                     volume_id: volume_id.to_owned(),
                     staging_target_path: staging.to_owned(),
                     volume_capability: cap,
+                    publish_context: publish_context.clone(),
                     ..Default::default()
                 }
             };
@@ -492,23 +650,21 @@ impl Checker<'_> {
                     stage("", &path, cap.clone())
                 ),
             );
-            report.expect_code(
+            missing!(
                 "NodeStageVolume without staging_target_path",
-                Code::InvalidArgument,
                 call!(
                     "NodeStageVolume",
                     node_stage_volume,
-                    stage(&unknown, "", cap.clone())
-                ),
+                    stage(&real, "", cap.clone())
+                )
             );
-            report.expect_code(
+            missing!(
                 "NodeStageVolume without volume_capability",
-                Code::InvalidArgument,
                 call!(
                     "NodeStageVolume",
                     node_stage_volume,
-                    stage(&unknown, &path, None)
-                ),
+                    stage(&real, &path, None)
+                )
             );
             report.expect_code(
                 "NodeStageVolume of an unknown volume",
@@ -528,14 +684,9 @@ impl Checker<'_> {
                 Code::InvalidArgument,
                 call!("NodeUnstageVolume", node_unstage_volume, unstage("", &path)),
             );
-            report.expect_code(
+            missing!(
                 "NodeUnstageVolume without staging_target_path",
-                Code::InvalidArgument,
-                call!(
-                    "NodeUnstageVolume",
-                    node_unstage_volume,
-                    unstage(&unknown, "")
-                ),
+                call!("NodeUnstageVolume", node_unstage_volume, unstage(&real, ""))
             );
             report.expect_code(
                 "NodeUnstageVolume of an unknown volume",
@@ -560,6 +711,7 @@ impl Checker<'_> {
                 staging_target_path: staging.clone(),
                 target_path: target.to_owned(),
                 volume_capability: cap,
+                publish_context: publish_context.clone(),
                 ..Default::default()
             }
         };
@@ -573,23 +725,21 @@ impl Checker<'_> {
                 publish("", &target, cap.clone())
             ),
         );
-        report.expect_code(
+        missing!(
             "NodePublishVolume without target_path",
-            Code::InvalidArgument,
             call!(
                 "NodePublishVolume",
                 node_publish_volume,
-                publish(&unknown, "", cap.clone())
-            ),
+                publish(&real, "", cap.clone())
+            )
         );
-        report.expect_code(
+        missing!(
             "NodePublishVolume without volume_capability",
-            Code::InvalidArgument,
             call!(
                 "NodePublishVolume",
                 node_publish_volume,
-                publish(&unknown, &target, None)
-            ),
+                publish(&real, &target, None)
+            )
         );
         report.expect_code(
             "NodePublishVolume of an unknown volume",
@@ -613,14 +763,13 @@ impl Checker<'_> {
                 unpublish("", &target)
             ),
         );
-        report.expect_code(
+        missing!(
             "NodeUnpublishVolume without target_path",
-            Code::InvalidArgument,
             call!(
                 "NodeUnpublishVolume",
                 node_unpublish_volume,
-                unpublish(&unknown, "")
-            ),
+                unpublish(&real, "")
+            )
         );
         report.expect_code(
             "NodeUnpublishVolume of an unknown volume",
@@ -647,14 +796,13 @@ impl Checker<'_> {
                     stats("", &target)
                 ),
             );
-            report.expect_code(
+            missing!(
                 "NodeGetVolumeStats without volume_path",
-                Code::InvalidArgument,
                 call!(
                     "NodeGetVolumeStats",
                     node_get_volume_stats,
-                    stats(&unknown, "")
-                ),
+                    stats(&real, "")
+                )
             );
             report.expect_code(
                 "NodeGetVolumeStats of an unknown volume",
@@ -679,10 +827,9 @@ impl Checker<'_> {
                 Code::InvalidArgument,
                 call!("NodeExpandVolume", node_expand_volume, expand("", &target)),
             );
-            report.expect_code(
+            missing!(
                 "NodeExpandVolume without volume_path",
-                Code::InvalidArgument,
-                call!("NodeExpandVolume", node_expand_volume, expand(&unknown, "")),
+                call!("NodeExpandVolume", node_expand_volume, expand(&real, ""))
             );
             report.expect_code(
                 "NodeExpandVolume of an unknown volume",
@@ -727,6 +874,8 @@ impl Checker<'_> {
         let c = &self.conn;
         let cap = Some(spec.capability(false));
         let ctx: HashMap<String, String> = spec.volume_context.clone().into_iter().collect();
+        let publish_ctx: HashMap<String, String> =
+            spec.publish_context.clone().into_iter().collect();
         macro_rules! call {
             ($method:literal, $rpc:ident, $msg:expr) => {{
                 let msg = $msg;
@@ -757,6 +906,7 @@ impl Checker<'_> {
             staging_target_path: s(&staging),
             volume_capability: cap.clone(),
             volume_context: ctx.clone(),
+            publish_context: publish_ctx.clone(),
             ..Default::default()
         };
         if stages {
@@ -786,6 +936,7 @@ impl Checker<'_> {
             target_path: s(&target),
             volume_capability: cap.clone(),
             volume_context: ctx.clone(),
+            publish_context: publish_ctx,
             ..Default::default()
         };
         if report

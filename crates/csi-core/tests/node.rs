@@ -484,6 +484,8 @@ fn check_options(g: &MountGuard, d: &RunningDriver, volume: Option<&str>) -> Che
         dial_timeout: Duration::from_secs(5),
         call_timeout: Duration::from_secs(2),
         capacity_bytes: 1 << 20,
+        volume_context: Default::default(),
+        publish_context: Default::default(),
     }
 }
 
@@ -533,6 +535,144 @@ async fn check_fails_without_a_volume() {
     assert!(!report.passed());
     let failed: Vec<_> = report.failures().map(|s| s.step.as_str()).collect();
     assert_eq!(failed, ["volume"]);
+}
+
+/// Where `name` is in the report (panics naming the report when absent).
+fn position(report: &check::Report, name: &str) -> usize {
+    report
+        .steps
+        .iter()
+        .position(|s| s.step == name)
+        .unwrap_or_else(|| panic!("no step {name:?} in {report:#?}"))
+}
+
+/// A Controller with PUBLISH_UNPUBLISH_VOLUME: the check publishes before the node calls and
+/// unpublishes after NodeUnstageVolume, before DeleteVolume, and hands the publish_context to
+/// every node call (the driver, like csi-test's mock, refuses stage and publish without it).
+#[tokio::test]
+async fn check_controller_publishes_around_the_node_calls() {
+    let g = MountGuard::new();
+    let d = driver(
+        g.path(),
+        DriverConfig {
+            node_capabilities: caps_all(),
+            controller: true,
+            controller_publish: true,
+            ..DriverConfig::default()
+        },
+    )
+    .await;
+    let report = check::run(&check_options(&g, &d, None)).await;
+    assert!(report.passed(), "{report:#?}");
+    let at = |name| position(&report, name);
+    assert!(at("CreateVolume repeated (same name)") < at("ControllerPublishVolume"));
+    assert!(at("ControllerPublishVolume") < at("ControllerPublishVolume repeated"));
+    assert!(at("ControllerPublishVolume repeated") < at("NodeStageVolume without volume_id"));
+    assert!(at("NodeUnstageVolume repeated") < at("ControllerUnpublishVolume"));
+    assert!(at("ControllerUnpublishVolume") < at("ControllerUnpublishVolume repeated"));
+    assert!(at("ControllerUnpublishVolume repeated") < at("DeleteVolume"));
+    assert_eq!(
+        report.steps[at("ControllerPublishVolume")].detail,
+        "publish_context keys: device"
+    );
+    // The unknown-volume probes carry the publish_context too, so they get NOT_FOUND.
+    assert_eq!(
+        report.steps[at("NodeStageVolume of an unknown volume")]
+            .code
+            .as_deref(),
+        Some("NOT_FOUND")
+    );
+    assert_eq!(d.calls().count(Method::ControllerPublishVolume), 2);
+    assert_eq!(d.calls().count(Method::ControllerUnpublishVolume), 2);
+    d.stop().await.unwrap();
+    assert!(mounts_under(g.path()).is_empty());
+}
+
+/// Without a Controller that publishes, `publish_context` supplies what the node calls need.
+#[tokio::test]
+async fn check_passes_the_callers_publish_context() {
+    let g = MountGuard::new();
+    // controller_publish without controller: the node requires the device, nobody publishes.
+    let d = driver(
+        g.path(),
+        DriverConfig {
+            node_capabilities: caps_all(),
+            controller_publish: true,
+            ..DriverConfig::default()
+        },
+    )
+    .await;
+    let mut opts = check_options(&g, &d, Some("vol-a"));
+    let report = check::run(&opts).await;
+    assert!(!report.passed());
+    let failed = &report.steps[position(&report, "NodeStageVolume")];
+    assert_eq!(
+        failed.code.as_deref(),
+        Some("INVALID_ARGUMENT"),
+        "{failed:?}"
+    );
+    assert!(
+        failed.detail.contains("'device' key required"),
+        "{failed:?}"
+    );
+
+    opts.root = g.path().join("check2");
+    std::fs::create_dir(&opts.root).unwrap();
+    opts.publish_context = BTreeMap::from([("device".into(), "/dev/x".into())]);
+    let report = check::run(&opts).await;
+    assert!(report.passed(), "{report:#?}");
+    d.stop().await.unwrap();
+    assert!(mounts_under(g.path()).is_empty());
+}
+
+/// The driver's NodeExpandVolume looks the volume up before it checks volume_path (as
+/// csi-driver-host-path does); the spec allows either order, so the missing-argument probe must
+/// name the real volume and get INVALID_ARGUMENT.
+#[tokio::test]
+async fn check_missing_argument_probes_use_the_real_volume() {
+    for controller in [false, true] {
+        let g = MountGuard::new();
+        let d = driver(
+            g.path(),
+            DriverConfig {
+                node_capabilities: caps_all(),
+                controller,
+                ..DriverConfig::default()
+            },
+        )
+        .await;
+        let report = check::run(&check_options(&g, &d, Some("vol-a"))).await;
+        assert!(report.passed(), "{report:#?}");
+        let s = &report.steps[position(&report, "NodeExpandVolume without volume_path")];
+        assert_eq!(s.code.as_deref(), Some("INVALID_ARGUMENT"));
+        d.stop().await.unwrap();
+    }
+}
+
+/// Without any volume the missing-argument probes name an unknown one and accept NOT_FOUND,
+/// saying so in the step's name; only the missing volume fails.
+#[tokio::test]
+async fn check_without_a_volume_accepts_not_found_for_missing_arguments() {
+    let g = MountGuard::new();
+    let d = driver(
+        g.path(),
+        DriverConfig {
+            node_capabilities: caps_all(),
+            ..DriverConfig::default()
+        },
+    )
+    .await;
+    let report = check::run(&check_options(&g, &d, None)).await;
+    let failed: Vec<_> = report.failures().map(|s| s.step.as_str()).collect();
+    assert_eq!(failed, ["volume"]);
+    let s = &report.steps[position(
+        &report,
+        "NodeExpandVolume without volume_path (unknown volume: NOT_FOUND accepted)",
+    )];
+    assert_eq!(
+        (s.outcome, s.code.as_deref()),
+        (Outcome::Pass, Some("NOT_FOUND"))
+    );
 }
 
 /// tonic enforces the `grpc-timeout` it sends as well and then reports CANCELLED ("Timeout

@@ -55,7 +55,7 @@ use tonic::{Request, Response};
 mod volumes;
 
 pub use node_service_capability::rpc::Type as NodeCapability;
-pub use volumes::{MountMode, valid_volume_id};
+pub use volumes::{MountMode, PUBLISHED_DEVICE, valid_volume_id};
 
 /// How long a stopping driver waits for open connections to close before dropping them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -182,11 +182,15 @@ pub enum Method {
     DeleteVolume,
     /// `/csi.v1.Controller/ControllerGetCapabilities`
     ControllerGetCapabilities,
+    /// `/csi.v1.Controller/ControllerPublishVolume`
+    ControllerPublishVolume,
+    /// `/csi.v1.Controller/ControllerUnpublishVolume`
+    ControllerUnpublishVolume,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 14] = [
+    pub const ALL: [Method; 16] = [
         Method::GetPluginInfo,
         Method::GetPluginCapabilities,
         Method::Probe,
@@ -201,6 +205,8 @@ impl Method {
         Method::CreateVolume,
         Method::DeleteVolume,
         Method::ControllerGetCapabilities,
+        Method::ControllerPublishVolume,
+        Method::ControllerUnpublishVolume,
     ];
 
     /// The method name, e.g. `GetPluginInfo`.
@@ -220,6 +226,8 @@ impl Method {
             Method::CreateVolume => "CreateVolume",
             Method::DeleteVolume => "DeleteVolume",
             Method::ControllerGetCapabilities => "ControllerGetCapabilities",
+            Method::ControllerPublishVolume => "ControllerPublishVolume",
+            Method::ControllerUnpublishVolume => "ControllerUnpublishVolume",
         }
     }
 
@@ -358,6 +366,11 @@ pub struct DriverConfig {
     /// Serve the Controller service (CreateVolume, DeleteVolume, ControllerGetCapabilities with
     /// CREATE_DELETE_VOLUME; UNIMPLEMENTED for the rest) and list CONTROLLER_SERVICE.
     pub controller: bool,
+    /// Like csi-test's mock driver, refuse NodeStageVolume and NodePublishVolume without
+    /// `publish_context["device"]` (INVALID_ARGUMENT); with [`controller`](Self::controller)
+    /// also advertise PUBLISH_UNPUBLISH_VOLUME and serve ControllerPublishVolume (publish_context
+    /// `{"device": "/dev/plugreg-test"}`) and ControllerUnpublishVolume.
+    pub controller_publish: bool,
     /// Volumes that exist from the start (pre-provisioned), by id; see [`valid_volume_id`].
     pub volumes: Vec<String>,
     /// Where volumes live (`<dir>/<volume id>`); `None`: `<socket>.volumes` beside the socket.
@@ -388,6 +401,7 @@ impl Default for DriverConfig {
             node_get_info: Fault::default(),
             faults: BTreeMap::new(),
             controller: false,
+            controller_publish: false,
             volumes: Vec::new(),
             data_dir: None,
             mount: MountMode::Auto,

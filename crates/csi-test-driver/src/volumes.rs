@@ -9,7 +9,7 @@
 //! capability ALREADY_EXISTS, publishing without the staging path a stage-capable driver needs
 //! FAILED_PRECONDITION; repeated calls with the same arguments succeed (idempotency).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use plugreg_proto::csi::v1::controller_server::Controller;
@@ -64,6 +64,8 @@ pub(crate) struct VolumeState {
     staged: Option<(PathBuf, VolumeCapability)>,
     /// Where it is published: target → (capability, readonly).
     published: BTreeMap<PathBuf, (VolumeCapability, bool)>,
+    /// Nodes it is ControllerPublished to (with `controller_publish`).
+    attached: BTreeSet<String>,
 }
 
 /// Everything that changes while the driver runs.
@@ -87,6 +89,7 @@ impl State {
                     capacity,
                     staged: None,
                     published: BTreeMap::new(),
+                    attached: BTreeSet::new(),
                 },
             );
         }
@@ -143,6 +146,9 @@ fn capability(c: Option<&VolumeCapability>, field: &str) -> Result<VolumeCapabil
     Ok(c.clone())
 }
 
+/// The device ControllerPublishVolume reports in publish_context.
+pub const PUBLISHED_DEVICE: &str = "/dev/plugreg-test";
+
 fn not_found(id: &str) -> Status {
     Status::not_found(format!("volume {id:?} does not exist"))
 }
@@ -154,6 +160,20 @@ fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> Status {
 impl Driver {
     fn has(&self, cap: NodeCapability) -> bool {
         self.config.node_capabilities.contains(&cap)
+    }
+
+    /// With `controller_publish`, NodeStageVolume and NodePublishVolume need what
+    /// ControllerPublishVolume returned, as csi-test's mock driver does.
+    fn require_device(
+        &self,
+        publish_context: &std::collections::HashMap<String, String>,
+    ) -> Result<(), Status> {
+        if self.config.controller_publish && !publish_context.contains_key("device") {
+            return Err(Status::invalid_argument(
+                "stage volume info 'device' key required",
+            ));
+        }
+        Ok(())
     }
 
     fn volume_dir(&self, id: &str) -> Result<PathBuf, Status> {
@@ -277,6 +297,7 @@ impl Node for Driver {
         let id = required(&r.volume_id, "volume_id")?;
         let path = required_path(&r.staging_target_path, "staging_target_path")?;
         let cap = capability(r.volume_capability.as_ref(), "volume_capability")?;
+        self.require_device(&r.publish_context)?;
         let dir = {
             let state = self.lock();
             let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
@@ -379,6 +400,7 @@ impl Node for Driver {
         } else {
             None
         };
+        self.require_device(&r.publish_context)?;
         let source = {
             let state = self.lock();
             let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
@@ -511,9 +533,11 @@ impl Node for Driver {
         }
         let r = request.into_inner();
         let id = required(&r.volume_id, "volume_id")?;
-        let path = required_path(&r.volume_path, "volume_path")?;
+        // The volume is looked up before volume_path is checked, as csi-driver-host-path
+        // does: the spec does not order the two, so a check must not depend on the order.
         let mut state = self.lock();
         let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
+        let path = required_path(&r.volume_path, "volume_path")?;
         if !is_at(v, &path) {
             return Err(Status::not_found(format!(
                 "volume {id:?} is not staged or published at {}",
@@ -653,6 +677,7 @@ impl Controller for Driver {
                 capacity,
                 staged: None,
                 published: BTreeMap::new(),
+                attached: BTreeSet::new(),
             },
         );
         Ok(Response::new(CreateVolumeResponse {
@@ -683,6 +708,12 @@ impl Controller for Driver {
                 "volume {id:?} is still staged or published"
             )));
         }
+        if !v.attached.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id:?} is still ControllerPublished to {} node(s)",
+                v.attached.len()
+            )));
+        }
         state.volumes.remove(id);
         drop(state);
         let dir = self.data_dir.join(id);
@@ -699,13 +730,19 @@ impl Controller for Driver {
         _: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
         self.enter(Method::ControllerGetCapabilities).await?;
-        let capabilities = vec![ControllerServiceCapability {
-            r#type: Some(controller_service_capability::Type::Rpc(
-                controller_service_capability::Rpc {
-                    r#type: controller_service_capability::rpc::Type::CreateDeleteVolume as i32,
-                },
-            )),
-        }];
+        use controller_service_capability::rpc::Type;
+        let mut types = vec![Type::CreateDeleteVolume];
+        if self.config.controller_publish {
+            types.push(Type::PublishUnpublishVolume);
+        }
+        let capabilities = types
+            .into_iter()
+            .map(|t| ControllerServiceCapability {
+                r#type: Some(controller_service_capability::Type::Rpc(
+                    controller_service_capability::Rpc { r#type: t as i32 },
+                )),
+            })
+            .collect();
         Ok(Response::new(ControllerGetCapabilitiesResponse {
             capabilities,
         }))
@@ -713,16 +750,50 @@ impl Controller for Driver {
 
     async fn controller_publish_volume(
         &self,
-        _: Request<ControllerPublishVolumeRequest>,
+        request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        unimplemented("ControllerPublishVolume")
+        if !self.config.controller_publish {
+            return unimplemented("ControllerPublishVolume");
+        }
+        self.enter(Method::ControllerPublishVolume).await?;
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let node = required(&r.node_id, "node_id")?;
+        capability(r.volume_capability.as_ref(), "volume_capability")?;
+        if node != self.config.node_id {
+            return Err(Status::not_found(format!("node {node:?} does not exist")));
+        }
+        let mut state = self.lock();
+        let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
+        // Publishing again to the same node is success (idempotency).
+        v.attached.insert(node.to_owned());
+        let publish_context = [("device".to_owned(), PUBLISHED_DEVICE.to_owned())]
+            .into_iter()
+            .collect();
+        Ok(Response::new(ControllerPublishVolumeResponse {
+            publish_context,
+        }))
     }
 
     async fn controller_unpublish_volume(
         &self,
-        _: Request<ControllerUnpublishVolumeRequest>,
+        request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        unimplemented("ControllerUnpublishVolume")
+        if !self.config.controller_publish {
+            return unimplemented("ControllerUnpublishVolume");
+        }
+        self.enter(Method::ControllerUnpublishVolume).await?;
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let mut state = self.lock();
+        let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
+        // An empty node_id means every node; a volume not published there is already done.
+        if r.node_id.is_empty() {
+            v.attached.clear();
+        } else {
+            v.attached.remove(&r.node_id);
+        }
+        Ok(Response::new(ControllerUnpublishVolumeResponse {}))
     }
 
     async fn validate_volume_capabilities(

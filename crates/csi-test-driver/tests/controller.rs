@@ -262,3 +262,117 @@ async fn controller_faults() {
     d.calls().wait_for(Method::DeleteVolume, 1).await;
     d.stop().await.unwrap();
 }
+
+/// `controller_publish`: ControllerPublishVolume returns the device (idempotent, NOT_FOUND for
+/// an unknown volume or node), the node refuses to stage without it, DeleteVolume refuses a
+/// volume still published, ControllerUnpublishVolume is idempotent.
+#[tokio::test]
+async fn controller_publish_hands_the_node_its_device() {
+    use plugreg_proto::csi::v1::{
+        ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let d = start(
+        DriverConfig {
+            controller: true,
+            controller_publish: true,
+            node_capabilities: vec![NodeCapability::StageUnstageVolume],
+            mount: plugreg_csi_test_driver::MountMode::Directory,
+            ..DriverConfig::default()
+        },
+        &sock,
+    )
+    .await
+    .unwrap();
+    let ch = channel(&sock).await;
+    let mut ctl = ControllerClient::new(ch.clone());
+    let mut node = NodeClient::new(ch);
+
+    let caps = ctl
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(caps.capabilities.iter().any(|c| matches!(
+        &c.r#type,
+        Some(controller_service_capability::Type::Rpc(r))
+            if r.r#type == controller_service_capability::rpc::Type::PublishUnpublishVolume as i32
+    )));
+
+    let id = ctl
+        .create_volume(create("v", 1 << 20))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let publish = |volume_id: &str, node_id: &str| ControllerPublishVolumeRequest {
+        volume_id: volume_id.into(),
+        node_id: node_id.into(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    };
+    let e = ctl
+        .controller_publish_volume(publish("nope", "node-1"))
+        .await;
+    assert_eq!(e.unwrap_err().code(), Code::NotFound);
+    let e = ctl.controller_publish_volume(publish(&id, "node-2")).await;
+    assert_eq!(e.unwrap_err().code(), Code::NotFound);
+    for _ in 0..2 {
+        let r = ctl
+            .controller_publish_volume(publish(&id, "node-1"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.publish_context,
+            HashMap::from([(
+                "device".to_owned(),
+                plugreg_csi_test_driver::PUBLISHED_DEVICE.to_owned()
+            )])
+        );
+    }
+
+    let staging = dir.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    let mut stage = NodeStageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    };
+    let e = node.node_stage_volume(stage.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(e.message(), "stage volume info 'device' key required");
+    stage.publish_context = HashMap::from([("device".to_owned(), "/dev/x".to_owned())]);
+    node.node_stage_volume(stage).await.unwrap();
+    node.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+
+    let delete = DeleteVolumeRequest {
+        volume_id: id.clone(),
+        ..Default::default()
+    };
+    let e = ctl.delete_volume(delete.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let unpublish = ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: "node-1".into(),
+        ..Default::default()
+    };
+    for _ in 0..2 {
+        ctl.controller_unpublish_volume(unpublish.clone())
+            .await
+            .unwrap();
+    }
+    ctl.delete_volume(delete).await.unwrap();
+    assert_eq!(d.calls().count(Method::ControllerPublishVolume), 4);
+    assert_eq!(d.calls().count(Method::ControllerUnpublishVolume), 2);
+    d.stop().await.unwrap();
+}

@@ -381,6 +381,65 @@ fn check_passes_on_the_test_driver() {
     assert!(mounts_under(g.path()).is_empty() && mounts_under(g2.path()).is_empty());
 }
 
+/// A Controller with PUBLISH_UNPUBLISH_VOLUME whose node, like csi-test's mock driver, needs
+/// publish_context["device"]: the check publishes first, hands the context on, unpublishes
+/// before DeleteVolume. The driver's NodeExpandVolume looks the volume up before checking
+/// volume_path (as csi-driver-host-path does), so the missing-argument probe must name the
+/// real volume.
+#[test]
+fn check_passes_with_controller_publish() {
+    let g = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.extend(["--controller", "--controller-publish"]);
+    let d = Driver::start(g.path(), &args);
+    let (code, report) = check(&d, g.path(), &[]);
+    assert_eq!(code, Some(0), "{report:#}");
+    for name in [
+        "ControllerPublishVolume",
+        "ControllerPublishVolume repeated",
+        "NodeStageVolume",
+        "NodePublishVolume",
+        "ControllerUnpublishVolume",
+        "ControllerUnpublishVolume repeated",
+        "DeleteVolume",
+    ] {
+        assert_eq!(step(&report, name)["outcome"], "pass", "{name}: {report:#}");
+    }
+    assert_eq!(
+        step(&report, "NodeExpandVolume without volume_path")["code"],
+        "INVALID_ARGUMENT"
+    );
+    assert!(mounts_under(g.path()).is_empty());
+}
+
+/// No Controller publishes, the node needs publish_context["device"]: `--publish-context`
+/// supplies it for `--volume-id`.
+#[test]
+fn check_publish_context_for_a_given_volume() {
+    let g = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.push("--controller-publish");
+    let d = Driver::start(g.path(), &args);
+    let (code, report) = check(&d, g.path(), &["--volume-id", "vol-1"]);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(step(&report, "NodeStageVolume")["code"], "INVALID_ARGUMENT");
+    let (code, report) = check(
+        &d,
+        g.path(),
+        &[
+            "--volume-id",
+            "vol-1",
+            "--publish-context",
+            "device=/dev/x",
+            "--volume-context",
+            "k=v",
+        ],
+    );
+    assert_eq!(code, Some(0), "{report:#}");
+    drop(d);
+    assert!(mounts_under(g.path()).is_empty());
+}
+
 #[test]
 fn check_fails_naming_the_step_on_each_fault() {
     // (fault, failing step, code the step reports)

@@ -79,6 +79,11 @@ struct Args {
     /// Serve the Controller service (CreateVolume, DeleteVolume, ControllerGetCapabilities).
     #[arg(long)]
     controller: bool,
+    /// NodeStageVolume and NodePublishVolume require publish_context["device"], as csi-test's
+    /// mock driver does; with --controller also advertise PUBLISH_UNPUBLISH_VOLUME and serve
+    /// ControllerPublishVolume (which returns it) and ControllerUnpublishVolume.
+    #[arg(long)]
+    controller_publish: bool,
     /// A pre-provisioned volume id (repeatable).
     #[arg(long = "volume", value_name = "ID", value_parser = parse_volume_id)]
     volumes: Vec<String>,
@@ -137,6 +142,7 @@ impl Args {
             },
             node_capabilities: self.node_capabilities.clone(),
             controller: self.controller,
+            controller_publish: self.controller_publish,
             volumes: self.volumes.clone(),
             data_dir: self.data_dir.clone(),
             mount: match self.mount {

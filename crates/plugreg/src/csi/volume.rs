@@ -138,6 +138,14 @@ pub struct CheckArgs {
     /// Size asked of CreateVolume, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub capacity_bytes: i64,
+    /// volume_context entry `KEY=VALUE` for --volume-id (repeatable; a created volume
+    /// uses what CreateVolume returned).
+    #[arg(long = "volume-context", value_name = "KEY=VALUE", value_parser = key_value)]
+    pub volume_context: Vec<(String, String)>,
+    /// publish_context entry `KEY=VALUE` (repeatable), for a driver whose Controller does
+    /// not publish (what ControllerPublishVolume returns is added over these).
+    #[arg(long = "publish-context", value_name = "KEY=VALUE", value_parser = key_value)]
+    pub publish_context: Vec<(String, String)>,
 }
 
 /// Access modes, as the CSI spec names them.
@@ -530,6 +538,8 @@ pub async fn run_check(a: CheckArgs, out: &mut dyn Write) -> Result<(), CliError
         dial_timeout: a.target.connect_timeout,
         call_timeout: a.target.timeout,
         capacity_bytes: a.capacity_bytes,
+        volume_context: a.volume_context.iter().cloned().collect(),
+        publish_context: a.publish_context.iter().cloned().collect(),
     };
     let report = check::run(&opts).await;
     drop(root);
