@@ -1,8 +1,9 @@
 //! Accepts gRPC clients that send a socket path as HTTP/2 `:authority`, within fixed bounds.
 //!
-//! grpc-go before 2022 (and so every kubelet before about 1.26, grpc-java, grpc-swift and
-//! others) sends the Unix socket path, e.g. `/var/lib/kubelet/plugins_registry/x-reg.sock`, as
-//! `:authority`. hyperium/h2, under tonic, rejects such a request with RST_STREAM
+//! The kubelet's grpc-go sends the Unix socket path as `:authority`: v1.20 (grpc-go 1.27) the raw
+//! path, e.g. `/var/lib/kubelet/plugins_registry/x-reg.sock`, v1.36 (grpc-go 1.79) the path
+//! percent-encoded (`%2Fvar%2Flib%2F...`); grpc-java, grpc-swift and others do the like. Neither is
+//! a valid URI authority (seen in crates/interop against both real kubelets). hyperium/h2, under tonic, rejects such a request with RST_STREAM
 //! PROTOCOL_ERROR (hyperium/h2#487, unmerged), so a plugin served by tonic could never register
 //! with those kubelets. [`AuthorityFix`] sits between the socket and the HTTP/2 server: it parses
 //! the client's frames, decodes every header block (keeping the client's HPACK dynamic table in

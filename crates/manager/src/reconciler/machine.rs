@@ -73,10 +73,20 @@ pub(crate) struct Redial {
     pub(crate) at: Instant,
 }
 
-/// The wait before re-dial number `count` (0-based) of a young socket: 1 ms doubling to 4 ms,
-/// so a plugin that starts listening is found within about 4 ms (D1's 5 ms goal).
+/// Re-dials of a young socket made 1 ms apart before they space out.
+const QUICK_REDIALS: u32 = 20;
+
+/// The wait before re-dial number `count` (0-based) of a young socket: every 1 ms for the first
+/// 20 (a Go or C plugin listens within microseconds of binding, a slow one within a few ms),
+/// then every 4 ms until the socket is a second old: at most about 265 refused dials, each a
+/// failed `connect()`, for a socket that never listens. Measured: a plugin that listens 1 ms
+/// after binding registered with p99 9.5 ms when the waits doubled to 4 ms at once.
 pub(crate) fn redial_delay(count: u32) -> Duration {
-    Duration::from_millis(1 << count.min(2))
+    if count < QUICK_REDIALS {
+        Duration::from_millis(1)
+    } else {
+        Duration::from_millis(4)
+    }
 }
 
 /// What the plugin said about itself, last time it answered GetInfo.
@@ -425,11 +435,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_young_refusing_socket_is_redialled_within_milliseconds() {
-        // D1: no back-off, no failure; 1, 2, 4, 4, 4 ms.
+        // D1: no back-off, no failure; every 1 ms twenty times, then every 4 ms.
         let d = desired(5, Instant::now());
         let mut s = Socket::default();
         let mut waits = Vec::new();
-        for _ in 0..5 {
+        for _ in 0..22 {
             let now = Instant::now();
             s.redial = Some(next_redial(s.redial, 5, now));
             let Decision::RedialAt(at) = decide(Some(&d), None, &s, now, true) else {
@@ -442,7 +452,9 @@ mod tests {
                 Decision::Register(5)
             );
         }
-        assert_eq!(waits, [1, 2, 4, 4, 4]);
+        let mut expected = vec![1; 20];
+        expected.extend([4, 4]);
+        assert_eq!(waits, expected);
         assert_eq!(s.attempts, None, "no failure recorded");
     }
 
