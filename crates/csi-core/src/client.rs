@@ -266,7 +266,7 @@ impl Connection {
 /// own enforcement of the `grpc-timeout` we set. tonic reports the latter as CANCELLED
 /// ("Timeout expired") without a source, racing our timer for the same deadline, so a
 /// CANCELLED once the deadline is `over` counts as the timeout too.
-fn deadline_passed(status: &tonic::Status, over: bool) -> bool {
+pub fn deadline_passed(status: &tonic::Status, over: bool) -> bool {
     if status.code() == Code::DeadlineExceeded || (over && status.code() == Code::Cancelled) {
         return true;
     }

@@ -92,12 +92,20 @@ impl CsiClient {
         method: &'static str,
         fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, CallError> {
+        let started = tokio::time::Instant::now();
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(status)) if deadline_passed(&status) => Err(CallError::Timeout {
-                method,
-                timeout: self.timeout,
-            }),
+            Ok(Err(status))
+                if plugreg_csi_core::client::deadline_passed(
+                    &status,
+                    started.elapsed() >= self.timeout,
+                ) =>
+            {
+                Err(CallError::Timeout {
+                    method,
+                    timeout: self.timeout,
+                })
+            }
             Ok(Err(status)) => Err(CallError::Rpc { method, status }),
             Err(_) => Err(CallError::Timeout {
                 method,
@@ -154,22 +162,6 @@ impl CsiClient {
         )
         .await
     }
-}
-
-/// Whether `status` says the call's deadline passed: tonic's own enforcement of the
-/// `grpc-timeout` we set, or the driver's DEADLINE_EXCEEDED.
-fn deadline_passed(status: &tonic::Status) -> bool {
-    if status.code() == tonic::Code::DeadlineExceeded {
-        return true;
-    }
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        if e.is::<tonic::TimeoutExpired>() {
-            return true;
-        }
-        source = e.source();
-    }
-    false
 }
 
 /// A request carrying `grpc-timeout`, so the driver sees the deadline too.
