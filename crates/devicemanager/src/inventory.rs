@@ -360,7 +360,7 @@ impl Inventory {
             let _ = writeln!(
                 out,
                 "plugreg_devices{{resource=\"{}\",health=\"{}\"}} {n}",
-                escape(r),
+                plugreg_runtime::prom::escape_label(r),
                 h.as_str().to_ascii_lowercase()
             );
         }
@@ -370,7 +370,7 @@ impl Inventory {
             let _ = writeln!(
                 out,
                 "plugreg_device_plugin_endpoints{{resource=\"{}\",registered_via=\"{via}\",connected=\"{connected}\"}} {n}",
-                escape(r)
+                plugreg_runtime::prom::escape_label(r)
             );
         }
         out.push_str("# HELP plugreg_device_plugin_registration_total Register calls on kubelet.sock, by resource (counted before validation, as the kubelet does).\n");
@@ -384,25 +384,11 @@ impl Inventory {
             let _ = writeln!(
                 out,
                 "plugreg_device_plugin_registration_total{{resource_name=\"{}\"}} {n}",
-                escape(r)
+                plugreg_runtime::prom::escape_label(r)
             );
         }
         out
     }
-}
-
-/// Escapes a Prometheus label value (a refused resource name can hold anything).
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

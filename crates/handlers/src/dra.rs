@@ -542,18 +542,22 @@ impl DraHandler {
         let calls = self.shared.calls.lock().unwrap_or_else(|e| e.into_inner());
         out.push_str("# HELP plugreg_dra_calls_total DRA calls by driver, method and gRPC code.\n");
         out.push_str("# TYPE plugreg_dra_calls_total counter\n");
+        // Debug quoting is not the text format's escaping: one escaper for every endpoint.
+        let e = plugreg_runtime::prom::escape_label;
         for ((d, m, c), (n, _)) in calls.iter() {
+            let (d, m, c) = (e(d), e(m), e(c));
             let _ = writeln!(
                 out,
-                "plugreg_dra_calls_total{{driver_name={d:?},method_name={m:?},grpc_status_code={c:?}}} {n}"
+                "plugreg_dra_calls_total{{driver_name=\"{d}\",method_name=\"{m}\",grpc_status_code=\"{c}\"}} {n}"
             );
         }
         out.push_str("# HELP plugreg_dra_call_duration_seconds_sum Time spent in DRA calls.\n");
         out.push_str("# TYPE plugreg_dra_call_duration_seconds_sum counter\n");
         for ((d, m, c), (_, s)) in calls.iter() {
+            let (d, m, c) = (e(d), e(m), e(c));
             let _ = writeln!(
                 out,
-                "plugreg_dra_call_duration_seconds_sum{{driver_name={d:?},method_name={m:?},grpc_status_code={c:?}}} {s}"
+                "plugreg_dra_call_duration_seconds_sum{{driver_name=\"{d}\",method_name=\"{m}\",grpc_status_code=\"{c}\"}} {s}"
             );
         }
         drop(calls);
@@ -571,13 +575,14 @@ impl DraHandler {
         for d in names {
             let list = &drivers[d];
             let up = list.iter().filter(|i| i.connected()).count();
+            let d = e(d);
             let _ = writeln!(
                 out,
-                "plugreg_dra_instances{{driver_name={d:?},connected=\"true\"}} {up}"
+                "plugreg_dra_instances{{driver_name=\"{d}\",connected=\"true\"}} {up}"
             );
             let _ = writeln!(
                 out,
-                "plugreg_dra_instances{{driver_name={d:?},connected=\"false\"}} {}",
+                "plugreg_dra_instances{{driver_name=\"{d}\",connected=\"false\"}} {}",
                 list.len() - up
             );
         }

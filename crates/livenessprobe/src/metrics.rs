@@ -108,7 +108,7 @@ impl Metrics {
         for ((driver, method, code), h) in &ops {
             let labels = format!(
                 "driver_name=\"{}\",grpc_status_code=\"{code}\",method_name=\"{method}\"",
-                escape_label(driver)
+                plugreg_runtime::prom::escape_label(driver)
             );
             let mut cumulative = 0;
             for (bound, n) in BUCKETS.iter().zip(h.buckets) {
@@ -127,13 +127,6 @@ impl Metrics {
         let _ = writeln!(out, "process_start_time_seconds {}", self.start);
         out
     }
-}
-
-/// Escapes a Prometheus label value.
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -176,6 +169,9 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
-        assert_eq!(escape_label("a\"b\\c\n"), "a\\\"b\\\\c\\n");
+        assert_eq!(
+            plugreg_runtime::prom::escape_label("a\"b\\c\n"),
+            "a\\\"b\\\\c\\n"
+        );
     }
 }

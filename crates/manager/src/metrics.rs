@@ -74,7 +74,7 @@ impl Metrics {
         out.push_str("# HELP plugin_manager_total_plugins Number of plugins in Plugin Manager\n");
         out.push_str("# TYPE plugin_manager_total_plugins gauge\n");
         for r in records {
-            let path = escape(&r.socket.to_string_lossy());
+            let path = plugreg_runtime::prom::escape_label(&r.socket.to_string_lossy());
             if r.desired {
                 let _ = writeln!(
                     out,
@@ -100,7 +100,7 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "plugreg_plugins{{type=\"{}\",state=\"{s}\"}} {n}",
-                escape(t)
+                plugreg_runtime::prom::escape_label(t)
             );
         }
 
@@ -161,11 +161,4 @@ impl Metrics {
         let _ = writeln!(out, "plugreg_registration_latency_seconds_count {count}");
         out
     }
-}
-
-/// Escapes a Prometheus label value.
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

@@ -215,7 +215,10 @@ async fn check(diagnostics: &Diagnostics) -> Verdict {
 /// The Prometheus text exposition of the registrar's state.
 pub(crate) fn render_metrics(driver_name: &str, registrar: &Registrar) -> String {
     let status = registrar.status().borrow().clone();
-    let label = format!("driver_name=\"{}\"", escape_label(driver_name));
+    let label = format!(
+        "driver_name=\"{}\"",
+        plugreg_runtime::prom::escape_label(driver_name)
+    );
     let last_rejection = status
         .last_rejected_at
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -264,13 +267,6 @@ pub(crate) fn render_metrics(driver_name: &str, registrar: &Registrar) -> String
     out
 }
 
-/// Escapes a Prometheus label value.
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,7 +300,10 @@ mod tests {
                 "{name} has a HELP line"
             );
         }
-        assert_eq!(escape_label("a\"b\\c\n"), "a\\\"b\\\\c\\n");
+        assert_eq!(
+            plugreg_runtime::prom::escape_label("a\"b\\c\n"),
+            "a\\\"b\\\\c\\n"
+        );
     }
 
     fn diagnostics() -> Arc<Diagnostics> {

@@ -3,6 +3,7 @@
 //! * [`backoff`]: the one back-off policy (exponential, capped, optional jitter);
 //! * [`accept`]: what a listener does when `accept()` fails for want of file descriptors;
 //! * [`signal`]: SIGTERM / SIGINT (and SIGHUP for daemons) as one awaitable stream;
+//! * [`prom`]: the Prometheus label-value escaper of every `/metrics` endpoint;
 //! * [`report`]: an error and its causes as one line, gRPC statuses worded as grpc-go words them.
 //!
 //! It depends on tokio and tonic only, so the registrar side can use it without pulling in
@@ -10,6 +11,7 @@
 
 pub mod accept;
 pub mod backoff;
+pub mod prom;
 pub mod report;
 pub mod signal;
 
