@@ -381,12 +381,18 @@ impl DraHandler {
         e.1 += took.as_secs_f64();
     }
 
-    /// NodePrepareResources on the driver's serving instance (v1 answer also for v1beta1).
-    pub async fn prepare(
+    /// Runs `call` on the driver's serving instance (its service, its connection, the gRPC
+    /// origin) within the call timeout, and counts it under `method`.
+    async fn on_serving<T, F, Fut>(
         &self,
         driver: &str,
-        claims: Vec<v1::Claim>,
-    ) -> Result<v1::NodePrepareResourcesResponse, Status> {
+        method: &'static str,
+        call: F,
+    ) -> Result<T, Status>
+    where
+        F: FnOnce(DraService, DraConnection, Uri) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
         let inst = self
             .pick(driver)
             .map_err(|e| Status::failed_precondition(e.to_string()))?;
@@ -394,36 +400,61 @@ impl DraHandler {
         let deadline = tokio::time::Instant::now() + self.call_timeout;
         let call = async {
             let conn = Self::connection(&inst, deadline).await?;
-            let origin = Uri::from_static(plugreg_transport::ORIGIN);
-            match inst.service {
-                DraService::V1 => {
-                    let mut c = v1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
-                        .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
-                    let mut req = tonic::Request::new(v1::NodePrepareResourcesRequest { claims });
-                    req.set_timeout(self.call_timeout);
-                    c.node_prepare_resources(req).await.map(|r| r.into_inner())
-                }
-                DraService::V1beta1 => {
-                    let mut c =
-                        v1beta1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
-                            .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
-                    let claims = claims.into_iter().map(claim_to_v1beta1).collect();
-                    let mut req =
-                        tonic::Request::new(v1beta1::NodePrepareResourcesRequest { claims });
-                    req.set_timeout(self.call_timeout);
-                    c.node_prepare_resources(req)
-                        .await
-                        .map(|r| prepare_to_v1(r.into_inner()))
-                }
-            }
+            call(
+                inst.service,
+                conn,
+                Uri::from_static(plugreg_transport::ORIGIN),
+            )
+            .await
         };
         let result = match tokio::time::timeout_at(deadline, call).await {
             Ok(r) => r,
             Err(_) => Err(Status::deadline_exceeded("context deadline exceeded")),
         };
         let code = result.as_ref().map_or_else(|s| s.code(), |_| Code::Ok);
-        self.record(driver, "NodePrepareResources", code, start.elapsed());
+        self.record(driver, method, code, start.elapsed());
         result
+    }
+
+    /// A request that carries the call timeout as `grpc-timeout`, so the driver sees it too.
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        req.set_timeout(self.call_timeout);
+        req
+    }
+
+    /// NodePrepareResources on the driver's serving instance (v1 answer also for v1beta1).
+    pub async fn prepare(
+        &self,
+        driver: &str,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::NodePrepareResourcesResponse, Status> {
+        self.on_serving(
+            driver,
+            "NodePrepareResources",
+            |service, conn, origin| async move {
+                match service {
+                    DraService::V1 => {
+                        let mut c =
+                            v1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
+                                .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+                        let req = self.request(v1::NodePrepareResourcesRequest { claims });
+                        c.node_prepare_resources(req).await.map(|r| r.into_inner())
+                    }
+                    DraService::V1beta1 => {
+                        let mut c =
+                            v1beta1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
+                                .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+                        let claims = claims.into_iter().map(claim_to_v1beta1).collect();
+                        let req = self.request(v1beta1::NodePrepareResourcesRequest { claims });
+                        c.node_prepare_resources(req)
+                            .await
+                            .map(|r| prepare_to_v1(r.into_inner()))
+                    }
+                }
+            },
+        )
+        .await
     }
 
     /// NodeUnprepareResources on the driver's serving instance.
@@ -432,54 +463,43 @@ impl DraHandler {
         driver: &str,
         claims: Vec<v1::Claim>,
     ) -> Result<v1::NodeUnprepareResourcesResponse, Status> {
-        let inst = self
-            .pick(driver)
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        let start = Instant::now();
-        let deadline = tokio::time::Instant::now() + self.call_timeout;
-        let call = async {
-            let conn = Self::connection(&inst, deadline).await?;
-            let origin = Uri::from_static(plugreg_transport::ORIGIN);
-            match inst.service {
-                DraService::V1 => {
-                    let mut c = v1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
-                        .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
-                    let mut req = tonic::Request::new(v1::NodeUnprepareResourcesRequest { claims });
-                    req.set_timeout(self.call_timeout);
-                    c.node_unprepare_resources(req)
-                        .await
-                        .map(|r| r.into_inner())
+        self.on_serving(
+            driver,
+            "NodeUnprepareResources",
+            |service, conn, origin| async move {
+                match service {
+                    DraService::V1 => {
+                        let mut c =
+                            v1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
+                                .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+                        let req = self.request(v1::NodeUnprepareResourcesRequest { claims });
+                        c.node_unprepare_resources(req)
+                            .await
+                            .map(|r| r.into_inner())
+                    }
+                    DraService::V1beta1 => {
+                        let mut c =
+                            v1beta1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
+                                .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+                        let claims = claims.into_iter().map(claim_to_v1beta1).collect();
+                        let req = self.request(v1beta1::NodeUnprepareResourcesRequest { claims });
+                        c.node_unprepare_resources(req).await.map(|r| {
+                            let r = r.into_inner();
+                            v1::NodeUnprepareResourcesResponse {
+                                claims: r
+                                    .claims
+                                    .into_iter()
+                                    .map(|(k, v)| {
+                                        (k, v1::NodeUnprepareResourceResponse { error: v.error })
+                                    })
+                                    .collect(),
+                            }
+                        })
+                    }
                 }
-                DraService::V1beta1 => {
-                    let mut c =
-                        v1beta1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
-                            .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
-                    let claims = claims.into_iter().map(claim_to_v1beta1).collect();
-                    let mut req =
-                        tonic::Request::new(v1beta1::NodeUnprepareResourcesRequest { claims });
-                    req.set_timeout(self.call_timeout);
-                    c.node_unprepare_resources(req).await.map(|r| {
-                        let r = r.into_inner();
-                        v1::NodeUnprepareResourcesResponse {
-                            claims: r
-                                .claims
-                                .into_iter()
-                                .map(|(k, v)| {
-                                    (k, v1::NodeUnprepareResourceResponse { error: v.error })
-                                })
-                                .collect(),
-                        }
-                    })
-                }
-            }
-        };
-        let result = match tokio::time::timeout_at(deadline, call).await {
-            Ok(r) => r,
-            Err(_) => Err(Status::deadline_exceeded("context deadline exceeded")),
-        };
-        let code = result.as_ref().map_or_else(|s| s.code(), |_| Code::Ok);
-        self.record(driver, "NodeUnprepareResources", code, start.elapsed());
-        result
+            },
+        )
+        .await
     }
 
     /// `/plugins` details of the instance registered under (driver, endpoint).
