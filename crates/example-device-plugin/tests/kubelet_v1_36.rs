@@ -76,17 +76,19 @@ async fn registers_through_plugins_registry_and_the_kubelet_lists_its_devices() 
         .await
         .unwrap();
     assert_eq!(v["options"]["get_preferred_allocation_available"], true);
-    assert_eq!(
-        k.next_matching(is("RegisterPlugin", name), WAIT)
-            .await
-            .unwrap()["result"],
-        "ok"
-    );
-    let v = k
-        .next_matching(is("DevicePluginListAndWatch", name), WAIT)
+    // The handler starts ListAndWatch in its own goroutine during Register: the first update
+    // and the Register line come in either order.
+    let e = k
+        .next_each(
+            &["RegisterPlugin", "DevicePluginListAndWatch"],
+            |v| v["name"] == name,
+            WAIT,
+        )
         .await
         .unwrap();
-    assert_eq!(healths(&v), ["Healthy", "Healthy", "Healthy"]);
+    assert_eq!(e["RegisterPlugin"]["result"], "ok");
+    let v = &e["DevicePluginListAndWatch"];
+    assert_eq!(healths(v), ["Healthy", "Healthy", "Healthy"]);
     assert_eq!(v["devices"][1]["id"], "widget-1");
     assert_eq!(v["devices"][1]["numa"], serde_json::json!([1]));
     let r = p.next_event("registered", WAIT).await.unwrap();

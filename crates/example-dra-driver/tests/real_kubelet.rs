@@ -55,31 +55,32 @@ async fn the_real_kubelet_registers_the_driver_and_its_dra_client_prepares_throu
             "v1alpha1.DRAResourceHealth"
         ])
     );
-    let n = driver
-        .next_matching(|v| v["event"] == "notify", SOON)
+    // The kubelet answers NotifyRegistrationStatus after its handler's Register, and its DRA
+    // client may already call the driver by then: the driver sees the three in any order.
+    let seen = driver
+        .next_each(
+            &["notify", "NodePrepareResources", "NodeUnprepareResources"],
+            |_| true,
+            SOON,
+        )
         .await
         .unwrap();
+    let n = &seen["notify"];
     assert_eq!(n["registered"], true, "{n}");
 
     // The health stream and the calls run concurrently in the kubelet: take them in any order.
-    let mut events = std::collections::HashMap::new();
-    while events.len() < 3 {
-        let v = kubelet
-            .next_matching(
-                |v| {
-                    [
-                        "DRAHealth",
-                        "NodePrepareResources",
-                        "NodeUnprepareResources",
-                    ]
-                    .contains(&v["event"].as_str().unwrap_or_default())
-                },
-                SOON,
-            )
-            .await
-            .unwrap();
-        events.insert(v["event"].as_str().unwrap().to_owned(), v);
-    }
+    let events = kubelet
+        .next_each(
+            &[
+                "DRAHealth",
+                "NodePrepareResources",
+                "NodeUnprepareResources",
+            ],
+            |_| true,
+            SOON,
+        )
+        .await
+        .unwrap();
     // The kubelet's health stream gets our devices.
     let h = &events["DRAHealth"];
     assert_eq!(h["devices"].as_array().unwrap().len(), 4, "{h}");
@@ -92,18 +93,14 @@ async fn the_real_kubelet_registers_the_driver_and_its_dra_client_prepares_throu
         serde_json::json!({"pool": "node-1", "device": "dev-0", "cdi_device_ids": ["gpu.example.com/dev=uid-1"]})
     );
     assert_eq!(events["NodeUnprepareResources"]["result"], "ok");
-    let seen = driver
-        .next_matching(|v| v["event"] == "NodePrepareResources", SOON)
-        .await
-        .unwrap();
-    assert_eq!(
-        seen["claims"],
-        serde_json::json!([{"namespace": "ns", "name": "claim-1", "uid": "uid-1"}])
-    );
-    driver
-        .next_matching(|v| v["event"] == "NodeUnprepareResources", SOON)
-        .await
-        .unwrap();
+    // The driver saw the same calls, for the claim the kubelet was given.
+    for call in ["NodePrepareResources", "NodeUnprepareResources"] {
+        assert_eq!(
+            seen[call]["claims"],
+            serde_json::json!([{"namespace": "ns", "name": "claim-1", "uid": "uid-1"}]),
+            "{call}"
+        );
+    }
 
     // The driver stops: the kubelet deregisters it.
     driver.terminate().unwrap();

@@ -1,6 +1,6 @@
 //! Peer processes that print one JSON object per stdout line.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -134,6 +134,37 @@ impl JsonLines {
             timeout,
         )
         .await
+    }
+
+    /// Waits at most `timeout` (in all) for the first line of each of `events` that `filter`
+    /// accepts, in whatever order they arrive: for events a peer emits from concurrent tasks.
+    /// Returns them by event name.
+    pub async fn next_each(
+        &mut self,
+        events: &[&str],
+        mut filter: impl FnMut(&Value) -> bool,
+        timeout: Duration,
+    ) -> Result<HashMap<String, Value>, Error> {
+        let deadline = Instant::now() + timeout;
+        let mut found = HashMap::new();
+        while found.len() < events.len() {
+            let missing: Vec<&str> = events
+                .iter()
+                .copied()
+                .filter(|e| !found.contains_key(*e))
+                .collect();
+            let v = self
+                .wait_for(
+                    &format!("no {missing:?} events"),
+                    &mut |v: &Value| {
+                        missing.contains(&v["event"].as_str().unwrap_or_default()) && filter(v)
+                    },
+                    deadline.saturating_duration_since(Instant::now()),
+                )
+                .await?;
+            found.insert(v["event"].as_str().unwrap_or_default().to_owned(), v);
+        }
+        Ok(found)
     }
 
     /// Collects the JSON lines that arrive within `window` (useful to assert
@@ -329,6 +360,16 @@ impl PeerProcess {
         timeout: Duration,
     ) -> Result<Value, Error> {
         self.lines.next_event_named(event, name, timeout).await
+    }
+
+    /// Same as [`JsonLines::next_each`] on this peer's stdout.
+    pub async fn next_each(
+        &mut self,
+        events: &[&str],
+        filter: impl FnMut(&Value) -> bool,
+        timeout: Duration,
+    ) -> Result<HashMap<String, Value>, Error> {
+        self.lines.next_each(events, filter, timeout).await
     }
 
     /// The last lines the peer wrote to stderr.
