@@ -1,0 +1,31 @@
+//! The controller logic of plugreg's `csi-provisioner`, a drop-in for the Kubernetes CSI
+//! external-provisioner v6.3.0 (`shared/spec/upstream-external-provisioner.md`, decisions P1-P5):
+//! it watches PersistentVolumeClaims, calls the driver's CreateVolume, and creates the
+//! PersistentVolumes (and deletes both again).
+//!
+//! The parts, each usable on its own:
+//! - [`flags`]: upstream's command line (pflag syntax) and its defaults;
+//! - [`csi`]: the driver's Identity and Controller calls with `--timeout`, the start-up order;
+//! - [`request`], [`secrets`], [`topology`]: the CreateVolumeRequest, pure;
+//! - [`pv`]: the PersistentVolume made from a created volume, pure;
+//! - [`classify`]: what a failed call means (final, background, reschedule);
+//! - [`ratelimit`]: the client-side QPS/burst limit of the Kubernetes client;
+//! - [`events`]: Kubernetes events with client-go's naming and aggregation;
+//! - [`metrics`]: upstream's metric names in the Prometheus text format;
+//! - [`leader`]: leader election on a Lease;
+//! - [`http`]: `/metrics` and `/healthz/leader-election`;
+//! - [`controller`]: the watch caches, queues and workers that tie them together.
+
+pub mod classify;
+pub mod controller;
+pub mod csi;
+pub mod events;
+pub mod flags;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod pv;
+pub mod ratelimit;
+pub mod request;
+pub mod secrets;
+pub mod topology;
