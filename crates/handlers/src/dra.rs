@@ -264,28 +264,6 @@ impl Default for DraHandler {
     }
 }
 
-fn code_name(c: Code) -> &'static str {
-    match c {
-        Code::Ok => "OK",
-        Code::Cancelled => "Canceled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
-    }
-}
-
 /// Cuts a health message as the kubelet does.
 fn truncate_message(mut m: String) -> String {
     if m.len() > MAX_HEALTH_MESSAGE {
@@ -375,7 +353,11 @@ impl DraHandler {
     fn record(&self, driver: &str, method: &'static str, code: Code, took: Duration) {
         let mut calls = self.shared.calls.lock().unwrap_or_else(|e| e.into_inner());
         let e = calls
-            .entry((driver.to_owned(), method, code_name(code)))
+            .entry((
+                driver.to_owned(),
+                method,
+                plugreg_runtime::report::go_code(code),
+            ))
             .or_default();
         e.0 += 1;
         e.1 += took.as_secs_f64();

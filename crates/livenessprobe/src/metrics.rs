@@ -41,30 +41,6 @@ impl Default for Metrics {
     }
 }
 
-/// Go's name of a gRPC code (`codes.Code.String()`).
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "Canceled",
-        Unknown => "Unknown",
-        InvalidArgument => "InvalidArgument",
-        DeadlineExceeded => "DeadlineExceeded",
-        NotFound => "NotFound",
-        AlreadyExists => "AlreadyExists",
-        PermissionDenied => "PermissionDenied",
-        ResourceExhausted => "ResourceExhausted",
-        FailedPrecondition => "FailedPrecondition",
-        Aborted => "Aborted",
-        OutOfRange => "OutOfRange",
-        Unimplemented => "Unimplemented",
-        Internal => "Internal",
-        Unavailable => "Unavailable",
-        DataLoss => "DataLoss",
-        Unauthenticated => "Unauthenticated",
-    }
-}
-
 impl Metrics {
     /// An empty registry; the process start time is now.
     pub fn new() -> Self {
@@ -82,7 +58,11 @@ impl Metrics {
         let seconds = took.as_secs_f64();
         let mut ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
         let h = ops
-            .entry((driver.to_owned(), method, code_name(code)))
+            .entry((
+                driver.to_owned(),
+                method,
+                plugreg_runtime::report::go_code(code),
+            ))
             .or_default();
         if let Some(i) = BUCKETS.iter().position(|&b| seconds <= b) {
             h.buckets[i] += 1;

@@ -10,10 +10,35 @@ use std::error::Error;
 /// A gRPC status worded as grpc-go words it: `rpc error: code = Unavailable desc = ...`.
 pub fn grpc(status: &tonic::Status) -> String {
     format!(
-        "rpc error: code = {:?} desc = {}",
-        status.code(),
+        "rpc error: code = {} desc = {}",
+        go_code(status.code()),
         status.message()
     )
+}
+
+/// A gRPC code's name as grpc-go spells it (`OK`, `Canceled`, `InvalidArgument`, ...); tonic's
+/// `Debug` differs for two of them (`Ok`, `Cancelled`).
+pub fn go_code(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "Canceled",
+        Unknown => "Unknown",
+        InvalidArgument => "InvalidArgument",
+        DeadlineExceeded => "DeadlineExceeded",
+        NotFound => "NotFound",
+        AlreadyExists => "AlreadyExists",
+        PermissionDenied => "PermissionDenied",
+        ResourceExhausted => "ResourceExhausted",
+        FailedPrecondition => "FailedPrecondition",
+        Aborted => "Aborted",
+        OutOfRange => "OutOfRange",
+        Unimplemented => "Unimplemented",
+        Internal => "Internal",
+        Unavailable => "Unavailable",
+        DataLoss => "DataLoss",
+        Unauthenticated => "Unauthenticated",
+    }
 }
 
 /// `e` and its sources joined with `": "`: a [`tonic::Status`] reads as [`grpc`] and ends the
