@@ -1,0 +1,246 @@
+//! A work queue with client-go's semantics: a key is queued at most once, never processed by two
+//! workers at the same time (a key added while it is being processed is queued again when its
+//! worker is done), and failed keys come back after a per-key exponential back-off
+//! (`--retry-interval-start` doubling to `--retry-interval-max`, reset by [`WorkQueue::forget`]).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+struct State<K> {
+    queue: VecDeque<(K, Instant)>,
+    /// Keys in `queue` or waiting to go back in after their worker finishes.
+    dirty: HashSet<K>,
+    processing: HashSet<K>,
+    failures: HashMap<K, u32>,
+}
+
+/// A named work queue (the name is the `name` label of the `workqueue_*` metrics).
+pub(crate) struct WorkQueue<K> {
+    name: &'static str,
+    state: Mutex<State<K>>,
+    ready: Notify,
+    start: Duration,
+    max: Duration,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+}
+
+/// A key handed to a worker; hand it back with [`WorkQueue::done`].
+pub(crate) struct Item<K> {
+    pub key: K,
+    pub queued_at: Instant,
+    pub started: Instant,
+}
+
+impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
+    pub fn new(
+        name: &'static str,
+        start: Duration,
+        max: Duration,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                dirty: HashSet::new(),
+                processing: HashSet::new(),
+                failures: HashMap::new(),
+            }),
+            ready: Notify::new(),
+            start,
+            max,
+            metrics,
+            shutdown,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `key` now (no-op if it is already queued).
+    pub fn add(&self, key: K) {
+        let mut s = self.lock();
+        if !s.dirty.insert(key.clone()) {
+            return;
+        }
+        self.metrics.queue_add(self.name);
+        if s.processing.contains(&key) {
+            // Re-queued by `done`.
+            return;
+        }
+        s.queue.push_back((key, Instant::now()));
+        self.metrics.queue_depth(self.name, s.queue.len());
+        drop(s);
+        self.ready.notify_one();
+    }
+
+    /// Queues `key` after `delay`.
+    pub fn add_after(self: &Arc<Self>, key: K, delay: Duration) {
+        if delay.is_zero() {
+            self.add(key);
+            return;
+        }
+        let q = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => q.add(key),
+                () = q.shutdown.cancelled() => {}
+            }
+        });
+    }
+
+    /// Queues `key` after its next back-off and counts the failure.
+    pub fn add_rate_limited(self: &Arc<Self>, key: K) -> u32 {
+        let failures = {
+            let mut s = self.lock();
+            let n = s.failures.entry(key.clone()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        };
+        self.metrics.queue_retry(self.name);
+        self.add_after(key, self.backoff(failures));
+        failures
+    }
+
+    /// The delay after the `failures`-th failure: start * 2^(failures-1), at most max.
+    fn backoff(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(40);
+        self.start
+            .checked_mul(1u32 << exp.min(31))
+            .map_or(self.max, |d| d.min(self.max))
+    }
+
+    /// Resets `key`'s back-off.
+    pub fn forget(&self, key: &K) {
+        self.lock().failures.remove(key);
+    }
+
+    /// The next key, waiting for one; `None` once the queue shuts down.
+    pub async fn next(&self) -> Option<Item<K>> {
+        loop {
+            let notified = self.ready.notified();
+            {
+                let mut s = self.lock();
+                if let Some((key, queued_at)) = s.queue.pop_front() {
+                    s.dirty.remove(&key);
+                    s.processing.insert(key.clone());
+                    self.metrics.queue_depth(self.name, s.queue.len());
+                    if !s.queue.is_empty() {
+                        // Wake another worker for the rest.
+                        self.ready.notify_one();
+                    }
+                    return Some(Item {
+                        key,
+                        queued_at,
+                        started: Instant::now(),
+                    });
+                }
+            }
+            tokio::select! {
+                () = notified => {}
+                () = self.shutdown.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Marks `item` processed; re-queues its key if it was added meanwhile.
+    pub fn done(&self, item: Item<K>) {
+        let now = Instant::now();
+        self.metrics.queue_done(
+            self.name,
+            item.started.saturating_duration_since(item.queued_at),
+            now.saturating_duration_since(item.started),
+        );
+        let mut s = self.lock();
+        s.processing.remove(&item.key);
+        if s.dirty.contains(&item.key) {
+            s.queue.push_back((item.key, now));
+            self.metrics.queue_depth(self.name, s.queue.len());
+            drop(s);
+            self.ready.notify_one();
+        }
+    }
+
+    /// How many keys wait (not counting those being processed).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.lock().queue.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> Arc<WorkQueue<String>> {
+        WorkQueue::new(
+            "test",
+            Duration::from_secs(1),
+            Duration::from_secs(300),
+            Arc::new(Metrics::new("d")),
+            CancellationToken::new(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_key_is_queued_once_and_requeued_if_added_while_processing() {
+        let q = queue();
+        q.add("a".into());
+        q.add("a".into());
+        assert_eq!(q.len(), 1);
+        let item = q.next().await.unwrap();
+        assert_eq!(item.key, "a");
+        q.add("a".into());
+        // Not handed to a second worker while the first has it.
+        assert_eq!(q.len(), 0);
+        q.done(item);
+        assert_eq!(q.len(), 1);
+        let item = q.next().await.unwrap();
+        q.done(item);
+        assert_eq!(q.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_exponentially_up_to_the_cap_and_forget_resets() {
+        let q = queue();
+        assert_eq!(q.backoff(1), Duration::from_secs(1));
+        assert_eq!(q.backoff(2), Duration::from_secs(2));
+        assert_eq!(q.backoff(9), Duration::from_secs(256));
+        assert_eq!(q.backoff(10), Duration::from_secs(300));
+        assert_eq!(q.backoff(u32::MAX), Duration::from_secs(300));
+        let t0 = Instant::now();
+        q.add_rate_limited("a".into());
+        q.add_rate_limited("a".into());
+        let item = q.next().await.unwrap();
+        // The first retry (1 s) comes first; the second (2 s) finds it queued or processing.
+        assert_eq!(Instant::now() - t0, Duration::from_secs(1));
+        q.forget(&item.key);
+        q.done(item);
+        assert_eq!(q.add_rate_limited("a".into()), 1);
+    }
+
+    #[tokio::test]
+    async fn next_returns_none_after_shutdown() {
+        let token = CancellationToken::new();
+        let q: Arc<WorkQueue<String>> = WorkQueue::new(
+            "t",
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+            Arc::new(Metrics::new("d")),
+            token.clone(),
+        );
+        token.cancel();
+        assert!(q.next().await.is_none());
+    }
+}
