@@ -41,7 +41,7 @@ use plugreg_proto::csi::v1::controller_server::ControllerServer;
 use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
-    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    CreateVolumeRequest, DeleteVolumeRequest, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse, node_service_capability,
     plugin_capability,
 };
@@ -274,6 +274,20 @@ struct CallsInner {
     counts: [AtomicU64; Method::ALL.len()],
     changed: Notify,
     events: broadcast::Sender<Call>,
+    /// The last [`KEEP_REQUESTS`] CreateVolume and DeleteVolume requests.
+    creates: Mutex<std::collections::VecDeque<CreateVolumeRequest>>,
+    deletes: Mutex<std::collections::VecDeque<DeleteVolumeRequest>>,
+}
+
+/// How many CreateVolume / DeleteVolume requests [`Calls`] keeps for inspection.
+pub const KEEP_REQUESTS: usize = 1024;
+
+fn keep<T>(q: &Mutex<std::collections::VecDeque<T>>, item: T) {
+    let mut q = q.lock().unwrap_or_else(|e| e.into_inner());
+    if q.len() == KEEP_REQUESTS {
+        q.pop_front();
+    }
+    q.push_back(item);
 }
 
 impl Default for Calls {
@@ -283,6 +297,8 @@ impl Default for Calls {
                 counts: Default::default(),
                 changed: Notify::new(),
                 events: broadcast::Sender::new(256),
+                creates: Mutex::default(),
+                deletes: Mutex::default(),
             }),
         }
     }
@@ -302,6 +318,26 @@ impl Calls {
     /// NodeGetInfo calls so far.
     pub fn node_get_info(&self) -> u64 {
         self.count(Method::NodeGetInfo)
+    }
+
+    /// The CreateVolume requests received (the last [`KEEP_REQUESTS`]), oldest first.
+    pub fn create_requests(&self) -> Vec<CreateVolumeRequest> {
+        let q = self.inner.creates.lock().unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    /// The DeleteVolume requests received (the last [`KEEP_REQUESTS`]), oldest first.
+    pub fn delete_requests(&self) -> Vec<DeleteVolumeRequest> {
+        let q = self.inner.deletes.lock().unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    pub(crate) fn keep_create(&self, r: &CreateVolumeRequest) {
+        keep(&self.inner.creates, r.clone());
+    }
+
+    pub(crate) fn keep_delete(&self, r: &DeleteVolumeRequest) {
+        keep(&self.inner.deletes, r.clone());
     }
 
     /// Every call from now on, as it arrives.

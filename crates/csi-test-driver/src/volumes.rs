@@ -576,8 +576,10 @@ impl Controller for Driver {
         &self,
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        self.enter(Method::CreateVolume).await?;
         let r = request.into_inner();
+        // Kept before the fault plan runs, so that a hanging call can be inspected too.
+        self.config.calls.keep_create(&r);
+        self.enter(Method::CreateVolume).await?;
         let name = required(&r.name, "name")?;
         if name.len() > 128 || name.chars().any(char::is_control) {
             return Err(Status::invalid_argument(
@@ -695,8 +697,9 @@ impl Controller for Driver {
         &self,
         request: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
-        self.enter(Method::DeleteVolume).await?;
         let r = request.into_inner();
+        self.config.calls.keep_delete(&r);
+        self.enter(Method::DeleteVolume).await?;
         let id = required(&r.volume_id, "volume_id")?;
         let mut state = self.lock();
         let Some(v) = state.volumes.get(id) else {
