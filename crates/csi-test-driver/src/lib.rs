@@ -41,9 +41,9 @@ use plugreg_proto::csi::v1::controller_server::ControllerServer;
 use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
-    CreateVolumeRequest, DeleteVolumeRequest, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
-    GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse, node_service_capability,
-    plugin_capability,
+    CreateVolumeRequest, DeleteVolumeRequest, GetPluginCapabilitiesRequest,
+    GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability,
+    ProbeRequest, ProbeResponse, node_service_capability, plugin_capability,
 };
 use plugreg_transport::{BoundSocket, MAX_MESSAGE_SIZE};
 use tokio::sync::{Notify, broadcast};

@@ -1,0 +1,361 @@
+//! The world a `csi-provisioner` test runs in: a real kube-apiserver with a real
+//! kube-controller-manager (its PV controller binds claims), the test CSI driver serving its
+//! Controller service on a Unix socket, and the `csi-provisioner` binary as a child process.
+//!
+//! Tests share one API server and one KCM per release (started by the first test, stopped
+//! after the last); each test has its own driver name (so its provisioner takes only its own
+//! claims), StorageClass and namespace.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ListParams, PostParams};
+use plugreg_csi_test_driver::{Calls, DriverConfig, RunningDriver};
+use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
+use serde_json::json;
+use tempfile::TempDir;
+use tokio::time::Instant;
+
+/// How long a test waits for the cluster to get somewhere.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A real API server and KCM, shared by the tests of this binary that run at the same time.
+pub struct Cluster {
+    pub api: Arc<ApiServer>,
+    pub kcm: ControllerManager,
+}
+
+/// The shared cluster of `version`.
+pub async fn cluster(version: KubeVersion) -> Arc<Cluster> {
+    type Slot = tokio::sync::Mutex<Weak<Cluster>>;
+    static SLOTS: OnceLock<Vec<(KubeVersion, Slot)>> = OnceLock::new();
+    let slots = SLOTS.get_or_init(|| {
+        KubeVersion::ALL
+            .iter()
+            .map(|v| (*v, tokio::sync::Mutex::new(Weak::new())))
+            .collect()
+    });
+    let (_, slot) = slots.iter().find(|(v, _)| *v == version).unwrap();
+    let mut slot = slot.lock().await;
+    if let Some(c) = slot.upgrade() {
+        return c;
+    }
+    let api = ApiServer::shared(version).await.expect("kube-apiserver");
+    let kcm = ControllerManager::start(&api, plugreg_testpeers::VOLUME_CONTROLLERS)
+        .await
+        .expect("kube-controller-manager");
+    let c = Arc::new(Cluster { api, kcm });
+    *slot = Arc::downgrade(&c);
+    c
+}
+
+/// One test's world.
+pub struct Env {
+    pub cluster: Arc<Cluster>,
+    pub client: kube::Client,
+    pub dir: TempDir,
+    pub driver: Option<RunningDriver>,
+    pub calls: Calls,
+    /// The driver (= provisioner) name, unique to the test.
+    pub name: String,
+    /// The test's namespace.
+    pub ns: String,
+    pub socket: PathBuf,
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+impl Env {
+    /// A namespace and a driver of its own; `config` adjusts the driver.
+    pub async fn new(version: KubeVersion, config: impl FnOnce(&mut DriverConfig)) -> Env {
+        let cluster = cluster(version).await;
+        let client = cluster.api.client().await.unwrap();
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let name = format!("p{}-{n}.csi.plugreg.test", std::process::id());
+        let ns = format!("t{}-{n}", std::process::id());
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
+        let mut cfg = DriverConfig {
+            name: name.clone(),
+            controller: true,
+            data_dir: Some(dir.path().join("volumes")),
+            mount: plugreg_csi_test_driver::MountMode::Directory,
+            ..DriverConfig::default()
+        };
+        config(&mut cfg);
+        let calls = cfg.calls.clone();
+        let driver = plugreg_csi_test_driver::start(cfg, &socket).await.unwrap();
+        Env {
+            cluster,
+            client,
+            dir,
+            driver: Some(driver),
+            calls,
+            name,
+            ns,
+            socket,
+        }
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn volumes(&self) -> Api<PersistentVolume> {
+        Api::all(self.client.clone())
+    }
+
+    /// A StorageClass named after the driver (plus `suffix`) with `extra` merged into it.
+    pub async fn class(&self, suffix: &str, extra: serde_json::Value) -> String {
+        let name = format!("{}{suffix}", self.name);
+        let mut sc = json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": name},
+            "provisioner": self.name,
+        });
+        merge(&mut sc, extra);
+        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        classes
+            .create(&PostParams::default(), &serde_json::from_value(sc).unwrap())
+            .await
+            .unwrap();
+        name
+    }
+
+    /// A claim of `class` for `size` with `extra` merged into it.
+    pub async fn claim(
+        &self,
+        name: &str,
+        class: &str,
+        size: &str,
+        extra: serde_json::Value,
+    ) -> PersistentVolumeClaim {
+        let mut pvc = json!({
+            "metadata": {"name": name},
+            "spec": {
+                "storageClassName": class,
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": size}},
+            }
+        });
+        merge(&mut pvc, extra);
+        self.api::<PersistentVolumeClaim>()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(pvc).unwrap(),
+            )
+            .await
+            .unwrap()
+    }
+
+    /// Starts `csi-provisioner` for this driver with `args` added.
+    pub fn provisioner(&self, args: &[&str]) -> Provisioner {
+        Provisioner::start(
+            &self.socket,
+            self.cluster.api.kubeconfig_path(),
+            args,
+            self.dir.path(),
+            None,
+        )
+    }
+
+    /// Starts `csi-provisioner` in its own UTS namespace with host name `host` (its leader
+    /// election identity, as two pods of a Deployment have), with `args` added. Needs root.
+    pub fn provisioner_on(&self, host: &str, args: &[&str]) -> Provisioner {
+        Provisioner::start(
+            &self.socket,
+            self.cluster.api.kubeconfig_path(),
+            args,
+            self.dir.path(),
+            Some(host),
+        )
+    }
+
+    /// Polls the claim until `done` holds (at most [`WAIT`]).
+    pub async fn wait_claim(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(&PersistentVolumeClaim) -> bool,
+    ) -> PersistentVolumeClaim {
+        let api = self.api::<PersistentVolumeClaim>();
+        poll(what, || async {
+            api.get_opt(name).await.ok().flatten().filter(&done)
+        })
+        .await
+    }
+
+    /// Waits until the claim is Bound (as the API server says).
+    pub async fn wait_bound(&self, name: &str) -> PersistentVolumeClaim {
+        self.wait_claim(name, &format!("claim {name} Bound"), |c| {
+            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        })
+        .await
+    }
+
+    /// The events of the object `name` in this test's namespace (or `default` for PVs).
+    pub async fn events(&self, ns: &str, name: &str) -> Vec<Event> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), ns);
+        api.list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+    }
+
+    /// Waits for an event of `reason` on `name` and returns its message.
+    pub async fn wait_event(&self, ns: &str, name: &str, reason: &str) -> String {
+        poll(&format!("event {reason} on {name}"), || async {
+            self.events(ns, name)
+                .await
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+                .map(|e| e.message.unwrap_or_default())
+        })
+        .await
+    }
+
+    /// Waits until the PV `name` is gone.
+    pub async fn wait_pv_gone(&self, name: &str) {
+        let api = self.volumes();
+        poll(&format!("PV {name} deleted"), || async {
+            match api.get_opt(name).await {
+                Ok(None) => Some(()),
+                _ => None,
+            }
+        })
+        .await
+    }
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, for at most [`WAIT`].
+pub async fn poll<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+    match (base, extra) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(e)) => {
+            for (k, v) in e {
+                merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (b, e) => *b = e,
+    }
+}
+
+/// A running `csi-provisioner` process; killed when dropped. Its stderr (klog) goes to a file.
+pub struct Provisioner {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Provisioner {
+    fn start(
+        socket: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+        dir: &Path,
+        host: Option<&str>,
+    ) -> Provisioner {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let log = dir.join(format!(
+            "csi-provisioner-{}.log",
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let out = std::fs::File::create(&log).unwrap();
+        let bin = env!("CARGO_BIN_EXE_csi-provisioner");
+        let mut cmd = match host {
+            None => Command::new(bin),
+            Some(h) => {
+                let mut c = Command::new("unshare");
+                c.args([
+                    "--uts",
+                    "--",
+                    "sh",
+                    "-c",
+                    "hostname \"$0\" && exec \"$@\"",
+                    h,
+                    bin,
+                ]);
+                c
+            }
+        };
+        let child = cmd
+            .arg(format!("--csi-address={}", socket.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--v=5")
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        Provisioner { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, as a node failure or an OOM kill would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Provisioner {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Labels of a map, for assertions.
+pub fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
