@@ -1,31 +1,838 @@
-//! placeholder
-#![allow(missing_docs, unused)]
-use plugreg_proto::csi::v1::{CreateVolumeRequest, CreateVolumeResponse};
+//! The CSI driver as the provisioner sees it (`upstream-external-provisioner.md` §2 steps 10-14):
+//! connecting to its socket within a window, probing it until it is ready, its name and
+//! capabilities, and the two Controller calls the provisioner makes (CreateVolume,
+//! DeleteVolume).
+//!
+//! Every call carries the `--timeout` deadline (as `grpc-timeout` and as a local timer) and is
+//! reported to [`Metrics::csi_call`]; messages are bounded to
+//! [`MAX_MESSAGE_SIZE`](plugreg_transport::MAX_MESSAGE_SIZE) both ways.
+//!
+//! Connection loss: upstream exits 1 once the driver connection is lost after start-up. Here
+//! [`connect_watched`] hands back a [`ConnectionLost`] that resolves when the transport under the
+//! channel ends (the driver closed it or died); `main` selects on it and calls
+//! [`exit_on_connection_loss`].
+
 use std::collections::HashMap;
-#[derive(Debug, Clone, Default)]
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use plugreg_proto::csi::v1::controller_client::ControllerClient;
+use plugreg_proto::csi::v1::identity_client::IdentityClient;
+use plugreg_proto::csi::v1::{
+    ControllerGetCapabilitiesRequest, CreateVolumeRequest, CreateVolumeResponse,
+    DeleteVolumeRequest, GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest,
+    controller_service_capability, plugin_capability,
+};
+use plugreg_runtime::report;
+use plugreg_transport::MAX_MESSAGE_SIZE;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::UnixStream;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Code, Status};
+
+use crate::metrics::Metrics;
+
+/// How long `main` waits for the driver socket at start-up (csi-lib-utils' limit).
+pub const CONNECT_WINDOW: Duration = Duration::from_secs(30);
+/// Pause between connection attempts, and between Probe attempts.
+const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// How often "Still connecting" is logged.
+const STILL_CONNECTING_EVERY: Duration = Duration::from_secs(10);
+
+/// What the process logs (and writes to the termination log) when the driver goes away.
+pub const LOST_MESSAGE: &str = "Lost connection to CSI driver, exiting";
+/// Where Kubernetes reads a container's last words.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// `/csi.v1.Identity/Probe`.
+pub const PROBE: &str = "/csi.v1.Identity/Probe";
+/// `/csi.v1.Identity/GetPluginInfo`.
+pub const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
+/// `/csi.v1.Identity/GetPluginCapabilities`.
+pub const GET_PLUGIN_CAPABILITIES: &str = "/csi.v1.Identity/GetPluginCapabilities";
+/// `/csi.v1.Controller/ControllerGetCapabilities`.
+pub const CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.Controller/ControllerGetCapabilities";
+/// `/csi.v1.Controller/CreateVolume`.
+pub const CREATE_VOLUME: &str = "/csi.v1.Controller/CreateVolume";
+/// `/csi.v1.Controller/DeleteVolume`.
+pub const DELETE_VOLUME: &str = "/csi.v1.Controller/DeleteVolume";
+
+/// Why talking to the driver failed at start-up. The texts are what `main` logs.
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    /// `--csi-address` is not a Unix socket address.
+    #[error(
+        "invalid --csi-address {address:?}: only Unix socket addresses (/path or unix://path) are supported: {reason}"
+    )]
+    Address {
+        /// The flag's value.
+        address: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The socket did not answer within the window.
+    #[error("failed to connect to CSI driver at {address} within {window:?}: {last}")]
+    Connect {
+        /// The address as logged (`unix://...`).
+        address: String,
+        /// The window.
+        window: Duration,
+        /// The last attempt's error.
+        last: String,
+    },
+    /// Probe failed with something other than "not ready" or a timeout.
+    #[error("CSI driver probe failed: {0}")]
+    Probe(String),
+    /// A call failed (its gRPC status, worded as grpc-go words it).
+    #[error("{}", report::grpc(.0))]
+    Call(Status),
+    /// GetPluginInfo answered an empty name.
+    #[error("driver name is empty")]
+    EmptyName,
+}
+
+/// What the driver can do (read once at start, never refreshed, as upstream).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Capabilities {
+    /// Plugin capability CONTROLLER_SERVICE.
     pub controller_service: bool,
+    /// Plugin capability VOLUME_ACCESSIBILITY_CONSTRAINTS.
     pub accessibility_constraints: bool,
+    /// Controller capability CREATE_DELETE_VOLUME.
     pub create_delete_volume: bool,
+    /// Controller capability PUBLISH_UNPUBLISH_VOLUME.
     pub publish_unpublish_volume: bool,
+    /// Controller capability SINGLE_NODE_MULTI_WRITER.
     pub single_node_multi_writer: bool,
+    /// Controller capability CREATE_DELETE_SNAPSHOT.
     pub create_delete_snapshot: bool,
+    /// Controller capability CLONE_VOLUME.
     pub clone_volume: bool,
+    /// Controller capability MODIFY_VOLUME.
     pub modify_volume: bool,
 }
-pub struct Driver;
+
+/// Resolves once the transport under a channel from [`connect_watched`] has ended. Cheap to
+/// clone.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionLost(CancellationToken);
+
+impl ConnectionLost {
+    /// Waits until the connection is lost.
+    pub async fn wait(&self) {
+        self.0.cancelled().await;
+    }
+
+    /// Whether the connection has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.0.is_cancelled()
+    }
+}
+
+/// A channel to the driver and its loss signal.
+#[derive(Debug, Clone)]
+pub struct Connected {
+    /// The gRPC channel (reconnects by itself, but the process exits on loss anyway).
+    pub channel: Channel,
+    /// Fires when the channel's transport ends.
+    pub lost: ConnectionLost,
+}
+
+/// The address as upstream logs it: a bare path gets `unix://`.
+pub fn shown_address(address: &str) -> String {
+    if address.starts_with('/') {
+        format!("unix://{address}")
+    } else {
+        address.to_owned()
+    }
+}
+
+/// The socket path of `address` (`/abs` or `unix://path`), or a clear refusal (upstream would
+/// also dial a TCP target; plugreg's sidecars talk to drivers on Unix sockets only).
+pub fn socket_path(address: &str) -> Result<PathBuf, CsiError> {
+    plugreg_transport::parse_address(address).map_err(|e| CsiError::Address {
+        address: address.to_owned(),
+        reason: report::chain(&e),
+    })
+}
+
+/// Connects to the driver at `address`, an attempt about every second within `window`,
+/// logging "Still connecting to <address>" every 10 s.
+pub async fn connect(address: &str, window: Duration) -> Result<Channel, CsiError> {
+    connect_watched(address, window).await.map(|c| c.channel)
+}
+
+/// [`connect`], plus a signal that fires when the connection is lost later.
+pub async fn connect_watched(address: &str, window: Duration) -> Result<Connected, CsiError> {
+    let path = socket_path(address)?;
+    let shown = shown_address(address);
+    tracing::debug!(target: "plugreg_provisioner::v5", address = %shown, "Connecting");
+    let lost = ConnectionLost::default();
+    let deadline = Instant::now() + window;
+    let mut next_report = Instant::now() + STILL_CONNECTING_EVERY;
+    loop {
+        let attempt_start = Instant::now();
+        let remaining = deadline.saturating_duration_since(attempt_start);
+        let last = match dial(&path, remaining.min(RETRY_INTERVAL), &lost).await {
+            Ok(channel) => return Ok(Connected { channel, lost }),
+            Err(e) => e,
+        };
+        tracing::debug!(target: "plugreg_provisioner::v4", address = %shown, err = %last, "CSI driver not reachable yet");
+        let retry_at = attempt_start + RETRY_INTERVAL;
+        if retry_at >= deadline {
+            return Err(CsiError::Connect {
+                address: shown,
+                window,
+                last,
+            });
+        }
+        if Instant::now() >= next_report {
+            tracing::warn!("Still connecting to {shown}");
+            next_report += STILL_CONNECTING_EVERY;
+        }
+        tokio::time::sleep_until(retry_at).await;
+    }
+}
+
+/// One dial: a tonic channel whose connector wraps each stream so that its end fires `lost`.
+/// (plugreg_transport's dialer has no loss signal; this is the same dial with one.)
+async fn dial(path: &Path, timeout: Duration, lost: &ConnectionLost) -> Result<Channel, String> {
+    if timeout.is_zero() {
+        return Err("context deadline exceeded".into());
+    }
+    let endpoint = Endpoint::from_static("http://[::]:0")
+        .connect_timeout(timeout)
+        .tcp_nodelay(true);
+    let dial_path = path.to_owned();
+    let token = lost.0.clone();
+    let connector = tower::service_fn(move |_: Uri| {
+        let p = dial_path.clone();
+        let token = token.clone();
+        async move {
+            let stream = UnixStream::connect(p).await?;
+            Ok::<_, io::Error>(TokioIo::new(Watched { stream, token }))
+        }
+    });
+    match tokio::time::timeout(timeout, endpoint.connect_with_connector(connector)).await {
+        Ok(Ok(channel)) => Ok(channel),
+        Ok(Err(e)) => Err(report::chain(&e)),
+        Err(_) => Err("context deadline exceeded".into()),
+    }
+}
+
+/// A Unix stream that cancels `token` when a read sees its end (EOF or an error) or when the
+/// connection is dropped (after a GOAWAY the client side may close first, never reading EOF).
+#[derive(Debug)]
+struct Watched {
+    stream: UnixStream,
+    token: CancellationToken,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let wanted = buf.remaining() > 0;
+        let this = &mut *self;
+        let result = Pin::new(&mut this.stream).poll_read(cx, buf);
+        match &result {
+            Poll::Ready(Ok(())) if wanted && buf.filled().len() == before => this.token.cancel(),
+            Poll::Ready(Err(_)) => this.token.cancel(),
+            _ => {}
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// What upstream's `ExitOnConnectionLoss` does, minus the exit: writes [`LOST_MESSAGE`] to
+/// `termination_log` if that file exists (the kubelet creates it in a container; this never
+/// creates one on a host) and logs it. The caller exits 1.
+pub fn report_connection_loss(termination_log: &Path) {
+    use std::io::Write as _;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(termination_log)
+    {
+        Ok(mut f) => {
+            if let Err(e) = f.write_all(LOST_MESSAGE.as_bytes()) {
+                tracing::error!("{}: {e}", termination_log.display());
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => tracing::error!("{}: {e}", termination_log.display()),
+    }
+    tracing::error!("{LOST_MESSAGE}");
+}
+
+/// Waits for `lost`, reports it as upstream does ([`report_connection_loss`] on
+/// [`TERMINATION_LOG`]) and returns the exit code, 1. For `main` to select on.
+pub async fn exit_on_connection_loss(lost: ConnectionLost) -> i32 {
+    lost.wait().await;
+    report_connection_loss(Path::new(TERMINATION_LOG));
+    1
+}
+
+fn identity(ch: &Channel) -> IdentityClient<Channel> {
+    IdentityClient::new(ch.clone())
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE)
+}
+
+fn controller(ch: &Channel) -> ControllerClient<Channel> {
+    ControllerClient::new(ch.clone())
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE)
+}
+
+/// A request carrying the deadline to the driver (`grpc-timeout`).
+fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// Runs one call within `timeout` (an expiry is DeadlineExceeded, worded as Go's context) and
+/// reports it to `metrics` under `method`.
+async fn timed<T>(
+    metrics: &Metrics,
+    method: &str,
+    timeout: Duration,
+    call: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, Status> {
+    let started = Instant::now();
+    let expired = || Status::deadline_exceeded("context deadline exceeded");
+    let result = match tokio::time::timeout(timeout, call).await {
+        // tonic's own grpc-timeout timer may win the race and answer CANCELLED; Go's context
+        // says DeadlineExceeded, and the classification (§11) depends on it.
+        Ok(Err(s)) if s.code() == Code::Cancelled && started.elapsed() >= timeout => Err(expired()),
+        Ok(r) => r.map(tonic::Response::into_inner),
+        Err(_) => Err(expired()),
+    };
+    let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+    metrics.csi_call(method, Some(code), started.elapsed());
+    result
+}
+
+/// Probes the driver until it is ready (§2 step 11): a Probe about every second, each within
+/// `timeout`; `ready=false` and DeadlineExceeded are retried without limit, anything else
+/// (UNIMPLEMENTED included) is [`CsiError::Probe`].
+pub async fn probe_forever(
+    ch: &Channel,
+    timeout: Duration,
+    metrics: &Metrics,
+) -> Result<(), CsiError> {
+    let mut ticker = tokio::time::interval(RETRY_INTERVAL);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    ticker.tick().await; // the first tick is immediate
+    let mut client = identity(ch);
+    loop {
+        tracing::info!("Probing CSI driver for readiness");
+        let answer = timed(
+            metrics,
+            PROBE,
+            timeout,
+            client.probe(request(ProbeRequest {}, timeout)),
+        )
+        .await;
+        match answer {
+            Ok(response) if response.ready != Some(false) => return Ok(()),
+            Ok(_) => tracing::info!("CSI driver is not ready"),
+            Err(status) if status.code() == Code::DeadlineExceeded => {
+                tracing::info!("CSI driver probe timed out")
+            }
+            Err(status) => return Err(CsiError::Probe(report::grpc(&status))),
+        }
+        ticker.tick().await;
+    }
+}
+
+/// The driver's Identity and Controller calls, each within `--timeout` and counted in the
+/// metrics. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    channel: Channel,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
 impl Driver {
+    /// Calls over `ch`, each within `timeout`, reported to `metrics`.
+    pub fn new(ch: Channel, timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        Self {
+            channel: ch,
+            timeout,
+            metrics,
+        }
+    }
+
+    /// The `--timeout` deadline of every call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// GetPluginInfo: the driver name (the provisioner name); an empty one is an error.
+    pub async fn plugin_info(&self) -> Result<String, CsiError> {
+        let info = timed(
+            &self.metrics,
+            GET_PLUGIN_INFO,
+            self.timeout,
+            identity(&self.channel).get_plugin_info(request(GetPluginInfoRequest {}, self.timeout)),
+        )
+        .await
+        .map_err(CsiError::Call)?;
+        if info.name.is_empty() {
+            return Err(CsiError::EmptyName);
+        }
+        Ok(info.name)
+    }
+
+    /// GetPluginCapabilities, then ControllerGetCapabilities (each within the timeout).
+    pub async fn capabilities(&self) -> Result<Capabilities, CsiError> {
+        let plugin = timed(
+            &self.metrics,
+            GET_PLUGIN_CAPABILITIES,
+            self.timeout,
+            identity(&self.channel)
+                .get_plugin_capabilities(request(GetPluginCapabilitiesRequest {}, self.timeout)),
+        )
+        .await
+        .map_err(CsiError::Call)?;
+        let ctrl = timed(
+            &self.metrics,
+            CONTROLLER_GET_CAPABILITIES,
+            self.timeout,
+            controller(&self.channel).controller_get_capabilities(request(
+                ControllerGetCapabilitiesRequest {},
+                self.timeout,
+            )),
+        )
+        .await
+        .map_err(CsiError::Call)?;
+        let mut caps = Capabilities::default();
+        use plugin_capability::service::Type as P;
+        for cap in &plugin.capabilities {
+            if let Some(plugin_capability::Type::Service(s)) = &cap.r#type {
+                match P::try_from(s.r#type) {
+                    Ok(P::ControllerService) => caps.controller_service = true,
+                    Ok(P::VolumeAccessibilityConstraints) => caps.accessibility_constraints = true,
+                    _ => {}
+                }
+            }
+        }
+        use controller_service_capability::rpc::Type as C;
+        for cap in &ctrl.capabilities {
+            let Some(controller_service_capability::Type::Rpc(rpc)) = &cap.r#type else {
+                continue;
+            };
+            match C::try_from(rpc.r#type) {
+                Ok(C::CreateDeleteVolume) => caps.create_delete_volume = true,
+                Ok(C::PublishUnpublishVolume) => caps.publish_unpublish_volume = true,
+                Ok(C::SingleNodeMultiWriter) => caps.single_node_multi_writer = true,
+                Ok(C::CreateDeleteSnapshot) => caps.create_delete_snapshot = true,
+                Ok(C::CloneVolume) => caps.clone_volume = true,
+                Ok(C::ModifyVolume) => caps.modify_volume = true,
+                _ => {}
+            }
+        }
+        Ok(caps)
+    }
+
+    /// CreateVolume within the timeout.
     pub async fn create_volume(
         &self,
         req: CreateVolumeRequest,
-    ) -> Result<CreateVolumeResponse, tonic::Status> {
-        unimplemented!()
+    ) -> Result<CreateVolumeResponse, Status> {
+        timed(
+            &self.metrics,
+            CREATE_VOLUME,
+            self.timeout,
+            controller(&self.channel).create_volume(request(req, self.timeout)),
+        )
+        .await
     }
+
+    /// DeleteVolume within the timeout.
     pub async fn delete_volume(
         &self,
         volume_id: &str,
         secrets: HashMap<String, String>,
-    ) -> Result<(), tonic::Status> {
-        unimplemented!()
+    ) -> Result<(), Status> {
+        let req = DeleteVolumeRequest {
+            volume_id: volume_id.to_owned(),
+            secrets,
+        };
+        timed(
+            &self.metrics,
+            DELETE_VOLUME,
+            self.timeout,
+            controller(&self.channel).delete_volume(request(req, self.timeout)),
+        )
+        .await
+        .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugreg_csi_test_driver::{DriverConfig, Failure, Fault, Method};
+    use plugreg_proto::csi::v1::{VolumeCapability, volume_capability};
+
+    fn metrics() -> Arc<Metrics> {
+        Arc::new(Metrics::new("test"))
+    }
+
+    fn mount_capability() -> VolumeCapability {
+        VolumeCapability {
+            access_type: Some(volume_capability::AccessType::Mount(
+                volume_capability::MountVolume::default(),
+            )),
+            access_mode: Some(volume_capability::AccessMode {
+                mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+        }
+    }
+
+    fn controller_driver() -> DriverConfig {
+        DriverConfig {
+            controller: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn addresses_follow_the_sidecar_rules() {
+        assert_eq!(shown_address("/csi/csi.sock"), "unix:///csi/csi.sock");
+        assert_eq!(
+            shown_address("unix:///csi/csi.sock"),
+            "unix:///csi/csi.sock"
+        );
+        assert_eq!(
+            socket_path("unix:///a.sock").unwrap(),
+            PathBuf::from("/a.sock")
+        );
+        let err = socket_path("dns:///csi:1234").unwrap_err();
+        assert!(
+            err.to_string().contains("only Unix socket addresses"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn reads_name_and_capabilities_from_a_real_driver() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let _driver = plugreg_csi_test_driver::start(
+            DriverConfig {
+                accessibility_constraints: true,
+                controller_publish: true,
+                ..controller_driver()
+            },
+            &sock,
+        )
+        .await
+        .unwrap();
+        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
+        assert_eq!(driver.plugin_info().await.unwrap(), "csi.plugreg.test");
+        let caps = driver.capabilities().await.unwrap();
+        assert_eq!(
+            caps,
+            Capabilities {
+                controller_service: true,
+                accessibility_constraints: true,
+                create_delete_volume: true,
+                publish_unpublish_volume: true,
+                ..Capabilities::default()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn creates_and_deletes_a_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let config = controller_driver();
+        let calls = config.calls.clone();
+        let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+        let ch = connect(
+            &format!("unix://{}", sock.display()),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
+        let created = driver
+            .create_volume(CreateVolumeRequest {
+                name: "pvc-1".into(),
+                volume_capabilities: vec![mount_capability()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let id = created.volume.unwrap().volume_id;
+        assert!(!id.is_empty());
+        driver.delete_volume(&id, HashMap::new()).await.unwrap();
+        assert_eq!(calls.count(Method::CreateVolume), 1);
+        assert_eq!(calls.count(Method::DeleteVolume), 1);
+    }
+
+    #[tokio::test]
+    async fn calls_end_at_the_timeout_with_deadline_exceeded() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let mut config = controller_driver();
+        config.faults.insert(
+            Method::CreateVolume,
+            Fault {
+                hang: true,
+                ..Default::default()
+            },
+        );
+        let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let driver = Driver::new(ch, Duration::from_millis(200), metrics());
+        let err = driver
+            .create_volume(CreateVolumeRequest {
+                name: "pvc-1".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::DeadlineExceeded);
+    }
+
+    #[tokio::test]
+    async fn an_empty_driver_name_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let config = DriverConfig {
+            name: String::new(),
+            ..controller_driver()
+        };
+        let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
+        assert!(matches!(
+            driver.plugin_info().await,
+            Err(CsiError::EmptyName)
+        ));
+    }
+
+    #[tokio::test]
+    async fn capabilities_fail_without_a_controller_service() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let _driver = plugreg_csi_test_driver::start(DriverConfig::default(), &sock)
+            .await
+            .unwrap();
+        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
+        let err = driver.capabilities().await.unwrap_err();
+        assert!(err.to_string().contains("code = Unimplemented"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connect_waits_for_a_late_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let address = sock.to_str().unwrap().to_owned();
+        let connecting =
+            tokio::spawn(async move { connect(&address, Duration::from_secs(20)).await });
+        // The first attempt has failed once the task has had a moment; no sleep is needed for
+        // correctness: the driver may start before or after it.
+        tokio::task::yield_now().await;
+        let _driver = plugreg_csi_test_driver::start(controller_driver(), &sock)
+            .await
+            .unwrap();
+        let ch = connecting.await.unwrap().unwrap();
+        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
+        assert_eq!(driver.plugin_info().await.unwrap(), "csi.plugreg.test");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connect_gives_up_after_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("absent.sock");
+        let err = connect(sock.to_str().unwrap(), Duration::from_secs(3))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CsiError::Connect { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn probe_retries_timeouts_then_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let mut config = controller_driver();
+        config.faults.insert(
+            Method::Probe,
+            Fault {
+                error: Some(Failure::new(Code::DeadlineExceeded, "slow")),
+                fail_first: Some(2),
+                ..Default::default()
+            },
+        );
+        let calls = config.calls.clone();
+        let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        probe_forever(&ch, Duration::from_secs(5), &Metrics::new("x"))
+            .await
+            .unwrap();
+        assert_eq!(calls.count(Method::Probe), 3);
+    }
+
+    #[tokio::test]
+    async fn probe_unimplemented_is_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let mut config = controller_driver();
+        config.faults.insert(
+            Method::Probe,
+            Fault {
+                error: Some(Failure::new(Code::Unimplemented, "no probe")),
+                ..Default::default()
+            },
+        );
+        let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let err = probe_forever(&ch, Duration::from_secs(5), &Metrics::new("x"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "CSI driver probe failed: rpc error: code = Unimplemented desc = no probe"
+        );
+    }
+
+    #[tokio::test]
+    async fn probe_loops_while_not_ready_and_ends_when_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let not_ready = DriverConfig {
+            ready: false,
+            ..controller_driver()
+        };
+        let calls = not_ready.calls.clone();
+        let first = plugreg_csi_test_driver::start(not_ready, &sock)
+            .await
+            .unwrap();
+        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let probing = {
+            let ch = ch.clone();
+            tokio::spawn(async move {
+                probe_forever(&ch, Duration::from_secs(5), &Metrics::new("x")).await
+            })
+        };
+        calls.wait_for(Method::Probe, 2).await;
+        assert!(!probing.is_finished());
+        // A ready driver takes over the path atomically (rename over the socket), then the
+        // first one goes: the channel redials the path and finds the ready one, never nothing.
+        let ready = controller_driver();
+        let ready_calls = ready.calls.clone();
+        let staged = dir.path().join("ready.sock");
+        let _second = plugreg_csi_test_driver::start(ready, &staged)
+            .await
+            .unwrap();
+        std::fs::rename(&staged, &sock).unwrap();
+        first.stop().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(20), probing)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(ready_calls.count(Method::Probe) >= 1);
+    }
+
+    #[tokio::test]
+    async fn loss_of_the_driver_fires_the_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let driver = plugreg_csi_test_driver::start(controller_driver(), &sock)
+            .await
+            .unwrap();
+        let connected = connect_watched(sock.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let d = Driver::new(connected.channel.clone(), Duration::from_secs(5), metrics());
+        d.plugin_info().await.unwrap();
+        assert!(!connected.lost.is_lost());
+        driver.stop().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), connected.lost.wait())
+            .await
+            .expect("the loss is signalled");
+    }
+
+    #[test]
+    fn connection_loss_writes_an_existing_termination_log_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("termination-log");
+        report_connection_loss(&log);
+        assert!(!log.exists(), "never created");
+        std::fs::write(&log, "old text that is longer").unwrap();
+        report_connection_loss(&log);
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), LOST_MESSAGE);
     }
 }
