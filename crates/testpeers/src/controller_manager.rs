@@ -1,4 +1,17 @@
-//! A real kube-controller-manager (v1.36.2) against an [`ApiServer`], on loopback only.
+//! A real kube-controller-manager (v1.20.2 or v1.36.2) against an [`ApiServer`] of the same
+//! release, on loopback only.
+//!
+//! What differs between the two releases' command lines:
+//!
+//! | | v1.20.2 | v1.36.2 |
+//! |---|---|---|
+//! | volume controllers' names | `persistentvolume-binder`, `pvc-protection`, `pv-protection` | the same with a `-controller` suffix (`persistentvolumeclaim-protection-controller`, ...) |
+//! | insecure HTTP port | on by default (`:10252`, all interfaces): `--port=0` turns it off | removed |
+//! | secure port, `--bind-address`, serving certificate, `/healthz` without credentials | the same flags and defaults | the same |
+//!
+//! Each release refuses a controller name it does not know (it exits naming it), so the
+//! names go through [`volume_controllers`] (or the two constants) rather than being written
+//! out by the caller.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -21,17 +34,33 @@ const POLL: Duration = Duration::from_millis(200);
 /// How many times start-up is retried when the chosen port was taken meanwhile.
 const PORT_ATTEMPTS: usize = 4;
 
-/// The controllers that bind and protect volumes: with them a PVC of a StorageClass with
-/// `volumeBindingMode: Immediate` gets its `volume.kubernetes.io/storage-provisioner`
-/// annotation, which is what an external provisioner waits for.
+/// The controllers that bind and protect volumes, as v1.36.2 names them: with them a PVC of
+/// a StorageClass with `volumeBindingMode: Immediate` gets its
+/// `volume.kubernetes.io/storage-provisioner` annotation (and the beta one), which is what an
+/// external provisioner waits for, and a PV pre-bound to a claim is bound. For a release
+/// picked at run time use [`volume_controllers`].
 pub const VOLUME_CONTROLLERS: &[&str] = &[
     "persistentvolume-binder-controller",
     "persistentvolumeclaim-protection-controller",
     "persistentvolume-protection-controller",
 ];
 
-/// A running kube-controller-manager of the same release as its [`ApiServer`] (only v1.36.2
-/// is built), with the controllers it was given, no leader election, its own credentials
+/// [`VOLUME_CONTROLLERS`] as v1.20.2 names them. Its binder writes only the beta annotation
+/// `volume.beta.kubernetes.io/storage-provisioner` (the GA key came with v1.23).
+pub const VOLUME_CONTROLLERS_V1_20: &[&str] =
+    &["persistentvolume-binder", "pvc-protection", "pv-protection"];
+
+/// The volume controllers (see [`VOLUME_CONTROLLERS`]) in the words of `version`'s
+/// kube-controller-manager.
+pub fn volume_controllers(version: KubeVersion) -> &'static [&'static str] {
+    match version {
+        KubeVersion::V1_20_2 => VOLUME_CONTROLLERS_V1_20,
+        KubeVersion::V1_36_2 => VOLUME_CONTROLLERS,
+    }
+}
+
+/// A running kube-controller-manager of the same release as its [`ApiServer`], with the
+/// controllers it was given, no leader election, its own credentials
 /// (the API server's admin token) and its secure port on a free port of 127.0.0.1, serving
 /// with the API server's certificate (so the API server's CA verifies it).
 ///
@@ -47,19 +76,15 @@ pub struct ControllerManager {
 }
 
 impl ControllerManager {
-    /// Starts kube-controller-manager with `controllers` (e.g. [`VOLUME_CONTROLLERS`])
-    /// against `api` and waits (at most 90 s) until its `/healthz` answers `ok`.
+    /// Starts the kube-controller-manager of `api`'s release with `controllers` (in that
+    /// release's names, e.g. `volume_controllers(api.version())`) against `api` and waits (at
+    /// most 90 s) until its `/healthz` answers `ok`.
     ///
-    /// Fails with [`Error::Unsupported`] for an API server of a release without a built
-    /// controller manager, and with [`Error::MissingPeer`] if it is not built.
+    /// Fails with [`Error::MissingPeer`] if it is not built, and with [`Error::NotReady`]
+    /// (holding its log) if it exits, e.g. on a controller name its release does not know.
     pub async fn start(api: &ApiServer, controllers: &[&str]) -> Result<Self, Error> {
-        let name = api.version().controller_manager_peer().ok_or_else(|| {
-            Error::Unsupported(format!(
-                "no kube-controller-manager {} is built; only {} is",
-                api.version(),
-                KubeVersion::V1_36_2
-            ))
-        })?;
+        let version = api.version();
+        let name = version.controller_manager_peer();
         let bin = peer(name)?;
         let dir = tempfile::Builder::new()
             .prefix("plugreg-kcm-")
@@ -80,7 +105,13 @@ impl ControllerManager {
             let log2 = log
                 .try_clone()
                 .map_err(|e| Error::io("cloning a log handle", e))?;
-            let child = Command::new(&bin)
+            let mut cmd = Command::new(&bin);
+            if version == KubeVersion::V1_20_2 {
+                // Its insecure port would listen on 0.0.0.0:10252: off, so that several run
+                // side by side and nothing listens beyond loopback.
+                cmd.arg("--port=0");
+            }
+            let child = cmd
                 .arg(format!("--kubeconfig={}", api.kubeconfig_path().display()))
                 .arg(format!("--controllers={}", controllers.join(",")))
                 .arg("--use-service-account-credentials=false")

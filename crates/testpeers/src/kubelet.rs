@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::error::Error;
-use crate::peers::{APISERVER, EXAMPLE_PLUGIN, PLUGIN_MANAGER_HARNESS};
+use crate::peers::{APISERVER, CONTROLLER_MANAGER, EXAMPLE_PLUGIN, PLUGIN_MANAGER_HARNESS};
 use crate::process::PeerProcess;
 
 /// kube-apiserver v1.36.2 (prebuilt, see `shared/peers`).
@@ -84,11 +84,11 @@ impl KubeVersion {
         }
     }
 
-    /// The peer name of kube-controller-manager, if that release has one built.
-    pub fn controller_manager_peer(self) -> Option<&'static str> {
+    /// The peer name of its kube-controller-manager.
+    pub fn controller_manager_peer(self) -> &'static str {
         match self {
-            KubeVersion::V1_20_2 => None,
-            KubeVersion::V1_36_2 => Some(CONTROLLER_MANAGER_V1_36),
+            KubeVersion::V1_20_2 => CONTROLLER_MANAGER,
+            KubeVersion::V1_36_2 => CONTROLLER_MANAGER_V1_36,
         }
     }
 }

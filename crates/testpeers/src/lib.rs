@@ -18,7 +18,8 @@
 //!   ports in a temporary directory, with a kubeconfig and a `kube::Client`
 //!   ([`ApiServer::shared`] shares one per release between the tests running
 //!   at the same time);
-//!   [`ControllerManager`] adds a kube-controller-manager (v1.36.2) to it.
+//!   [`ControllerManager`] adds a kube-controller-manager of the same release to it
+//!   ([`volume_controllers`] names the volume controllers in that release's words).
 //! * [`RealPluginManager`] and [`RealExamplePlugin`] run the real kubelet
 //!   plugin manager and the real example plugin of a [`KubeVersion`], hiding
 //!   how each release's harness is started and what its lines look like, so
@@ -33,7 +34,9 @@ mod peers;
 mod process;
 
 pub use apiserver::ApiServer;
-pub use controller_manager::{ControllerManager, VOLUME_CONTROLLERS};
+pub use controller_manager::{
+    ControllerManager, VOLUME_CONTROLLERS, VOLUME_CONTROLLERS_V1_20, volume_controllers,
+};
 pub use error::{Error, MissingPeer};
 pub use kubelet::{
     APISERVER_V1_36, CONTROLLER_MANAGER_V1_36, EXAMPLE_PLUGIN_V1_36, HandlerCall, HandlerEvent,
@@ -41,6 +44,7 @@ pub use kubelet::{
     RealExamplePlugin, RealPluginManager,
 };
 pub use peers::{
-    APISERVER, ETCD, EXAMPLE_PLUGIN, PEERS_DIR_ENV, PLUGIN_MANAGER_HARNESS, peer, peers_dir,
+    APISERVER, CONTROLLER_MANAGER, ETCD, EXAMPLE_PLUGIN, PEERS_DIR_ENV, PLUGIN_MANAGER_HARNESS,
+    peer, peers_dir,
 };
 pub use process::{JsonLines, LinesFrom, PEER_LOG_ENV, PeerProcess, event_is, event_named};

@@ -12,6 +12,8 @@ pub const PLUGIN_MANAGER_HARNESS: &str = "plugin-manager-harness";
 pub const EXAMPLE_PLUGIN: &str = "example-plugin";
 /// kube-apiserver v1.20.2.
 pub const APISERVER: &str = "kube-apiserver";
+/// kube-controller-manager v1.20.2.
+pub const CONTROLLER_MANAGER: &str = "kube-controller-manager";
 /// etcd (Debian's etcd-server).
 pub const ETCD: &str = "etcd";
 
@@ -26,7 +28,7 @@ pub fn peers_dir() -> PathBuf {
 }
 
 /// The path of a built peer binary (`name` is one of [`PLUGIN_MANAGER_HARNESS`],
-/// [`EXAMPLE_PLUGIN`], [`APISERVER`], [`ETCD`]).
+/// [`EXAMPLE_PLUGIN`], [`APISERVER`], [`CONTROLLER_MANAGER`], [`ETCD`], or a v1.36.2 peer).
 ///
 /// Fails with [`MissingPeer`] (whose message says to run
 /// `interop/build-peers.sh`) when the build has not completed (no `READY`

@@ -1,19 +1,14 @@
-//! The v1.36.2 peers work: the API server starts and stores objects, the controller manager
-//! is healthy and binds-in-waiting a PVC, and the real example plugins of both releases
+//! The v1.36.2 peers work: the API server starts and stores objects (the controller manager:
+//! `controller_manager.rs`), and the real example plugins of both releases
 //! register with the real plugin managers of both releases (through the version-neutral API).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{
-    Node, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
-};
-use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ObjectMeta, PostParams};
 use plugreg_testpeers::{
-    ApiServer, ControllerManager, HandlerCall, KubeVersion, PluginManagerOptions,
-    RealExamplePlugin, RealPluginManager, VOLUME_CONTROLLERS,
+    ApiServer, HandlerCall, KubeVersion, PluginManagerOptions, RealExamplePlugin, RealPluginManager,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -45,81 +40,6 @@ async fn apiserver_v1_36_starts_and_stores_a_node() {
     let got = nodes.get("plugreg-node-136").await.expect("get node");
     assert_eq!(got.metadata.labels, node.metadata.labels);
     assert!(got.metadata.uid.is_some());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn controller_manager_v1_36_is_healthy_and_marks_a_pvc_for_its_provisioner() {
-    let server = ApiServer::start_version(KubeVersion::V1_36_2)
-        .await
-        .expect("start kube-apiserver v1.36.2");
-    let kcm = ControllerManager::start(&server, VOLUME_CONTROLLERS)
-        .await
-        .expect("start kube-controller-manager v1.36.2");
-    assert_eq!(kcm.healthz().await.expect("/healthz").trim(), "ok");
-
-    let client = server.client().await.expect("client");
-    let provisioner = "hostpath.csi.k8s.io";
-    let sc = StorageClass {
-        metadata: ObjectMeta {
-            name: Some("plugreg-immediate".to_owned()),
-            ..Default::default()
-        },
-        provisioner: provisioner.to_owned(),
-        volume_binding_mode: Some("Immediate".to_owned()),
-        ..Default::default()
-    };
-    Api::<StorageClass>::all(client.clone())
-        .create(&PostParams::default(), &sc)
-        .await
-        .expect("create storage class");
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client, "default");
-    let pvc = PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some("plugreg-claim".to_owned()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-            storage_class_name: Some("plugreg-immediate".to_owned()),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity("1Mi".to_owned()),
-                )])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    pvcs.create(&PostParams::default(), &pvc)
-        .await
-        .expect("create pvc");
-
-    // The PV binder finds no PV and hands the claim to the class's provisioner.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = pvcs.get("plugreg-claim").await.expect("get pvc");
-        let ann = got.metadata.annotations.unwrap_or_default();
-        if ann
-            .get("volume.kubernetes.io/storage-provisioner")
-            .map(String::as_str)
-            == Some(provisioner)
-        {
-            assert_eq!(
-                ann.get("volume.beta.kubernetes.io/storage-provisioner")
-                    .map(String::as_str),
-                Some(provisioner)
-            );
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the PVC never got its provisioner annotation: {ann:?}\n--- KCM log ---\n{}",
-            kcm.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// The real example plugin of `plugin` registers with the real plugin manager of `kubelet`
@@ -229,20 +149,4 @@ async fn shared_apiserver_is_one_while_held_and_stops_after_the_last() {
         .list(&Default::default())
         .await
         .expect("the new server answers");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn controller_manager_for_a_v1_20_apiserver_is_a_clear_error() {
-    let server = ApiServer::shared(KubeVersion::V1_20_2)
-        .await
-        .expect("start kube-apiserver v1.20.2");
-    let err = ControllerManager::start(&server, VOLUME_CONTROLLERS)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, plugreg_testpeers::Error::Unsupported(_)),
-        "{err}"
-    );
-    let msg = err.to_string();
-    assert!(msg.contains("v1.20.2") && msg.contains("v1.36.2"), "{msg}");
 }
