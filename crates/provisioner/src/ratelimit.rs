@@ -1,1 +1,605 @@
-//! (to be written)
+//! The client-side limit of the Kubernetes client (`--kube-api-qps`, `--kube-api-burst`), as
+//! client-go's token bucket, shared by two clients with priorities (decision of issue 12).
+//!
+//! - The bucket holds at most `burst` tokens, starts full and gains `qps` tokens a second;
+//!   every request takes one before it is sent, including the first request of a watch (a
+//!   watch holds no token once it has started) and each page of a list.
+//! - The high-priority client carries what binds claims (PV create, claim updates, PV
+//!   patch/delete), the low-priority one events and bookkeeping. A low request waits while
+//!   any high request waits for a token; requests of one priority are served in the order
+//!   they were made.
+//! - As client-go's `rest.RESTClientFor`: `qps == 0` means its default 5 and `burst == 0`
+//!   its default 10; `qps < 0` means no limit (requests are still counted).
+//! - kube's own retries (429/503/504, inside the client's stack) are not limited or counted
+//!   again; client-go throttles each retry. Only the first attempt is seen here.
+//!
+//! [`RateLimiter`] also counts the requests, in total and per verb and resource
+//! (`"POST persistentvolumes"`, `"WATCH persistentvolumeclaims"`,
+//! `"PUT persistentvolumeclaims/status"`), for the benchmark's requests per volume.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use kube::client::{Body, ClientBuilder};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tower::{BoxError, Layer, Service, ServiceExt as _};
+
+/// client-go's `DefaultQPS`, used when the flag is 0.
+pub const DEFAULT_QPS: f64 = 5.0;
+/// client-go's `DefaultBurst`, used when the flag is 0.
+pub const DEFAULT_BURST: u32 = 10;
+/// Distinct (verb, resource) keys counted; further ones are counted under [`OTHER_KEY`]
+/// (the paths come from our own client, but the bound costs nothing).
+pub const MAX_KEYS: usize = 256;
+/// The key under which requests beyond [`MAX_KEYS`] distinct keys are counted.
+pub const OTHER_KEY: &str = "other";
+
+/// Building the clients failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// kube could not build a client from the configuration (TLS, auth, proxy).
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// Which queue a request waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// What binds claims: waits only for tokens and for earlier high requests.
+    High,
+    /// Events and bookkeeping: also waits while any high request waits.
+    Low,
+}
+
+impl Priority {
+    fn index(self) -> usize {
+        match self {
+            Priority::High => 0,
+            Priority::Low => 1,
+        }
+    }
+}
+
+/// Builds the two clients of the provisioner from `config`, sharing one bucket of `burst`
+/// tokens refilled at `qps` a second (see the module documentation for 0 and negative values).
+/// Returns (high-priority client, low-priority client, the shared limiter). Must be called
+/// within a Tokio runtime (kube's client spawns its buffer task).
+pub fn clients(
+    config: kube::Config,
+    qps: f64,
+    burst: u32,
+) -> Result<(kube::Client, kube::Client, Arc<RateLimiter>), Error> {
+    let limiter = Arc::new(RateLimiter::new(qps, burst));
+    let high = ClientBuilder::try_from(config.clone())?
+        .with_layer(&limiter.layer(Priority::High))
+        .build();
+    let low = ClientBuilder::try_from(config)?
+        .with_layer(&limiter.layer(Priority::Low))
+        .build();
+    Ok((high, low, limiter))
+}
+
+/// The shared token bucket with its two queues and the request counters.
+#[derive(Debug)]
+pub struct RateLimiter {
+    /// Tokens per second; `None` when unlimited.
+    qps: Option<f64>,
+    burst: f64,
+    state: Mutex<State>,
+    /// Woken whenever the head of a queue or the high queue's emptiness may have changed.
+    changed: Notify,
+    total: AtomicU64,
+}
+
+#[derive(Debug)]
+struct State {
+    tokens: f64,
+    last: Instant,
+    next_ticket: u64,
+    /// Waiting tickets per priority, oldest first.
+    queues: [VecDeque<u64>; 2],
+    counts: BTreeMap<String, u64>,
+}
+
+impl RateLimiter {
+    /// A full bucket of `burst` tokens refilled at `qps` tokens a second (0 → client-go's
+    /// defaults 5 and 10; `qps < 0` → unlimited).
+    pub fn new(qps: f64, burst: u32) -> Self {
+        let qps = if qps == 0.0 { DEFAULT_QPS } else { qps };
+        let burst = if burst == 0 { DEFAULT_BURST } else { burst };
+        // NaN and negative rates mean no limit, as client-go builds no limiter for qps <= 0
+        // after its defaulting.
+        let qps = (qps > 0.0 && qps.is_finite()).then_some(qps);
+        Self {
+            qps,
+            burst: f64::from(burst),
+            state: Mutex::new(State {
+                tokens: f64::from(burst),
+                last: Instant::now(),
+                next_ticket: 0,
+                queues: [VecDeque::new(), VecDeque::new()],
+                counts: BTreeMap::new(),
+            }),
+            changed: Notify::new(),
+            total: AtomicU64::new(0),
+        }
+    }
+
+    /// The tower layer that makes a client's requests wait here with `priority`.
+    pub fn layer(self: &Arc<Self>, priority: Priority) -> RateLimitLayer {
+        RateLimitLayer {
+            limiter: Arc::clone(self),
+            priority,
+        }
+    }
+
+    /// Requests let through so far (both clients).
+    pub fn requests(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// Requests let through so far per verb and resource, e.g. `"POST persistentvolumes"`,
+    /// `"LIST storageclasses"`, `"WATCH persistentvolumeclaims"`, `"PATCH events"`.
+    pub fn requests_by_kind(&self) -> BTreeMap<String, u64> {
+        self.lock().counts.clone()
+    }
+
+    /// Requests waiting for a token now, (high, low).
+    pub fn waiting(&self) -> (usize, usize) {
+        let s = self.lock();
+        (s.queues[0].len(), s.queues[1].len())
+    }
+
+    /// Waits for a token with `priority`, then counts one request of `key`. Cancel-safe:
+    /// dropping the future leaves the queue.
+    pub async fn acquire(self: &Arc<Self>, priority: Priority, key: &str) {
+        self.enqueue(priority).wait(key).await;
+    }
+
+    /// Takes a place in the queue of `priority` now; the place is kept until the ticket is
+    /// waited on and served, or dropped. The order of `enqueue` calls is the order of service.
+    pub fn enqueue(self: &Arc<Self>, priority: Priority) -> Ticket {
+        let mut s = self.lock();
+        let id = s.next_ticket;
+        s.next_ticket += 1;
+        s.queues[priority.index()].push_back(id);
+        Ticket {
+            limiter: Arc::clone(self),
+            priority,
+            id,
+            served: false,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent between statements; a panic elsewhere cannot break it.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The waiting time until a token is available for the head of `priority`'s queue, or
+    /// takes it (`Ok`) when that ticket is `id`, it may go, and a token is there.
+    fn try_take(&self, s: &mut State, priority: Priority, id: u64) -> Result<(), Option<Duration>> {
+        let is_head = s.queues[priority.index()].front() == Some(&id);
+        let blocked_by_high = priority == Priority::Low && !s.queues[0].is_empty();
+        if !is_head || blocked_by_high {
+            return Err(None);
+        }
+        let Some(qps) = self.qps else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(s.last).as_secs_f64();
+        s.tokens = (s.tokens + elapsed * qps).min(self.burst);
+        s.last = now;
+        if s.tokens >= 1.0 {
+            s.tokens -= 1.0;
+            Ok(())
+        } else {
+            // At least a millisecond, so rounding cannot spin.
+            let wait = ((1.0 - s.tokens) / qps).max(0.001);
+            Err(Some(Duration::from_secs_f64(wait.min(86_400.0))))
+        }
+    }
+
+    fn count(&self, s: &mut State, key: &str) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let key = if s.counts.contains_key(key) || s.counts.len() < MAX_KEYS {
+            key
+        } else {
+            OTHER_KEY
+        };
+        match s.counts.get_mut(key) {
+            Some(n) => *n += 1,
+            None => {
+                s.counts.insert(key.to_owned(), 1);
+            }
+        }
+    }
+}
+
+/// A place in a queue of the [`RateLimiter`].
+#[derive(Debug)]
+pub struct Ticket {
+    limiter: Arc<RateLimiter>,
+    priority: Priority,
+    id: u64,
+    served: bool,
+}
+
+impl Ticket {
+    /// Waits until this ticket's turn and a token, then counts one request of `key`.
+    pub async fn wait(mut self, key: &str) {
+        let limiter = Arc::clone(&self.limiter);
+        loop {
+            // Registered before the check, so that a change after it is not missed
+            // (`notify_waiters` reaches every `Notified` created before the call).
+            let changed = limiter.changed.notified();
+            let outcome = {
+                let mut s = limiter.lock();
+                let r = limiter.try_take(&mut s, self.priority, self.id);
+                if r.is_ok() {
+                    s.queues[self.priority.index()].pop_front();
+                    limiter.count(&mut s, key);
+                }
+                r
+            };
+            match outcome {
+                Ok(()) => {
+                    self.served = true;
+                    limiter.changed.notify_waiters();
+                    return;
+                }
+                Err(None) => changed.await,
+                Err(Some(wait)) => {
+                    // Only the head sleeps; it is woken early when a high request arrives
+                    // ahead of a low head (it then waits for the high queue to drain).
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = changed => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.served {
+            return;
+        }
+        let mut s = self.limiter.lock();
+        let q = &mut s.queues[self.priority.index()];
+        if let Some(i) = q.iter().position(|&t| t == self.id) {
+            q.remove(i);
+        }
+        drop(s);
+        self.limiter.changed.notify_waiters();
+    }
+}
+
+/// The verb and resource of an API request for the counters: `"GET pods"` for one object,
+/// `"LIST pods"`, `"WATCH pods"`, `"PUT persistentvolumeclaims/status"`; the HTTP method and
+/// path for anything else (discovery: `"GET /api"`, `"GET /apis/storage.k8s.io/v1"`).
+pub fn request_key(method: &http::Method, uri: &http::Uri) -> String {
+    let path = uri.path();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let rest = match segs.as_slice() {
+        ["api", _version, rest @ ..] => rest,
+        ["apis", _group, _version, rest @ ..] => rest,
+        _ => &[][..],
+    };
+    let rest = match rest {
+        ["namespaces", _ns, r, tail @ ..] => {
+            let mut v = vec![*r];
+            v.extend_from_slice(tail);
+            v
+        }
+        r => r.to_vec(),
+    };
+    let Some((resource, tail)) = rest.split_first() else {
+        let p = if path.len() > 100 { &path[..100] } else { path };
+        return format!("{method} {p}");
+    };
+    let watch = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let verb = match (method.as_str(), tail.is_empty()) {
+        ("GET", _) if watch => "WATCH",
+        ("GET", true) => "LIST",
+        ("DELETE", true) => "DELETECOLLECTION",
+        (m, _) => m,
+    };
+    match tail.get(1) {
+        Some(sub) => format!("{verb} {resource}/{sub}"),
+        None => format!("{verb} {resource}"),
+    }
+}
+
+/// The [`Layer`] of one priority.
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer {
+    limiter: Arc<RateLimiter>,
+    priority: Priority,
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimited {
+            inner: Arc::new(tokio::sync::Mutex::new(inner)),
+            limiter: Arc::clone(&self.limiter),
+            priority: self.priority,
+        }
+    }
+}
+
+/// The service made by [`RateLimitLayer`]: takes a place in the queue when called (so the
+/// order of calls is the order of service), waits for a token, then sends.
+#[derive(Debug)]
+pub struct RateLimited<S> {
+    // The inner stack (kube's boxed service) is not `Clone`; the lock is held only for its
+    // readiness and `call`, not while the response comes.
+    inner: Arc<tokio::sync::Mutex<S>>,
+    limiter: Arc<RateLimiter>,
+    priority: Priority,
+}
+
+impl<S, B> Service<Request<Body>> for RateLimited<S>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let inner = Arc::clone(&self.inner);
+        let key = request_key(req.method(), req.uri());
+        // The place in the queue is taken now, in call order (kube's buffer calls in the
+        // order the requests were made); dropping the future gives it up.
+        let ticket = self.limiter.enqueue(self.priority);
+        Box::pin(async move {
+            ticket.wait(&key).await;
+            let fut = {
+                let mut svc = inner.lock().await;
+                svc.ready().await.map_err(Into::into)?;
+                svc.call(req)
+            };
+            fut.await.map_err(Into::into)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spawn_acquire(
+        limiter: &Arc<RateLimiter>,
+        priority: Priority,
+        tag: &'static str,
+        done: &tokio::sync::mpsc::UnboundedSender<(&'static str, Duration)>,
+        start: Instant,
+    ) -> tokio::task::JoinHandle<()> {
+        // The ticket is taken before the task runs: the order of these calls is the order of
+        // service.
+        let ticket = limiter.enqueue(priority);
+        let done = done.clone();
+        tokio::spawn(async move {
+            ticket.wait(tag).await;
+            let _ = done.send((tag, start.elapsed()));
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_bucket_of_burst_then_one_token_every_one_over_qps() {
+        let limiter = Arc::new(RateLimiter::new(5.0, 10));
+        let start = Instant::now();
+        let mut at = Vec::new();
+        for _ in 0..20 {
+            limiter.acquire(Priority::High, "GET x").await;
+            at.push(start.elapsed());
+        }
+        for t in &at[..10] {
+            assert_eq!(*t, Duration::ZERO);
+        }
+        for (i, t) in at[10..].iter().enumerate() {
+            let want = 0.2 * (i + 1) as f64;
+            assert!(
+                (t.as_secs_f64() - want).abs() < 0.002,
+                "request {} at {t:?}, want {want}s",
+                i + 10
+            );
+        }
+        assert_eq!(limiter.requests(), 20);
+        assert_eq!(limiter.requests_by_kind()["GET x"], 20);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_bucket_refills_while_idle_but_not_beyond_burst() {
+        let limiter = Arc::new(RateLimiter::new(1.0, 3));
+        for _ in 0..3 {
+            limiter.acquire(Priority::Low, "k").await;
+        }
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        let start = Instant::now();
+        for _ in 0..3 {
+            limiter.acquire(Priority::Low, "k").await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        limiter.acquire(Priority::Low, "k").await;
+        assert!((start.elapsed().as_secs_f64() - 1.0).abs() < 0.002);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_low_request_waits_while_high_ones_wait_even_if_it_came_first() {
+        let limiter = Arc::new(RateLimiter::new(1.0, 1));
+        limiter.acquire(Priority::High, "first").await; // empties the bucket
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let start = Instant::now();
+        let mut tasks = vec![spawn_acquire(&limiter, Priority::Low, "low1", &tx, start)];
+        for tag in ["high1", "high2", "high3"] {
+            tasks.push(spawn_acquire(&limiter, Priority::High, tag, &tx, start));
+        }
+        tasks.push(spawn_acquire(&limiter, Priority::Low, "low2", &tx, start));
+        assert_eq!(limiter.waiting(), (3, 2));
+        for t in tasks {
+            t.await.unwrap();
+        }
+        drop(tx);
+        let mut order = Vec::new();
+        while let Some((tag, at)) = rx.recv().await {
+            order.push((tag, at.as_secs_f64().round() as u64));
+        }
+        assert_eq!(
+            order,
+            [
+                ("high1", 1),
+                ("high2", 2),
+                ("high3", 3),
+                ("low1", 4),
+                ("low2", 5)
+            ]
+        );
+        assert_eq!(limiter.waiting(), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_of_one_priority_are_served_in_order() {
+        let limiter = Arc::new(RateLimiter::new(10.0, 2));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let start = Instant::now();
+        let tags = ["a", "b", "c", "d", "e", "f", "g", "h"];
+        let tasks: Vec<_> = tags
+            .iter()
+            .map(|t| spawn_acquire(&limiter, Priority::Low, t, &tx, start))
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        drop(tx);
+        let mut order = Vec::new();
+        while let Some((tag, _)) = rx.recv().await {
+            order.push(tag);
+        }
+        assert_eq!(order, tags);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_waiter_gives_up_its_place() {
+        let limiter = Arc::new(RateLimiter::new(1.0, 1));
+        limiter.acquire(Priority::High, "k").await;
+        let high = limiter.enqueue(Priority::High);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let low = spawn_acquire(&limiter, Priority::Low, "low", &tx, Instant::now());
+        // The low request would wait for the high one forever if its ticket stayed queued.
+        drop(high);
+        low.await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().0, "low");
+        assert_eq!(limiter.waiting(), (0, 0));
+        assert_eq!(limiter.requests(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn negative_qps_means_no_limit_and_zero_means_client_gos_defaults() {
+        let unlimited = Arc::new(RateLimiter::new(-1.0, 1));
+        let start = Instant::now();
+        for _ in 0..1000 {
+            unlimited.acquire(Priority::Low, "k").await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(unlimited.requests(), 1000);
+
+        let defaults = Arc::new(RateLimiter::new(0.0, 0));
+        for _ in 0..11 {
+            defaults.acquire(Priority::High, "k").await;
+        }
+        assert!((start.elapsed().as_secs_f64() - 0.2).abs() < 0.002);
+    }
+
+    #[tokio::test]
+    async fn distinct_keys_are_bounded() {
+        let limiter = Arc::new(RateLimiter::new(-1.0, 1));
+        for i in 0..MAX_KEYS + 10 {
+            limiter.acquire(Priority::Low, &format!("k{i}")).await;
+        }
+        let by_kind = limiter.requests_by_kind();
+        assert_eq!(by_kind.len(), MAX_KEYS + 1);
+        assert_eq!(by_kind[OTHER_KEY], 10);
+        assert_eq!(by_kind.values().sum::<u64>(), limiter.requests());
+    }
+
+    #[test]
+    fn request_keys_name_the_verb_and_the_resource() {
+        let key = |m: &str, u: &str| request_key(&m.parse().unwrap(), &u.parse().unwrap());
+        assert_eq!(
+            key("POST", "/api/v1/persistentvolumes?"),
+            "POST persistentvolumes"
+        );
+        assert_eq!(
+            key("GET", "/api/v1/persistentvolumes/pv-1"),
+            "GET persistentvolumes"
+        );
+        assert_eq!(
+            key(
+                "GET",
+                "/api/v1/persistentvolumes?watch=true&resourceVersion=5"
+            ),
+            "WATCH persistentvolumes"
+        );
+        assert_eq!(
+            key(
+                "GET",
+                "/api/v1/namespaces/ns/persistentvolumeclaims?limit=500"
+            ),
+            "LIST persistentvolumeclaims"
+        );
+        assert_eq!(
+            key(
+                "PUT",
+                "/api/v1/namespaces/ns/persistentvolumeclaims/c/status"
+            ),
+            "PUT persistentvolumeclaims/status"
+        );
+        assert_eq!(
+            key("PATCH", "/api/v1/namespaces/default/events/e.1"),
+            "PATCH events"
+        );
+        assert_eq!(
+            key("GET", "/apis/storage.k8s.io/v1/storageclasses"),
+            "LIST storageclasses"
+        );
+        assert_eq!(
+            key(
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/l"
+            ),
+            "PUT leases"
+        );
+        assert_eq!(
+            key("GET", "/api/v1/namespaces/kube-system"),
+            "GET namespaces"
+        );
+        assert_eq!(key("GET", "/api/v1/namespaces"), "LIST namespaces");
+        assert_eq!(key("GET", "/version"), "GET /version");
+        assert_eq!(
+            key("GET", "/apis/storage.k8s.io/v1"),
+            "GET /apis/storage.k8s.io/v1"
+        );
+    }
+}
