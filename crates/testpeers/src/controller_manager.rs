@@ -83,6 +83,16 @@ impl ControllerManager {
     /// Fails with [`Error::MissingPeer`] if it is not built, and with [`Error::NotReady`]
     /// (holding its log) if it exits, e.g. on a controller name its release does not know.
     pub async fn start(api: &ApiServer, controllers: &[&str]) -> Result<Self, Error> {
+        Self::start_with_args(api, controllers, &[]).await
+    }
+
+    /// [`start`](Self::start) with `extra` flags added (e.g. `--kube-api-qps=1000` so that
+    /// its own client limit does not cap a benchmark).
+    pub async fn start_with_args(
+        api: &ApiServer,
+        controllers: &[&str],
+        extra: &[&str],
+    ) -> Result<Self, Error> {
         let version = api.version();
         let name = version.controller_manager_peer();
         let bin = peer(name)?;
@@ -125,6 +135,7 @@ impl ControllerManager {
                     kcm.dir.path().join("cert-dir").display()
                 ))
                 .arg("--profiling=false")
+                .args(extra)
                 .stdin(Stdio::null())
                 .stdout(log)
                 .stderr(log2)

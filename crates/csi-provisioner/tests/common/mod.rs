@@ -49,7 +49,7 @@ pub async fn cluster(version: KubeVersion) -> Arc<Cluster> {
         return c;
     }
     let api = ApiServer::shared(version).await.expect("kube-apiserver");
-    let kcm = ControllerManager::start(&api, plugreg_testpeers::VOLUME_CONTROLLERS)
+    let kcm = ControllerManager::start(&api, plugreg_testpeers::volume_controllers(version))
         .await
         .expect("kube-controller-manager");
     let c = Arc::new(Cluster { api, kcm });

@@ -1,0 +1,385 @@
+//! csi-provisioner benchmark (issue 12):
+//!
+//! ```sh
+//! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --out BENCHMARKS.md
+//! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --quick   # 100 claims, no 10k run
+//! ```
+//!
+//! Each run starts a fresh real kube-apiserver v1.36.2 and kube-controller-manager v1.36.2 (its
+//! PV controller binds; its own client limit raised so that binding is not what is measured),
+//! the test CSI driver in-process (answers at once), and the release `csi-provisioner` as a
+//! process. Then N claims are created at once (by the bench's own, unlimited client) and the run
+//! ends when the API server says all are Bound; optionally all are deleted and the run ends when
+//! every PV is gone. Reported: makespan, volumes per second, the provisioner's API requests per
+//! volume (its own `plugreg_kube_requests_total` counter, by verb and resource), and its peak RSS
+//! (VmHWM). `PLUGREG_PROVISIONER_BIN` measures another build with the same flags.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use plugreg_csi_test_driver::{DriverConfig, MountMode};
+use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
+use serde_json::json;
+
+const START: &str = "<!-- bench:csi-provisioner:start -->";
+const END: &str = "<!-- bench:csi-provisioner:end -->";
+const DRIVER: &str = "bench.csi.plugreg.test";
+/// Upstream's published figure at `--kube-api-qps 5` (external-provisioner PR #447).
+const UPSTREAM_VOLUMES_PER_S: f64 = 2.4;
+
+struct Args {
+    out: Option<String>,
+    claims: usize,
+    big: Option<usize>,
+    raised_qps: String,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        out: None,
+        claims: 1000,
+        big: Some(10_000),
+        raised_qps: "1000".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "--out" => a.out = it.next(),
+            "--claims" => a.claims = it.next().and_then(|v| v.parse().ok()).unwrap_or(a.claims),
+            "--big" => a.big = it.next().and_then(|v| v.parse().ok()),
+            "--no-big" => a.big = None,
+            "--raised-qps" => a.raised_qps = it.next().unwrap_or(a.raised_qps),
+            "--quick" => {
+                a.claims = 100;
+                a.big = None;
+            }
+            _ => {} // cargo bench passes --bench
+        }
+    }
+    a
+}
+
+fn bin() -> String {
+    std::env::var("PLUGREG_PROVISIONER_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_csi-provisioner").to_owned())
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The provisioner's request counter, by `verb resource`.
+fn requests(port: u16) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return out;
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("plugreg_kube_requests_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let get = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        if let Ok(v) = value.trim().parse::<f64>() {
+            out.insert(format!("{} {}", get("verb"), get("resource")), v as u64);
+        }
+    }
+    out
+}
+
+struct Run {
+    label: String,
+    claims: usize,
+    makespan: Duration,
+    requests: BTreeMap<String, u64>,
+    hwm_kib: u64,
+    delete_makespan: Option<Duration>,
+}
+
+async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
+    let api = ApiServer::start_version(KubeVersion::V1_36_2)
+        .await
+        .unwrap();
+    let kcm = ControllerManager::start_with_args(
+        &api,
+        plugreg_testpeers::volume_controllers(KubeVersion::V1_36_2),
+        &["--kube-api-qps=1000", "--kube-api-burst=1000"],
+    )
+    .await
+    .unwrap();
+    let client = api.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let driver = plugreg_csi_test_driver::start(
+        DriverConfig {
+            name: DRIVER.into(),
+            controller: true,
+            data_dir: Some(dir.path().join("volumes")),
+            mount: MountMode::Directory,
+            ..DriverConfig::default()
+        },
+        &socket,
+    )
+    .await
+    .unwrap();
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "bench"}, "provisioner": DRIVER, "reclaimPolicy": "Delete"}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "bench"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let port = free_port();
+    let log = std::fs::File::create(dir.path().join("provisioner.log")).unwrap();
+    let mut child: Child = Command::new(bin())
+        .arg(format!("--csi-address={}", socket.display()))
+        .arg(format!("--kubeconfig={}", api.kubeconfig_path().display()))
+        .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+        .arg("--v=1")
+        .args(qps)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Wait until it serves metrics (caches synced or not: the clock starts at the first claim).
+    let t = Instant::now();
+    while requests(port).is_empty() && t.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = requests(port);
+
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "bench");
+    let start = Instant::now();
+    futures::stream::iter(0..claims)
+        .map(|i| {
+            let pvcs = pvcs.clone();
+            async move {
+                let pvc = serde_json::from_value(json!({
+                    "metadata": {"name": format!("c{i}")},
+                    "spec": {"storageClassName": "bench", "accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": "1Mi"}}}
+                }))
+                .unwrap();
+                pvcs.create(&PostParams::default(), &pvc).await.unwrap();
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    loop {
+        let bound = pvcs
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+                    .count()
+            })
+            .unwrap_or(0);
+        if bound == claims {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let makespan = start.elapsed();
+    // Events and bookkeeping trail the binding (low priority): let them finish before counting.
+    let mut last = requests(port);
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = requests(port);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let mut counted = last.clone();
+    for (k, v) in &before {
+        if let Some(c) = counted.get_mut(k) {
+            *c = c.saturating_sub(*v);
+        }
+    }
+    counted.retain(|_, v| *v > 0);
+
+    let mut delete_makespan = None;
+    if delete {
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let start = Instant::now();
+        pvcs.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .unwrap();
+        loop {
+            let left = pvs
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items.len())
+                .unwrap_or(1);
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        delete_makespan = Some(start.elapsed());
+    }
+    let hwm_kib = status_kib(pid, "VmHWM:");
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(driver);
+    drop(kcm);
+    eprintln!("{label}: {claims} claims Bound in {makespan:?}");
+    Run {
+        label: label.into(),
+        claims,
+        makespan,
+        requests: counted,
+        hwm_kib,
+        delete_makespan,
+    }
+}
+
+fn date() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::main]
+async fn main() {
+    let a = args();
+    let raised = format!("--kube-api-qps={}", a.raised_qps);
+    let raised_burst = format!("--kube-api-burst={}", a.raised_qps);
+    let mut runs = vec![
+        run("`--kube-api-qps 5` (default)", a.claims, &[], false).await,
+        run(
+            &format!("`--kube-api-qps {}`", a.raised_qps),
+            a.claims,
+            &[&raised, &raised_burst],
+            true,
+        )
+        .await,
+    ];
+    if let Some(big) = a.big {
+        runs.push(
+            run(
+                &format!("`--kube-api-qps {}`, {big} claims", a.raised_qps),
+                big,
+                &[&raised, &raised_burst],
+                false,
+            )
+            .await,
+        );
+    }
+
+    let mut t = String::new();
+    t.push_str(&format!(
+        "{START}\n## csi-provisioner: claims to Bound volumes (issue 12)\n\n{}, load average {} at the end. \
+         Real kube-apiserver and kube-controller-manager v1.36.2 (fresh per run; KCM's own client limit raised to \
+         1000 qps so that binding is not what is measured), the test CSI driver in-process (answers at once), the \
+         release `csi-provisioner` with `--worker-threads 100` (default). Claims are created at once by the bench's \
+         own client; a run ends when the API server says every claim is Bound.\n\n```sh\n\
+         cargo bench -p plugreg-csi-provisioner --bench provisioner -- --out BENCHMARKS.md\n```\n\n",
+        date(),
+        load()
+    ));
+    t.push_str("| run | claims | makespan | volumes/s | API requests per volume | peak RSS |\n|---|---|---|---|---|---|\n");
+    for r in &runs {
+        let total: u64 = r.requests.values().sum();
+        t.push_str(&format!(
+            "| {} | {} | {:.1} s | {:.2} | {:.2} | {:.1} MiB |\n",
+            r.label,
+            r.claims,
+            r.makespan.as_secs_f64(),
+            r.claims as f64 / r.makespan.as_secs_f64(),
+            total as f64 / r.claims as f64,
+            r.hwm_kib as f64 / 1024.0
+        ));
+    }
+    t.push_str("\nRequests per volume by verb and resource (first run):\n\n| request | per volume |\n|---|---|\n");
+    for (k, v) in &runs[0].requests {
+        t.push_str(&format!(
+            "| {k} | {:.2} |\n",
+            *v as f64 / runs[0].claims as f64
+        ));
+    }
+    if let Some(d) = runs[1].delete_makespan {
+        t.push_str(&format!(
+            "\nDeletion: {} claims deleted at once, every PV gone after {:.1} s ({:.2} volumes/s).\n",
+            runs[1].claims,
+            d.as_secs_f64(),
+            runs[1].claims as f64 / d.as_secs_f64()
+        ));
+    }
+    t.push_str(&format!(
+        "\nUpstream's published figure at `--kube-api-qps 5`: {UPSTREAM_VOLUMES_PER_S} volumes/s (external-provisioner \
+         PR #447); no Go provisioner runs on this machine to measure it here.\n{END}"
+    ));
+    println!("{t}");
+    if let Some(out) = a.out {
+        let p = Path::new(&out);
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        let new = match (text.find(START), text.find(END)) {
+            (Some(s), Some(e)) if s < e => {
+                format!("{}{t}{}", &text[..s], &text[e + END.len()..])
+            }
+            _ => format!("{text}\n{t}\n"),
+        };
+        std::fs::write(p, new).unwrap();
+    }
+}
