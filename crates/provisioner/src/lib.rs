@@ -29,4 +29,5 @@ mod queue;
 pub mod ratelimit;
 pub mod request;
 pub mod secrets;
+pub mod service;
 pub mod topology;

@@ -76,6 +76,11 @@ impl Metrics {
         let _ = (name, is_leader);
     }
 
+    /// Where `plugreg_kube_requests_total{verb,resource}` comes from: the client's limiter.
+    pub fn set_kube_requests(&self, limiter: std::sync::Arc<crate::ratelimit::RateLimiter>) {
+        let _ = limiter;
+    }
+
     /// Everything, in the Prometheus text format (version 0.0.4).
     pub fn render(&self) -> String {
         String::new()

@@ -1,0 +1,140 @@
+//! What `csi-provisioner` does after its start-up checks (§2 step 19-20): the two rate-limited
+//! Kubernetes clients, the event recorder, and the controller, run directly or only while this
+//! process holds the Lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::controller::{self, Clients};
+use crate::csi::{Capabilities, Driver};
+use crate::events::Recorder;
+use crate::leader::{LeaderElection, LeaderError, LeaderHealth};
+use crate::metrics::Metrics;
+use crate::ratelimit;
+use crate::request::RequestOptions;
+
+/// Everything the run needs, gathered by the binary's start-up.
+pub struct Service {
+    /// The Kubernetes client configuration (from `--master`, `--kubeconfig` or in-cluster).
+    pub kube_config: kube::Config,
+    /// `--kube-api-qps`.
+    pub qps: f64,
+    /// `--kube-api-burst`.
+    pub burst: u32,
+    /// The driver.
+    pub driver: Arc<Driver>,
+    /// GetPluginInfo's name.
+    pub driver_name: String,
+    /// The provisioner identity (§2 step 15).
+    pub identity: String,
+    /// This host's name (event source host).
+    pub host: String,
+    /// The driver's capabilities.
+    pub capabilities: Capabilities,
+    /// The request options.
+    pub request: RequestOptions,
+    /// `--worker-threads`.
+    pub workers: usize,
+    /// `--retry-interval-start`.
+    pub retry_start: Duration,
+    /// `--retry-interval-max`.
+    pub retry_max: Duration,
+    /// `--timeout`.
+    pub timeout: Duration,
+    /// Leader election, when `--leader-election`.
+    pub leader: Option<LeaderElection>,
+    /// Shared with `/healthz/leader-election`.
+    pub health: LeaderHealth,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// How the run ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The clients could not be built.
+    #[error("failed to build the Kubernetes clients: {0}")]
+    Clients(#[from] ratelimit::Error),
+    /// Leadership was lost (`Stopped leading`): upstream exits 1.
+    #[error("Stopped leading: {0}")]
+    Leader(#[from] LeaderError),
+    /// The caches never filled.
+    #[error(transparent)]
+    Controller(#[from] controller::ControllerError),
+}
+
+impl Service {
+    /// Runs until `shutdown` (Ok) or until leadership is lost or the caches fail (Err).
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServiceError> {
+        let (high, low, limiter) = ratelimit::clients(self.kube_config, self.qps, self.burst)?;
+        self.metrics.set_kube_requests(Arc::clone(&limiter));
+        let component = format!("{}_{}_{}", self.driver_name, self.host, uuid4());
+        let events = Recorder::start(low.clone(), &component, &self.host, shutdown.clone());
+        let cfg = controller::Config {
+            driver: self.driver_name,
+            identity: self.identity,
+            request: self.request,
+            capabilities: self.capabilities,
+            workers: self.workers,
+            retry_start: self.retry_start,
+            retry_max: self.retry_max,
+            timeout: self.timeout,
+        };
+        let clients = Clients {
+            high: high.clone(),
+            low,
+            events,
+            driver: self.driver,
+            metrics: Arc::clone(&self.metrics),
+        };
+        match self.leader {
+            None => Ok(controller::run(cfg, clients, shutdown).await?),
+            Some(le) => {
+                let result = std::sync::Mutex::new(Ok(()));
+                let res = le
+                    .run(high, self.health, shutdown.clone(), |token| async {
+                        info!("became leader, starting");
+                        let r = controller::run(cfg, clients, token).await;
+                        *result.lock().unwrap_or_else(|e| e.into_inner()) = r;
+                    })
+                    .await;
+                if let Err(e) = &res {
+                    error!("Stopped leading: {e}");
+                }
+                res?;
+                result.into_inner().unwrap_or_else(|e| e.into_inner())?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A random RFC 4122 version-4 UUID from the kernel's random pool (for the event source name).
+fn uuid4() -> String {
+    let mut b = [0u8; 16];
+    // Without /dev/urandom (no such container), a time-based value is unique enough here.
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        b = t.to_le_bytes();
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
