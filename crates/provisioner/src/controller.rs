@@ -365,11 +365,6 @@ fn has_intent(c: &PersistentVolumeClaim) -> bool {
         || c.finalizers().iter().any(|f| f == INTENT_FINALIZER)
 }
 
-/// The JSON-pointer form of a map key (`/` and `~` escaped).
-fn pointer_key(k: &str) -> String {
-    k.replace('~', "~0").replace('/', "~1")
-}
-
 impl Controller {
     fn claims_api(&self, ns: &str, low: bool) -> Api<PersistentVolumeClaim> {
         let c = if low {
@@ -694,29 +689,22 @@ impl Controller {
         Err(last)
     }
 
-    /// Adds the intent annotation and finalizer, guarded by the cached resourceVersion.
+    /// Adds the intent annotation and finalizer: an Update of the cached claim, so that a stale
+    /// cache loses (Conflict) instead of overwriting, and upstream's RBAC (PVCs: get, list,
+    /// watch, update) is enough.
     async fn record_intent(
         &self,
         claim: &PersistentVolumeClaim,
         pv_name: &str,
     ) -> Result<(), Failure> {
-        let mut finalizers = claim.finalizers().to_vec();
-        finalizers.push(INTENT_FINALIZER.to_owned());
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": claim.resource_version(),
-                "annotations": { INTENT_ANNOTATION: pv_name },
-                "finalizers": finalizers,
-            }
-        });
+        let mut c = claim.clone();
+        c.annotations_mut()
+            .insert(INTENT_ANNOTATION.to_owned(), pv_name.to_owned());
+        c.finalizers_mut().push(INTENT_FINALIZER.to_owned());
         let ns = claim.namespace().unwrap_or_default();
         match self
             .claims_api(&ns, false)
-            .patch(
-                &claim.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+            .replace(&claim.name_any(), &PostParams::default(), &c)
             .await
         {
             Ok(_) => Ok(()),
@@ -732,42 +720,28 @@ impl Controller {
             .await
     }
 
-    /// Removes the intent (low priority), from the claim as the cache knows it: a JSON patch
-    /// that tests the finalizer's position, so that a stale cache never removes another one.
+    /// Removes the intent (low priority) with an Update of the claim as the cache knows it; a
+    /// Conflict means the cache is behind: the claim is synced again when it catches up.
     async fn clear_intent_of(&self, ns: &str, name: &str) -> Result<(), Retry> {
         let key = ObjectRef::new(name).within(ns);
         let Some(claim) = self.caches.claims.get(&key) else {
             return Ok(());
         };
-        let mut ops = Vec::new();
-        if let Some(i) = claim
-            .finalizers()
-            .iter()
-            .position(|f| f == INTENT_FINALIZER)
-        {
-            ops.push(json!({"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": INTENT_FINALIZER}));
-            ops.push(json!({"op": "remove", "path": format!("/metadata/finalizers/{i}")}));
-        }
-        if claim.annotations().contains_key(INTENT_ANNOTATION) {
-            ops.push(json!({"op": "remove", "path": format!("/metadata/annotations/{}", pointer_key(INTENT_ANNOTATION))}));
-        }
-        if ops.is_empty() {
+        if !has_intent(&claim) {
             return Ok(());
         }
-        let patch: json_patch::Patch = match serde_json::from_value(serde_json::Value::Array(ops)) {
-            Ok(p) => p,
-            Err(_) => return Err(Retry::Backoff),
-        };
+        let mut c = (*claim).clone();
+        c.annotations_mut().remove(INTENT_ANNOTATION);
+        c.finalizers_mut().retain(|f| f != INTENT_FINALIZER);
         match self
             .claims_api(ns, true)
-            .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .replace(name, &PostParams::default(), &c)
             .await
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => {
                 debug!(claim = %key, "clearing the provisioning intent failed (retrying): {e}");
-                // The finalizer moved or the claim changed: the next sync sees the new state.
                 self.claims.add_after(key, Duration::from_millis(200));
                 Err(Retry::Soon)
             }
@@ -775,37 +749,23 @@ impl Controller {
     }
 
     /// Removes the selected-node annotation (and the intent, if `intent`) so that the scheduler
-    /// picks another node (§11.2 reschedule).
+    /// picks another node (§11.2 reschedule): one Update, as upstream.
     async fn reschedule(&self, claim: &PersistentVolumeClaim, intent: bool) -> Result<(), Failure> {
         let ns = claim.namespace().unwrap_or_default();
         let name = claim.name_any();
         let key = ObjectRef::new(&name).within(&ns);
-        let current = self.caches.claims.get(&key);
-        let current = current.as_deref().unwrap_or(claim);
-        let mut ops = Vec::new();
-        if current.annotations().contains_key(ANN_SELECTED_NODE) {
-            ops.push(json!({"op": "remove", "path": format!("/metadata/annotations/{}", pointer_key(ANN_SELECTED_NODE))}));
-        }
+        let mut c = self
+            .caches
+            .claims
+            .get(&key)
+            .map_or_else(|| claim.clone(), |c| (*c).clone());
+        c.annotations_mut().remove(ANN_SELECTED_NODE);
         if intent {
-            if let Some(i) = current
-                .finalizers()
-                .iter()
-                .position(|f| f == INTENT_FINALIZER)
-            {
-                ops.push(json!({"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": INTENT_FINALIZER}));
-                ops.push(json!({"op": "remove", "path": format!("/metadata/finalizers/{i}")}));
-            }
-            if current.annotations().contains_key(INTENT_ANNOTATION) {
-                ops.push(json!({"op": "remove", "path": format!("/metadata/annotations/{}", pointer_key(INTENT_ANNOTATION))}));
-            }
+            c.annotations_mut().remove(INTENT_ANNOTATION);
+            c.finalizers_mut().retain(|f| f != INTENT_FINALIZER);
         }
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
-            .map_err(|e| Failure::Error(ProvisionError::final_(e.to_string())))?;
         self.claims_api(&ns, false)
-            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .replace(&name, &PostParams::default(), &c)
             .await
             .map(|_| ())
             .map_err(|e| {
