@@ -83,7 +83,8 @@ pub struct Recorder {
 impl Recorder {
     /// Starts the background task that writes events with `client` (the low-priority client)
     /// as `component` on `host` (`source.host` and `reportingInstance`; empty: not set, as
-    /// upstream's provisioner, which names its host in the component) until `shutdown`.
+    /// upstream's provisioner, which names its host in the component) until `shutdown`. Must
+    /// be called within a Tokio runtime.
     pub fn start(
         client: kube::Client,
         component: &str,
