@@ -9,21 +9,13 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use plugreg_runtime::prom::{self, Histogram};
+
 /// The driver label before the driver's name is known.
 pub const UNKNOWN_DRIVER: &str = "unknown-driver";
 
 /// Histogram bucket bounds in seconds, as csi-lib-utils.
-pub const BUCKETS: [f64; 13] = [
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
-];
-
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    /// Non-cumulative counts per bucket; the `+Inf` count is `count`.
-    buckets: [u64; BUCKETS.len()],
-    sum: f64,
-    count: u64,
-}
+pub const BUCKETS: [f64; 13] = prom::CSI_OPERATION_BUCKETS;
 
 /// (driver_name, method_name, grpc_status_code)
 type Key = (String, &'static str, &'static str);
@@ -57,18 +49,13 @@ impl Metrics {
     pub fn record(&self, driver: &str, method: &'static str, code: tonic::Code, took: Duration) {
         let seconds = took.as_secs_f64();
         let mut ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
-        let h = ops
-            .entry((
-                driver.to_owned(),
-                method,
-                plugreg_runtime::report::go_code(code),
-            ))
-            .or_default();
-        if let Some(i) = BUCKETS.iter().position(|&b| seconds <= b) {
-            h.buckets[i] += 1;
-        }
-        h.sum += seconds;
-        h.count += 1;
+        ops.entry((
+            driver.to_owned(),
+            method,
+            plugreg_runtime::report::go_code(code),
+        ))
+        .or_insert_with(|| Histogram::new(&BUCKETS))
+        .observe(seconds);
     }
 
     /// The Prometheus text exposition.
@@ -79,32 +66,26 @@ impl Metrics {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let mut out = String::new();
-        let name = "csi_sidecar_operations_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} [ALPHA] Container Storage Interface operation duration with gRPC error code status total"
+        prom::header(
+            &mut out,
+            prom::CSI_OPERATIONS,
+            prom::CSI_OPERATIONS_HELP,
+            "histogram",
         );
-        let _ = writeln!(out, "# TYPE {name} histogram");
         for ((driver, method, code), h) in &ops {
-            let labels = format!(
-                "driver_name=\"{}\",grpc_status_code=\"{code}\",method_name=\"{method}\"",
-                plugreg_runtime::prom::escape_label(driver)
-            );
-            let mut cumulative = 0;
-            for (bound, n) in BUCKETS.iter().zip(h.buckets) {
-                cumulative += n;
-                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
-            }
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
-            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
-            let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+            let labels = prom::labels(&[
+                ("driver_name", driver),
+                ("grpc_status_code", code),
+                ("method_name", method),
+            ]);
+            h.write(&mut out, prom::CSI_OPERATIONS, &labels);
         }
         let _ = writeln!(
             out,
             "# HELP process_start_time_seconds [ALPHA] Start time of the process since unix epoch in seconds."
         );
         let _ = writeln!(out, "# TYPE process_start_time_seconds gauge");
-        let _ = writeln!(out, "process_start_time_seconds {}", self.start);
+        prom::sample(&mut out, "process_start_time_seconds", "", self.start);
         out
     }
 }

@@ -1,21 +1,647 @@
-//! placeholder
-#![allow(missing_docs, unused)]
-use k8s_openapi::api::core::v1::ObjectReference;
-#[derive(Debug, Clone, Copy)]
+//! Kubernetes `core/v1` Events as client-go's event recorder and broadcaster write them
+//! (`upstream-external-provisioner.md` §16).
+//!
+//! - [`Recorder::event`] never blocks: it makes the Event and puts it in a queue of
+//!   [`QUEUE_BOUND`] events (client-go's `maxQueuedEvents`); when the queue is full the event is
+//!   dropped with a warning, as client-go drops it.
+//! - One background task writes the queued events in order, each as client-go's
+//!   `recordToSink`: the correlator first, then a POST, or a strategic-merge PATCH of `count`,
+//!   `lastTimestamp` and `message` when an identical event (same source, involved object,
+//!   type, reason and message) was written before and is still in the cache of
+//!   [`CACHE_ENTRIES`] keys (LRU). A PATCH that finds the event gone (the API server's event
+//!   TTL) creates it again. Transport errors are retried [`MAX_TRIES`] times, [`RETRY_SLEEP`]
+//!   apart (the first wait a random part of it); an answer of the API server (rejected,
+//!   already exists) ends the attempt.
+//! - client-go's spam filter: per source and involved object, a token bucket of
+//!   [`SPAM_BURST`] refilled once every [`SPAM_REFILL`]; an event without a token is dropped.
+//!   As in client-go the identical-event count is taken before the filter, so a dropped
+//!   repetition still shows in the next written count.
+//! - Not done: client-go's aggregation of *similar* events (same object and reason, more
+//!   than 10 different messages in 10 minutes become one "(combined from similar events)"
+//!   event). The provisioner's messages per claim are few.
+//! - Names: `<object name>.<unix nanoseconds in hex>`; namespace: the object's, `default` for
+//!   cluster-scoped objects (PersistentVolumes); message cut to [`MAX_MESSAGE_BYTES`].
+//! - On shutdown the task stops; events still queued are lost (as client-go's broadcaster).
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Events waiting to be written at most; more are dropped (client-go's `maxQueuedEvents`).
+pub const QUEUE_BOUND: usize = 1000;
+/// Observed events (and spam buckets) remembered, least recently used first out (client-go's
+/// `maxLruCacheEntries`).
+pub const CACHE_ENTRIES: usize = 4096;
+/// Messages are cut to this many bytes (at a character boundary).
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+/// Writes of one event before it is given up (client-go's `maxTriesPerEvent`).
+pub const MAX_TRIES: u32 = 12;
+/// The wait between tries (client-go's `defaultSleepDuration`).
+pub const RETRY_SLEEP: Duration = Duration::from_secs(10);
+/// Events one source may write about one object at once (client-go's `defaultSpamBurst`).
+pub const SPAM_BURST: f64 = 25.0;
+/// One more event per source and object every this long (client-go's `defaultSpamQPS` 1/300).
+pub const SPAM_REFILL: Duration = Duration::from_secs(300);
+
+/// The two event types Kubernetes knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
+    /// Information.
     Normal,
+    /// Something went wrong.
     Warning,
 }
+
+impl EventType {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// Records events; clones share the queue and the background task.
 #[derive(Debug, Clone)]
-pub struct Recorder;
+pub struct Recorder {
+    tx: mpsc::Sender<Event>,
+    source: Arc<EventSource>,
+    dropped: Arc<AtomicU64>,
+}
+
 impl Recorder {
+    /// Starts the background task that writes events with `client` (the low-priority client)
+    /// as `component` on `host` (`source.host` and `reportingInstance`; empty: not set, as
+    /// upstream's provisioner, which names its host in the component) until `shutdown`. Must
+    /// be called within a Tokio runtime.
     pub fn start(
         client: kube::Client,
         component: &str,
         host: &str,
-        shutdown: tokio_util::sync::CancellationToken,
+        shutdown: CancellationToken,
     ) -> Recorder {
-        Recorder
+        let (tx, rx) = mpsc::channel(QUEUE_BOUND);
+        tokio::spawn(write_events(client, rx, shutdown));
+        Recorder {
+            tx,
+            source: Arc::new(EventSource {
+                component: Some(component.to_owned()).filter(|c| !c.is_empty()),
+                host: Some(host.to_owned()).filter(|h| !h.is_empty()),
+            }),
+            dropped: Arc::default(),
+        }
     }
-    pub fn event(&self, object: &ObjectReference, t: EventType, reason: &str, message: &str) {}
+
+    /// Records an event about `object`; returns at once (the event is queued, or dropped with
+    /// a warning when [`QUEUE_BOUND`] events wait already or the recorder has shut down).
+    pub fn event(&self, object: &ObjectReference, type_: EventType, reason: &str, message: &str) {
+        let event = make_event(
+            &self.source,
+            object,
+            type_,
+            reason,
+            message,
+            SystemTime::now(),
+        );
+        match self.tx.try_send(event) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(e)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    object = e.involved_object.name.as_deref().unwrap_or(""),
+                    reason,
+                    message = e.message.as_deref().unwrap_or(""),
+                    "unable to record event: too many queued events, dropped event"
+                );
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(reason, "event recorder shut down, dropped event");
+            }
+        }
+    }
+
+    /// Events queued and not yet taken by the writer (at most [`QUEUE_BOUND`]).
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
+    /// Events dropped because the queue was full or the recorder had shut down.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The Event client-go's `makeEvent` makes, at `now`.
+pub fn make_event(
+    source: &EventSource,
+    object: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    message: &str,
+    now: SystemTime,
+) -> Event {
+    let ts = Timestamp::try_from(now).unwrap_or(Timestamp::UNIX_EPOCH);
+    let namespace = match object.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => ns.to_owned(),
+        _ => "default".to_owned(),
+    };
+    let name = format!(
+        "{}.{:x}",
+        object.name.as_deref().unwrap_or(""),
+        ts.as_nanosecond().max(0)
+    );
+    Event {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace),
+            ..ObjectMeta::default()
+        },
+        involved_object: object.clone(),
+        reason: Some(reason.to_owned()),
+        message: Some(cut(message, MAX_MESSAGE_BYTES).to_owned()),
+        first_timestamp: Some(Time(ts)),
+        last_timestamp: Some(Time(ts)),
+        count: Some(1),
+        type_: Some(type_.as_str().to_owned()),
+        source: Some(source.clone()),
+        reporting_component: source.component.clone(),
+        reporting_instance: source.host.clone(),
+        ..Event::default()
+    }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A small least-recently-used map (client-go's `lru.Cache`): `get` and `put` make a key the
+/// most recent; `put` beyond the capacity removes the least recent.
+#[derive(Debug)]
+struct Lru<K, V> {
+    capacity: usize,
+    tick: u64,
+    map: HashMap<K, (V, u64)>,
+    order: BTreeMap<u64, K>,
+}
+
+impl<K: Hash + Eq + Clone, V> Lru<K, V> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            tick: 0,
+            map: HashMap::new(),
+            order: BTreeMap::new(),
+        }
+    }
+
+    fn touch(&mut self, key: &K) -> Option<&mut V> {
+        let (v, t) = self.map.get_mut(key)?;
+        self.order.remove(t);
+        self.tick += 1;
+        *t = self.tick;
+        self.order.insert(self.tick, key.clone());
+        Some(v)
+    }
+
+    fn put(&mut self, key: K, value: V) {
+        if let Some(v) = self.touch(&key) {
+            *v = value;
+            return;
+        }
+        if self.map.len() >= self.capacity
+            && let Some((_, oldest)) = self.order.pop_first()
+        {
+            self.map.remove(&oldest);
+        }
+        self.tick += 1;
+        self.order.insert(self.tick, key.clone());
+        self.map.insert(key, (value, self.tick));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// What was last written for an identical event (client-go's `eventLog`).
+#[derive(Debug, Clone)]
+struct Observation {
+    count: i32,
+    first_timestamp: Option<Time>,
+    name: Option<String>,
+    resource_version: Option<String>,
+}
+
+/// client-go's passive token bucket for the spam filter.
+#[derive(Debug)]
+struct SpamBucket {
+    tokens: f64,
+    last: Instant,
+}
+
+/// What to write for one event.
+#[derive(Debug)]
+pub(crate) struct Correlated {
+    event: Event,
+    /// `Some(patch)` when an identical event exists: PATCH instead of POST.
+    patch: Option<serde_json::Value>,
+}
+
+/// client-go's `EventCorrelator` without the aggregation of similar events.
+#[derive(Debug)]
+pub(crate) struct Correlator {
+    observed: Lru<String, Observation>,
+    spam: Lru<String, SpamBucket>,
+}
+
+impl Default for Correlator {
+    fn default() -> Self {
+        Self {
+            observed: Lru::new(CACHE_ENTRIES),
+            spam: Lru::new(CACHE_ENTRIES),
+        }
+    }
+}
+
+fn join_key(e: &Event, with_event: bool) -> String {
+    let src = e.source.as_ref();
+    let o = &e.involved_object;
+    let mut parts = vec![
+        src.and_then(|s| s.component.as_deref()).unwrap_or(""),
+        src.and_then(|s| s.host.as_deref()).unwrap_or(""),
+        o.kind.as_deref().unwrap_or(""),
+        o.namespace.as_deref().unwrap_or(""),
+        o.name.as_deref().unwrap_or(""),
+    ];
+    if with_event {
+        parts.push(o.field_path.as_deref().unwrap_or(""));
+    }
+    parts.push(o.uid.as_deref().unwrap_or(""));
+    parts.push(o.api_version.as_deref().unwrap_or(""));
+    if with_event {
+        parts.push(e.type_.as_deref().unwrap_or(""));
+        parts.push(e.reason.as_deref().unwrap_or(""));
+        parts.push(e.message.as_deref().unwrap_or(""));
+    }
+    // client-go joins with ""; a separator that cannot occur in names avoids accidental
+    // collisions of different field splits.
+    parts.join("\u{0}")
+}
+
+impl Correlator {
+    /// client-go's `EventCorrelate`: the event to write (a PATCH of the earlier identical
+    /// one, or a POST), or `None` when the spam filter drops it.
+    pub(crate) fn correlate(&mut self, mut event: Event, now: Instant) -> Option<Correlated> {
+        let key = join_key(&event, true);
+        let mut patch = None;
+        if let Some(last) = self.observed.touch(&key).cloned() {
+            event.metadata.name = last.name;
+            event.metadata.resource_version = last.resource_version;
+            event.first_timestamp = last.first_timestamp;
+            event.count = Some(last.count.saturating_add(1));
+            // What client-go's two-way strategic merge patch of (count 0, lastTimestamp 0,
+            // message "") against the event amounts to.
+            let mut p = serde_json::Map::new();
+            p.insert("count".into(), serde_json::json!(event.count));
+            p.insert(
+                "lastTimestamp".into(),
+                serde_json::to_value(&event.last_timestamp).unwrap_or_default(),
+            );
+            if event.message.as_deref().is_some_and(|m| !m.is_empty()) {
+                p.insert("message".into(), serde_json::json!(event.message));
+            }
+            patch = Some(serde_json::Value::Object(p));
+        }
+        self.observed.put(key, observation(&event));
+        if !self.spam_accept(&event, now) {
+            return None;
+        }
+        Some(Correlated { event, patch })
+    }
+
+    /// client-go's `UpdateState`: remember what the API server has.
+    pub(crate) fn written(&mut self, event: &Event) {
+        self.observed.put(join_key(event, true), observation(event));
+    }
+
+    fn spam_accept(&mut self, event: &Event, now: Instant) -> bool {
+        let key = join_key(event, false);
+        let refill = 1.0 / SPAM_REFILL.as_secs_f64();
+        let bucket = match self.spam.touch(&key) {
+            Some(b) => b,
+            None => {
+                self.spam.put(
+                    key.clone(),
+                    SpamBucket {
+                        tokens: SPAM_BURST,
+                        last: now,
+                    },
+                );
+                match self.spam.touch(&key) {
+                    Some(b) => b,
+                    None => return true,
+                }
+            }
+        };
+        let elapsed = now.saturating_duration_since(bucket.last).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * refill).min(SPAM_BURST);
+        bucket.last = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+fn observation(e: &Event) -> Observation {
+    Observation {
+        count: e.count.unwrap_or(0),
+        first_timestamp: e.first_timestamp.clone(),
+        name: e.metadata.name.clone(),
+        resource_version: e.metadata.resource_version.clone(),
+    }
+}
+
+/// The background task: writes the queued events one after the other until `shutdown`.
+async fn write_events(
+    client: kube::Client,
+    mut rx: mpsc::Receiver<Event>,
+    shutdown: CancellationToken,
+) {
+    let mut correlator = Correlator::default();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            e = rx.recv() => match e {
+                Some(e) => e,
+                None => return,
+            },
+        };
+        let Some(c) = correlator.correlate(event, Instant::now()) else {
+            continue;
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            () = record_to_sink(&client, &mut correlator, c) => {}
+        }
+    }
+}
+
+/// Tries to write one event, as client-go's `recordToSink`.
+async fn record_to_sink(client: &kube::Client, correlator: &mut Correlator, c: Correlated) {
+    let Correlated { mut event, patch } = c;
+    let ns = event.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let mut tries = 0;
+    loop {
+        match record_once(&api, &mut event, patch.as_ref()).await {
+            Ok(written) => {
+                correlator.written(&written);
+                return;
+            }
+            Err(kube::Error::Api(status)) => {
+                // The API server answered: trying again would get the same answer.
+                let level_debug = status.code == 409;
+                if level_debug {
+                    tracing::debug!(event = ?event.metadata.name, %status, "server rejected event (will not retry)");
+                } else {
+                    tracing::error!(event = ?event.metadata.name, %status, "server rejected event (will not retry)");
+                }
+                return;
+            }
+            Err(e) => {
+                tries += 1;
+                if tries >= MAX_TRIES {
+                    tracing::error!(event = ?event.metadata.name, error = %e, "unable to write event (retry limit exceeded)");
+                    return;
+                }
+                tracing::warn!(event = ?event.metadata.name, error = %e, "unable to write event (may retry after sleeping)");
+                let delay = if tries == 1 {
+                    RETRY_SLEEP.mul_f64(jitter())
+                } else {
+                    RETRY_SLEEP
+                };
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+async fn record_once(
+    api: &Api<Event>,
+    event: &mut Event,
+    patch: Option<&serde_json::Value>,
+) -> Result<Event, kube::Error> {
+    if let (Some(p), Some(name)) = (patch, event.metadata.name.as_deref()) {
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Strategic(p))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 404 => {} // gone (TTL): create it again
+            r => return r,
+        }
+    }
+    event.metadata.resource_version = None;
+    api.create(&PostParams::default(), event).await
+}
+
+/// A number in [0, 1) that differs between calls enough to spread retries (client-go:
+/// `rand.Float64()`); no randomness crate for this.
+fn jitter() -> f64 {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    f64::from(nanos) / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pvc(name: &str) -> ObjectReference {
+        ObjectReference {
+            kind: Some("PersistentVolumeClaim".into()),
+            namespace: Some("ns".into()),
+            name: Some(name.into()),
+            uid: Some("uid-1".into()),
+            api_version: Some("v1".into()),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn source() -> EventSource {
+        EventSource {
+            component: Some("c".into()),
+            host: None,
+        }
+    }
+
+    #[test]
+    fn events_are_named_after_the_object_and_the_time_in_hex_nanoseconds() {
+        let at = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123);
+        let e = make_event(&source(), &pvc("claim"), EventType::Warning, "R", "m", at);
+        assert_eq!(
+            e.metadata.name.as_deref(),
+            Some(format!("claim.{:x}", 1_700_000_000_000_000_123u64).as_str())
+        );
+        assert_eq!(e.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert_eq!(e.count, Some(1));
+        assert_eq!(e.reporting_component.as_deref(), Some("c"));
+        assert_eq!(e.reporting_instance, None);
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["firstTimestamp"], "2023-11-14T22:13:20Z");
+        assert_eq!(json["lastTimestamp"], "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn messages_are_cut_at_a_character_boundary() {
+        let long = "é".repeat(600); // 1200 bytes
+        let e = make_event(
+            &source(),
+            &pvc("c"),
+            EventType::Normal,
+            "R",
+            &long,
+            SystemTime::now(),
+        );
+        let m = e.message.unwrap();
+        assert_eq!(m.len(), 1024);
+        assert!(m.chars().all(|c| c == 'é'));
+        assert_eq!(cut("abc", 2), "ab");
+        assert_eq!(cut("aé", 2), "a");
+    }
+
+    #[test]
+    fn an_identical_event_becomes_a_patch_of_the_first() {
+        let mut c = Correlator::default();
+        let now = Instant::now();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let first = make_event(&source(), &pvc("a"), EventType::Normal, "R", "m", t0);
+        let first_name = first.metadata.name.clone();
+        let r = c.correlate(first, now).unwrap();
+        assert!(r.patch.is_none());
+        let mut written = r.event;
+        written.metadata.resource_version = Some("7".into());
+        c.written(&written);
+
+        let t1 = t0 + Duration::from_secs(30);
+        let again = make_event(&source(), &pvc("a"), EventType::Normal, "R", "m", t1);
+        let r = c.correlate(again, now).unwrap();
+        assert_eq!(r.event.metadata.name, first_name);
+        assert_eq!(r.event.count, Some(2));
+        assert_eq!(
+            r.patch.unwrap(),
+            serde_json::json!({"count": 2, "lastTimestamp": "2023-11-14T22:13:50Z", "message": "m"})
+        );
+        let json = serde_json::to_value(&r.event).unwrap();
+        assert_eq!(json["firstTimestamp"], "2023-11-14T22:13:20Z");
+
+        // Another message, reason, type or object is another event.
+        for e in [
+            make_event(&source(), &pvc("a"), EventType::Normal, "R", "m2", t1),
+            make_event(&source(), &pvc("a"), EventType::Normal, "R2", "m", t1),
+            make_event(&source(), &pvc("a"), EventType::Warning, "R", "m", t1),
+            make_event(&source(), &pvc("b"), EventType::Normal, "R", "m", t1),
+        ] {
+            assert!(c.correlate(e, now).unwrap().patch.is_none());
+        }
+    }
+
+    #[test]
+    fn the_spam_filter_lets_25_through_then_one_per_five_minutes() {
+        let mut c = Correlator::default();
+        let now = Instant::now();
+        let mut passed = 0;
+        for i in 0..40 {
+            // Different messages: the filter is per source and object.
+            let e = make_event(
+                &source(),
+                &pvc("a"),
+                EventType::Normal,
+                "R",
+                &format!("m{i}"),
+                SystemTime::now(),
+            );
+            passed += usize::from(c.correlate(e, now).is_some());
+        }
+        assert_eq!(passed, 25);
+        let other = make_event(
+            &source(),
+            &pvc("b"),
+            EventType::Normal,
+            "R",
+            "m",
+            SystemTime::now(),
+        );
+        assert!(c.correlate(other, now).is_some());
+        let e = || {
+            make_event(
+                &source(),
+                &pvc("a"),
+                EventType::Normal,
+                "R",
+                "x",
+                SystemTime::now(),
+            )
+        };
+        assert!(c.correlate(e(), now + Duration::from_secs(299)).is_none());
+        // Two tokens have grown back after ten minutes, no more.
+        let later = now + Duration::from_secs(600);
+        assert!(c.correlate(e(), later).is_some());
+        assert!(c.correlate(e(), later).is_some());
+        assert!(c.correlate(e(), later).is_none());
+    }
+
+    #[test]
+    fn the_caches_forget_the_least_recently_used_key_first() {
+        let mut l = Lru::new(3);
+        l.put("a", 1);
+        l.put("b", 2);
+        l.put("c", 3);
+        assert_eq!(l.touch(&"a").copied(), Some(1));
+        l.put("d", 4);
+        assert_eq!(l.len(), 3);
+        assert!(l.touch(&"b").is_none());
+        assert!(l.touch(&"a").is_some());
+        assert!(l.touch(&"c").is_some());
+        assert!(l.touch(&"d").is_some());
+        let mut c = Correlator::default();
+        for i in 0..CACHE_ENTRIES + 100 {
+            let e = make_event(
+                &source(),
+                &pvc(&format!("o{i}")),
+                EventType::Normal,
+                "R",
+                "m",
+                SystemTime::now(),
+            );
+            c.correlate(e, Instant::now());
+        }
+        assert_eq!(c.observed.len(), CACHE_ENTRIES);
+        assert_eq!(c.spam.len(), CACHE_ENTRIES);
+    }
 }

@@ -305,7 +305,8 @@ pub fn request_key(method: &http::Method, uri: &http::Uri) -> String {
         r => r.to_vec(),
     };
     let Some((resource, tail)) = rest.split_first() else {
-        let p = if path.len() > 100 { &path[..100] } else { path };
+        // Bounded, whatever the path (it is ASCII in an `http::Uri`; `get` also guards the rest).
+        let p = path.get(..100).unwrap_or(path);
         return format!("{method} {p}");
     };
     let watch = uri
@@ -597,6 +598,8 @@ mod tests {
         );
         assert_eq!(key("GET", "/api/v1/namespaces"), "LIST namespaces");
         assert_eq!(key("GET", "/version"), "GET /version");
+        let long = format!("/{}", "a".repeat(300));
+        assert_eq!(key("GET", &long), format!("GET {}", &long[..100]));
         assert_eq!(
             key("GET", "/apis/storage.k8s.io/v1"),
             "GET /apis/storage.k8s.io/v1"

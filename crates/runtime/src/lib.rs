@@ -3,7 +3,8 @@
 //! * [`backoff`]: the one back-off policy (exponential, capped, optional jitter);
 //! * [`accept`]: what a listener does when `accept()` fails for want of file descriptors;
 //! * [`signal`]: SIGTERM / SIGINT (and SIGHUP for daemons) as one awaitable stream;
-//! * [`prom`]: the Prometheus label-value escaper of every `/metrics` endpoint;
+//! * [`prom`]: the Prometheus text format of every `/metrics` endpoint (label escaping, Go's
+//!   number format, a fixed-bucket histogram);
 //! * [`report`]: an error and its causes as one line, gRPC statuses worded as grpc-go words them.
 //!
 //! It depends on tokio and tonic only, so the registrar side can use it without pulling in
