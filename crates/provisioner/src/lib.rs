@@ -25,6 +25,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod pv;
+mod quantity;
 pub mod ratelimit;
 pub mod request;
 pub mod secrets;
