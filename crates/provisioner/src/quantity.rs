@@ -287,6 +287,45 @@ mod tests {
         }
     }
 
+    /// Against exact rational arithmetic on small numbers: `ceil((I * 10^f + F) * base / 10^f)`.
+    #[test]
+    fn parsing_matches_exact_arithmetic() {
+        const SUFFIXES: &[(&str, u128, u128)] = &[
+            // (suffix, multiplier, divisor)
+            ("n", 1, 1_000_000_000),
+            ("u", 1, 1_000_000),
+            ("m", 1, 1_000),
+            ("", 1, 1),
+            ("k", 1_000, 1),
+            ("M", 1_000_000, 1),
+            ("G", 1_000_000_000, 1),
+            ("T", 1_000_000_000_000, 1),
+            ("Ki", 1 << 10, 1),
+            ("Mi", 1 << 20, 1),
+            ("Gi", 1 << 30, 1),
+            ("Ti", 1 << 40, 1),
+            ("Pi", 1 << 50, 1),
+            ("e-2", 1, 100),
+            ("e5", 100_000, 1),
+        ];
+        arbtest::arbtest(|u| {
+            let int: u128 = u.int_in_range(0..=999_999)?;
+            let frac_digits: u32 = u.int_in_range(0..=6)?;
+            let frac: u128 = u.int_in_range(0..=10u128.pow(frac_digits) - 1)?;
+            let &(suffix, mul, div) = u.choose(SUFFIXES)?;
+            let text = if frac_digits == 0 {
+                format!("{int}{suffix}")
+            } else {
+                format!("{int}.{frac:0width$}{suffix}", width = frac_digits as usize)
+            };
+            let num = (int * 10u128.pow(frac_digits) + frac) * mul;
+            let den = 10u128.pow(frac_digits) * div;
+            let want = i64::try_from(num.div_ceil(den)).map_err(|_| QuantityError::TooLarge);
+            assert_eq!(parse_bytes(&text), want, "{text}");
+            Ok(())
+        });
+    }
+
     #[test]
     fn parsing_never_panics_and_formatting_round_trips() {
         arbtest::arbtest(|u| {
