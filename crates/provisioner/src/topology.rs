@@ -16,6 +16,7 @@ use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use plugreg_proto::csi::v1::{Topology, TopologyRequirement};
 
 use crate::classify::{ProvisionError, State};
+use crate::secrets::go_quote;
 
 /// The cluster objects topology reads: CSINodes and Nodes by name and in full.
 pub trait TopologySource {
@@ -237,7 +238,8 @@ pub fn requirements(
                 let flat = flatten(allowed);
                 if !flat.iter().any(|t| t.subset_of(&selected_term)) {
                     return Err(no_change(format!(
-                        "selected node '\"{node_name}\"' topology '{}' is not in allowed topologies: {}",
+                        "selected node '{}' topology '{}' is not in allowed topologies: {}",
+                        go_quote(node_name),
                         selected_term.go_fmt(),
                         go_fmt_terms(&flat)
                     )));
@@ -278,8 +280,9 @@ pub fn requirements(
         Some(node_name) => {
             let Some(first) = requisite.iter().position(|t| t.subset_of(&selected_term)) else {
                 return Err(no_change(format!(
-                    "topology {} from selected node \"{node_name}\" is not in requisite: {}",
+                    "topology {} from selected node {} is not in requisite: {}",
                     selected_term.go_fmt(),
+                    go_quote(node_name),
                     go_fmt_terms(&requisite)
                 )));
             };
