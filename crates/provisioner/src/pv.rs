@@ -723,4 +723,127 @@ mod tests {
         assert!(json["spec"]["csi"].get("readOnly").is_none());
         assert_eq!(json["spec"]["claimRef"]["kind"], "PersistentVolumeClaim");
     }
+
+    /// The PV as the real kube-apiserver (v1.20.2 and v1.36.2) takes it: it passes validation,
+    /// and what comes back is what was sent (capacity strings included, which the server
+    /// re-prints in canonical form).
+    async fn api_server_accepts_the_pv(version: plugreg_testpeers::KubeVersion) {
+        use kube::api::{Api, PostParams};
+        let server = plugreg_testpeers::ApiServer::shared(version)
+            .await
+            .expect("start kube-apiserver");
+        let pvs: Api<PersistentVolume> = Api::all(server.client().await.expect("client"));
+        let sc = StorageClass {
+            parameters: Some(
+                [
+                    "provisioner",
+                    "controller-publish",
+                    "node-stage",
+                    "node-publish",
+                    "controller-expand",
+                    "node-expand",
+                    "controller-modify",
+                ]
+                .iter()
+                .flat_map(|op| {
+                    [
+                        (
+                            format!("csi.storage.k8s.io/{op}-secret-name"),
+                            format!("{op}-s"),
+                        ),
+                        (
+                            format!("csi.storage.k8s.io/{op}-secret-namespace"),
+                            "sec".to_owned(),
+                        ),
+                    ]
+                })
+                .chain([("csi.storage.k8s.io/fstype".to_owned(), "xfs".to_owned())])
+                .collect(),
+            ),
+            mount_options: Some(vec!["noatime".into()]),
+            reclaim_policy: Some("Retain".into()),
+            ..class()
+        };
+        let opts = RequestOptions {
+            topology: true,
+            immediate_topology: false,
+            controller_publish_readonly: true,
+            ..Default::default()
+        };
+        let v = match version {
+            plugreg_testpeers::KubeVersion::V1_20_2 => "a",
+            plugreg_testpeers::KubeVersion::V1_36_2 => "b",
+        };
+        for (i, bytes) in [1i64 << 30, 3 << 29, (1 << 30) + 1, 500, 1000, 1024, 1500]
+            .into_iter()
+            .enumerate()
+        {
+            let mut c = claim();
+            c.metadata.uid = Some(format!("{v}{i}111111-2222-3333-4444-555555555555"));
+            c.spec.as_mut().unwrap().access_modes = Some(vec!["ReadOnlyMany".into()]);
+            c.spec.as_mut().unwrap().resources = None;
+            let mut resp = response(bytes);
+            resp.volume.as_mut().unwrap().accessible_topology = vec![
+                Topology {
+                    segments: HashMap::from([
+                        ("zone".to_owned(), "z1".to_owned()),
+                        ("rack".to_owned(), "r1".to_owned()),
+                    ]),
+                },
+                Topology {
+                    segments: HashMap::from([("zone".to_owned(), "z2".to_owned())]),
+                },
+            ];
+            let sent = build_with(&c, &sc, &resp, &opts).unwrap();
+            let got = pvs
+                .create(&PostParams::default(), &sent)
+                .await
+                .unwrap_or_else(|e| panic!("{version:?} rejected the PV: {e}"));
+            let (s, g) = (spec(&sent), spec(&got));
+            let storage = &g.capacity.as_ref().unwrap()["storage"].0;
+            assert_eq!(
+                storage,
+                &s.capacity.as_ref().unwrap()["storage"].0,
+                "{bytes}"
+            );
+            assert_eq!(quantity::parse_bytes(storage), Ok(bytes));
+            let mut want_csi = s.csi.clone().unwrap();
+            if version == plugreg_testpeers::KubeVersion::V1_20_2 {
+                // nodeExpandSecretRef exists from 1.25; older servers drop it.
+                want_csi.node_expand_secret_ref = None;
+            }
+            assert_eq!(g.csi.as_ref(), Some(&want_csi));
+            assert_eq!(want_csi.read_only, Some(true));
+            assert_eq!(g.node_affinity, s.node_affinity);
+            assert_eq!(g.claim_ref, s.claim_ref);
+            assert_eq!(g.access_modes, s.access_modes);
+            assert_eq!(g.mount_options, s.mount_options);
+            assert_eq!(
+                g.persistent_volume_reclaim_policy.as_deref(),
+                Some("Retain")
+            );
+            assert_eq!(g.storage_class_name.as_deref(), Some("fast"));
+            let anns = got.metadata.annotations.as_ref().unwrap();
+            for (k, val) in sent.metadata.annotations.as_ref().unwrap() {
+                assert_eq!(anns.get(k), Some(val), "{k}");
+            }
+            assert!(
+                got.metadata
+                    .finalizers
+                    .as_ref()
+                    .unwrap()
+                    .contains(&FINALIZER.to_owned())
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kube_apiserver_v1_20_accepts_the_pv() {
+        api_server_accepts_the_pv(plugreg_testpeers::KubeVersion::V1_20_2).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kube_apiserver_v1_36_accepts_the_pv() {
+        api_server_accepts_the_pv(plugreg_testpeers::KubeVersion::V1_36_2).await;
+    }
 }
