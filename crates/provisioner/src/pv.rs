@@ -837,13 +837,91 @@ mod tests {
         }
     }
 
+    /// `n / 1024` as an exact decimal with the `Ki` suffix: a BinarySI quantity of `n` bytes,
+    /// whatever `n` is (1/1024 = 5^10 / 10^10 terminates).
+    fn as_binary_si_input(n: i64) -> String {
+        let m = u128::try_from(n).unwrap() * 9_765_625;
+        let (int, frac) = (m / 10_000_000_000, m % 10_000_000_000);
+        let frac = format!("{frac:010}");
+        let frac = frac.trim_end_matches('0');
+        if frac.is_empty() {
+            format!("{int}Ki")
+        } else {
+            format!("{int}.{frac}Ki")
+        }
+    }
+
+    /// The real apimachinery prints a BinarySI quantity of `n` bytes as `NewQuantity(n, BinarySI)`
+    /// does, and the server stores that text and parses it again. For sizes below 1024 and
+    /// multiples of 1024 what comes back is therefore exactly upstream's text, which our
+    /// formatter must match; every other size comes back as plain digits re-read in decimal SI
+    /// (`1000000` -> `1M`), so for those only the value is compared.
+    async fn api_server_prints_sizes_as_we_do(version: plugreg_testpeers::KubeVersion) {
+        use kube::api::{Api, PostParams};
+        let server = plugreg_testpeers::ApiServer::shared(version)
+            .await
+            .expect("start kube-apiserver");
+        let pvs: Api<PersistentVolume> = Api::all(server.client().await.expect("client"));
+        let sizes = [
+            1,
+            500,
+            999,
+            1000,
+            1001,
+            1023,
+            1024,
+            1025,
+            1500,
+            2048,
+            1_000_000,
+            1 << 20,
+            (1 << 20) + 512,
+            1 << 30,
+            3 << 29,
+            (1 << 30) + 1,
+            1_000_000_000,
+            5 << 40,
+            123_456_789_012,
+            1 << 62,
+            i64::MAX,
+        ];
+        let v = match version {
+            plugreg_testpeers::KubeVersion::V1_20_2 => "c",
+            plugreg_testpeers::KubeVersion::V1_36_2 => "d",
+        };
+        for (i, n) in sizes.into_iter().enumerate() {
+            let mut pv = pv();
+            pv.metadata.name = Some(format!("size-{v}-{i}"));
+            pv.spec.as_mut().unwrap().capacity = Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity(as_binary_si_input(n)),
+            )]));
+            let got = pvs
+                .create(&PostParams::default(), &pv)
+                .await
+                .unwrap_or_else(|e| panic!("{version:?}, {n}: {e}"));
+            let printed = &spec(&got).capacity.as_ref().unwrap()["storage"].0;
+            let sent = as_binary_si_input(n);
+            assert_eq!(quantity::parse_bytes(printed), Ok(n), "{n} sent as {sent}");
+            if n < 1024 || n % 1024 == 0 {
+                assert_eq!(
+                    printed,
+                    &quantity::format_binary_si(n),
+                    "{n} sent as {sent}"
+                );
+            }
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn kube_apiserver_v1_20_accepts_the_pv() {
         api_server_accepts_the_pv(plugreg_testpeers::KubeVersion::V1_20_2).await;
+        api_server_prints_sizes_as_we_do(plugreg_testpeers::KubeVersion::V1_20_2).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn kube_apiserver_v1_36_accepts_the_pv() {
         api_server_accepts_the_pv(plugreg_testpeers::KubeVersion::V1_36_2).await;
+        api_server_prints_sizes_as_we_do(plugreg_testpeers::KubeVersion::V1_36_2).await;
     }
 }
