@@ -344,4 +344,129 @@ mod tests {
             Ok(())
         });
     }
+
+    /// The real kube-apiserver re-prints every quantity in canonical form, exactly; our parser
+    /// must read the same number of bytes from what was sent and from what came back (for odd
+    /// spellings, fractions of a byte and a sample of generated ones).
+    async fn api_server_reads_the_same_sizes(version: plugreg_testpeers::KubeVersion) {
+        use k8s_openapi::api::core::v1::{
+            CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec,
+        };
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        use kube::api::{Api, PostParams};
+        let server = plugreg_testpeers::ApiServer::shared(version)
+            .await
+            .expect("start kube-apiserver");
+        let pvs: Api<PersistentVolume> = Api::all(server.client().await.expect("client"));
+        let mut inputs: Vec<String> = [
+            "1.5Gi",
+            "0.5Ki",
+            "0.1Ki",
+            "3.14159Mi",
+            "1e3",
+            "1E3",
+            "1e+3",
+            "1e-3",
+            "12e-1",
+            "2.5e2",
+            "100m",
+            "1500m",
+            "1.0001k",
+            ".5",
+            "5.",
+            "007",
+            "1.G",
+            "+7",
+            "1n",
+            "999999999999n",
+            "1.5",
+            "123456789.123456789",
+            "1000000",
+            "1048576Ki",
+            "7Ei",
+            "9223372036854775807",
+            "0.000000001Ki",
+            "1u",
+            "4096m",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        // A fixed sample of generated spellings (a small LCG: reproducible without a seed).
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % m
+        };
+        const SUFFIXES: [&str; 15] = [
+            "", "n", "u", "m", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti", "e2", "e-4", "E6",
+        ];
+        for _ in 0..60 {
+            let int = next(1_000_000);
+            let frac_len = next(5) as usize;
+            let frac: String = (0..frac_len)
+                .map(|_| char::from(b'0' + next(10) as u8))
+                .collect();
+            let suffix = SUFFIXES[next(SUFFIXES.len() as u64) as usize];
+            inputs.push(if frac.is_empty() {
+                format!("{}{suffix}", int + 1)
+            } else {
+                format!("{int}.{frac}{suffix}")
+            });
+        }
+        let v = match version {
+            plugreg_testpeers::KubeVersion::V1_20_2 => "q20",
+            plugreg_testpeers::KubeVersion::V1_36_2 => "q36",
+        };
+        for (i, input) in inputs.iter().enumerate() {
+            let ours = parse_bytes(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+            if ours == 0 {
+                continue; // a PV needs a positive size
+            }
+            let pv = PersistentVolume {
+                metadata: ObjectMeta {
+                    name: Some(format!("{v}-{i}")),
+                    ..Default::default()
+                },
+                spec: Some(PersistentVolumeSpec {
+                    access_modes: Some(vec!["ReadWriteOnce".into()]),
+                    capacity: Some(
+                        [("storage".to_owned(), Quantity(input.clone()))]
+                            .into_iter()
+                            .collect(),
+                    ),
+                    csi: Some(CSIPersistentVolumeSource {
+                        driver: "csi.example.com".into(),
+                        volume_handle: format!("h{i}"),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                status: None,
+            };
+            let got = pvs
+                .create(&PostParams::default(), &pv)
+                .await
+                .unwrap_or_else(|e| panic!("{version:?}, {input}: {e}"));
+            let printed = &got.spec.unwrap().capacity.unwrap()["storage"].0;
+            assert_eq!(
+                parse_bytes(printed),
+                Ok(ours),
+                "{input} came back as {printed}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kube_apiserver_v1_20_reads_the_same_sizes() {
+        api_server_reads_the_same_sizes(plugreg_testpeers::KubeVersion::V1_20_2).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kube_apiserver_v1_36_reads_the_same_sizes() {
+        api_server_reads_the_same_sizes(plugreg_testpeers::KubeVersion::V1_36_2).await;
+    }
 }
