@@ -192,7 +192,12 @@ async fn transient_errors_are_retried_and_final_ones_reported() {
     env.wait_bound("flaky").await;
     assert_eq!(env.calls.count(Method::CreateVolume), 3);
     let msg = env.wait_event(&env.ns, "flaky", "ProvisioningFailed").await;
-    assert_eq!(msg, "rpc error: code = Unavailable desc = try later");
+    assert_eq!(
+        msg,
+        format!(
+            "failed to provision volume with StorageClass \"{class}\": rpc error: code = Unavailable desc = try later"
+        )
+    );
 }
 
 #[tokio::test]
@@ -213,7 +218,9 @@ async fn an_invalid_argument_is_infeasible_and_delayed() {
     let msg = env.wait_event(&env.ns, "bad", "ProvisioningFailed").await;
     assert_eq!(
         msg,
-        "Volume provisioning failed with infeasible error. Retries will be delayed. rpc error: code = InvalidArgument desc = no such type"
+        format!(
+            "Volume provisioning failed with infeasible error. Retries will be delayed. failed to provision volume with StorageClass \"{class}\": rpc error: code = InvalidArgument desc = no such type"
+        )
     );
     // A final answer: the intent is cleared, nothing runs in the driver.
     env.wait_claim("bad", "intent cleared", |c| {
@@ -254,11 +261,15 @@ async fn malformed_class_parameters_and_secrets_get_an_event_not_a_crash() {
     env.claim("c", &bad_template, "1Mi", json!({})).await;
     assert_eq!(
         env.wait_event(&env.ns, "a", "ProvisioningFailed").await,
-        "failed to strip CSI Parameters of prefixed keys: found unknown parameter key \"csi.storage.k8s.io/bogus\" with reserved namespace csi.storage.k8s.io/"
+        format!(
+            "failed to provision volume with StorageClass \"{bad_key}\": failed to strip CSI Parameters of prefixed keys: found unknown parameter key \"csi.storage.k8s.io/bogus\" with reserved namespace csi.storage.k8s.io/"
+        )
     );
     assert_eq!(
         env.wait_event(&env.ns, "b", "ProvisioningFailed").await,
-        "failed to get name and namespace template from params: either name and namespace for Provisioner secrets specified, Both must be specified"
+        format!(
+            "failed to provision volume with StorageClass \"{half_secret}\": failed to get name and namespace template from params: either name and namespace for Provisioner secrets specified, Both must be specified"
+        )
     );
     let c = env.wait_event(&env.ns, "c", "ProvisioningFailed").await;
     assert!(c.contains("invalid tokens"), "{c}");

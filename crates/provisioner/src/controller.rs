@@ -418,6 +418,11 @@ impl Controller {
             }
             Err(Failure::Error(e)) => {
                 self.clients.metrics.provision_failed(&class, "");
+                // The library's wrapping of every Provision error.
+                let e = e.context(&format!(
+                    "failed to provision volume with StorageClass {}",
+                    crate::secrets::go_quote(&class)
+                ));
                 let r = claim_ref(&claim);
                 if e.infeasible {
                     let class_uid = self
@@ -514,6 +519,17 @@ impl Controller {
             return Ok(Outcome::Skipped);
         }
         let r = claim_ref(claim);
+        if let request::DataSource::ExternalPopulator { .. } =
+            request::data_source(claim).map_err(Failure::Error)?
+        {
+            self.event(
+                &r,
+                EventType::Normal,
+                "Provisioning",
+                request::POPULATOR_EVENT,
+            );
+            return Ok(Outcome::Skipped);
+        }
         self.event(
             &r,
             EventType::Normal,
@@ -533,8 +549,9 @@ impl Controller {
                 }
                 Err(e) => return Err(Failure::Error(e)),
             };
+        // Upstream only logs the deprecation warnings.
         for w in &prepared.warnings {
-            self.event(&r, EventType::Warning, "ProvisioningFailed", w);
+            warn!("{w}");
         }
         if let Some(s) = &prepared.provisioner_secret {
             prepared.request.secrets = self
@@ -594,6 +611,12 @@ impl Controller {
                         "created volume capacity {capacity} less than requested capacity {requested}"
                     ),
                     pv::PvError::MissingContentSource => "volume content source missing".into(),
+                    pv::PvError::NoVolumeId => {
+                        // Nothing to clean up without an id; the driver broke the spec.
+                        return Err(Failure::Error(ProvisionError::final_(
+                            "CreateVolume returned no volume id",
+                        )));
+                    }
                 };
                 let msg = match self.cleanup(&id, &prepared.request.secrets).await {
                     Ok(()) => msg,
@@ -635,17 +658,7 @@ impl Controller {
 
     fn check_capabilities(&self) -> Result<(), ProvisionError> {
         let caps = &self.cfg.capabilities;
-        if !caps.controller_service {
-            return Err(ProvisionError::final_(
-                "CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported",
-            ));
-        }
-        if !caps.create_delete_volume {
-            return Err(ProvisionError::final_(
-                "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported",
-            ));
-        }
-        Ok(())
+        request::check_capabilities(caps.controller_service, caps.create_delete_volume)
     }
 
     async fn secret_data(&self, s: &secrets::SecretRef) -> Result<HashMap<String, String>, String> {

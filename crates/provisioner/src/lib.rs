@@ -14,7 +14,8 @@
 //! - [`metrics`]: upstream's metric names in the Prometheus text format;
 //! - [`leader`]: leader election on a Lease;
 //! - [`http`]: `/metrics` and `/healthz/leader-election`;
-//! - [`controller`]: the watch caches, queues and workers that tie them together.
+//! - [`controller`]: the watch caches, queues and workers that tie them together;
+//! - [`service`]: what the binary runs after its start-up checks.
 
 pub mod classify;
 pub mod controller;
@@ -25,6 +26,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod pv;
+mod quantity;
 mod queue;
 pub mod ratelimit;
 pub mod request;
