@@ -186,8 +186,7 @@ pub async fn connect_watched(address: &str, window: Duration) -> Result<Connecte
             Err(e) => e,
         };
         tracing::debug!(target: "plugreg_provisioner::v4", address = %shown, err = %last, "CSI driver not reachable yet");
-        let retry_at = attempt_start + RETRY_INTERVAL;
-        if retry_at >= deadline {
+        if Instant::now() >= deadline {
             return Err(CsiError::Connect {
                 address: shown,
                 window,
@@ -198,7 +197,15 @@ pub async fn connect_watched(address: &str, window: Duration) -> Result<Connecte
             tracing::warn!("Still connecting to {shown}");
             next_report += STILL_CONNECTING_EVERY;
         }
-        tokio::time::sleep_until(retry_at).await;
+        // The wait ends with the window, as a dial with a deadline does.
+        tokio::time::sleep_until((attempt_start + RETRY_INTERVAL).min(deadline)).await;
+        if Instant::now() >= deadline {
+            return Err(CsiError::Connect {
+                address: shown,
+                window,
+                last,
+            });
+        }
     }
 }
 
