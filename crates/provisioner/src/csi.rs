@@ -175,12 +175,14 @@ pub async fn connect_watched(address: &str, window: Duration) -> Result<Connecte
     let path = socket_path(address)?;
     let shown = shown_address(address);
     tracing::debug!(target: "plugreg_provisioner::v5", address = %shown, "Connecting");
-    let lost = ConnectionLost::default();
     let deadline = Instant::now() + window;
     let mut next_report = Instant::now() + STILL_CONNECTING_EVERY;
     loop {
         let attempt_start = Instant::now();
         let remaining = deadline.saturating_duration_since(attempt_start);
+        // A fresh signal per attempt: a stream dropped by a failed handshake must not count
+        // as the loss of the connection that succeeds later.
+        let lost = ConnectionLost::default();
         let last = match dial(&path, remaining.min(RETRY_INTERVAL), &lost).await {
             Ok(channel) => return Ok(Connected { channel, lost }),
             Err(e) => e,
