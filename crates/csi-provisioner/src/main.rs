@@ -1,3 +1,459 @@
-//! `csi-provisioner`: a drop-in replacement of the Kubernetes CSI external-provisioner (to be written).
+//! `csi-provisioner`: a drop-in replacement of the Kubernetes CSI external-provisioner v6.3.0.
+//! This binary is thin: it parses upstream's command line (pflag syntax), then walks upstream's
+//! start-up order (`upstream-external-provisioner.md` §2 steps 1-18) with its log lines and exit
+//! codes, and hands over to the controller:
+//!
+//! - 0: `--version`, `-h`/`--help`, a clean stop (SIGTERM/SIGINT);
+//! - 1: invalid logging configuration, both HTTP address flags, CSI connect or probe failure,
+//!   the CSI connection lost later, a feature switched on that is not supported yet;
+//! - 2: a command-line error;
+//! - 255: upstream's `klog.Fatal` cases (unknown feature gate, no kube config, no driver name,
+//!   no capabilities, HTTP listen failure).
 
-fn main() {}
+use std::future::Future;
+use std::hash::BuildHasher as _;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use plugreg_provisioner::csi::{self, Capabilities, Driver};
+use plugreg_provisioner::flags::{
+    self, FATAL_EXIT, FLAG_ERROR_EXIT, FeatureGates, Flags, Options, Parsed,
+};
+use plugreg_provisioner::metrics::Metrics;
+use plugreg_runtime::report;
+use plugreg_sidecar_kit::http::{NOT_FOUND_BODY, text_response};
+use plugreg_sidecar_kit::logging::{self, LogFormat};
+use tokio_util::sync::CancellationToken;
+
+/// The version reported by `--version` and the `Version` log line: `PLUGREG_VERSION` at build
+/// time, else `v` + the crate version.
+const VERSION: &str = match option_env!("PLUGREG_VERSION") {
+    Some(v) => v,
+    None => concat!("v", env!("CARGO_PKG_VERSION")),
+};
+
+/// The target of this program's lines (the log filter shows plugreg's info lines at `-v=0`).
+const LOG: &str = "plugreg_csi_provisioner";
+/// Target prefixes of this program's own lines (their debug lines are upstream's V(2)).
+const OWN: &[&str] = &["plugreg_provisioner", LOG];
+
+/// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
+const UNKNOWN_DRIVER: &str = "unknown-driver";
+
+/// In-tree volume plugins whose CSI drivers csi-translation-lib lists (§2 step 13): the driver
+/// name and the in-tree provisioner name.
+const MIGRATION_TARGETS: &[(&str, &str)] = &[
+    ("ebs.csi.aws.com", "kubernetes.io/aws-ebs"),
+    ("pd.csi.storage.gke.io", "kubernetes.io/gce-pd"),
+    ("disk.csi.azure.com", "kubernetes.io/azure-disk"),
+    ("file.csi.azure.com", "kubernetes.io/azure-file"),
+    ("cinder.csi.openstack.org", "kubernetes.io/cinder"),
+    ("csi.vsphere.vmware.com", "kubernetes.io/vsphere-volume"),
+    ("pxd.portworx.com", "kubernetes.io/portworx-volume"),
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let argv0 = args.first().map_or("csi-provisioner", String::as_str);
+    // Step 1: flags, then logging.
+    let flags = match flags::parse(args.get(1..).unwrap_or_default()) {
+        Ok(Parsed::Run(flags)) => flags,
+        Ok(Parsed::Help) => {
+            eprint!("{}", flags::usage(argv0));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            eprint!("{}", flags::usage(argv0));
+            return exit(FLAG_ERROR_EXIT);
+        }
+    };
+    let format = match flags.logging.validate() {
+        Ok(format) => format,
+        Err(errors) => {
+            logging::init(LogFormat::Text, 0, OWN);
+            tracing::error!(target: LOG, err = %errors.join(", "), "LoggingConfiguration is invalid");
+            return exit(1);
+        }
+    };
+    logging::init(format, flags.logging.verbosity, OWN);
+    match start(argv0, *flags) {
+        Ok(code) => exit(code),
+        Err(e) => {
+            tracing::error!(target: LOG, err = %format!("{e:#}"), "Failed to start");
+            exit(1)
+        }
+    }
+}
+
+/// Steps 2-5, then the asynchronous rest on a runtime; returns the exit code.
+fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
+    // Step 2: feature gates (upstream: klog.Fatal).
+    let gates = match FeatureGates::from_requested(&flags.feature_gates) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(target: LOG, "{e}");
+            return Ok(FATAL_EXIT);
+        }
+    };
+    let options = flags.options;
+    // Step 3.
+    let node_name = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
+    if options.node_deployment && node_name.is_none() {
+        tracing::error!(
+            target: LOG,
+            "The NODE_NAME environment variable must be set when using --enable-node-deployment."
+        );
+        return Ok(FATAL_EXIT);
+    }
+    // Step 4.
+    if flags.version {
+        println!("{argv0} {VERSION}");
+        return Ok(0);
+    }
+    tracing::info!(target: LOG, version = VERSION, "Version");
+    warn_ignored(&flags.legacy, &options, &gates);
+    if let Some(refusal) = unsupported(&options, &gates) {
+        tracing::error!(target: LOG, "{refusal}");
+        return Ok(1);
+    }
+    // Step 5.
+    if !options.metrics_address.is_empty() && !options.http_endpoint.is_empty() {
+        tracing::error!(target: LOG, "only one of `--metrics-address` and `--http-endpoint` can be set.");
+        return Ok(1);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the runtime")?;
+    Ok(runtime.block_on(run(options, gates)))
+}
+
+/// Logs what is accepted but has no effect here.
+fn warn_ignored(legacy: &[String], options: &Options, gates: &FeatureGates) {
+    for flag in legacy {
+        tracing::warn!(
+            target: LOG,
+            flag = %flag,
+            "Ignoring removed klog flag: external-provisioner no longer registers it and it has no effect"
+        );
+    }
+    if options.automaxprocs {
+        tracing::warn!(target: LOG, "Ignoring --automaxprocs: it tunes the Go runtime and has no effect here");
+    }
+    if options.enable_pprof {
+        tracing::warn!(target: LOG, "Ignoring --enable-pprof: Go's pprof handlers do not exist here");
+    }
+    for gate in &gates.ignored {
+        tracing::info!(target: LOG, gate = %gate, "Ignoring feature gate: it has no effect on the provisioner");
+    }
+}
+
+/// The first feature switched on that this provisioner does not implement yet (exit 1, rather
+/// than silently doing nothing).
+fn unsupported(options: &Options, gates: &FeatureGates) -> Option<&'static str> {
+    if options.enable_capacity {
+        return Some(
+            "--enable-capacity is not supported by this csi-provisioner yet (storage capacity tracking); remove the flag or use the upstream image",
+        );
+    }
+    if options.node_deployment {
+        return Some(
+            "--node-deployment is not supported by this csi-provisioner yet (distributed provisioning); remove the flag or use the upstream image",
+        );
+    }
+    if gates.cross_namespace_volume_data_source {
+        return Some(
+            "the CrossNamespaceVolumeDataSource feature gate is not supported by this csi-provisioner yet; remove it or use the upstream image",
+        );
+    }
+    None
+}
+
+/// Step 6: the REST config from `--master`, `--kubeconfig` (or `KUBECONFIG`) or the in-cluster
+/// environment, with upstream's Info lines. QPS and burst are the lead's rate limiter's
+/// (`--kube-api-qps`, `--kube-api-burst`), not part of `kube::Config`.
+async fn kube_config(options: &Options) -> Result<kube::Config, String> {
+    let env = std::env::var("KUBECONFIG").ok();
+    let (kubeconfig, from_env) = flags::kubeconfig_path(&options.kubeconfig, env.as_deref());
+    if from_env {
+        tracing::info!(target: LOG, "Found KUBECONFIG environment variable set, using that..");
+    }
+    let master = &options.master;
+    if master.is_empty() && kubeconfig.is_empty() {
+        tracing::info!(target: LOG, "Building kube configs for running in cluster...");
+        return kube::Config::incluster_env().map_err(|e| report::chain(&e));
+    }
+    tracing::info!(target: LOG, "Either master or kubeconfig specified. building kube config from that..");
+    let mut config = if kubeconfig.is_empty() {
+        kube::Config::new(parse_master(master)?)
+    } else {
+        let file =
+            kube::config::Kubeconfig::read_from(&kubeconfig).map_err(|e| report::chain(&e))?;
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| report::chain(&e))?
+    };
+    if !master.is_empty() {
+        config.cluster_url = parse_master(master)?;
+    }
+    Ok(config)
+}
+
+fn parse_master(master: &str) -> Result<http::Uri, String> {
+    master
+        .parse()
+        .map_err(|e| format!("invalid --master {master:?}: {e}"))
+}
+
+/// Steps 6-18, then the controller; returns the exit code.
+async fn run(options: Options, gates: FeatureGates) -> i32 {
+    // Step 6.
+    let kube_config = match kube_config(&options).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(target: LOG, "Failed to create config: {e}");
+            return FATAL_EXIT;
+        }
+    };
+    // Steps 7-9 (the rate-limited clients, the VolumeAttributesClass discovery check) are the
+    // controller's: `kube_config` and `gates` are handed over below.
+
+    // Step 10.
+    let connected = match csi::connect_watched(&options.csi_address, csi::CONNECT_WINDOW).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(target: LOG, "{e}");
+            return 1;
+        }
+    };
+    let lost = connected.lost.clone();
+    let channel = connected.channel;
+    let startup = async {
+        // Step 11.
+        let mut metrics = Metrics::new(UNKNOWN_DRIVER);
+        if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
+            tracing::error!(target: LOG, "{e}");
+            return Err(1);
+        }
+        // Step 12.
+        let metrics_arc = Arc::new(metrics);
+        let name = Driver::new(channel.clone(), options.timeout, metrics_arc.clone())
+            .plugin_info()
+            .await;
+        metrics = Arc::into_inner(metrics_arc).expect("the temporary driver is gone");
+        let name = match name {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(target: LOG, "Error getting CSI driver name: {e}");
+                return Err(FATAL_EXIT);
+            }
+        };
+        tracing::debug!(target: LOG, "Detected CSI driver {name}");
+        metrics.set_driver(&name);
+        // Step 13: CSI migration is not supported; say so for the drivers it concerns.
+        if let Some((_, in_tree)) = MIGRATION_TARGETS.iter().find(|(d, _)| *d == name) {
+            tracing::warn!(
+            target: LOG,
+                "CSI driver {name} is the migration target of the in-tree plugin {in_tree}; migrated claims are not provisioned by this csi-provisioner"
+            );
+        }
+        // Step 14.
+        let metrics = Arc::new(metrics);
+        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone());
+        let capabilities = match driver.capabilities().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(target: LOG, "Error getting CSI driver capabilities: {e}");
+                return Err(FATAL_EXIT);
+            }
+        };
+        // Step 15.
+        let identity = flags::provisioner_identity(unix_millis(), random(), &name, None);
+        // Step 16 (the informers themselves are the controller's).
+        if capabilities.publish_unpublish_volume {
+            tracing::info!(
+            target: LOG,
+                "CSI driver supports PUBLISH_UNPUBLISH_VOLUME, watching VolumeAttachments"
+            );
+        } else {
+            tracing::info!(
+            target: LOG,
+                "CSI driver does not support PUBLISH_UNPUBLISH_VOLUME, not watching VolumeAttachments"
+            );
+        }
+        // Step 17 (--enable-capacity) was refused at start.
+        // Step 18.
+        let http = match start_http(&options, metrics.clone()).await {
+            Ok(h) => h,
+            Err(code) => return Err(code),
+        };
+        Ok(Started {
+            name,
+            identity,
+            driver,
+            capabilities,
+            metrics,
+            http,
+        })
+    };
+    let started = tokio::select! {
+        started = startup => started,
+        code = csi::exit_on_connection_loss(lost.clone()) => Err(code),
+    };
+    let started = match started {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+
+    // ---- The lead's hook: `plugreg_provisioner::controller::run(...)` goes here (§2 steps
+    // 19-20: the controllers, leader election) with `kube_config`, `options`, `gates` and
+    // `started`. Until then the process waits for SIGTERM/SIGINT or the loss of the driver.
+    let _ = (&kube_config, &gates, &started.name, &started.identity);
+    let _ = (&started.driver, &started.capabilities);
+    let code = tokio::select! {
+        signal = plugreg_runtime::signal::shutdown() => {
+            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
+            0
+        }
+        code = csi::exit_on_connection_loss(lost) => code,
+    };
+    // ---- end of the lead's hook.
+    if let Some(token) = started.http {
+        token.cancel();
+    }
+    code
+}
+
+/// What start-up found out, for the controller.
+struct Started {
+    /// The driver (= provisioner) name.
+    name: String,
+    /// The provisioner identity (§2 step 15).
+    identity: String,
+    /// The driver's calls.
+    driver: Driver,
+    /// What the driver can do.
+    capabilities: Capabilities,
+    /// The metrics registry, named after the driver.
+    #[allow(dead_code)]
+    metrics: Arc<Metrics>,
+    /// Stops the HTTP server, if one runs.
+    http: Option<CancellationToken>,
+}
+
+type BoxedResponse = Pin<Box<dyn Future<Output = Response<String>> + Send>>;
+
+/// Step 18: the HTTP server, if an address is set (regardless of leadership). A listen failure
+/// is upstream's Fatal (exit 255). Serves the metrics path and, with `--leader-election` and
+/// `--http-endpoint`, `/healthz/leader-election` (here always `ok`: the lease health check
+/// belongs to the leader-election part, which replaces this handler).
+async fn start_http(
+    options: &Options,
+    metrics: Arc<Metrics>,
+) -> Result<Option<CancellationToken>, i32> {
+    let address = if options.http_endpoint.is_empty() {
+        &options.metrics_address
+    } else {
+        &options.http_endpoint
+    };
+    if address.is_empty() {
+        return Ok(None);
+    }
+    let listener = match plugreg_sidecar_kit::http::bind(address).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(
+            target: LOG,
+                "Failed to start HTTP server at specified address ({address:?}) and metrics path ({:?}): {e}",
+                options.metrics_path
+            );
+            return Err(FATAL_EXIT);
+        }
+    };
+    let shown = plugreg_sidecar_kit::http::local_addr(&listener)
+        .map_or_else(|| address.clone(), |a| a.to_string());
+    tracing::info!(target: LOG, "ServeMux listening at {shown:?}");
+    let metrics_path = options.metrics_path.clone();
+    let leader_health = options.leader_election && !options.http_endpoint.is_empty();
+    let handler = move |request: Request<Incoming>| {
+        let path = request.uri().path();
+        let answer = if path == metrics_path {
+            text_response(StatusCode::OK, metrics.render())
+        } else if leader_health && path == "/healthz/leader-election" {
+            text_response(StatusCode::OK, "ok".into())
+        } else {
+            text_response(StatusCode::NOT_FOUND, NOT_FOUND_BODY.into())
+        };
+        Box::pin(async move { answer }) as BoxedResponse
+    };
+    let token = CancellationToken::new();
+    tokio::spawn(plugreg_sidecar_kit::http::serve(
+        listener,
+        handler,
+        Duration::from_secs(10),
+        token.clone(),
+    ));
+    Ok(Some(token))
+}
+
+fn unix_millis() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// A number in 0..10000 that differs between processes (std's per-process random hash keys).
+fn random() -> u32 {
+    let hashed = std::hash::RandomState::new().hash_one(unix_millis());
+    (hashed % 10_000) as u32
+}
+
+fn exit(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_features_are_named() {
+        let gates = FeatureGates::default();
+        assert!(unsupported(&Options::default(), &gates).is_none());
+        let o = Options {
+            enable_capacity: true,
+            ..Options::default()
+        };
+        assert!(
+            unsupported(&o, &gates)
+                .unwrap()
+                .contains("--enable-capacity")
+        );
+        let o = Options {
+            node_deployment: true,
+            ..Options::default()
+        };
+        assert!(
+            unsupported(&o, &gates)
+                .unwrap()
+                .contains("--node-deployment")
+        );
+        let g = FeatureGates {
+            cross_namespace_volume_data_source: true,
+            ..FeatureGates::default()
+        };
+        assert!(
+            unsupported(&Options::default(), &g)
+                .unwrap()
+                .contains("CrossNamespaceVolumeDataSource")
+        );
+    }
+}

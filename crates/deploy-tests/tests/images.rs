@@ -1,7 +1,8 @@
 //! The images of `images/images.conf`, started by a real OCI runtime (podman with runc, from
 //! Debian): each has its entrypoint, user and labels, no shell, and prints its version; the
 //! sidecar image registers a driver with the `plugreg` image through a bind-mounted registry
-//! directory, and both stop cleanly on SIGTERM as PID 1.
+//! directory, and both stop cleanly on SIGTERM as PID 1; the csi-provisioner image starts
+//! against a driver socket in a shared directory and stops cleanly too.
 
 use std::fs::File;
 use std::path::Path;
@@ -262,6 +263,75 @@ async fn sidecar_image_registers_a_driver_with_the_plugreg_image_and_both_stop_c
     podman.stop("manager");
     let status = wait_exit(&mut manager, "the manager container to exit");
     assert!(status.success(), "manager exit {status}\n{}", logs());
+
+    driver.terminate().expect("SIGTERM the driver");
+    driver.wait_exit(DEADLINE).await.expect("driver exits");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn provisioner_image_starts_against_a_driver_and_stops_cleanly() {
+    let podman = Podman::new();
+    let provisioner = podman.load(&image_archive("csi-provisioner"));
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let host = tmp.path();
+    let socket_dir = host.join("csi");
+    std::fs::create_dir_all(&socket_dir).expect("mkdir");
+
+    // The controller plugin's driver runs on the host; only the socket directory is shared
+    // (an emptyDir in deploy/base/controller).
+    let socket = socket_dir.join("csi.sock");
+    let mut driver = PeerProcess::spawn_program(
+        "csi-test-driver",
+        &workspace_bin("csi-test-driver"),
+        [
+            "--socket",
+            socket.to_str().expect("utf-8 path"),
+            "--controller",
+        ],
+    )
+    .expect("csi-test-driver starts");
+    driver
+        .next_event("listening", DEADLINE)
+        .await
+        .expect("driver listening");
+
+    // As deploy/ runs it (read-only root, no capabilities), up to the point where the
+    // controller takes over; --master builds a kube config without a call (no network here).
+    let mut child = start(
+        &podman,
+        host,
+        "provisioner",
+        &[
+            "--read-only",
+            "--cap-drop=ALL",
+            "--security-opt=no-new-privileges",
+            &format!("--volume={}:/csi", socket_dir.display()),
+            &provisioner,
+            "--csi-address=/csi/csi.sock",
+            "--master=http://127.0.0.1:1",
+            "--v=2",
+        ],
+    );
+    let log = || read_or_note(&host.join("provisioner.log"));
+    wait_for(
+        "the provisioner to finish its start-up",
+        || {
+            log()
+                .contains("not watching VolumeAttachments")
+                .then_some(())
+        },
+        log,
+    );
+    assert!(
+        log().contains("Detected CSI driver csi.plugreg.test"),
+        "{}",
+        log()
+    );
+
+    // SIGTERM to PID 1: a clean exit.
+    podman.stop("provisioner");
+    let status = wait_exit(&mut child, "the provisioner container to exit");
+    assert!(status.success(), "provisioner exit {status}\n{}", log());
 
     driver.terminate().expect("SIGTERM the driver");
     driver.wait_exit(DEADLINE).await.expect("driver exits");

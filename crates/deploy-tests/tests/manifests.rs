@@ -69,7 +69,7 @@ const CASES: &[Case] = &[
 ];
 
 /// Environment references Kubernetes itself expands in args, from the container's env.
-const RUNTIME_VARS: &[&str] = &["CSI_ENDPOINT", "NODE_NAME", "POD_NAMESPACE"];
+const RUNTIME_VARS: &[&str] = &["ADDRESS", "CSI_ENDPOINT", "NODE_NAME", "POD_NAMESPACE"];
 
 #[tokio::test(flavor = "multi_thread")]
 async fn manifests_pass_server_side_dry_run_on_v1_20() {
@@ -254,6 +254,37 @@ async fn check_case(
         format!("/var/lib/kubelet/plugins/{}/", case.driver),
         "{ctx}: plugin-dir"
     );
+    // csi-provisioner as upstream's sample runs it: leader election with its liveness probe.
+    let provisioner = deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "csi-provisioner"))
+        .expect("csi-provisioner container");
+    assert_eq!(
+        provisioner["args"],
+        json!([
+            "--csi-address=$(ADDRESS)",
+            "--leader-election",
+            "--leader-election-namespace=$(POD_NAMESPACE)",
+            "--http-endpoint=:8080",
+            "--v=2"
+        ]),
+        "{ctx}: csi-provisioner args"
+    );
+    let probe = &provisioner["livenessProbe"];
+    assert_eq!(
+        probe["httpGet"]["path"], "/healthz/leader-election",
+        "{ctx}"
+    );
+    assert_eq!(probe["httpGet"]["port"], "http-endpoint", "{ctx}");
+    assert_eq!(provisioner["ports"][0]["containerPort"], 8080, "{ctx}");
+    for (field, want) in [
+        ("failureThreshold", 1),
+        ("periodSeconds", 20),
+        ("timeoutSeconds", 10),
+        ("initialDelaySeconds", 10),
+    ] {
+        assert_eq!(probe[field], want, "{ctx}: livenessProbe.{field}");
+    }
     let binding = find("ClusterRoleBinding");
     assert_eq!(
         binding["subjects"],

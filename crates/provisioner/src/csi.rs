@@ -175,19 +175,20 @@ pub async fn connect_watched(address: &str, window: Duration) -> Result<Connecte
     let path = socket_path(address)?;
     let shown = shown_address(address);
     tracing::debug!(target: "plugreg_provisioner::v5", address = %shown, "Connecting");
-    let lost = ConnectionLost::default();
     let deadline = Instant::now() + window;
     let mut next_report = Instant::now() + STILL_CONNECTING_EVERY;
     loop {
         let attempt_start = Instant::now();
         let remaining = deadline.saturating_duration_since(attempt_start);
+        // A fresh signal per attempt: a stream dropped by a failed handshake must not count
+        // as the loss of the connection that succeeds later.
+        let lost = ConnectionLost::default();
         let last = match dial(&path, remaining.min(RETRY_INTERVAL), &lost).await {
             Ok(channel) => return Ok(Connected { channel, lost }),
             Err(e) => e,
         };
         tracing::debug!(target: "plugreg_provisioner::v4", address = %shown, err = %last, "CSI driver not reachable yet");
-        let retry_at = attempt_start + RETRY_INTERVAL;
-        if retry_at >= deadline {
+        if Instant::now() >= deadline {
             return Err(CsiError::Connect {
                 address: shown,
                 window,
@@ -198,7 +199,15 @@ pub async fn connect_watched(address: &str, window: Duration) -> Result<Connecte
             tracing::warn!("Still connecting to {shown}");
             next_report += STILL_CONNECTING_EVERY;
         }
-        tokio::time::sleep_until(retry_at).await;
+        // The wait ends with the window, as a dial with a deadline does.
+        tokio::time::sleep_until((attempt_start + RETRY_INTERVAL).min(deadline)).await;
+        if Instant::now() >= deadline {
+            return Err(CsiError::Connect {
+                address: shown,
+                window,
+                last,
+            });
+        }
     }
 }
 

@@ -1,1 +1,1105 @@
-//! (to be written)
+//! The command line of external-provisioner v6.3.0 (`upstream-external-provisioner.md` §1), in
+//! spf13/pflag syntax (`plugreg_sidecar_kit::pflag`): every flag with its type and default
+//! ([`Options`]), the feature gates ([`FeatureGates`]), component-base's logging flags, and the
+//! small pure rules start-up needs (the Lease name, the identities, `KUBECONFIG`).
+//!
+//! Differences from upstream, as decisions P1 and R1 ask:
+//! - the removed klog flags (`--logtostderr`, `--alsologtostderr`, ...) are accepted and ignored
+//!   (with a warning from `main`) instead of exit 2;
+//! - the apiserver feature-gate names, `AllAlpha` and `AllBeta` are accepted and ignored.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use plugreg_sidecar_kit::goflag::logging as log_flags;
+use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration, parse_int, parse_uint};
+use plugreg_sidecar_kit::logging::LogOptions;
+use plugreg_sidecar_kit::pflag::{self, Kind, Outcome, Spec, Value, flag};
+
+pub use plugreg_sidecar_kit::pflag::{FLAG_ERROR_EXIT, FlagError};
+
+/// Exit code of upstream's `klog.Fatal` (an unknown feature gate, a failed start-up step).
+pub const FATAL_EXIT: i32 = 255;
+
+/// Every flag of §1.2 except logging, feature gates and `--version`, with upstream's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// `--csi-address`: the driver socket (`/abs` or `unix://path`).
+    pub csi_address: String,
+    /// `--kubeconfig` (the `KUBECONFIG` environment variable wins, see [`kubeconfig_path`]).
+    pub kubeconfig: String,
+    /// `--master`: the API server URL.
+    pub master: String,
+    /// `--leader-election`: work only while holding the Lease.
+    pub leader_election: bool,
+    /// `--leader-election-namespace` (empty: `$POD_NAMESPACE`, the service-account namespace,
+    /// `default`).
+    pub leader_election_namespace: String,
+    /// `--leader-election-lease-duration`.
+    pub leader_election_lease_duration: Duration,
+    /// `--leader-election-renew-deadline`.
+    pub leader_election_renew_deadline: Duration,
+    /// `--leader-election-retry-period`.
+    pub leader_election_retry_period: Duration,
+    /// `--leader-election-labels` (`k:v,k2:v2`), labels put on the Lease.
+    pub leader_election_labels: BTreeMap<String, String>,
+    /// `--kube-api-qps`: the client-side rate limit shared by both kube clients.
+    pub kube_api_qps: f64,
+    /// `--kube-api-burst`.
+    pub kube_api_burst: i64,
+    /// `--http-endpoint`: the diagnostics server address (empty: off).
+    pub http_endpoint: String,
+    /// `--metrics-address` (deprecated; conflicts with `--http-endpoint`).
+    pub metrics_address: String,
+    /// `--metrics-path`.
+    pub metrics_path: String,
+    /// `--automaxprocs` (Go runtime tuning; no effect here).
+    pub automaxprocs: bool,
+    /// `--volume-name-prefix`: prefix of the volume and PV name.
+    pub volume_name_prefix: String,
+    /// `--volume-name-uuid-length`: -1 keeps the whole claim UID, N >= 0 cuts the dashless UID.
+    pub volume_name_uuid_length: i64,
+    /// `--retry-interval-start`: first back-off of a failed provision or delete.
+    pub retry_interval_start: Duration,
+    /// `--retry-interval-max`: back-off cap.
+    pub retry_interval_max: Duration,
+    /// `--worker-threads`: claim workers, and as many volume workers.
+    pub worker_threads: u64,
+    /// `--cloning-protection-threads`.
+    pub cloning_protection_threads: u64,
+    /// `--snapshot-orphan-sweep-interval` (0 disables).
+    pub snapshot_orphan_sweep_interval: Duration,
+    /// `--capacity-threads`.
+    pub capacity_threads: u64,
+    /// `--timeout`: deadline of every CSI call.
+    pub timeout: Duration,
+    /// `--strict-topology`.
+    pub strict_topology: bool,
+    /// `--immediate-topology`.
+    pub immediate_topology: bool,
+    /// `--extra-create-metadata`: add the PVC/PV name keys to CreateVolume parameters.
+    pub extra_create_metadata: bool,
+    /// `--enable-pprof` (Go profiling; no effect here).
+    pub enable_pprof: bool,
+    /// `--default-fstype`.
+    pub default_fstype: String,
+    /// `--kube-api-capacity-qps` (float32 upstream).
+    pub kube_api_capacity_qps: f32,
+    /// `--kube-api-capacity-burst`.
+    pub kube_api_capacity_burst: i64,
+    /// `--enable-capacity` (not supported yet: on means exit 1).
+    pub enable_capacity: bool,
+    /// `--capacity-for-immediate-binding`.
+    pub capacity_for_immediate_binding: bool,
+    /// `--capacity-poll-interval`.
+    pub capacity_poll_interval: Duration,
+    /// `--capacity-ownerref-level`.
+    pub capacity_ownerref_level: i64,
+    /// `--node-deployment` (not supported yet: on means exit 1).
+    pub node_deployment: bool,
+    /// `--node-deployment-immediate-binding`.
+    pub node_deployment_immediate_binding: bool,
+    /// `--node-deployment-base-delay`.
+    pub node_deployment_base_delay: Duration,
+    /// `--node-deployment-max-delay`.
+    pub node_deployment_max_delay: Duration,
+    /// `--controller-publish-readonly`.
+    pub controller_publish_readonly: bool,
+    /// `--prevent-volume-mode-conversion`.
+    pub prevent_volume_mode_conversion: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let secs = Duration::from_secs;
+        Self {
+            csi_address: "/run/csi/socket".into(),
+            kubeconfig: String::new(),
+            master: String::new(),
+            leader_election: false,
+            leader_election_namespace: String::new(),
+            leader_election_lease_duration: secs(15),
+            leader_election_renew_deadline: secs(10),
+            leader_election_retry_period: secs(5),
+            leader_election_labels: BTreeMap::new(),
+            kube_api_qps: 5.0,
+            kube_api_burst: 10,
+            http_endpoint: String::new(),
+            metrics_address: String::new(),
+            metrics_path: "/metrics".into(),
+            automaxprocs: false,
+            volume_name_prefix: "pvc".into(),
+            volume_name_uuid_length: -1,
+            retry_interval_start: secs(1),
+            retry_interval_max: secs(300),
+            worker_threads: 100,
+            cloning_protection_threads: 1,
+            snapshot_orphan_sweep_interval: secs(300),
+            capacity_threads: 1,
+            timeout: secs(10),
+            strict_topology: false,
+            immediate_topology: true,
+            extra_create_metadata: false,
+            enable_pprof: false,
+            default_fstype: String::new(),
+            kube_api_capacity_qps: 1.0,
+            kube_api_capacity_burst: 5,
+            enable_capacity: false,
+            capacity_for_immediate_binding: false,
+            capacity_poll_interval: secs(60),
+            capacity_ownerref_level: 1,
+            node_deployment: false,
+            node_deployment_immediate_binding: true,
+            node_deployment_base_delay: secs(20),
+            node_deployment_max_delay: secs(60),
+            controller_publish_readonly: false,
+            prevent_volume_mode_conversion: true,
+        }
+    }
+}
+
+/// The whole command line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Flags {
+    /// What the provisioner does.
+    pub options: Options,
+    /// `--feature-gates` as given (repeated flags merged, later wins); checked by
+    /// [`FeatureGates::from_requested`] after logging is set up (an unknown name is exit 255).
+    pub feature_gates: BTreeMap<String, bool>,
+    /// How it logs (validated separately: an invalid logging configuration is exit 1).
+    pub logging: LogOptions,
+    /// `--version`: print `<argv0> <version>` and exit 0 (after the feature gates).
+    pub version: bool,
+    /// Removed klog flags that were given (accepted and ignored), in order, without dashes.
+    pub legacy: Vec<String>,
+    /// Positional arguments (upstream ignores them).
+    pub positional: Vec<String>,
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// Run (or print the version, if [`Flags::version`] is set).
+    Run(Box<Flags>),
+    /// `-h` or `--help`: print [`usage`] and exit 0.
+    Help,
+}
+
+const fn legacy(name: &'static str, kind: Kind, type_name: &'static str) -> Spec {
+    pflag::legacy(
+        name,
+        kind,
+        type_name,
+        "Removed klog flag (external-provisioner no longer registers it): accepted and ignored.",
+    )
+}
+
+/// `-v, --v`: pflag shows the type as `Level`.
+const V: Spec = Spec {
+    type_name: "Level",
+    ..log_flags::V
+};
+
+/// Every flag, sorted by name as pflag prints them.
+const SPECS: &[Spec] = &[
+    legacy("add-dir-header", Kind::Bool, ""),
+    legacy("alsologtostderr", Kind::Bool, ""),
+    flag(
+        "automaxprocs",
+        Kind::Bool,
+        "",
+        "",
+        "Set GOMAXPROCS from the container's CPU quota. Accepted for compatibility; no effect here.",
+    ),
+    flag(
+        "capacity-for-immediate-binding",
+        Kind::Bool,
+        "",
+        "",
+        "Also publish storage capacity for storage classes with immediate binding (with --enable-capacity).",
+    ),
+    flag(
+        "capacity-ownerref-level",
+        Kind::Int,
+        "int",
+        "1",
+        "Owner of the CSIStorageCapacity objects: -1 none, 0 this pod, 1 its controller, 2 that controller's owner, ...",
+    ),
+    flag(
+        "capacity-poll-interval",
+        Kind::Duration,
+        "duration",
+        "1m0s",
+        "How often GetCapacity is called per topology segment and storage class (with --enable-capacity).",
+    ),
+    flag(
+        "capacity-threads",
+        Kind::Uint,
+        "uint",
+        "1",
+        "Number of workers of the storage capacity controller.",
+    ),
+    flag(
+        "cloning-protection-threads",
+        Kind::Uint,
+        "uint",
+        "1",
+        "Number of workers that remove the clone-source finalizer.",
+    ),
+    flag(
+        "controller-publish-readonly",
+        Kind::Bool,
+        "",
+        "",
+        "Mark PersistentVolumes read-only when the claim's only access mode is ReadOnlyMany.",
+    ),
+    flag(
+        "csi-address",
+        Kind::String,
+        "string",
+        "/run/csi/socket",
+        "Address of the CSI driver socket (a path or unix://PATH).",
+    ),
+    flag(
+        "default-fstype",
+        Kind::String,
+        "string",
+        "",
+        "File system type for volumes whose StorageClass names none.",
+    ),
+    flag(
+        "enable-capacity",
+        Kind::Bool,
+        "",
+        "",
+        "Publish CSIStorageCapacity objects. Not supported by this provisioner yet: setting it exits 1.",
+    ),
+    flag(
+        "enable-pprof",
+        Kind::Bool,
+        "",
+        "",
+        "Serve Go's pprof handlers. Accepted for compatibility; no effect here.",
+    ),
+    flag(
+        "extra-create-metadata",
+        Kind::Bool,
+        "",
+        "",
+        "Pass the claim's name and namespace and the volume's name to CreateVolume as parameters.",
+    ),
+    flag(
+        "feature-gates",
+        Kind::Value,
+        "mapStringBool",
+        "",
+        "Comma-separated Name=true|false pairs. Gates: Topology (GA, default true), VolumeAttributesClass (GA, default true), CrossNamespaceVolumeDataSource (alpha, default false; not supported yet), ReleaseLeaderElectionOnExit (alpha, default false). The apiserver's gate names, AllAlpha and AllBeta are accepted and ignored.",
+    ),
+    flag(
+        "http-endpoint",
+        Kind::String,
+        "string",
+        "",
+        "TCP address of the HTTP server for metrics and /healthz/leader-election (example: `:8080`). Empty: off. Only one of `--metrics-address` and `--http-endpoint` can be set.",
+    ),
+    flag(
+        "immediate-topology",
+        Kind::Bool,
+        "",
+        "true",
+        "Send accessibility requirements for claims of storage classes with immediate binding.",
+    ),
+    flag(
+        "kube-api-burst",
+        Kind::Int,
+        "int",
+        "10",
+        "Burst of the client-side rate limit of the Kubernetes API client.",
+    ),
+    flag(
+        "kube-api-capacity-burst",
+        Kind::Int,
+        "int",
+        "5",
+        "Burst of the Kubernetes API client used for storage capacity.",
+    ),
+    flag(
+        "kube-api-capacity-qps",
+        Kind::Value,
+        "float32",
+        "1",
+        "Queries per second of the Kubernetes API client used for storage capacity.",
+    ),
+    flag(
+        "kube-api-qps",
+        Kind::Value,
+        "float",
+        "5",
+        "Queries per second of the client-side rate limit of the Kubernetes API client.",
+    ),
+    flag(
+        "kubeconfig",
+        Kind::String,
+        "string",
+        "",
+        "Path to a kubeconfig file (the KUBECONFIG environment variable wins). Without it and --master: in-cluster configuration.",
+    ),
+    flag(
+        "leader-election",
+        Kind::Bool,
+        "",
+        "",
+        "Work only while holding a Lease, so that replicas can stand by.",
+    ),
+    flag(
+        "leader-election-labels",
+        Kind::Value,
+        "map",
+        "",
+        "Labels of the Lease, as key:value pairs separated by commas.",
+    ),
+    flag(
+        "leader-election-lease-duration",
+        Kind::Duration,
+        "duration",
+        "15s",
+        "How long standbys wait before taking over a Lease that is not renewed.",
+    ),
+    flag(
+        "leader-election-namespace",
+        Kind::String,
+        "string",
+        "",
+        "Namespace of the Lease (empty: $POD_NAMESPACE, else this pod's namespace, else default).",
+    ),
+    flag(
+        "leader-election-renew-deadline",
+        Kind::Duration,
+        "duration",
+        "10s",
+        "How long the leader keeps trying to renew before it gives up.",
+    ),
+    flag(
+        "leader-election-retry-period",
+        Kind::Duration,
+        "duration",
+        "5s",
+        "Pause between attempts to acquire or renew the Lease.",
+    ),
+    legacy("log-backtrace-at", Kind::Value, "traceLocation"),
+    legacy("log-dir", Kind::String, "string"),
+    legacy("log-file", Kind::String, "string"),
+    legacy("log-file-max-size", Kind::Uint, "uint"),
+    log_flags::LOG_FLUSH_FREQUENCY,
+    log_flags::LOG_JSON_INFO_BUFFER_SIZE,
+    log_flags::LOG_JSON_SPLIT_STREAM,
+    log_flags::LOG_TEXT_INFO_BUFFER_SIZE,
+    log_flags::LOG_TEXT_SPLIT_STREAM,
+    log_flags::LOGGING_FORMAT,
+    legacy("logtostderr", Kind::Bool, ""),
+    flag(
+        "master",
+        Kind::String,
+        "string",
+        "",
+        "URL of the Kubernetes API server (with or instead of --kubeconfig, out of cluster).",
+    ),
+    flag(
+        "metrics-address",
+        Kind::String,
+        "string",
+        "",
+        "(deprecated) TCP address of the metrics server. Only one of `--metrics-address` and `--http-endpoint` can be set.",
+    ),
+    flag(
+        "metrics-path",
+        Kind::String,
+        "string",
+        "/metrics",
+        "HTTP path of the Prometheus metrics.",
+    ),
+    flag(
+        "node-deployment",
+        Kind::Bool,
+        "",
+        "",
+        "Run one provisioner per node (distributed provisioning). Not supported by this provisioner yet: setting it exits 1.",
+    ),
+    flag(
+        "node-deployment-base-delay",
+        Kind::Duration,
+        "duration",
+        "20s",
+        "With --node-deployment: initial delay before trying to take a claim of immediate binding.",
+    ),
+    flag(
+        "node-deployment-immediate-binding",
+        Kind::Bool,
+        "",
+        "true",
+        "With --node-deployment: also take claims of storage classes with immediate binding.",
+    ),
+    flag(
+        "node-deployment-max-delay",
+        Kind::Duration,
+        "duration",
+        "1m0s",
+        "With --node-deployment: longest delay before trying to take a claim of immediate binding.",
+    ),
+    legacy("one-output", Kind::Bool, ""),
+    flag(
+        "prevent-volume-mode-conversion",
+        Kind::Bool,
+        "",
+        "true",
+        "Refuse to restore a snapshot into a volume of another mode unless the snapshot content allows it.",
+    ),
+    flag(
+        "retry-interval-max",
+        Kind::Duration,
+        "duration",
+        "5m0s",
+        "Longest back-off of a failed provisioning or deletion.",
+    ),
+    flag(
+        "retry-interval-start",
+        Kind::Duration,
+        "duration",
+        "1s",
+        "First back-off of a failed provisioning or deletion; it doubles on each failure.",
+    ),
+    legacy("skip-headers", Kind::Bool, ""),
+    legacy("skip-log-headers", Kind::Bool, ""),
+    flag(
+        "snapshot-orphan-sweep-interval",
+        Kind::Duration,
+        "duration",
+        "5m0s",
+        "How often orphaned snapshot-source finalizers are removed (0 disables).",
+    ),
+    legacy("stderrthreshold", Kind::Value, "severity"),
+    flag(
+        "strict-topology",
+        Kind::Bool,
+        "",
+        "",
+        "Require only the selected node's topology for delayed binding.",
+    ),
+    flag(
+        "timeout",
+        Kind::Duration,
+        "duration",
+        "10s",
+        "Deadline of each call to the CSI driver.",
+    ),
+    V,
+    flag("version", Kind::Bool, "", "", "Print the version and exit."),
+    log_flags::VMODULE,
+    flag(
+        "volume-name-prefix",
+        Kind::String,
+        "string",
+        "pvc",
+        "Prefix of the names of created volumes and PersistentVolumes.",
+    ),
+    flag(
+        "volume-name-uuid-length",
+        Kind::Int,
+        "int",
+        "-1",
+        "Characters of the claim UID (dashes removed) in volume names; -1 keeps the whole UID with dashes.",
+    ),
+    flag(
+        "worker-threads",
+        Kind::Uint,
+        "uint",
+        "100",
+        "Number of claim workers, and of volume workers (CreateVolume and DeleteVolume calls at once).",
+    ),
+];
+
+/// The name of every flag (without dashes), sorted, removed klog flags included.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    SPECS.iter().map(|s| s.name)
+}
+
+/// The usage text pflag would print for these flags, for the program `argv0`.
+pub fn usage(argv0: &str) -> String {
+    pflag::usage(argv0, SPECS)
+}
+
+/// Parses the arguments after the program name.
+pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
+    let mut flags = Flags::default();
+    let outcome = pflag::parse(SPECS, args, |spec, value| {
+        match value {
+            Value::Bool(b) => set_bool(&mut flags, spec.name, b),
+            Value::Text(text) => set_value(&mut flags, spec, text)?,
+        }
+        if spec.legacy {
+            flags.legacy.push(spec.name.to_owned());
+        }
+        Ok(())
+    })?;
+    Ok(match outcome {
+        Outcome::Run(positional) => {
+            flags.positional = positional;
+            Parsed::Run(Box::new(flags))
+        }
+        Outcome::Help => Parsed::Help,
+    })
+}
+
+fn set_bool(flags: &mut Flags, name: &str, b: bool) {
+    let o = &mut flags.options;
+    match name {
+        "automaxprocs" => o.automaxprocs = b,
+        "capacity-for-immediate-binding" => o.capacity_for_immediate_binding = b,
+        "controller-publish-readonly" => o.controller_publish_readonly = b,
+        "enable-capacity" => o.enable_capacity = b,
+        "enable-pprof" => o.enable_pprof = b,
+        "extra-create-metadata" => o.extra_create_metadata = b,
+        "immediate-topology" => o.immediate_topology = b,
+        "leader-election" => o.leader_election = b,
+        "node-deployment" => o.node_deployment = b,
+        "node-deployment-immediate-binding" => o.node_deployment_immediate_binding = b,
+        "prevent-volume-mode-conversion" => o.prevent_volume_mode_conversion = b,
+        "strict-topology" => o.strict_topology = b,
+        "version" => flags.version = b,
+        // Logging booleans; the rest are removed klog booleans (ignored).
+        other => {
+            flags.logging.set_bool(other, b);
+        }
+    }
+}
+
+fn set_value(flags: &mut Flags, spec: &Spec, value: &str) -> Result<(), SyntaxError> {
+    if let Some(result) = flags.logging.set_value(spec.name, value) {
+        return result;
+    }
+    let o = &mut flags.options;
+    let text = || value.to_owned();
+    match spec.name {
+        "csi-address" => o.csi_address = text(),
+        "kubeconfig" => o.kubeconfig = text(),
+        "master" => o.master = text(),
+        "leader-election-namespace" => o.leader_election_namespace = text(),
+        "http-endpoint" => o.http_endpoint = text(),
+        "metrics-address" => o.metrics_address = text(),
+        "metrics-path" => o.metrics_path = text(),
+        "volume-name-prefix" => o.volume_name_prefix = text(),
+        "default-fstype" => o.default_fstype = text(),
+        "leader-election-lease-duration" => o.leader_election_lease_duration = duration(value)?,
+        "leader-election-renew-deadline" => o.leader_election_renew_deadline = duration(value)?,
+        "leader-election-retry-period" => o.leader_election_retry_period = duration(value)?,
+        "retry-interval-start" => o.retry_interval_start = duration(value)?,
+        "retry-interval-max" => o.retry_interval_max = duration(value)?,
+        "snapshot-orphan-sweep-interval" => o.snapshot_orphan_sweep_interval = duration(value)?,
+        "timeout" => o.timeout = duration(value)?,
+        "capacity-poll-interval" => o.capacity_poll_interval = duration(value)?,
+        "node-deployment-base-delay" => o.node_deployment_base_delay = duration(value)?,
+        "node-deployment-max-delay" => o.node_deployment_max_delay = duration(value)?,
+        "kube-api-burst" => o.kube_api_burst = parse_int(value)?,
+        "kube-api-capacity-burst" => o.kube_api_capacity_burst = parse_int(value)?,
+        "capacity-ownerref-level" => o.capacity_ownerref_level = parse_int(value)?,
+        "volume-name-uuid-length" => o.volume_name_uuid_length = parse_int(value)?,
+        "worker-threads" => o.worker_threads = parse_uint(value)?,
+        "cloning-protection-threads" => o.cloning_protection_threads = parse_uint(value)?,
+        "capacity-threads" => o.capacity_threads = parse_uint(value)?,
+        "kube-api-qps" => o.kube_api_qps = pflag::parse_float(value)?,
+        "kube-api-capacity-qps" => o.kube_api_capacity_qps = pflag::parse_float32(value)?,
+        "leader-election-labels" => o.leader_election_labels.extend(parse_labels(value)?),
+        "feature-gates" => flags.feature_gates.extend(parse_gate_list(value)?),
+        // Removed klog flags: check the syntax, ignore the value.
+        _ => plugreg_sidecar_kit::goflag::check_syntax(spec.kind, value)?,
+    }
+    Ok(())
+}
+
+/// A Go duration; a negative one acts as zero.
+fn duration(value: &str) -> Result<Duration, SyntaxError> {
+    parse_duration(value)
+}
+
+/// `--leader-election-labels`: `key:value` items separated by commas (empty: none); an item
+/// without exactly one `:` is refused.
+pub fn parse_labels(value: &str) -> Result<BTreeMap<String, String>, SyntaxError> {
+    let mut labels = BTreeMap::new();
+    if value.is_empty() {
+        return Ok(labels);
+    }
+    for item in value.split(',') {
+        match item.split_once(':') {
+            Some((k, v)) if !v.contains(':') => {
+                labels.insert(k.to_owned(), v.to_owned());
+            }
+            _ => {
+                return Err(SyntaxError::Other(format!(
+                    "{item:?} is not a label of the form key:value"
+                )));
+            }
+        }
+    }
+    Ok(labels)
+}
+
+/// The `--feature-gates` syntax (component-base's `mapStringBool`): comma-separated
+/// `Name=bool` pairs, spaces around each part trimmed. A malformed pair or a non-boolean value
+/// is a flag error; whether the names exist is checked later ([`FeatureGates`]).
+pub fn parse_gate_list(value: &str) -> Result<BTreeMap<String, bool>, SyntaxError> {
+    let mut gates = BTreeMap::new();
+    for pair in value.split(',') {
+        if pair.is_empty() {
+            continue;
+        }
+        let Some((k, v)) = pair.split_once('=') else {
+            return Err(SyntaxError::Other(
+                "malformed pair, expect string=bool".into(),
+            ));
+        };
+        let (k, v) = (k.trim(), v.trim());
+        let b = plugreg_sidecar_kit::gosyntax::parse_bool(v).map_err(|_| {
+            SyntaxError::Other(format!(
+                "invalid value of {k}: {v}, err: strconv.ParseBool: parsing {v:?}: invalid syntax"
+            ))
+        })?;
+        gates.insert(k.to_owned(), b);
+    }
+    Ok(gates)
+}
+
+/// The provisioner's feature gates (`pkg/features`), after `--feature-gates`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeatureGates {
+    /// `Topology` (GA, default on): accessibility requirements and PV node affinity.
+    pub topology: bool,
+    /// `VolumeAttributesClass` (GA, default on).
+    pub volume_attributes_class: bool,
+    /// Whether `VolumeAttributesClass` was set explicitly (then discovery does not switch it
+    /// off, §1.3).
+    pub volume_attributes_class_explicit: bool,
+    /// `CrossNamespaceVolumeDataSource` (alpha, default off; not supported yet).
+    pub cross_namespace_volume_data_source: bool,
+    /// `ReleaseLeaderElectionOnExit` (alpha, default off): release the Lease on SIGTERM/SIGINT
+    /// and exit 0.
+    pub release_leader_election_on_exit: bool,
+    /// Gates that were given but have no effect here (apiserver gates, `AllAlpha`, `AllBeta`).
+    pub ignored: Vec<String>,
+}
+
+impl Default for FeatureGates {
+    fn default() -> Self {
+        Self {
+            topology: true,
+            volume_attributes_class: true,
+            volume_attributes_class_explicit: false,
+            cross_namespace_volume_data_source: false,
+            release_leader_election_on_exit: false,
+            ignored: Vec::new(),
+        }
+    }
+}
+
+/// A `--feature-gates` name the provisioner does not know (upstream: `klog.Fatal`, exit 255).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unrecognized feature gate: {0}")]
+pub struct UnknownGate(pub String);
+
+/// Gate names of `k8s.io/apiserver`'s default mutable gate (which the provisioner's gates are
+/// added to), as of recent releases: accepted and ignored. A name missing here is refused like
+/// any unknown gate.
+const APISERVER_GATES: &[&str] = &[
+    "APIListChunking",
+    "APIPriorityAndFairness",
+    "APIResponseCompression",
+    "APIServerIdentity",
+    "APIServerTracing",
+    "APIServingWithRoutine",
+    "AdmissionWebhookMatchConditions",
+    "AggregatedDiscoveryEndpoint",
+    "AllowParsingUserUIDFromCertAuth",
+    "AllowUnsafeMalformedObjectDeletion",
+    "AnonymousAuthConfigurableEndpoints",
+    "AuthorizeWithSelectors",
+    "BtreeWatchCache",
+    "CBORServingAndStorage",
+    "ConcurrentWatchObjectDecode",
+    "ConsistentListFromCache",
+    "CoordinatedLeaderElection",
+    "CustomResourceFieldSelectors",
+    "DeclarativeValidation",
+    "DeclarativeValidationTakeover",
+    "DetectCacheInconsistency",
+    "ExternalServiceAccountTokenSigner",
+    "InPlacePodVerticalScaling",
+    "KMSv1",
+    "KMSv2",
+    "KMSv2KDF",
+    "ListFromCacheSnapshot",
+    "MutatingAdmissionPolicy",
+    "OpenAPIEnums",
+    "RemoteRequestHeaderUID",
+    "RemainingItemCount",
+    "ResilientWatchCacheInitialization",
+    "RetryGenerateName",
+    "SeparateCacheWatchRPC",
+    "SizeBasedListCostEstimate",
+    "StorageVersionAPI",
+    "StorageVersionHash",
+    "StrictCostEnforcementForVAP",
+    "StrictCostEnforcementForWebhooks",
+    "StructuredAuthenticationConfiguration",
+    "StructuredAuthenticationConfigurationEgressSelector",
+    "StructuredAuthorizationConfiguration",
+    "TokenRequestServiceAccountUIDValidation",
+    "UnauthenticatedHTTP2DOSMitigation",
+    "ValidatingAdmissionPolicy",
+    "WatchCacheInitializationPostStartHook",
+    "WatchFromStorageWithoutResourceVersion",
+    "WatchList",
+];
+
+impl FeatureGates {
+    /// The gates after `requested` (from [`Flags::feature_gates`]); the first unknown name (in
+    /// name order) is an error.
+    pub fn from_requested(requested: &BTreeMap<String, bool>) -> Result<Self, UnknownGate> {
+        let mut gates = Self::default();
+        for (name, &on) in requested {
+            match name.as_str() {
+                "Topology" => gates.topology = on,
+                "VolumeAttributesClass" => {
+                    gates.volume_attributes_class = on;
+                    gates.volume_attributes_class_explicit = true;
+                }
+                "CrossNamespaceVolumeDataSource" => gates.cross_namespace_volume_data_source = on,
+                "ReleaseLeaderElectionOnExit" => gates.release_leader_election_on_exit = on,
+                "AllAlpha" | "AllBeta" => gates.ignored.push(name.clone()),
+                other if APISERVER_GATES.contains(&other) => gates.ignored.push(name.clone()),
+                other => return Err(UnknownGate(other.to_owned())),
+            }
+        }
+        Ok(gates)
+    }
+}
+
+/// The kubeconfig path to use: the `KUBECONFIG` environment variable when set and non-empty
+/// (upstream logs "Found KUBECONFIG environment variable set, using that.."), else the flag.
+/// The boolean says whether the variable was used.
+pub fn kubeconfig_path(flag: &str, env: Option<&str>) -> (String, bool) {
+    match env {
+        Some(v) if !v.is_empty() => (v.to_owned(), true),
+        _ => (flag.to_owned(), false),
+    }
+}
+
+/// csi-lib-utils' name rule: every character outside `[a-zA-Z0-9-]` becomes `-`, and an `X` is
+/// appended when the result ends with `-` (a Lease name may not).
+pub fn sanitize_name(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if out.is_empty() || out.ends_with('-') {
+        out.push('X');
+    }
+    out
+}
+
+/// The Lease name for the driver `driver` (§4): `hostpath.csi.k8s.io` -> `hostpath-csi-k8s-io`.
+pub fn lease_name(driver: &str) -> String {
+    sanitize_name(&driver.replace('/', "-"))
+}
+
+/// The leader-election identity: the host name, sanitised like the Lease name.
+pub fn leader_identity(hostname: &str) -> String {
+    sanitize_name(hostname)
+}
+
+/// The provisioner identity stored in PV annotations (§2 step 15):
+/// `<unix time in ms>-<random 0..9999>-<driver>`, plus `-<node>` with node deployment.
+pub fn provisioner_identity(
+    unix_millis: u128,
+    random: u32,
+    driver: &str,
+    node: Option<&str>,
+) -> String {
+    let mut id = format!("{unix_millis}-{}-{driver}", random % 10_000);
+    if let Some(node) = node {
+        id.push('-');
+        id.push_str(node);
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Flags {
+        match parse(args) {
+            Ok(Parsed::Run(f)) => *f,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    fn err(args: &[&str]) -> String {
+        parse(args).unwrap_err().0
+    }
+
+    #[test]
+    fn specs_are_sorted_and_unique() {
+        let names: Vec<_> = names().collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(names, sorted);
+    }
+
+    #[test]
+    fn defaults_are_upstreams() {
+        let f = run(&[]);
+        let o = &f.options;
+        assert_eq!(o, &Options::default());
+        assert_eq!(o.csi_address, "/run/csi/socket");
+        assert_eq!(o.timeout, Duration::from_secs(10));
+        assert_eq!(o.volume_name_uuid_length, -1);
+        assert_eq!(o.worker_threads, 100);
+        assert!(o.immediate_topology && o.prevent_volume_mode_conversion);
+        assert!(o.node_deployment_immediate_binding);
+        assert_eq!(o.kube_api_qps, 5.0);
+        assert_eq!(o.kube_api_burst, 10);
+        assert_eq!(o.retry_interval_max, Duration::from_secs(300));
+        assert_eq!(o.metrics_path, "/metrics");
+        assert!(!f.version && f.feature_gates.is_empty() && f.legacy.is_empty());
+    }
+
+    #[test]
+    fn every_flag_is_set_by_its_name() {
+        let f = run(&[
+            "--csi-address=/x.sock",
+            "--kubeconfig",
+            "/kc",
+            "--master=https://m",
+            "--leader-election",
+            "--leader-election-namespace=ns",
+            "--leader-election-lease-duration=20s",
+            "--leader-election-renew-deadline=15s",
+            "--leader-election-retry-period=2s",
+            "--leader-election-labels=a:b,c:d",
+            "--kube-api-qps=50.5",
+            "--kube-api-burst=100",
+            "--http-endpoint=:8080",
+            "--metrics-path=/m",
+            "--automaxprocs",
+            "--volume-name-prefix=vol",
+            "--volume-name-uuid-length=8",
+            "--retry-interval-start=2s",
+            "--retry-interval-max=1m",
+            "--worker-threads=7",
+            "--cloning-protection-threads=2",
+            "--snapshot-orphan-sweep-interval=0",
+            "--capacity-threads=3",
+            "--timeout=1m30s",
+            "--strict-topology",
+            "--immediate-topology=false",
+            "--extra-create-metadata",
+            "--enable-pprof",
+            "--default-fstype=ext4",
+            "--kube-api-capacity-qps=2.5",
+            "--kube-api-capacity-burst=9",
+            "--capacity-for-immediate-binding",
+            "--capacity-poll-interval=30s",
+            "--capacity-ownerref-level=-1",
+            "--node-deployment-immediate-binding=false",
+            "--node-deployment-base-delay=1s",
+            "--node-deployment-max-delay=2s",
+            "--controller-publish-readonly",
+            "--prevent-volume-mode-conversion=false",
+            "--version",
+            "-v=4",
+        ]);
+        let o = &f.options;
+        assert_eq!(o.csi_address, "/x.sock");
+        assert_eq!(o.kubeconfig, "/kc");
+        assert_eq!(o.master, "https://m");
+        assert!(o.leader_election);
+        assert_eq!(o.leader_election_namespace, "ns");
+        assert_eq!(o.leader_election_lease_duration, Duration::from_secs(20));
+        assert_eq!(o.leader_election_renew_deadline, Duration::from_secs(15));
+        assert_eq!(o.leader_election_retry_period, Duration::from_secs(2));
+        assert_eq!(o.leader_election_labels.len(), 2);
+        assert_eq!(o.kube_api_qps, 50.5);
+        assert_eq!(o.kube_api_burst, 100);
+        assert_eq!(o.http_endpoint, ":8080");
+        assert_eq!(o.metrics_path, "/m");
+        assert!(o.automaxprocs);
+        assert_eq!(o.volume_name_prefix, "vol");
+        assert_eq!(o.volume_name_uuid_length, 8);
+        assert_eq!(o.retry_interval_start, Duration::from_secs(2));
+        assert_eq!(o.retry_interval_max, Duration::from_secs(60));
+        assert_eq!(o.worker_threads, 7);
+        assert_eq!(o.cloning_protection_threads, 2);
+        assert_eq!(o.snapshot_orphan_sweep_interval, Duration::ZERO);
+        assert_eq!(o.capacity_threads, 3);
+        assert_eq!(o.timeout, Duration::from_secs(90));
+        assert!(o.strict_topology && !o.immediate_topology && o.extra_create_metadata);
+        assert!(o.enable_pprof);
+        assert_eq!(o.default_fstype, "ext4");
+        assert_eq!(o.kube_api_capacity_qps, 2.5);
+        assert_eq!(o.kube_api_capacity_burst, 9);
+        assert!(o.capacity_for_immediate_binding);
+        assert_eq!(o.capacity_poll_interval, Duration::from_secs(30));
+        assert_eq!(o.capacity_ownerref_level, -1);
+        assert!(!o.node_deployment_immediate_binding);
+        assert_eq!(o.node_deployment_base_delay, Duration::from_secs(1));
+        assert_eq!(o.node_deployment_max_delay, Duration::from_secs(2));
+        assert!(o.controller_publish_readonly && !o.prevent_volume_mode_conversion);
+        assert!(f.version);
+        assert_eq!(f.logging.verbosity, 4);
+    }
+
+    #[test]
+    fn bad_values_are_flag_errors() {
+        assert!(err(&["--timeout=10"]).contains("time: invalid duration"));
+        assert!(err(&["--worker-threads=-1"]).contains("--worker-threads"));
+        assert!(err(&["--kube-api-qps=fast"]).contains("--kube-api-qps"));
+        assert_eq!(err(&["--nope"]), "unknown flag: --nope");
+        assert_eq!(
+            err(&["-csi-address=/x"]),
+            "unknown shorthand flag: 'c' in -csi-address=/x"
+        );
+    }
+
+    #[test]
+    fn leader_election_labels_need_one_colon_per_item() {
+        let f = run(&[
+            "--leader-election-labels=a:1,b:",
+            "--leader-election-labels",
+            "c:3",
+        ]);
+        let labels: Vec<_> = f.options.leader_election_labels.into_iter().collect();
+        assert_eq!(
+            labels,
+            [
+                ("a".into(), "1".into()),
+                ("b".into(), String::new()),
+                ("c".into(), "3".into())
+            ]
+        );
+        for bad in ["a", "a:b:c", "a:b,,c:d"] {
+            let e = err(&[&format!("--leader-election-labels={bad}")]);
+            assert!(e.contains("key:value"), "{bad}: {e}");
+        }
+        assert!(parse_labels("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn feature_gates_merge_and_check_syntax() {
+        let f = run(&[
+            "--feature-gates=Topology=false, WatchList = true",
+            "--feature-gates",
+            "Topology=true,AllAlpha=false",
+        ]);
+        assert_eq!(f.feature_gates.get("Topology"), Some(&true));
+        assert_eq!(f.feature_gates.len(), 3);
+        assert!(err(&["--feature-gates=Topology"]).contains("malformed pair"));
+        assert!(err(&["--feature-gates=Topology=yes"]).contains("invalid value of Topology"));
+    }
+
+    #[test]
+    fn feature_gates_know_the_provisioners_and_ignore_the_apiservers() {
+        let gates = |list: &str| FeatureGates::from_requested(&parse_gate_list(list).unwrap());
+        let g = gates("").unwrap();
+        assert!(g.topology && g.volume_attributes_class && !g.volume_attributes_class_explicit);
+        assert!(!g.cross_namespace_volume_data_source && !g.release_leader_election_on_exit);
+        let g = gates(
+            "Topology=false,VolumeAttributesClass=true,CrossNamespaceVolumeDataSource=true,ReleaseLeaderElectionOnExit=true,WatchList=true,AllAlpha=true,AllBeta=false",
+        )
+        .unwrap();
+        assert!(!g.topology && g.volume_attributes_class && g.volume_attributes_class_explicit);
+        assert!(g.cross_namespace_volume_data_source && g.release_leader_election_on_exit);
+        assert_eq!(g.ignored, ["AllAlpha", "AllBeta", "WatchList"]);
+        assert_eq!(
+            gates("Bogus=true,Topology=true").unwrap_err().to_string(),
+            "unrecognized feature gate: Bogus"
+        );
+        // Removed in v6.2: now unknown.
+        assert!(gates("HonorPVReclaimPolicy=true").is_err());
+    }
+
+    #[test]
+    fn removed_klog_flags_are_accepted_and_listed() {
+        let f = run(&["--logtostderr", "--alsologtostderr=false", "--log-dir=/tmp"]);
+        assert_eq!(f.legacy, ["logtostderr", "alsologtostderr", "log-dir"]);
+        assert!(err(&["--logtostderr=maybe"]).contains("strconv.ParseBool"));
+    }
+
+    #[test]
+    fn logging_flags_reach_the_log_options() {
+        let f = run(&["--v", "5", "--logging-format=json", "--vmodule=a=1"]);
+        assert_eq!(f.logging.verbosity, 5);
+        assert_eq!(f.logging.format, "json");
+        let f = run(&["--log-text-split-stream"]);
+        assert!(f.logging.validate().is_err());
+    }
+
+    #[test]
+    fn help_and_positionals() {
+        assert_eq!(parse(&["-h"]).unwrap(), Parsed::Help);
+        assert_eq!(parse(&["--help"]).unwrap(), Parsed::Help);
+        assert_eq!(
+            run(&["extra", "--v=1", "more"]).positional,
+            ["extra", "more"]
+        );
+    }
+
+    #[test]
+    fn kubeconfig_env_wins_when_set() {
+        assert_eq!(kubeconfig_path("/flag", None), ("/flag".into(), false));
+        assert_eq!(kubeconfig_path("/flag", Some("")), ("/flag".into(), false));
+        assert_eq!(
+            kubeconfig_path("/flag", Some("/env")),
+            ("/env".into(), true)
+        );
+        assert_eq!(kubeconfig_path("", Some("/env")), ("/env".into(), true));
+    }
+
+    #[test]
+    fn lease_names_follow_csi_lib_utils() {
+        assert_eq!(lease_name("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
+        assert_eq!(lease_name("example.com/driver"), "example-com-driver");
+        assert_eq!(lease_name("driver."), "driver-X");
+        assert_eq!(lease_name("a_b"), "a-b");
+        assert_eq!(leader_identity("node-1.example"), "node-1-example");
+        assert_eq!(leader_identity("host-"), "host-X");
+        assert_eq!(sanitize_name(""), "X");
+    }
+
+    #[test]
+    fn provisioner_identity_has_time_random_and_driver() {
+        assert_eq!(
+            provisioner_identity(1_700_000_000_000, 12_345, "csi.example", None),
+            "1700000000000-2345-csi.example"
+        );
+        assert_eq!(
+            provisioner_identity(1, 7, "d", Some("node-a")),
+            "1-7-d-node-a"
+        );
+    }
+
+    #[test]
+    fn usage_lists_every_flag() {
+        let text = usage("csi-provisioner");
+        assert!(text.starts_with("Usage of csi-provisioner:\n"));
+        for name in names() {
+            assert!(text.contains(&format!("--{name}")), "{name}");
+        }
+        assert!(text.contains("  -v, --v Level"));
+    }
+}
