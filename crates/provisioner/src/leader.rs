@@ -524,30 +524,42 @@ impl Elector {
         Ok(())
     }
 
-    /// Gives the lease up: no holder, a one-second duration.
+    /// Gives the lease up: no holder, a one-second duration. Reads the Lease first: the renew
+    /// loop may have been stopped in the middle of a write, leaving the resourceVersion we
+    /// know stale.
     async fn release(&mut self) {
         if !self.is_leader() {
             return;
         }
-        let Some(lease) = self.lease.clone() else {
-            return;
-        };
-        let now = MicroTime(Timestamp::now());
-        let record = Record {
-            holder: String::new(),
-            duration_secs: 1,
-            acquire: Some(now.clone()),
-            renew: Some(now),
-            transitions: self.observed.transitions,
-        };
-        match tokio::time::timeout(self.cfg.renew_deadline, self.update(lease, &record)).await {
-            Ok(Ok(())) => {
-                self.set_observed(record);
+        let released = tokio::time::timeout(self.cfg.renew_deadline, async {
+            let lease = self.leases.get(&self.cfg.lease_name).await?;
+            let current = Record::from_spec(lease.spec.as_ref());
+            if current.holder != self.cfg.identity {
+                // Someone else holds it already: nothing of ours to give up.
+                self.set_observed(current);
+                return Ok(false);
+            }
+            let now = MicroTime(Timestamp::now());
+            let record = Record {
+                holder: String::new(),
+                duration_secs: 1,
+                acquire: Some(now.clone()),
+                renew: Some(now),
+                transitions: current.transitions,
+            };
+            self.update(lease, &record).await?;
+            self.set_observed(record);
+            Ok::<_, kube::Error>(true)
+        })
+        .await;
+        match released {
+            Ok(Ok(true)) => {
                 if let Some(m) = &self.cfg.metrics {
                     m.leader(&self.cfg.name, false);
                 }
                 tracing::info!(lease = %self.describe(), "released lease");
             }
+            Ok(Ok(false)) => {}
             Ok(Err(e)) => tracing::error!(err = %e, "Failed to release lock"),
             Err(_) => tracing::error!("Failed to release lock: timed out"),
         }
