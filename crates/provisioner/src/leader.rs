@@ -258,13 +258,13 @@ impl LeaderHealth {
         self.lock().leader
     }
 
-    fn configure(&self, name: &str, lease_duration: Duration) {
+    pub(crate) fn configure(&self, name: &str, lease_duration: Duration) {
         let mut s = self.lock();
         s.name = name.to_owned();
         s.lease_duration = lease_duration;
     }
 
-    fn observe(&self, leader: bool, at: Instant) {
+    pub(crate) fn observe(&self, leader: bool, at: Instant) {
         let mut s = self.lock();
         s.leader = leader;
         s.observed = Some(at);
