@@ -419,7 +419,7 @@ impl Elector {
 
     /// client-go's `tryAcquireOrRenew`: true if we hold the lease afterwards.
     async fn try_acquire_or_renew(&mut self) -> bool {
-        let now = MicroTime(Timestamp::now());
+        let now = now_micro();
         let mut record = Record {
             holder: self.cfg.identity.clone(),
             duration_secs: i32::try_from(self.cfg.lease_duration.as_secs()).unwrap_or(i32::MAX),
@@ -539,7 +539,7 @@ impl Elector {
                 self.set_observed(current);
                 return Ok(false);
             }
-            let now = MicroTime(Timestamp::now());
+            let now = now_micro();
             let record = Record {
                 holder: String::new(),
                 duration_secs: 1,
@@ -621,6 +621,13 @@ impl Elector {
             }
         });
     }
+}
+
+/// Now, at the precision the API server keeps (a MicroTime is written with six digits): what
+/// we remember of our own writes then equals what we read back.
+fn now_micro() -> MicroTime {
+    let now = Timestamp::now();
+    MicroTime(Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now))
 }
 
 /// `period` plus a random share of up to [`JITTER_FACTOR`] times it (client-go's
@@ -742,6 +749,14 @@ mod tests {
     }
 
     #[test]
+    fn our_timestamps_survive_the_wire_unchanged() {
+        let now = now_micro();
+        let json = serde_json::to_string(&now).unwrap();
+        let back: MicroTime = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, now, "{json}");
+    }
+
+    #[test]
     fn record_round_trips_through_a_lease_and_keeps_other_fields() {
         let mut lease = Lease {
             spec: Some(LeaseSpec {
@@ -750,7 +765,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let now = MicroTime(Timestamp::now());
+        let now = now_micro();
         let record = Record {
             holder: "me".to_owned(),
             duration_secs: 15,
