@@ -258,13 +258,13 @@ impl LeaderHealth {
         self.lock().leader
     }
 
-    fn configure(&self, name: &str, lease_duration: Duration) {
+    pub(crate) fn configure(&self, name: &str, lease_duration: Duration) {
         let mut s = self.lock();
         s.name = name.to_owned();
         s.lease_duration = lease_duration;
     }
 
-    fn observe(&self, leader: bool, at: Instant) {
+    pub(crate) fn observe(&self, leader: bool, at: Instant) {
         let mut s = self.lock();
         s.leader = leader;
         s.observed = Some(at);
@@ -419,7 +419,7 @@ impl Elector {
 
     /// client-go's `tryAcquireOrRenew`: true if we hold the lease afterwards.
     async fn try_acquire_or_renew(&mut self) -> bool {
-        let now = MicroTime(Timestamp::now());
+        let now = now_micro();
         let mut record = Record {
             holder: self.cfg.identity.clone(),
             duration_secs: i32::try_from(self.cfg.lease_duration.as_secs()).unwrap_or(i32::MAX),
@@ -524,30 +524,42 @@ impl Elector {
         Ok(())
     }
 
-    /// Gives the lease up: no holder, a one-second duration.
+    /// Gives the lease up: no holder, a one-second duration. Reads the Lease first: the renew
+    /// loop may have been stopped in the middle of a write, leaving the resourceVersion we
+    /// know stale.
     async fn release(&mut self) {
         if !self.is_leader() {
             return;
         }
-        let Some(lease) = self.lease.clone() else {
-            return;
-        };
-        let now = MicroTime(Timestamp::now());
-        let record = Record {
-            holder: String::new(),
-            duration_secs: 1,
-            acquire: Some(now.clone()),
-            renew: Some(now),
-            transitions: self.observed.transitions,
-        };
-        match tokio::time::timeout(self.cfg.renew_deadline, self.update(lease, &record)).await {
-            Ok(Ok(())) => {
-                self.set_observed(record);
+        let released = tokio::time::timeout(self.cfg.renew_deadline, async {
+            let lease = self.leases.get(&self.cfg.lease_name).await?;
+            let current = Record::from_spec(lease.spec.as_ref());
+            if current.holder != self.cfg.identity {
+                // Someone else holds it already: nothing of ours to give up.
+                self.set_observed(current);
+                return Ok(false);
+            }
+            let now = now_micro();
+            let record = Record {
+                holder: String::new(),
+                duration_secs: 1,
+                acquire: Some(now.clone()),
+                renew: Some(now),
+                transitions: current.transitions,
+            };
+            self.update(lease, &record).await?;
+            self.set_observed(record);
+            Ok::<_, kube::Error>(true)
+        })
+        .await;
+        match released {
+            Ok(Ok(true)) => {
                 if let Some(m) = &self.cfg.metrics {
                     m.leader(&self.cfg.name, false);
                 }
                 tracing::info!(lease = %self.describe(), "released lease");
             }
+            Ok(Ok(false)) => {}
             Ok(Err(e)) => tracing::error!(err = %e, "Failed to release lock"),
             Err(_) => tracing::error!("Failed to release lock: timed out"),
         }
@@ -609,6 +621,13 @@ impl Elector {
             }
         });
     }
+}
+
+/// Now, at the precision the API server keeps (a MicroTime is written with six digits): what
+/// we remember of our own writes then equals what we read back.
+fn now_micro() -> MicroTime {
+    let now = Timestamp::now();
+    MicroTime(Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now))
 }
 
 /// `period` plus a random share of up to [`JITTER_FACTOR`] times it (client-go's
@@ -730,6 +749,14 @@ mod tests {
     }
 
     #[test]
+    fn our_timestamps_survive_the_wire_unchanged() {
+        let now = now_micro();
+        let json = serde_json::to_string(&now).unwrap();
+        let back: MicroTime = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, now, "{json}");
+    }
+
+    #[test]
     fn record_round_trips_through_a_lease_and_keeps_other_fields() {
         let mut lease = Lease {
             spec: Some(LeaseSpec {
@@ -738,7 +765,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let now = MicroTime(Timestamp::now());
+        let now = now_micro();
         let record = Record {
             holder: "me".to_owned(),
             duration_secs: 15,
