@@ -10,23 +10,22 @@
 //! - 255: upstream's `klog.Fatal` cases (unknown feature gate, no kube config, no driver name,
 //!   no capabilities, HTTP listen failure).
 
-use std::future::Future;
 use std::hash::BuildHasher as _;
-use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use hyper::body::Incoming;
-use hyper::{Request, Response, StatusCode};
 use plugreg_provisioner::csi::{self, Capabilities, Driver};
 use plugreg_provisioner::flags::{
     self, FATAL_EXIT, FLAG_ERROR_EXIT, FeatureGates, Flags, Options, Parsed,
 };
+use plugreg_provisioner::http as diagnostics;
+use plugreg_provisioner::leader::{LeaderElection, LeaderHealth};
 use plugreg_provisioner::metrics::Metrics;
+use plugreg_provisioner::request::RequestOptions;
+use plugreg_provisioner::service::{Service, ServiceError};
 use plugreg_runtime::report;
-use plugreg_sidecar_kit::http::{NOT_FOUND_BODY, text_response};
 use plugreg_sidecar_kit::logging::{self, LogFormat};
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +38,8 @@ const VERSION: &str = match option_env!("PLUGREG_VERSION") {
 
 /// The target of this program's lines (the log filter shows plugreg's info lines at `-v=0`).
 const LOG: &str = "plugreg_csi_provisioner";
+/// How long a signalled process lets its workers finish (and the lease go) before it exits.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Target prefixes of this program's own lines (their debug lines are upstream's V(2)).
 const OWN: &[&str] = &["plugreg_provisioner", LOG];
 
@@ -291,7 +292,8 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         }
         // Step 17 (--enable-capacity) was refused at start.
         // Step 18.
-        let http = match start_http(&options, metrics.clone()).await {
+        let health = LeaderHealth::new();
+        let http = match start_http(&options, metrics.clone(), &health).await {
             Ok(h) => h,
             Err(code) => return Err(code),
         };
@@ -301,6 +303,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             driver,
             capabilities,
             metrics,
+            health,
             http,
         })
     };
@@ -313,14 +316,70 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         Err(code) => return code,
     };
 
-    // ---- The lead's hook: `plugreg_provisioner::controller::run(...)` goes here (§2 steps
-    // 19-20: the controllers, leader election) with `kube_config`, `options`, `gates` and
-    // `started`. Until then the process waits for SIGTERM/SIGINT or the loss of the driver.
-    let _ = (&kube_config, &gates, &started.name, &started.identity);
-    let _ = (&started.driver, &started.capabilities);
+    // Steps 19-20: the controller, directly or under the Lease.
+    let host = hostname();
+    let leader = options.leader_election.then(|| {
+        let mut le = LeaderElection::new(
+            &leader_namespace(&options.leader_election_namespace),
+            &flags::lease_name(&started.name),
+            &flags::leader_identity(&host),
+        );
+        le.lease_duration = options.leader_election_lease_duration;
+        le.renew_deadline = options.leader_election_renew_deadline;
+        le.retry_period = options.leader_election_retry_period;
+        le.labels = options.leader_election_labels.clone();
+        le.release_on_cancel = gates.release_leader_election_on_exit;
+        le.metrics = Some(started.metrics.clone());
+        le
+    });
+    let service = Service {
+        kube_config,
+        qps: options.kube_api_qps,
+        burst: u32::try_from(options.kube_api_burst.max(0)).unwrap_or(u32::MAX),
+        driver: Arc::new(started.driver),
+        driver_name: started.name.clone(),
+        identity: started.identity.clone(),
+        host,
+        capabilities: started.capabilities,
+        request: RequestOptions {
+            volume_name_prefix: options.volume_name_prefix.clone(),
+            volume_name_uuid_length: options.volume_name_uuid_length,
+            extra_create_metadata: options.extra_create_metadata,
+            default_fstype: options.default_fstype.clone(),
+            controller_publish_readonly: options.controller_publish_readonly,
+            strict_topology: options.strict_topology,
+            immediate_topology: options.immediate_topology,
+            topology: gates.topology && started.capabilities.accessibility_constraints,
+            single_node_multi_writer: started.capabilities.single_node_multi_writer,
+        },
+        workers: usize::try_from(options.worker_threads).unwrap_or(usize::MAX),
+        retry_start: options.retry_interval_start,
+        retry_max: options.retry_interval_max,
+        timeout: options.timeout,
+        leader,
+        health: started.health.clone(),
+        metrics: started.metrics.clone(),
+    };
+    let shutdown = CancellationToken::new();
+    let run = service.run(shutdown.clone());
+    tokio::pin!(run);
     let code = tokio::select! {
+        result = &mut run => match result {
+            Ok(()) => 0,
+            Err(ServiceError::Leader(e)) => {
+                tracing::error!(target: LOG, "Stopped leading: {e}");
+                1
+            }
+            Err(e) => {
+                tracing::error!(target: LOG, "{e}");
+                FATAL_EXIT
+            }
+        },
         signal = plugreg_runtime::signal::shutdown() => {
             tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
+            // Workers finish their current call; the lease is released when the gate asks.
+            shutdown.cancel();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, &mut run).await;
             0
         }
         code = csi::exit_on_connection_loss(lost) => code,
@@ -343,21 +402,20 @@ struct Started {
     /// What the driver can do.
     capabilities: Capabilities,
     /// The metrics registry, named after the driver.
-    #[allow(dead_code)]
     metrics: Arc<Metrics>,
+    /// Behind `/healthz/leader-election`.
+    health: LeaderHealth,
     /// Stops the HTTP server, if one runs.
     http: Option<CancellationToken>,
 }
 
-type BoxedResponse = Pin<Box<dyn Future<Output = Response<String>> + Send>>;
-
 /// Step 18: the HTTP server, if an address is set (regardless of leadership). A listen failure
 /// is upstream's Fatal (exit 255). Serves the metrics path and, with `--leader-election` and
-/// `--http-endpoint`, `/healthz/leader-election` (here always `ok`: the lease health check
-/// belongs to the leader-election part, which replaces this handler).
+/// `--http-endpoint`, `/healthz/leader-election` from the election's health.
 async fn start_http(
     options: &Options,
     metrics: Arc<Metrics>,
+    health: &LeaderHealth,
 ) -> Result<Option<CancellationToken>, i32> {
     let address = if options.http_endpoint.is_empty() {
         &options.metrics_address
@@ -367,41 +425,57 @@ async fn start_http(
     if address.is_empty() {
         return Ok(None);
     }
-    let listener = match plugreg_sidecar_kit::http::bind(address).await {
-        Ok(l) => l,
+    let server = match diagnostics::Server::bind(address, &options.metrics_path).await {
+        Ok(s) => s,
         Err(e) => {
-            tracing::error!(
-            target: LOG,
-                "Failed to start HTTP server at specified address ({address:?}) and metrics path ({:?}): {e}",
-                options.metrics_path
-            );
+            tracing::error!(target: LOG, "{e}");
             return Err(FATAL_EXIT);
         }
     };
-    let shown = plugreg_sidecar_kit::http::local_addr(&listener)
-        .map_or_else(|| address.clone(), |a| a.to_string());
-    tracing::info!(target: LOG, "ServeMux listening at {shown:?}");
-    let metrics_path = options.metrics_path.clone();
-    let leader_health = options.leader_election && !options.http_endpoint.is_empty();
-    let handler = move |request: Request<Incoming>| {
-        let path = request.uri().path();
-        let answer = if path == metrics_path {
-            text_response(StatusCode::OK, metrics.render())
-        } else if leader_health && path == "/healthz/leader-election" {
-            text_response(StatusCode::OK, "ok".into())
-        } else {
-            text_response(StatusCode::NOT_FOUND, NOT_FOUND_BODY.into())
-        };
-        Box::pin(async move { answer }) as BoxedResponse
-    };
+    let leader =
+        (options.leader_election && !options.http_endpoint.is_empty()).then(|| health.clone());
     let token = CancellationToken::new();
-    tokio::spawn(plugreg_sidecar_kit::http::serve(
-        listener,
-        handler,
-        Duration::from_secs(10),
-        token.clone(),
-    ));
+    let stop = token.clone();
+    tokio::spawn(async move {
+        if let Err(e) = server.serve(metrics, leader, stop).await {
+            tracing::error!(target: LOG, "{e}");
+        }
+    });
     Ok(Some(token))
+}
+
+/// The Lease's namespace: the flag, else `$POD_NAMESPACE`, else the service account's
+/// namespace file, else `default` (csi-lib-utils' order).
+fn leader_namespace(flag: &str) -> String {
+    if !flag.is_empty() {
+        return flag.to_owned();
+    }
+    if let Ok(ns) = std::env::var("POD_NAMESPACE")
+        && !ns.is_empty()
+    {
+        return ns;
+    }
+    read_small("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| "default".to_owned())
+}
+
+/// This host's name (the kernel's, as Go's `os.Hostname`).
+fn hostname() -> String {
+    read_small("/proc/sys/kernel/hostname").unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// The first line of a small file (at most 4 KiB read), trimmed.
+fn read_small(path: &str) -> Option<String> {
+    use std::io::Read as _;
+    let mut buf = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(4096)
+        .read_to_end(&mut buf)
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    Some(text.lines().next().unwrap_or_default().trim().to_owned())
 }
 
 fn unix_millis() -> u128 {
