@@ -130,6 +130,11 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
         tracing::error!(target: LOG, "only one of `--metrics-address` and `--http-endpoint` can be set.");
         return Ok(1);
     }
+    // Upstream panics on these later (on the first claim, at election start).
+    if let Err(e) = flags::validate(&options) {
+        tracing::error!(target: LOG, "{e}");
+        return Ok(1);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

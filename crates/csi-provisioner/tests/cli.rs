@@ -275,6 +275,27 @@ fn features_not_supported_yet_exit_1() {
 }
 
 #[test]
+fn settings_upstream_panics_on_later_exit_1_at_start() {
+    let (code, _, err) = run_to_end(&[MASTER, "--volume-name-uuid-length=33"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--volume-name-uuid-length=33 is out of range"),
+        "{err}"
+    );
+    let (code, _, err) = run_to_end(&[
+        MASTER,
+        "--leader-election",
+        "--leader-election-lease-duration=10s",
+        "--leader-election-renew-deadline=10s",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("must be greater than --leader-election-renew-deadline"),
+        "{err}"
+    );
+}
+
+#[test]
 fn no_kube_config_is_fatal() {
     let (code, _, err) = run_to_end(&["--csi-address=/nonexistent.sock"]);
     assert_eq!(code, 255, "{err}");

@@ -782,6 +782,42 @@ impl FeatureGates {
     }
 }
 
+/// Settings upstream accepts but fails on later with a Go panic: `--volume-name-uuid-length`
+/// outside -1..=32 (on the first claim), and leader-election timings client-go refuses (at
+/// election start). Here they are a clear error at start (`main` exits 1).
+pub fn validate(o: &Options) -> Result<(), String> {
+    if !(-1..=32).contains(&o.volume_name_uuid_length) {
+        return Err(format!(
+            "--volume-name-uuid-length={} is out of range: -1 (the whole claim UID) or 0 to 32",
+            o.volume_name_uuid_length
+        ));
+    }
+    if o.leader_election {
+        let (lease, renew, retry) = (
+            o.leader_election_lease_duration,
+            o.leader_election_renew_deadline,
+            o.leader_election_retry_period,
+        );
+        if lease.is_zero() || renew.is_zero() || retry.is_zero() {
+            return Err(
+                "--leader-election-lease-duration, --leader-election-renew-deadline and --leader-election-retry-period must be greater than zero".into(),
+            );
+        }
+        if lease <= renew {
+            return Err(format!(
+                "--leader-election-lease-duration ({lease:?}) must be greater than --leader-election-renew-deadline ({renew:?})"
+            ));
+        }
+        // client-go's JitterFactor.
+        if renew.as_secs_f64() <= retry.as_secs_f64() * 1.2 {
+            return Err(format!(
+                "--leader-election-renew-deadline ({renew:?}) must be greater than 1.2 x --leader-election-retry-period ({retry:?})"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The kubeconfig path to use: the `KUBECONFIG` environment variable when set and non-empty
 /// (upstream logs "Found KUBECONFIG environment variable set, using that.."), else the flag.
 /// The boolean says whether the variable was used.
@@ -1057,6 +1093,38 @@ mod tests {
             run(&["extra", "--v=1", "more"]).positional,
             ["extra", "more"]
         );
+    }
+
+    #[test]
+    fn validate_refuses_what_upstream_panics_on() {
+        assert!(validate(&Options::default()).is_ok());
+        let with = |f: fn(&mut Options)| {
+            let mut o = Options {
+                leader_election: true,
+                ..Options::default()
+            };
+            f(&mut o);
+            validate(&o)
+        };
+        assert!(with(|_| {}).is_ok());
+        assert!(with(|o| o.volume_name_uuid_length = 32).is_ok());
+        assert!(with(|o| o.volume_name_uuid_length = 0).is_ok());
+        assert!(with(|o| o.volume_name_uuid_length = 33).is_err());
+        assert!(with(|o| o.volume_name_uuid_length = -2).is_err());
+        let e = with(|o| o.leader_election_renew_deadline = Duration::from_secs(15)).unwrap_err();
+        assert!(
+            e.contains("must be greater than --leader-election-renew-deadline"),
+            "{e}"
+        );
+        let e = with(|o| o.leader_election_retry_period = Duration::from_secs(9)).unwrap_err();
+        assert!(e.contains("1.2 x"), "{e}");
+        assert!(with(|o| o.leader_election_retry_period = Duration::ZERO).is_err());
+        // Without --leader-election the timings do not matter.
+        let o = Options {
+            leader_election_retry_period: Duration::ZERO,
+            ..Options::default()
+        };
+        assert!(validate(&o).is_ok());
     }
 
     #[test]
