@@ -135,7 +135,14 @@ struct Controller {
     volumes: Arc<WorkQueue<String>>,
     /// Claims whose CreateVolume said INVALID_ARGUMENT: uid -> (class uid, when).
     infeasible: Mutex<HashMap<String, (String, Instant)>>,
+    /// PVs (by uid) whose volume this process deleted: when the cache shows them again, being
+    /// deleted and still with the finalizer, only the finalizer is left to remove.
+    deleted: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long [`Controller::deleted`] remembers a volume, and how many it keeps at most.
+const DELETED_MEMORY: Duration = Duration::from_secs(600);
+const DELETED_KEEP: usize = 16_384;
 
 /// Runs the controller until `shutdown`: fills the caches, then provisions and deletes.
 pub async fn run(
@@ -219,6 +226,7 @@ pub async fn run(
         claims: claims_q,
         volumes: volumes_q,
         infeasible: Mutex::new(HashMap::new()),
+        deleted: Mutex::new(HashMap::new()),
     });
 
     let mut workers = tokio::task::JoinSet::new();
@@ -820,6 +828,14 @@ impl Controller {
         if (!has_finalizer && deleting) || phase != "Released" || policy != "Delete" {
             return Ok(());
         }
+        let uid = volume.uid().unwrap_or_default();
+        if deleting && self.was_deleted(&uid) {
+            // Our own DELETE coming back through the cache: the volume is gone already.
+            return self.remove_pv_finalizer(name).await.map_err(|e| {
+                warn!(pv = %name, "{e}");
+                Retry::Backoff
+            });
+        }
         let class = spec.storage_class_name.clone().unwrap_or_default();
         let started = Instant::now();
         match self.delete(&volume).await {
@@ -923,6 +939,7 @@ impl Controller {
             .delete_volume(&csi.volume_handle, secrets)
             .await
             .map_err(|s| crate::classify::go_status_text(&s))?;
+        self.remember_deleted(&v.uid().unwrap_or_default());
         let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
         match api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
@@ -930,8 +947,14 @@ impl Controller {
             Err(e) => return Err(format!("failed to delete persistentvolume {name}: {e}")),
         }
         info!(pv = %name, "volume deleted");
-        // The finalizer: read the PV again (the DELETE may have left it with a deletion stamp).
-        let current = match api.get_opt(&name).await {
+        self.remove_pv_finalizer(&name).await
+    }
+
+    /// Re-reads the PV (the DELETE may have left it with a deletion stamp) and removes the
+    /// provisioner's finalizer; a PV already gone is fine.
+    async fn remove_pv_finalizer(&self, name: &str) -> Result<(), String> {
+        let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
+        let current = match api.get_opt(name).await {
             Ok(Some(v)) => v,
             Ok(None) => return Ok(()),
             Err(e) => return Err(format!("failed to get persistentvolume {name}: {e}")),
@@ -943,7 +966,7 @@ impl Controller {
             ]))
             .map_err(|e| e.to_string())?;
             match api
-                .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
                 .await
             {
                 Ok(_) => {}
@@ -956,6 +979,27 @@ impl Controller {
             }
         }
         Ok(())
+    }
+
+    fn lock_deleted(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.deleted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember_deleted(&self, uid: &str) {
+        let mut m = self.lock_deleted();
+        if m.len() >= DELETED_KEEP {
+            m.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+            if m.len() >= DELETED_KEEP {
+                m.clear();
+            }
+        }
+        m.insert(uid.to_owned(), Instant::now());
+    }
+
+    fn was_deleted(&self, uid: &str) -> bool {
+        self.lock_deleted()
+            .get(uid)
+            .is_some_and(|at| at.elapsed() < DELETED_MEMORY)
     }
 }
 
