@@ -10,9 +10,11 @@
 //! [`INTENT_ANNOTATION`] (the PV name) and the finalizer [`INTENT_FINALIZER`] in one write. While
 //! they are there the claim is provisioned even if it is being deleted (the finalizer keeps it in
 //! the cache), so that a volume the driver may have created is always finished into a PV, which
-//! the normal deletion path then deletes. They are cleared once the PV is saved or the driver
-//! gave a final answer. A restart (or a new leader) finds the claim with its intent in the first
-//! list and finishes it: CreateVolume is idempotent by name.
+//! the normal deletion path then deletes. They are cleared once the claim is Bound (after
+//! kube-controller-manager's last write to it, so that the two never race), or once its PV is
+//! saved if the claim is being deleted, or when the driver gave a final answer. A restart (or a
+//! new leader) finds the claim with its intent in the first list and finishes it: CreateVolume
+//! is idempotent by name.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -368,6 +370,10 @@ fn class_name(c: &PersistentVolumeClaim) -> String {
         .unwrap_or_default()
 }
 
+fn is_bound(c: &PersistentVolumeClaim) -> bool {
+    c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+}
+
 fn has_intent(c: &PersistentVolumeClaim) -> bool {
     c.annotations().contains_key(INTENT_ANNOTATION)
         || c.finalizers().iter().any(|f| f == INTENT_FINALIZER)
@@ -394,13 +400,15 @@ impl Controller {
         };
         let intent = has_intent(&claim);
         let class = class_name(&claim);
-        let bound = claim
+        let has_volume = claim
             .spec
             .as_ref()
             .and_then(|s| s.volume_name.as_deref())
             .is_some_and(|v| !v.is_empty());
-        if bound {
-            if intent {
+        if has_volume {
+            // The intent goes once KCM has finished binding (its status write is the last
+            // of its writes to the claim), so that clearing it never races KCM's updates.
+            if intent && (is_bound(&claim) || claim.metadata.deletion_timestamp.is_some()) {
                 return self.clear_intent(&claim).await;
             }
             return Ok(());
@@ -519,7 +527,9 @@ impl Controller {
         .map_err(Failure::Error)?;
         if self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some() {
             debug!(pv = %pv_name, "persistentvolume already exists");
-            if intent {
+            // A claim being deleted is not bound any more: let it go now. Otherwise the
+            // intent goes when the claim is Bound (see `sync_claim`).
+            if intent && claim.metadata.deletion_timestamp.is_some() {
                 self.clear_intent(claim)
                     .await
                     .map_err(|_| Failure::Conflict)?;
@@ -659,8 +669,11 @@ impl Controller {
             "ProvisioningSucceeded",
             &format!("Successfully provisioned volume {pv_name}"),
         );
-        // Bookkeeping; a failure leaves the intent for the next sync (the PV exists then).
-        let _ = self.clear_intent_of(&ns, &claim.name_any()).await;
+        // The intent goes when KCM has bound the claim (see `sync_claim`); a claim being
+        // deleted will not be bound, so it goes now (a failure is retried by the next sync).
+        if claim.metadata.deletion_timestamp.is_some() {
+            let _ = self.clear_intent_of(&ns, &claim.name_any()).await;
+        }
         Ok(Outcome::Provisioned)
     }
 
