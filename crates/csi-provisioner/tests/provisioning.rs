@@ -27,14 +27,19 @@ async fn lifecycle(version: KubeVersion) {
     let claim = env.claim("data", &class, "1Gi", json!({})).await;
     let uid = claim.uid().unwrap();
 
-    let bound = env.wait_bound("data").await;
+    env.wait_bound("data").await;
+    // The intent goes once KCM has bound the claim.
+    let bound = env
+        .wait_claim("data", "intent cleared", |c| {
+            !c.annotations().contains_key(INTENT) && !c.finalizers().iter().any(|f| f == INTENT)
+        })
+        .await;
     let ann = bound.annotations();
     assert_eq!(
         ann.get("pv.kubernetes.io/bind-completed")
             .map(String::as_str),
         Some("yes")
     );
-    assert!(!ann.contains_key(INTENT), "intent cleared: {ann:?}");
     let pv_name = format!("pvc-{uid}");
     assert_eq!(
         bound.spec.as_ref().unwrap().volume_name.as_deref(),
