@@ -129,6 +129,7 @@ struct Run {
     requests: BTreeMap<String, u64>,
     hwm_kib: u64,
     delete_makespan: Option<Duration>,
+    delete_requests: BTreeMap<String, u64>,
 }
 
 async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
@@ -263,7 +264,9 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
     counted.retain(|_, v| *v > 0);
 
     let mut delete_makespan = None;
+    let mut delete_requests = BTreeMap::new();
     if delete {
+        let before = requests(port);
         let pvs: Api<PersistentVolume> = Api::all(client.clone());
         let start = Instant::now();
         pvcs.delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -281,6 +284,21 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         delete_makespan = Some(start.elapsed());
+        let mut last = requests(port);
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let now = requests(port);
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        for (k, v) in last {
+            let n = v.saturating_sub(before.get(&k).copied().unwrap_or(0));
+            if n > 0 {
+                delete_requests.insert(k, n);
+            }
+        }
     }
     let hwm_kib = status_kib(pid, "VmHWM:");
     let _ = child.kill();
@@ -296,6 +314,7 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
         requests: counted,
         hwm_kib,
         delete_makespan,
+        delete_requests,
     }
 }
 
@@ -382,6 +401,13 @@ async fn main() {
             d.as_secs_f64(),
             runs[1].claims as f64 / d.as_secs_f64()
         ));
+        t.push_str("\n| deletion request | per volume |\n|---|---|\n");
+        for (k, v) in &runs[1].delete_requests {
+            t.push_str(&format!(
+                "| {k} | {:.2} |\n",
+                *v as f64 / runs[1].claims as f64
+            ));
+        }
     }
     t.push_str(&format!(
         "\nUpstream's published figure at `--kube-api-qps 5`: {UPSTREAM_VOLUMES_PER_S} volumes/s (external-provisioner \

@@ -140,11 +140,36 @@ struct Controller {
     /// PVs (by uid) whose volume this process deleted: when the cache shows them again, being
     /// deleted and still with the finalizer, only the finalizer is left to remove.
     deleted: Mutex<HashMap<String, Instant>>,
+    /// PVs (by name) this process created: a claim synced again before the PV reaches the
+    /// cache (its intent write queued it once more) must not be provisioned twice.
+    created: Mutex<HashMap<String, Instant>>,
 }
 
-/// How long [`Controller::deleted`] remembers a volume, and how many it keeps at most.
-const DELETED_MEMORY: Duration = Duration::from_secs(600);
-const DELETED_KEEP: usize = 16_384;
+/// How long [`Controller::deleted`] and [`Controller::created`] remember a volume, and how many
+/// they keep at most.
+const MEMORY: Duration = Duration::from_secs(600);
+const MEMORY_KEEP: usize = 16_384;
+
+/// Notes `key` in a bounded, expiring memory.
+fn remember(memory: &Mutex<HashMap<String, Instant>>, key: &str) {
+    let mut m = memory.lock().unwrap_or_else(|e| e.into_inner());
+    if m.len() >= MEMORY_KEEP {
+        m.retain(|_, at| at.elapsed() < MEMORY);
+        if m.len() >= MEMORY_KEEP {
+            m.clear();
+        }
+    }
+    m.insert(key.to_owned(), Instant::now());
+}
+
+/// Whether `key` was noted less than [`MEMORY`] ago.
+fn recent(memory: &Mutex<HashMap<String, Instant>>, key: &str) -> bool {
+    memory
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(key)
+        .is_some_and(|at| at.elapsed() < MEMORY)
+}
 
 /// Runs the controller until `shutdown`: fills the caches, then provisions and deletes.
 pub async fn run(
@@ -229,6 +254,7 @@ pub async fn run(
         volumes: volumes_q,
         infeasible: Mutex::new(HashMap::new()),
         deleted: Mutex::new(HashMap::new()),
+        created: Mutex::new(HashMap::new()),
     });
 
     let mut workers = tokio::task::JoinSet::new();
@@ -525,7 +551,9 @@ impl Controller {
             &uid,
         )
         .map_err(Failure::Error)?;
-        if self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some() {
+        if self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some()
+            || recent(&self.created, &pv_name)
+        {
             debug!(pv = %pv_name, "persistentvolume already exists");
             // A claim being deleted is not bound any more: let it go now. Otherwise the
             // intent goes when the claim is Bound (see `sync_claim`).
@@ -662,6 +690,7 @@ impl Controller {
                 )));
             }
         }
+        remember(&self.created, &pv_name);
         info!(claim = %format!("{ns}/{}", claim.name_any()), pv = %pv_name, "successfully created PV");
         self.event(
             &r,
@@ -842,12 +871,15 @@ impl Controller {
             return Ok(());
         }
         let uid = volume.uid().unwrap_or_default();
-        if deleting && self.was_deleted(&uid) {
+        if deleting && recent(&self.deleted, &uid) {
             // Our own DELETE coming back through the cache: the volume is gone already.
-            return self.remove_pv_finalizer(name).await.map_err(|e| {
-                warn!(pv = %name, "{e}");
-                Retry::Backoff
-            });
+            return self
+                .remove_pv_finalizer(name, Some((*volume).clone()))
+                .await
+                .map_err(|e| {
+                    warn!(pv = %name, "{e}");
+                    Retry::Backoff
+                });
         }
         let class = spec.storage_class_name.clone().unwrap_or_default();
         let started = Instant::now();
@@ -952,25 +984,38 @@ impl Controller {
             .delete_volume(&csi.volume_handle, secrets)
             .await
             .map_err(|s| crate::classify::go_status_text(&s))?;
-        self.remember_deleted(&v.uid().unwrap_or_default());
+        remember(&self.deleted, &v.uid().unwrap_or_default());
         let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+        // The answer is the PV itself while finalizers hold it: no need to read it again.
+        let left = match api.delete(&name, &DeleteParams::default()).await {
+            Ok(answer) => answer.left(),
+            Err(kube::Error::Api(s)) if s.code == 404 => None,
             Err(e) => return Err(format!("failed to delete persistentvolume {name}: {e}")),
-        }
+        };
         info!(pv = %name, "volume deleted");
-        self.remove_pv_finalizer(&name).await
+        match left {
+            Some(pv) => self.remove_pv_finalizer(&name, Some(pv)).await,
+            None => Ok(()),
+        }
     }
 
-    /// Re-reads the PV (the DELETE may have left it with a deletion stamp) and removes the
-    /// provisioner's finalizer; a PV already gone is fine.
-    async fn remove_pv_finalizer(&self, name: &str) -> Result<(), String> {
+    /// Removes the provisioner's finalizer from the PV as `known` shows it (read live when
+    /// `None`); a PV already gone is fine.
+    async fn remove_pv_finalizer(
+        &self,
+        name: &str,
+        known: Option<PersistentVolume>,
+    ) -> Result<(), String> {
         let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
-        let current = match api.get_opt(name).await {
-            Ok(Some(v)) => v,
-            Ok(None) => return Ok(()),
-            Err(e) => return Err(format!("failed to get persistentvolume {name}: {e}")),
+        // The patch tests the finalizer's position: a stale copy fails it instead of removing
+        // another finalizer, and the next sync reads the cache again.
+        let current = match known {
+            Some(v) => v,
+            None => match api.get_opt(name).await {
+                Ok(Some(v)) => v,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(format!("failed to get persistentvolume {name}: {e}")),
+            },
         };
         if let Some(i) = current.finalizers().iter().position(|f| f == PV_FINALIZER) {
             let patch: json_patch::Patch = serde_json::from_value(json!([
@@ -992,27 +1037,6 @@ impl Controller {
             }
         }
         Ok(())
-    }
-
-    fn lock_deleted(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.deleted.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn remember_deleted(&self, uid: &str) {
-        let mut m = self.lock_deleted();
-        if m.len() >= DELETED_KEEP {
-            m.retain(|_, at| at.elapsed() < DELETED_MEMORY);
-            if m.len() >= DELETED_KEEP {
-                m.clear();
-            }
-        }
-        m.insert(uid.to_owned(), Instant::now());
-    }
-
-    fn was_deleted(&self, uid: &str) -> bool {
-        self.lock_deleted()
-            .get(uid)
-            .is_some_and(|at| at.elapsed() < DELETED_MEMORY)
     }
 }
 
