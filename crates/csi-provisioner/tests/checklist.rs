@@ -89,9 +89,8 @@ fn fnv1_32(data: &[u8]) -> u32 {
 /// Immediate binding with `--immediate-topology` (the default): requisite = every cluster term
 /// of the driver's keys, preferred = the same rotated by the claim name's hash; the PV's node
 /// affinity is the driver's accessible topology.
-#[tokio::test]
-async fn immediate_binding_requires_the_cluster_terms() {
-    let env = Env::new(KubeVersion::V1_36_2, topology_driver("z1")).await;
+async fn immediate_binding(version: KubeVersion) {
+    let env = Env::new(version, topology_driver("z1")).await;
     two_zones(&env).await;
     let class = env.class("", json!({})).await;
     let _p = env.provisioner(&[]);
@@ -112,6 +111,16 @@ async fn immediate_binding_requires_the_cluster_terms() {
         json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": zone_key(&env.name), "operator": "In", "values": ["z1"]}]}]}})
     );
+}
+
+#[tokio::test]
+async fn immediate_binding_requires_the_cluster_terms_v1_20_2() {
+    immediate_binding(KubeVersion::V1_20_2).await;
+}
+
+#[tokio::test]
+async fn immediate_binding_requires_the_cluster_terms_v1_36_2() {
+    immediate_binding(KubeVersion::V1_36_2).await;
 }
 
 /// `--immediate-topology=false`: an immediate claim carries no requirement at all (the PV still
@@ -252,6 +261,92 @@ async fn a_selected_node_without_csinode_is_rescheduled() {
         )
     );
     assert_eq!(env.calls.count(Method::CreateVolume), 0);
+}
+
+/// A selected node with a CSINode but no Node object: no-change (event, the node stays
+/// selected), retried until the Node appears, then provisioned.
+#[tokio::test]
+async fn a_selected_node_without_node_object_is_retried() {
+    let env = Env::new(KubeVersion::V1_36_2, topology_driver("z1")).await;
+    let key = zone_key(&env.name);
+    let late = format!("{}-late", env.ns);
+    env.csinode(&late, &[&key]).await;
+    let class = env
+        .class("", json!({"volumeBindingMode": "WaitForFirstConsumer"}))
+        .await;
+    let _p = env.provisioner(&["--retry-interval-start=100ms", "--retry-interval-max=1s"]);
+    env.claim(
+        "data",
+        &class,
+        "1Mi",
+        json!({"metadata": {"annotations": {SELECTED_NODE: late}}}),
+    )
+    .await;
+    let msg = env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
+    assert_eq!(
+        msg,
+        format!(
+            "failed to provision volume with StorageClass \"{class}\": error generating accessibility requirements: topology labels from selected node map[] does not match topology keys from CSINode [{key}]"
+        )
+    );
+    let c = env
+        .api::<PersistentVolumeClaim>()
+        .get("data")
+        .await
+        .unwrap();
+    assert_eq!(c.annotations().get(SELECTED_NODE), Some(&late));
+    assert_eq!(env.calls.count(Method::CreateVolume), 0);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": late, "labels": {key.as_str(): "z1"}}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    env.wait_bound("data").await;
+    let req = only_request(&env).accessibility_requirements.unwrap();
+    assert_eq!(terms(&req.preferred)[0], zone(&env, "z1"));
+}
+
+/// StatefulSet claims `data-web-0/1/2` without a selected node: the preferred terms are the
+/// requisite rotated by FNV-1("web") + the ordinal, so the three replicas start in three
+/// different zones.
+#[tokio::test]
+async fn stateful_set_claims_are_spread_over_the_zones() {
+    let env = Env::new(KubeVersion::V1_36_2, topology_driver("z1")).await;
+    let key = zone_key(&env.name);
+    for z in ["z1", "z2", "z3"] {
+        env.topology_node(&format!("{}-{z}", env.ns), &[(&key, z)], &[&key])
+            .await;
+    }
+    let class = env.class("", json!({})).await;
+    let _p = env.provisioner(&["--extra-create-metadata"]);
+    for i in 0..3 {
+        env.claim(&format!("data-web-{i}"), &class, "1Mi", json!({}))
+            .await;
+    }
+    for i in 0..3 {
+        env.wait_bound(&format!("data-web-{i}")).await;
+    }
+    let all = vec![zone(&env, "z1"), zone(&env, "z2"), zone(&env, "z3")];
+    let mut firsts = Vec::new();
+    for req in env.calls.create_requests() {
+        let claim = req.parameters["csi.storage.k8s.io/pvc/name"].clone();
+        let i: u32 = claim.strip_prefix("data-web-").unwrap().parse().unwrap();
+        let topo = req.accessibility_requirements.unwrap();
+        assert_eq!(terms(&topo.requisite), all, "{claim}");
+        let mut preferred = all.clone();
+        preferred.rotate_left((fnv1_32(b"web").wrapping_add(i) % 3) as usize);
+        assert_eq!(terms(&topo.preferred), preferred, "{claim}");
+        firsts.push(preferred[0].clone());
+    }
+    firsts.sort();
+    firsts.dedup();
+    assert_eq!(firsts.len(), 3, "three replicas, three zones first");
 }
 
 // --- RESOURCE_EXHAUSTED (§11.1) ---
@@ -495,9 +590,8 @@ async fn retain_keeps_the_released_volume_and_drops_the_finalizer_v1_36_2() {
 
 /// A driver with PUBLISH_UNPUBLISH_VOLUME: while a VolumeAttachment names the PV, deletion is
 /// refused with a VolumeFailedDelete event on the PV; once it is gone, the volume is deleted.
-#[tokio::test]
-async fn an_attached_volume_is_deleted_only_after_its_attachment_goes() {
-    let env = Env::new(KubeVersion::V1_36_2, |c| c.controller_publish = true).await;
+async fn attached(version: KubeVersion) {
+    let env = Env::new(version, |c| c.controller_publish = true).await;
     let class = env.class("", json!({"reclaimPolicy": "Delete"})).await;
     let _p = env.provisioner(&["--retry-interval-start=100ms"]);
     env.claim("data", &class, "1Mi", json!({})).await;
@@ -541,6 +635,16 @@ async fn an_attached_volume_is_deleted_only_after_its_attachment_goes() {
         deletes[0].volume_id,
         pv.spec.unwrap().csi.unwrap().volume_handle
     );
+}
+
+#[tokio::test]
+async fn an_attached_volume_is_deleted_only_after_its_attachment_goes_v1_20_2() {
+    attached(KubeVersion::V1_20_2).await;
+}
+
+#[tokio::test]
+async fn an_attached_volume_is_deleted_only_after_its_attachment_goes_v1_36_2() {
+    attached(KubeVersion::V1_36_2).await;
 }
 
 /// A Released CSI PV with policy Delete, claimRef to a claim that is gone.
