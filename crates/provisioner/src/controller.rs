@@ -581,9 +581,9 @@ impl Controller {
         }
 
         // P3: the intent is on the claim before the driver hears of the volume.
-        let mut intent_version = None;
+        let mut written = None;
         if !intent {
-            intent_version = self.record_intent(claim, &pv_name).await?;
+            written = Some(self.record_intent(claim, &pv_name).await?);
         }
 
         let reschedule_possible =
@@ -599,10 +599,7 @@ impl Controller {
                 let e = ProvisionError::from_create_volume(&status, reschedule_possible);
                 match e.state {
                     State::Background => {}
-                    State::Reschedule => {
-                        self.reschedule(claim, true, intent_version.as_deref())
-                            .await?
-                    }
+                    State::Reschedule => self.reschedule(claim, true, written.as_ref()).await?,
                     State::Final | State::NoChange => {
                         // Nothing runs in the driver: the intent has done its job.
                         let _ = self.clear_intent_of(&ns, &claim.name_any()).await;
@@ -728,12 +725,12 @@ impl Controller {
 
     /// Adds the intent annotation and finalizer: an Update of the cached claim, so that a stale
     /// cache loses (Conflict) instead of overwriting, and upstream's RBAC (PVCs: get, list,
-    /// watch, update) is enough. Returns the claim's new resourceVersion.
+    /// watch, update) is enough. Returns the claim as written.
     async fn record_intent(
         &self,
         claim: &PersistentVolumeClaim,
         pv_name: &str,
-    ) -> Result<Option<String>, Failure> {
+    ) -> Result<PersistentVolumeClaim, Failure> {
         let mut c = claim.clone();
         c.annotations_mut()
             .insert(INTENT_ANNOTATION.to_owned(), pv_name.to_owned());
@@ -744,7 +741,7 @@ impl Controller {
             .replace(&claim.name_any(), &PostParams::default(), &c)
             .await
         {
-            Ok(updated) => Ok(updated.metadata.resource_version),
+            Ok(updated) => Ok(updated),
             Err(kube::Error::Api(s)) if s.code == 409 => Err(Failure::Conflict),
             Err(e) => Err(Failure::Error(ProvisionError::no_change(format!(
                 "failed to record the provisioning intent on the claim: {e}"
@@ -786,23 +783,27 @@ impl Controller {
     }
 
     /// Removes the selected-node annotation (and the intent, if `intent`) so that the scheduler
-    /// picks another node (§11.2 reschedule): one Update, as upstream. The versions before it
-    /// (the claim's, the cached one's and `intent_version`, the intent's write) are remembered
-    /// as stale, see [`Controller::rescheduled`].
+    /// picks another node (§11.2 reschedule): one Update, as upstream, of `written` (the claim
+    /// as this sync's intent write returned it: the cache may not have it yet) or else of the
+    /// cached claim. The versions before it are remembered as stale, see
+    /// [`Controller::rescheduled`].
     async fn reschedule(
         &self,
         claim: &PersistentVolumeClaim,
         intent: bool,
-        intent_version: Option<&str>,
+        written: Option<&PersistentVolumeClaim>,
     ) -> Result<(), Failure> {
         let ns = claim.namespace().unwrap_or_default();
         let name = claim.name_any();
         let key = ObjectRef::new(&name).within(&ns);
-        let mut c = self
-            .caches
-            .claims
-            .get(&key)
-            .map_or_else(|| claim.clone(), |c| (*c).clone());
+        let mut c = match written {
+            Some(w) => w.clone(),
+            None => self
+                .caches
+                .claims
+                .get(&key)
+                .map_or_else(|| claim.clone(), |c| (*c).clone()),
+        };
         c.annotations_mut().remove(ANN_SELECTED_NODE);
         if intent {
             c.annotations_mut().remove(INTENT_ANNOTATION);
@@ -819,7 +820,6 @@ impl Controller {
         let stale = [
             claim.metadata.resource_version.as_deref(),
             c.metadata.resource_version.as_deref(),
-            intent_version,
         ]
         .into_iter()
         .flatten()
