@@ -425,6 +425,130 @@ async fn resource_exhausted_without_a_selected_node_is_final_and_retried() {
     );
 }
 
+// --- Other errors (§11) ---
+
+/// `--timeout` expiring during CreateVolume: DeadlineExceeded with Go's context text, a
+/// background error, so the intent stays and the retry (same name) finishes the volume.
+#[tokio::test]
+async fn a_create_volume_timeout_is_background_and_retried() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::CreateVolume,
+            Fault {
+                delay: Some(Duration::from_secs(3)),
+                delay_first: Some(1),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let class = env.class("", json!({})).await;
+    let _p = env.provisioner(&["--timeout=1s", "--retry-interval-start=100ms"]);
+    env.claim("slow", &class, "1Mi", json!({})).await;
+    let msg = env.wait_event(&env.ns, "slow", "ProvisioningFailed").await;
+    assert_eq!(
+        msg,
+        format!(
+            "failed to provision volume with StorageClass \"{class}\": rpc error: code = DeadlineExceeded desc = context deadline exceeded"
+        )
+    );
+    env.wait_bound("slow").await;
+    let names: Vec<String> = env
+        .calls
+        .create_requests()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert!(names.len() >= 2, "{names:?}");
+    assert!(names.iter().all(|n| *n == names[0]), "{names:?}");
+}
+
+/// A background error (ABORTED) keeps the intent, so a claim deleted meanwhile stays until
+/// the volume is finished into a PV; that PV is then released and deleted with its volume
+/// (upstream's claimsInProgress, made to survive restarts by the intent).
+#[tokio::test]
+async fn a_claim_deleted_during_background_errors_leaks_nothing() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::CreateVolume,
+            Fault {
+                error: Some(Failure::new(Code::Aborted, "operation pending")),
+                fail_first: Some(5),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let class = env.class("", json!({"reclaimPolicy": "Delete"})).await;
+    let _p = env.provisioner(&["--retry-interval-start=200ms"]);
+    env.claim("data", &class, "1Mi", json!({})).await;
+    env.calls.wait_for(Method::CreateVolume, 1).await;
+    env.wait_claim("data", "intent recorded", |c| {
+        c.annotations().contains_key(INTENT)
+    })
+    .await;
+    env.api::<PersistentVolumeClaim>()
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleting = env
+        .wait_claim("data", "claim being deleted", |c| {
+            c.metadata.deletion_timestamp.is_some()
+        })
+        .await;
+    assert!(
+        deleting.finalizers().iter().any(|f| f == INTENT),
+        "{:?}",
+        deleting.finalizers()
+    );
+    assert!(
+        env.calls.count(Method::CreateVolume) < 6,
+        "deleted before the volume was made"
+    );
+    let api = env.api::<PersistentVolumeClaim>();
+    poll("claim gone", || async {
+        matches!(api.get_opt("data").await, Ok(None)).then_some(())
+    })
+    .await;
+    let creates = env.calls.create_requests();
+    assert_eq!(creates.len(), 6);
+    let name = creates[0].name.clone();
+    assert!(creates.iter().all(|r| r.name == name));
+    env.wait_pv_gone(&name).await;
+    assert_eq!(env.calls.delete_requests().len(), 1);
+}
+
+/// A claim whose StorageClass does not exist yet (the annotation set by hand: KCM only sets it
+/// when it finds the class): retried without an event of the provisioner's, provisioned once
+/// the class appears.
+#[tokio::test]
+async fn a_missing_class_is_retried_until_it_exists() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let class = format!("{}-later", env.name);
+    let mut p = env.provisioner(&["--retry-interval-start=100ms", "--retry-interval-max=1s"]);
+    env.claim(
+        "data",
+        &class,
+        "1Mi",
+        json!({"metadata": {"annotations": {
+            "volume.kubernetes.io/storage-provisioner": env.name,
+            "volume.beta.kubernetes.io/storage-provisioner": env.name}}}),
+    )
+    .await;
+    p.wait_log_line("Retrying syncing claim").await;
+    assert_eq!(env.calls.count(Method::CreateVolume), 0);
+    assert_eq!(env.class("-later", json!({})).await, class);
+    env.wait_bound("data").await;
+    let ours: Vec<String> = env
+        .event_messages(&env.ns, "data", "ProvisioningFailed")
+        .await
+        .into_iter()
+        .filter(|m| m.starts_with("failed to provision volume"))
+        .collect();
+    assert!(ours.is_empty(), "{ours:?}");
+    assert!(p.running());
+}
+
 // --- PV shape (§7.2, §7.3, §9) ---
 
 /// A Block claim: one Block capability and no fs type (even with an fstype parameter). The
