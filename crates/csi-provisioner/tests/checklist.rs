@@ -549,6 +549,42 @@ async fn a_missing_class_is_retried_until_it_exists() {
     assert!(p.running());
 }
 
+/// A final error clears the intent at once, also when the watch has not yet delivered the
+/// intent's own write (twenty claims at once make that likely). INVALID_ARGUMENT is final and
+/// delays the retry by five minutes, so an intent left behind would stay.
+#[tokio::test]
+async fn a_final_error_clears_the_intent_of_every_claim() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::CreateVolume,
+            Fault {
+                error: Some(Failure::new(Code::InvalidArgument, "no such type")),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let class = env.class("", json!({})).await;
+    let _p = env.provisioner(&[]);
+    const N: usize = 20;
+    for i in 0..N {
+        env.claim(&format!("c{i}"), &class, "1Mi", json!({})).await;
+    }
+    env.calls.wait_for(Method::CreateVolume, N as u64).await;
+    let api = env.api::<PersistentVolumeClaim>();
+    poll("every intent cleared", || async {
+        let claims = api.list(&Default::default()).await.ok()?.items;
+        claims
+            .iter()
+            .all(|c| {
+                !c.annotations().contains_key(INTENT) && !c.finalizers().iter().any(|f| f == INTENT)
+            })
+            .then_some(())
+    })
+    .await;
+    assert_eq!(env.calls.count(Method::CreateVolume), N as u64);
+}
+
 // --- PV shape (§7.2, §7.3, §9) ---
 
 /// A Block claim: one Block capability and no fs type (even with an fstype parameter). The

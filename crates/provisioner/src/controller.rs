@@ -503,6 +503,14 @@ impl Controller {
         if let Some(c) = &class
             && self.recently_infeasible(&uid, &c.uid().unwrap_or_default())
         {
+            // The last answer was final, so nothing runs in the driver; an intent still here
+            // outlived its clearing (the cache had not shown it yet, or a Conflict) and would
+            // otherwise stay for the whole slow-set period.
+            if intent {
+                self.clear_intent(claim)
+                    .await
+                    .map_err(|_| Failure::Conflict)?;
+            }
             return Err(Failure::Silent(format!(
                 "skipping volume provisioning for pvc {uid}, because provisioning previously failed with infeasible error"
             )));
