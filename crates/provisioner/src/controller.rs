@@ -143,6 +143,10 @@ struct Controller {
     /// PVs (by name) this process created: a claim synced again before the PV reaches the
     /// cache (its intent write queued it once more) must not be provisioned twice.
     created: Mutex<HashMap<String, Instant>>,
+    /// Claims (by uid) this process just rescheduled, with the resourceVersions from before
+    /// that Update: a cache still showing one of them may still carry the old selected node
+    /// and the intent, and provisioning from it would call CreateVolume on the old node again.
+    rescheduled: Mutex<HashMap<String, (Vec<String>, Instant)>>,
 }
 
 /// How long [`Controller::deleted`] and [`Controller::created`] remember a volume, and how many
@@ -170,6 +174,9 @@ fn recent(memory: &Mutex<HashMap<String, Instant>>, key: &str) -> bool {
         .get(key)
         .is_some_and(|at| at.elapsed() < MEMORY)
 }
+
+/// How long [`Controller::rescheduled`] waits for the cache to catch up at most.
+const RESCHEDULED_MEMORY: Duration = Duration::from_secs(60);
 
 /// Runs the controller until `shutdown`: fills the caches, then provisions and deletes.
 pub async fn run(
@@ -255,6 +262,7 @@ pub async fn run(
         infeasible: Mutex::new(HashMap::new()),
         deleted: Mutex::new(HashMap::new()),
         created: Mutex::new(HashMap::new()),
+        rescheduled: Mutex::new(HashMap::new()),
     });
 
     let mut workers = tokio::task::JoinSet::new();
@@ -424,6 +432,11 @@ impl Controller {
             debug!(claim = %key, "claim in work queue no longer exists");
             return Ok(());
         };
+        if self.older_than_reschedule(&claim) {
+            // The watch has not delivered our reschedule yet; its event queues the claim.
+            debug!(claim = %key, "claim in cache predates its reschedule; waiting");
+            return Err(Retry::Soon);
+        }
         let intent = has_intent(&claim);
         let class = class_name(&claim);
         let has_volume = claim
@@ -525,6 +538,14 @@ impl Controller {
         if let Some(c) = &class
             && self.recently_infeasible(&uid, &c.uid().unwrap_or_default())
         {
+            // The last answer was final, so nothing runs in the driver; an intent still here
+            // outlived its clearing (the cache had not shown it yet, or a Conflict) and would
+            // otherwise stay for the whole slow-set period.
+            if intent {
+                self.clear_intent(claim)
+                    .await
+                    .map_err(|_| Failure::Conflict)?;
+            }
             return Err(Failure::Silent(format!(
                 "skipping volume provisioning for pvc {uid}, because provisioning previously failed with infeasible error"
             )));
@@ -590,7 +611,7 @@ impl Controller {
             match request::prepare(claim, &class, driver, &self.cfg.request, &self.caches) {
                 Ok(p) => p,
                 Err(e) if e.state == State::Reschedule => {
-                    self.reschedule(claim, intent).await?;
+                    self.reschedule(claim, intent, None).await?;
                     return Err(Failure::Error(e));
                 }
                 Err(e) => return Err(Failure::Error(e)),
@@ -607,8 +628,9 @@ impl Controller {
         }
 
         // P3: the intent is on the claim before the driver hears of the volume.
+        let mut written = None;
         if !intent {
-            self.record_intent(claim, &pv_name).await?;
+            written = Some(self.record_intent(claim, &pv_name).await?);
         }
 
         let reschedule_possible =
@@ -624,7 +646,7 @@ impl Controller {
                 let e = ProvisionError::from_create_volume(&status, reschedule_possible);
                 match e.state {
                     State::Background => {}
-                    State::Reschedule => self.reschedule(claim, true).await?,
+                    State::Reschedule => self.reschedule(claim, true, written.as_ref()).await?,
                     State::Final | State::NoChange => {
                         // Nothing runs in the driver: the intent has done its job.
                         let _ = self.clear_intent_of(&ns, &claim.name_any()).await;
@@ -754,12 +776,12 @@ impl Controller {
 
     /// Adds the intent annotation and finalizer: an Update of the cached claim, so that a stale
     /// cache loses (Conflict) instead of overwriting, and upstream's RBAC (PVCs: get, list,
-    /// watch, update) is enough.
+    /// watch, update) is enough. Returns the claim as written.
     async fn record_intent(
         &self,
         claim: &PersistentVolumeClaim,
         pv_name: &str,
-    ) -> Result<(), Failure> {
+    ) -> Result<PersistentVolumeClaim, Failure> {
         let mut c = claim.clone();
         c.annotations_mut()
             .insert(INTENT_ANNOTATION.to_owned(), pv_name.to_owned());
@@ -770,7 +792,7 @@ impl Controller {
             .replace(&claim.name_any(), &PostParams::default(), &c)
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(updated) => Ok(updated),
             Err(kube::Error::Api(s)) if s.code == 409 => Err(Failure::Conflict),
             Err(e) => Err(Failure::Error(ProvisionError::no_change(format!(
                 "failed to record the provisioning intent on the claim: {e}"
@@ -812,16 +834,27 @@ impl Controller {
     }
 
     /// Removes the selected-node annotation (and the intent, if `intent`) so that the scheduler
-    /// picks another node (§11.2 reschedule): one Update, as upstream.
-    async fn reschedule(&self, claim: &PersistentVolumeClaim, intent: bool) -> Result<(), Failure> {
+    /// picks another node (§11.2 reschedule): one Update, as upstream, of `written` (the claim
+    /// as this sync's intent write returned it: the cache may not have it yet) or else of the
+    /// cached claim. The versions before it are remembered as stale, see
+    /// [`Controller::rescheduled`].
+    async fn reschedule(
+        &self,
+        claim: &PersistentVolumeClaim,
+        intent: bool,
+        written: Option<&PersistentVolumeClaim>,
+    ) -> Result<(), Failure> {
         let ns = claim.namespace().unwrap_or_default();
         let name = claim.name_any();
         let key = ObjectRef::new(&name).within(&ns);
-        let mut c = self
-            .caches
-            .claims
-            .get(&key)
-            .map_or_else(|| claim.clone(), |c| (*c).clone());
+        let mut c = match written {
+            Some(w) => w.clone(),
+            None => self
+                .caches
+                .claims
+                .get(&key)
+                .map_or_else(|| claim.clone(), |c| (*c).clone()),
+        };
         c.annotations_mut().remove(ANN_SELECTED_NODE);
         if intent {
             c.annotations_mut().remove(INTENT_ANNOTATION);
@@ -830,12 +863,51 @@ impl Controller {
         self.claims_api(&ns, false)
             .replace(&name, &PostParams::default(), &c)
             .await
-            .map(|_| ())
             .map_err(|e| {
                 Failure::Error(ProvisionError::final_(format!(
                     "failed to remove the selected-node annotation: {e}"
                 )))
-            })
+            })?;
+        let stale = [
+            claim.metadata.resource_version.as_deref(),
+            c.metadata.resource_version.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(str::to_owned)
+        .collect();
+        let mut m = self.lock_rescheduled();
+        if m.len() >= MEMORY_KEEP {
+            m.retain(|_, (_, at)| at.elapsed() < RESCHEDULED_MEMORY);
+        }
+        m.insert(claim.uid().unwrap_or_default(), (stale, Instant::now()));
+        Ok(())
+    }
+
+    fn lock_rescheduled(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (Vec<String>, Instant)>> {
+        self.rescheduled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the cached `claim` is a version from before this process rescheduled it. The
+    /// first newer version ends the watch on that claim.
+    fn older_than_reschedule(&self, claim: &PersistentVolumeClaim) -> bool {
+        let uid = claim.uid().unwrap_or_default();
+        let mut m = self.lock_rescheduled();
+        let Some((stale, at)) = m.get(&uid) else {
+            return false;
+        };
+        let version = claim
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default();
+        if at.elapsed() < RESCHEDULED_MEMORY && stale.iter().any(|v| v == version) {
+            return true;
+        }
+        m.remove(&uid);
+        false
     }
 
     async fn sync_volume(&self, name: &str) -> Result<(), Retry> {

@@ -359,3 +359,126 @@ pub fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
 }
+
+// Helpers added for tests/checklist.rs.
+
+impl Env {
+    /// A Node `name` with `labels` and its CSINode listing this test's driver with `keys` as
+    /// topology keys (what the kubelet and the node-driver-registrar would write; there is no
+    /// kubelet here, so the test writes them).
+    pub async fn topology_node(&self, name: &str, labels: &[(&str, &str)], keys: &[&str]) {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        nodes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name, "labels": map(labels)}}))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        self.csinode(name, keys).await;
+    }
+
+    /// The CSINode `name` listing this test's driver with topology `keys`.
+    pub async fn csinode(&self, name: &str, keys: &[&str]) {
+        let csinodes: Api<k8s_openapi::api::storage::v1::CSINode> = Api::all(self.client.clone());
+        csinodes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name},
+                    "spec": {"drivers": [{"name": self.name, "nodeID": name, "topologyKeys": keys}]},
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Merge-patches the claim `name` with `patch`.
+    pub async fn patch_claim(&self, name: &str, patch: serde_json::Value) {
+        self.api::<PersistentVolumeClaim>()
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Polls the PV until `done` holds (at most [`WAIT`]).
+    pub async fn wait_pv(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(&PersistentVolume) -> bool,
+    ) -> PersistentVolume {
+        let api = self.volumes();
+        poll(what, || async {
+            api.get_opt(name).await.ok().flatten().filter(&done)
+        })
+        .await
+    }
+
+    /// The messages of every event of `reason` on `name` so far.
+    pub async fn event_messages(&self, ns: &str, name: &str, reason: &str) -> Vec<String> {
+        self.events(ns, name)
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .map(|e| e.message.unwrap_or_default())
+            .collect()
+    }
+}
+
+impl Provisioner {
+    /// Waits for a log line containing `needle` and returns it.
+    pub async fn wait_log_line(&self, needle: &str) -> String {
+        poll(&format!("log line {needle:?}"), || async {
+            self.log()
+                .lines()
+                .find(|l| l.contains(needle))
+                .map(str::to_owned)
+        })
+        .await
+    }
+
+    /// Waits until the HTTP endpoint at `addr` accepts connections.
+    pub async fn wait_http(&self, addr: std::net::SocketAddr) {
+        poll(&format!("HTTP endpoint {addr}"), || async {
+            tokio::net::TcpStream::connect(addr).await.ok().map(|_| ())
+        })
+        .await
+    }
+}
+
+/// A free port on 127.0.0.1 (free when this returns; the OS does not hand it out again at once).
+pub fn free_local_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// One HTTP/1.1 GET on a fresh connection: the status code and the body.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let code = response.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
