@@ -210,6 +210,11 @@ async fn kube_config(options: &Options) -> Result<kube::Config, String> {
     if !master.is_empty() {
         config.cluster_url = parse_master(master)?;
     }
+    // A plain-HTTP API server needs no CA; without one, the TLS set-up would look for the
+    // system's roots, which a scratch image does not have, and fail although TLS is never used.
+    if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
+        config.root_cert = Some(Vec::new());
+    }
     Ok(config)
 }
 
@@ -221,6 +226,14 @@ fn parse_master(master: &str) -> Result<http::Uri, String> {
 
 /// Steps 6-18, then the controller; returns the exit code.
 async fn run(options: Options, gates: FeatureGates) -> i32 {
+    // Handlers first: a SIGTERM during start-up must not kill the process half-way.
+    let mut signals = match plugreg_runtime::signal::Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(target: LOG, "installing signal handlers: {e}");
+            return 1;
+        }
+    };
     // Step 6.
     let kube_config = match kube_config(&options).await {
         Ok(c) => c,
@@ -315,6 +328,10 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     let started = tokio::select! {
         started = startup => started,
         code = csi::exit_on_connection_loss(lost.clone()) => Err(code),
+        signal = signals.shutdown() => {
+            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
+            Err(0)
+        }
     };
     let started = match started {
         Ok(s) => s,
@@ -380,7 +397,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
                 FATAL_EXIT
             }
         },
-        signal = plugreg_runtime::signal::shutdown() => {
+        signal = signals.shutdown() => {
             tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
             // Workers finish their current call; the lease is released when the gate asks.
             shutdown.cancel();

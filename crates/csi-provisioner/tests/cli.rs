@@ -525,14 +525,26 @@ async fn http_endpoint_serves_metrics_and_leader_health() {
     let _driver = plugreg_csi_test_driver::start(controller(), &sock)
         .await
         .unwrap();
+    // A free port (upstream logs the address as given, before it listens: `:0` would not
+    // tell where it went).
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let p = Proc::spawn(&args(
         &sock,
-        &["--http-endpoint=127.0.0.1:0", "--leader-election"],
+        &[&format!("--http-endpoint={addr}"), "--leader-election"],
     ));
-    let line = p.wait_for_line("ServeMux listening at");
-    let start = line.find("at \\\"").unwrap() + "at \\\"".len();
-    let end = start + line[start..].find("\\\"").unwrap();
-    let addr: SocketAddr = line[start..end].parse().unwrap();
+    p.wait_for_line(&format!("ServeMux listening at \\\"{addr}\\\""));
+    // Listening follows the log line.
+    let deadline = std::time::Instant::now() + SOON;
+    while TcpStream::connect(addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on {addr}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert_eq!(get(addr, "/metrics").0, 200);
     assert_eq!(get(addr, "/healthz/leader-election"), (200, "ok".into()));
     assert_eq!(get(addr, "/other").0, 404);
