@@ -387,10 +387,10 @@ async fn main() {
             r.hwm_kib as f64 / 1024.0
         ));
     }
-    t.push_str("\nRequests per volume by verb and resource (first run):\n\n| request | per volume |\n|---|---|\n");
+    t.push_str("\nRequests by verb and resource (first run):\n\n| request | in all | per volume |\n|---|---|---|\n");
     for (k, v) in &runs[0].requests {
         t.push_str(&format!(
-            "| {k} | {:.2} |\n",
+            "| {k} | {v} | {:.3} |\n",
             *v as f64 / runs[0].claims as f64
         ));
     }
@@ -401,10 +401,10 @@ async fn main() {
             d.as_secs_f64(),
             runs[1].claims as f64 / d.as_secs_f64()
         ));
-        t.push_str("\n| deletion request | per volume |\n|---|---|\n");
+        t.push_str("\n| deletion request | in all | per volume |\n|---|---|---|\n");
         for (k, v) in &runs[1].delete_requests {
             t.push_str(&format!(
-                "| {k} | {:.2} |\n",
+                "| {k} | {v} | {:.3} |\n",
                 *v as f64 / runs[1].claims as f64
             ));
         }

@@ -987,33 +987,35 @@ impl Controller {
         }
     }
 
+    /// Adds or removes the provisioner's finalizer with a strategic-merge patch, as upstream:
+    /// `finalizers` merges by value on the server, so no read, no resourceVersion, and no
+    /// conflict with the pv-protection controller's own finalizer.
     async fn set_pv_finalizer(&self, v: &PersistentVolume, on: bool) -> Result<(), Retry> {
-        let mut finalizers: Vec<String> = v
-            .finalizers()
-            .iter()
-            .filter(|f| *f != PV_FINALIZER)
-            .cloned()
-            .collect();
-        if on {
-            finalizers.push(PV_FINALIZER.to_owned());
+        match self.patch_pv_finalizer(&v.name_any(), on).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                warn!(pv = %v.name_any(), "{e}");
+                Err(Retry::Backoff)
+            }
         }
-        let patch = json!({"metadata": {"resourceVersion": v.resource_version(), "finalizers": finalizers}});
+    }
+
+    async fn patch_pv_finalizer(&self, name: &str, on: bool) -> Result<(), String> {
+        let patch = if on {
+            json!({"metadata": {"finalizers": [PV_FINALIZER]}})
+        } else {
+            json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [PV_FINALIZER]}})
+        };
         let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
         match api
-            .patch(
-                &v.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+            .patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
             .await
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => Err(Retry::Soon),
-            Err(e) => {
-                warn!(pv = %v.name_any(), "failed to modify finalizers on volume: {e}");
-                Err(Retry::Backoff)
-            }
+            Err(e) => Err(format!(
+                "failed to modify finalizers to {PV_FINALIZER} on volume {name}: {e}"
+            )),
         }
     }
 
@@ -1071,44 +1073,17 @@ impl Controller {
         }
     }
 
-    /// Removes the provisioner's finalizer from the PV as `known` shows it (read live when
-    /// `None`); a PV already gone is fine.
+    /// Removes the provisioner's finalizer from the PV if `known` (the PV as DELETE returned it,
+    /// or the cache) still has it; a PV already gone is fine.
     async fn remove_pv_finalizer(
         &self,
         name: &str,
         known: Option<PersistentVolume>,
     ) -> Result<(), String> {
-        let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
-        // The patch tests the finalizer's position: a stale copy fails it instead of removing
-        // another finalizer, and the next sync reads the cache again.
-        let current = match known {
-            Some(v) => v,
-            None => match api.get_opt(name).await {
-                Ok(Some(v)) => v,
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(format!("failed to get persistentvolume {name}: {e}")),
-            },
-        };
-        if let Some(i) = current.finalizers().iter().position(|f| f == PV_FINALIZER) {
-            let patch: json_patch::Patch = serde_json::from_value(json!([
-                {"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": PV_FINALIZER},
-                {"op": "remove", "path": format!("/metadata/finalizers/{i}")},
-            ]))
-            .map_err(|e| e.to_string())?;
-            match api
-                .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => {
-                    return Err(format!(
-                        "failed to remove finalizer {PV_FINALIZER} from volume {name}: {e}"
-                    ));
-                }
-            }
+        if known.is_some_and(|v| !v.finalizers().iter().any(|f| f == PV_FINALIZER)) {
+            return Ok(());
         }
-        Ok(())
+        self.patch_pv_finalizer(name, false).await
     }
 }
 

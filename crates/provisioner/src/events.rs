@@ -2,7 +2,7 @@
 //! (`upstream-external-provisioner.md` §16).
 //!
 //! - [`Recorder::event`] never blocks: it makes the Event and puts it in a queue of
-//!   [`QUEUE_BOUND`] events (client-go's `maxQueuedEvents`); when the queue is full the event is
+//!   [`QUEUE_BOUND`] events (client-go keeps 1000, see there); when the queue is full the event is
 //!   dropped with a warning, as client-go drops it.
 //! - One background task writes the queued events in order, each as client-go's
 //!   `recordToSink`: the correlator first, then a POST, or a strategic-merge PATCH of `count`,
@@ -37,8 +37,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Events waiting to be written at most; more are dropped (client-go's `maxQueuedEvents`).
-pub const QUEUE_BOUND: usize = 1000;
+/// Events waiting to be written at most; more are dropped. client-go keeps 1000; events here
+/// wait behind the writes that bind claims (they share one rate limit at lower priority), so a
+/// burst of claims at `--kube-api-qps 5` queues two events per claim: 8192 (a few MiB at most)
+/// keeps a burst of 4,000 claims without a drop.
+pub const QUEUE_BOUND: usize = 8192;
 /// Observed events (and spam buckets) remembered, least recently used first out (client-go's
 /// `maxLruCacheEntries`).
 pub const CACHE_ENTRIES: usize = 4096;
