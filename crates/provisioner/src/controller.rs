@@ -143,6 +143,9 @@ struct Controller {
     /// PVs (by name) this process created: a claim synced again before the PV reaches the
     /// cache (its intent write queued it once more) must not be provisioned twice.
     created: Mutex<HashMap<String, Instant>>,
+    /// PVs (by uid) whose finalizer this process removed after deleting them: the cache's
+    /// late copies of them need nothing more.
+    finalized: Mutex<HashMap<String, Instant>>,
     /// Claims (by uid) this process just rescheduled, with the resourceVersions from before
     /// that Update: a cache still showing one of them may still carry the old selected node
     /// and the intent, and provisioning from it would call CreateVolume on the old node again.
@@ -262,6 +265,7 @@ pub async fn run(
         infeasible: Mutex::new(HashMap::new()),
         deleted: Mutex::new(HashMap::new()),
         created: Mutex::new(HashMap::new()),
+        finalized: Mutex::new(HashMap::new()),
         rescheduled: Mutex::new(HashMap::new()),
     });
 
@@ -944,7 +948,11 @@ impl Controller {
         }
         let uid = volume.uid().unwrap_or_default();
         if deleting && recent(&self.deleted, &uid) {
-            // Our own DELETE coming back through the cache: the volume is gone already.
+            // Our own DELETE coming back through the cache: the volume is gone already, and
+            // the finalizer too unless removing it failed.
+            if recent(&self.finalized, &uid) {
+                return Ok(());
+            }
             return self
                 .remove_pv_finalizer(name, Some((*volume).clone()))
                 .await
@@ -1067,10 +1075,11 @@ impl Controller {
             Err(e) => return Err(format!("failed to delete persistentvolume {name}: {e}")),
         };
         info!(pv = %name, "volume deleted");
-        match left {
-            Some(pv) => self.remove_pv_finalizer(&name, Some(pv)).await,
-            None => Ok(()),
+        if let Some(pv) = left {
+            self.remove_pv_finalizer(&name, Some(pv)).await?;
         }
+        remember(&self.finalized, &v.uid().unwrap_or_default());
+        Ok(())
     }
 
     /// Removes the provisioner's finalizer from the PV if `known` (the PV as DELETE returned it,
