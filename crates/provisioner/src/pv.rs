@@ -234,55 +234,19 @@ fn node_affinity(topology: &[Topology]) -> Option<VolumeNodeAffinity> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::{ANN_BETA_STORAGE_CLASS, ANN_STORAGE_PROVISIONER, prepare};
+    use crate::request::tests::class;
+    use crate::request::{ANN_BETA_STORAGE_CLASS, prepare};
     use crate::topology::tests::{Cluster, DRIVER};
-    use k8s_openapi::api::core::v1::{
-        PersistentVolumeClaimSpec, SecretReference, TypedLocalObjectReference,
-        VolumeResourceRequirements,
-    };
+    use k8s_openapi::api::core::v1::{SecretReference, TypedLocalObjectReference};
     use plugreg_proto::csi::v1::{Volume, VolumeContentSource};
     use std::collections::HashMap;
 
     const UID: &str = "11111111-2222-3333-4444-555555555555";
 
     fn claim() -> PersistentVolumeClaim {
-        PersistentVolumeClaim {
-            metadata: ObjectMeta {
-                name: Some("data".into()),
-                namespace: Some("apps".into()),
-                uid: Some(UID.into()),
-                resource_version: Some("42".into()),
-                annotations: Some(BTreeMap::from([(
-                    ANN_STORAGE_PROVISIONER.to_owned(),
-                    DRIVER.to_owned(),
-                )])),
-                ..Default::default()
-            },
-            spec: Some(PersistentVolumeClaimSpec {
-                access_modes: Some(vec!["ReadWriteOnce".into()]),
-                storage_class_name: Some("fast".into()),
-                resources: Some(VolumeResourceRequirements {
-                    requests: Some(BTreeMap::from([(
-                        "storage".to_owned(),
-                        Quantity("1Gi".into()),
-                    )])),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    fn class() -> StorageClass {
-        StorageClass {
-            metadata: ObjectMeta {
-                name: Some("fast".into()),
-                ..Default::default()
-            },
-            provisioner: DRIVER.into(),
-            ..Default::default()
-        }
+        let mut c = crate::request::tests::claim_with(UID);
+        c.metadata.resource_version = Some("42".into());
+        c
     }
 
     fn response(capacity: i64) -> CreateVolumeResponse {

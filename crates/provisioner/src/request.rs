@@ -509,7 +509,7 @@ pub fn prepare(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::classify::State;
     use crate::topology::tests::{Cluster, DRIVER};
@@ -523,11 +523,17 @@ mod tests {
     const UID: &str = "5f1e3b7c-9a2d-4e8f-b6c1-0d2e3f4a5b6c";
 
     fn claim() -> PersistentVolumeClaim {
+        claim_with(UID)
+    }
+
+    /// The claim `apps/data` (uid `uid`) of class `fast` for 1 GiB, ReadWriteOnce, annotated for
+    /// [`DRIVER`]: the fixture the request and PV tests share.
+    pub(crate) fn claim_with(uid: &str) -> PersistentVolumeClaim {
         PersistentVolumeClaim {
             metadata: ObjectMeta {
                 name: Some("data".into()),
                 namespace: Some("apps".into()),
-                uid: Some(UID.into()),
+                uid: Some(uid.into()),
                 annotations: Some(BTreeMap::from([(
                     ANN_STORAGE_PROVISIONER.to_owned(),
                     DRIVER.to_owned(),
@@ -550,7 +556,8 @@ mod tests {
         }
     }
 
-    fn class() -> StorageClass {
+    /// The class `fast` of [`DRIVER`].
+    pub(crate) fn class() -> StorageClass {
         StorageClass {
             metadata: ObjectMeta {
                 name: Some("fast".into()),
