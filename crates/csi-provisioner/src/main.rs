@@ -10,7 +10,6 @@
 //! - 255: upstream's `klog.Fatal` cases (unknown feature gate, no kube config, no driver name,
 //!   no capabilities, HTTP listen failure).
 
-use std::hash::BuildHasher as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -506,10 +505,9 @@ fn unix_millis() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-/// A number in 0..10000 that differs between processes (std's per-process random hash keys).
+/// A number in 0..10000 that differs between processes (upstream: `rand.Intn(10000)`).
 fn random() -> u32 {
-    let hashed = std::hash::RandomState::new().hash_one(unix_millis());
-    (hashed % 10_000) as u32
+    (plugreg_runtime::backoff::random_u64() % 10_000) as u32
 }
 
 fn exit(code: i32) -> ExitCode {

@@ -443,7 +443,7 @@ async fn record_to_sink(client: &kube::Client, correlator: &mut Correlator, c: C
                 }
                 tracing::warn!(event = ?event.metadata.name, error = %e, "unable to write event (may retry after sleeping)");
                 let delay = if tries == 1 {
-                    RETRY_SLEEP.mul_f64(jitter())
+                    RETRY_SLEEP.mul_f64(plugreg_runtime::backoff::unit_random())
                 } else {
                     RETRY_SLEEP
                 };
@@ -469,15 +469,6 @@ async fn record_once(
     }
     event.metadata.resource_version = None;
     api.create(&PostParams::default(), event).await
-}
-
-/// A number in [0, 1) that differs between calls enough to spread retries (client-go:
-/// `rand.Float64()`); no randomness crate for this.
-fn jitter() -> f64 {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    f64::from(nanos) / 1e9
 }
 
 #[cfg(test)]

@@ -22,7 +22,6 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -631,14 +630,9 @@ fn now_micro() -> MicroTime {
 }
 
 /// `period` plus a random share of up to [`JITTER_FACTOR`] times it (client-go's
-/// `wait.Jitter`). The randomness comes from the standard library's per-process hash keys,
-/// which is plenty to keep standbys out of step.
+/// `wait.Jitter`), enough to keep standbys out of step.
 fn jittered(period: Duration) -> Duration {
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    let share = (r >> 11) as f64 / (1u64 << 53) as f64;
-    period + period.mul_f64(JITTER_FACTOR * share)
+    period + period.mul_f64(JITTER_FACTOR * plugreg_runtime::backoff::unit_random())
 }
 
 #[cfg(test)]

@@ -112,20 +112,12 @@ impl Service {
     }
 }
 
-/// A random RFC 4122 version-4 UUID from the kernel's random pool (for the event source name).
+/// A random RFC 4122 version-4 UUID (for the event source name, which only has to differ
+/// between processes).
 fn uuid4() -> String {
     let mut b = [0u8; 16];
-    // Without /dev/urandom (no such container), a time-based value is unique enough here.
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
-        .is_err()
-    {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        b = t.to_le_bytes();
-    }
+    b[..8].copy_from_slice(&plugreg_runtime::backoff::random_u64().to_le_bytes());
+    b[8..].copy_from_slice(&plugreg_runtime::backoff::random_u64().to_le_bytes());
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();

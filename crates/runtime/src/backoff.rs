@@ -83,12 +83,17 @@ impl Backoff {
     }
 }
 
-/// A number in `[0, 1)`, from the standard library's randomly keyed hasher: no RNG crate for a
-/// few jittered sleeps.
-fn unit_random() -> f64 {
+/// 64 random bits from the standard library's randomly keyed hasher (keys from the OS, a new
+/// key per call): no RNG crate for jitter and identifiers that only need to differ.
+pub fn random_u64() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0x9e37_79b9_7f4a_7c15);
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+    h.finish()
+}
+
+/// A number in `[0, 1)` from [`random_u64`].
+pub fn unit_random() -> f64 {
+    (random_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]
