@@ -67,7 +67,7 @@ impl ProvisionError {
         let state = create_volume_state(status.code(), reschedule_possible);
         Self {
             state,
-            message: go_status_text(status),
+            message: plugreg_runtime::report::grpc(status),
             infeasible: status.code() == Code::InvalidArgument,
         }
     }
@@ -95,11 +95,6 @@ pub fn create_volume_state(code: Code, reschedule_possible: bool) -> State {
         }
         _ => State::Final,
     }
-}
-
-/// A gRPC status as Go's grpc-go prints it: `rpc error: code = <Code> desc = <message>`.
-pub fn go_status_text(status: &tonic::Status) -> String {
-    plugreg_runtime::report::grpc(status)
 }
 
 #[cfg(test)]

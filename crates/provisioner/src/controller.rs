@@ -694,7 +694,7 @@ impl Controller {
                     Ok(()) => msg,
                     Err(status) => format!(
                         "{msg}. Cleanup of volume {pv_name} failed, volume is orphaned: {}",
-                        crate::classify::go_status_text(&status)
+                        plugreg_runtime::report::grpc(&status)
                     ),
                 };
                 return Err(Failure::Error(ProvisionError::new(State::Background, msg)));
@@ -1065,7 +1065,7 @@ impl Controller {
             .driver
             .delete_volume(&csi.volume_handle, secrets)
             .await
-            .map_err(|s| crate::classify::go_status_text(&s))?;
+            .map_err(|s| plugreg_runtime::report::grpc(&s))?;
         remember(&self.deleted, &v.uid().unwrap_or_default());
         let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
         // The answer is the PV itself while finalizers hold it: no need to read it again.
