@@ -66,7 +66,7 @@ pub enum LeaderError {
 pub struct LeaderElection {
     /// The Lease's namespace.
     pub namespace: String,
-    /// The Lease's name (see [`sanitize_name`]).
+    /// The Lease's name (see [`crate::flags::lease_name`]).
     pub lease_name: String,
     /// This candidate's `holderIdentity` (upstream: the sanitised host name).
     pub identity: String,
@@ -195,27 +195,6 @@ impl LeaderElection {
         }
         Ok(())
     }
-}
-
-/// csi-lib-utils' `sanitizeName`: every character outside `[a-zA-Z0-9-]` becomes `-`, and an
-/// `X` is appended when the result ends with `-` (`hostpath.csi.k8s.io` →
-/// `hostpath-csi-k8s-io`). For the Lease's name (from the driver name) and the identity (from
-/// the host name).
-pub fn sanitize_name(name: &str) -> String {
-    let mut out: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    if out.ends_with('-') {
-        out.push('X');
-    }
-    out
 }
 
 /// The `/healthz/leader-election` check, shared (cheaply cloned) between the election and the
@@ -641,11 +620,14 @@ mod tests {
 
     #[test]
     fn names_are_sanitised_as_csi_lib_utils_does() {
-        assert_eq!(sanitize_name("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
-        assert_eq!(sanitize_name("a/b_c"), "a-b-c");
-        assert_eq!(sanitize_name("node-1."), "node-1-X");
-        assert_eq!(sanitize_name("Host-01"), "Host-01");
-        assert_eq!(sanitize_name("é"), "-X");
+        assert_eq!(
+            crate::flags::sanitize_name("hostpath.csi.k8s.io"),
+            "hostpath-csi-k8s-io"
+        );
+        assert_eq!(crate::flags::sanitize_name("a/b_c"), "a-b-c");
+        assert_eq!(crate::flags::sanitize_name("node-1."), "node-1-X");
+        assert_eq!(crate::flags::sanitize_name("Host-01"), "Host-01");
+        assert_eq!(crate::flags::sanitize_name("é"), "-X");
     }
 
     #[test]
