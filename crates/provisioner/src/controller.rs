@@ -39,7 +39,12 @@ use crate::classify::{ProvisionError, State};
 use crate::csi::{Capabilities, Driver};
 use crate::events::{EventType, Recorder};
 use crate::metrics::Metrics;
+use crate::pv::{
+    ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, ANN_PROVISIONED_BY,
+    FINALIZER as PV_FINALIZER,
+};
 use crate::queue::WorkQueue;
+use crate::request::ANN_SELECTED_NODE;
 use crate::request::{self, RequestOptions};
 use crate::topology::TopologySource;
 use crate::{pv, secrets};
@@ -48,13 +53,6 @@ use crate::{pv, secrets};
 pub const INTENT_ANNOTATION: &str = "volume.plugreg.io/provisioning";
 /// The claim finalizer that keeps a claim with a CreateVolume in flight until it is finished.
 pub const INTENT_FINALIZER: &str = "volume.plugreg.io/provisioning";
-/// The PV finalizer upstream's library manages.
-pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
-const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
-const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
-const ANN_DELETE_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletion-secret-name";
-const ANN_DELETE_SECRET_NAMESPACE: &str =
-    "volume.kubernetes.io/provisioner-deletion-secret-namespace";
 /// How long an INVALID_ARGUMENT keeps a claim in the slow set (upstream's library default).
 const INFEASIBLE_RETENTION: Duration = Duration::from_secs(300);
 /// Upstream's effective resync of claims and volumes.
@@ -385,10 +383,6 @@ enum Retry {
     Backoff,
 }
 
-fn claim_ref(c: &PersistentVolumeClaim) -> ObjectReference {
-    pv::claim_ref(c)
-}
-
 fn volume_ref(v: &PersistentVolume) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
@@ -398,14 +392,6 @@ fn volume_ref(v: &PersistentVolume) -> ObjectReference {
         resource_version: v.metadata.resource_version.clone(),
         ..Default::default()
     }
-}
-
-fn class_name(c: &PersistentVolumeClaim) -> String {
-    c.annotations()
-        .get("volume.beta.kubernetes.io/storage-class")
-        .cloned()
-        .or_else(|| c.spec.as_ref().and_then(|s| s.storage_class_name.clone()))
-        .unwrap_or_default()
 }
 
 fn is_bound(c: &PersistentVolumeClaim) -> bool {
@@ -442,7 +428,7 @@ impl Controller {
             return Err(Retry::Soon);
         }
         let intent = has_intent(&claim);
-        let class = class_name(&claim);
+        let class = request::claim_class(&claim);
         let has_volume = claim
             .spec
             .as_ref()
@@ -482,7 +468,7 @@ impl Controller {
                     "failed to provision volume with StorageClass {}",
                     crate::secrets::go_quote(&class)
                 ));
-                let r = claim_ref(&claim);
+                let r = pv::claim_ref(&claim);
                 if e.infeasible {
                     let class_uid = self
                         .caches
@@ -536,7 +522,7 @@ impl Controller {
         let driver = &self.cfg.driver;
         let ns = claim.namespace().unwrap_or_default();
         let uid = claim.uid().unwrap_or_default();
-        let class_name = class_name(claim);
+        let class_name = request::claim_class(claim);
         let class = self.caches.classes.get(&ObjectRef::new(&class_name));
 
         if let Some(c) = &class
@@ -589,7 +575,7 @@ impl Controller {
             }
             return Ok(Outcome::Skipped);
         }
-        let r = claim_ref(claim);
+        let r = pv::claim_ref(claim);
         if let request::DataSource::ExternalPopulator { .. } =
             request::data_source(claim).map_err(Failure::Error)?
         {
@@ -1038,8 +1024,8 @@ impl Controller {
         let ann = v.annotations();
         let mut secrets = HashMap::new();
         if let (Some(n), Some(ns)) = (
-            ann.get(ANN_DELETE_SECRET_NAME),
-            ann.get(ANN_DELETE_SECRET_NAMESPACE),
+            ann.get(ANN_DELETION_SECRET_NAME),
+            ann.get(ANN_DELETION_SECRET_NAMESPACE),
         ) && !n.is_empty()
             && !ns.is_empty()
         {
