@@ -377,6 +377,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         retry_start: options.retry_interval_start,
         retry_max: options.retry_interval_max,
         timeout: options.timeout,
+        record_namespace: leader_namespace(&options.leader_election_namespace),
         leader,
         health: started.health.clone(),
         metrics: started.metrics.clone(),

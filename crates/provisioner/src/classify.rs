@@ -63,8 +63,14 @@ impl ProvisionError {
 
     /// Classifies a failed CreateVolume (§11.1). `reschedule_possible` is true when topology
     /// is supported and the claim has a selected node.
+    /// A failure of the transport rather than an answer of the driver (see [`from_transport`])
+    /// is in the background: the request may have reached the driver.
     pub fn from_create_volume(status: &tonic::Status, reschedule_possible: bool) -> Self {
-        let state = create_volume_state(status.code(), reschedule_possible);
+        let state = if from_transport(status) {
+            State::Background
+        } else {
+            create_volume_state(status.code(), reschedule_possible)
+        };
         Self {
             state,
             message: plugreg_runtime::report::grpc(status),
@@ -95,6 +101,22 @@ pub fn create_volume_state(code: Code, reschedule_possible: bool) -> State {
         }
         _ => State::Final,
     }
+}
+
+/// Whether `status` was made on this side of the connection (a reset connection, a stream
+/// without a gRPC status, a reply over the message cap) instead of being the driver's answer:
+/// then the driver may have received, and carried out, the request. tonic keeps the transport's
+/// error as the status's source; the statuses it makes itself without one are recognised by
+/// their texts.
+pub fn from_transport(status: &tonic::Status) -> bool {
+    const LOCAL: [&str; 4] = [
+        "Error, decoded message length too large",
+        "grpc-status header missing",
+        "missing grpc-status",
+        "transport error",
+    ];
+    std::error::Error::source(status).is_some()
+        || LOCAL.iter().any(|t| status.message().contains(t))
 }
 
 #[cfg(test)]
@@ -130,6 +152,40 @@ mod tests {
             Code::Internal,
         ] {
             assert_eq!(create_volume_state(c, true), State::Final, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn transport_failures_are_background() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let reset = tonic::Status::from_error(Box::new(io));
+        assert_eq!(reset.code(), Code::Unknown);
+        assert_eq!(
+            ProvisionError::from_create_volume(&reset, false).state,
+            State::Background
+        );
+        let too_large = tonic::Status::out_of_range(
+            "Error, decoded message length too large: found 5000000 bytes, the limit is: 4194304 bytes",
+        );
+        assert_eq!(
+            ProvisionError::from_create_volume(&too_large, false).state,
+            State::Background
+        );
+        let truncated =
+            tonic::Status::unknown("grpc-status header missing, mapped from HTTP status code 200");
+        assert_eq!(
+            ProvisionError::from_create_volume(&truncated, true).state,
+            State::Background
+        );
+        // The driver's own UNKNOWN and OUT_OF_RANGE stay final.
+        for s in [
+            tonic::Status::unknown("disk on fire"),
+            tonic::Status::out_of_range("too big"),
+        ] {
+            assert_eq!(
+                ProvisionError::from_create_volume(&s, false).state,
+                State::Final
+            );
         }
     }
 

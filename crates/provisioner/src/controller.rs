@@ -1,23 +1,25 @@
 //! The controller: watch caches (kube-runtime reflectors) for claims, volumes, classes, CSINodes,
-//! Nodes and VolumeAttachments, a `claims` and a `volumes` work queue, and `--worker-threads`
-//! workers on each (`upstream-external-provisioner.md` §5, §6, §9-§12; decisions P2-P4).
+//! Nodes and VolumeAttachments; three work queues (claims, PVs, recorded volumes) with
+//! `--worker-threads` workers each (`upstream-external-provisioner.md` §5, §6, §9-§12).
+//!
+//! Each worker gathers a view of the caches and of the in-flight memory ([`InFlight`]), asks
+//! [`crate::decide`] what to do, and does it: the decisions are pure and tested without I/O,
+//! the acting is here.
 //!
 //! Reads come from the caches only, apart from the provisioner secret (a live GET, as upstream:
-//! watching every secret of the cluster would cost memory and widen RBAC). Writes per volume:
-//! the claim's intent (P3), the PV, clearing the intent, and upstream's two events.
+//! watching every secret of the cluster would cost memory and widen RBAC) and the rare claim
+//! Updates (a reschedule, releasing a previous version's intent), which read the claim first so
+//! that the Update keeps every field, including those this build does not know.
 //!
-//! P3, no leaked volumes: before CreateVolume the claim gets the annotation
-//! [`INTENT_ANNOTATION`] (the PV name) and the finalizer [`INTENT_FINALIZER`] in one write. While
-//! they are there the claim is provisioned even if it is being deleted (the finalizer keeps it in
-//! the cache), so that a volume the driver may have created is always finished into a PV, which
-//! the normal deletion path then deletes. They are cleared once the claim is Bound (after
-//! kube-controller-manager's last write to it, so that the two never race), or once its PV is
-//! saved if the claim is being deleted, or when the driver gave a final answer. A restart (or a
-//! new leader) finds the claim with its intent in the first list and finishes it: CreateVolume
-//! is idempotent by name.
+//! No leaked volumes: before the driver hears of a volume, the volume is in the durable record
+//! ([`crate::record`]), written for the claims started together in one write. The record stays
+//! until the volume is saved as a PV, or deleted again with DeleteVolume when its claim or
+//! class is gone; once a CreateVolume may have reached the driver without a definite answer,
+//! no later error drops it. A restart or a new leader reads the record and finishes what was
+//! started, with the recorded name and request.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -31,34 +33,34 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::classify::{ProvisionError, State};
 use crate::csi::{Capabilities, Driver};
+use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
 use crate::events::{EventType, Recorder};
+use crate::inflight::InFlight;
 use crate::metrics::Metrics;
 use crate::pv::{
-    ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, ANN_PROVISIONED_BY,
-    FINALIZER as PV_FINALIZER,
+    ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, FINALIZER as PV_FINALIZER,
 };
 use crate::queue::WorkQueue;
-use crate::request::ANN_SELECTED_NODE;
-use crate::request::{self, RequestOptions};
+use crate::record::{Entry, Journal, RecordError};
+use crate::request::{self, ANN_SELECTED_NODE, RequestOptions};
 use crate::topology::TopologySource;
 use crate::{pv, secrets};
 
-/// The claim annotation that records a CreateVolume in flight (value: the PV name).
-pub const INTENT_ANNOTATION: &str = "volume.plugreg.io/provisioning";
-/// The claim finalizer that keeps a claim with a CreateVolume in flight until it is finished.
-pub const INTENT_FINALIZER: &str = "volume.plugreg.io/provisioning";
-/// How long an INVALID_ARGUMENT keeps a claim in the slow set (upstream's library default).
-const INFEASIBLE_RETENTION: Duration = Duration::from_secs(300);
 /// Upstream's effective resync of claims and volumes.
 const RESYNC: Duration = Duration::from_secs(15 * 60);
 /// How often CreateVolume's cleanup DeleteVolume is tried within one `--timeout`.
 const CLEANUP_ATTEMPTS: usize = 5;
+/// kubectl's copy of the applied object: large, and read by no decision.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+/// The reason of the event on a claim whose in-flight volume is deleted again.
+pub const CANCELLED_REASON: &str = "ProvisioningCancelled";
 
 /// What the controller needs to know besides its clients.
 #[derive(Debug, Clone)]
@@ -81,19 +83,22 @@ pub struct Config {
     pub timeout: Duration,
 }
 
-/// The controller's failure: a watch cache never filled.
+/// The controller's failure.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
     /// The caches could not be filled (the run was cancelled first, or a writer went away).
     #[error("Failed to sync Informers!")]
     Sync,
+    /// The in-flight record could not be read at start.
+    #[error(transparent)]
+    Record(#[from] RecordError),
 }
 
 /// The Kubernetes and CSI ends the controller talks to.
 pub struct Clients {
-    /// Carries what binds claims (intent, PV create, PV delete and finalizers) and the watches.
+    /// Carries what binds claims (PV create, PV delete and finalizers) and the watches.
     pub high: Client,
-    /// Carries bookkeeping (clearing the intent); events go through [`Clients::events`].
+    /// Carries bookkeeping; events go through [`Clients::events`].
     pub low: Client,
     /// The event recorder.
     pub events: Recorder,
@@ -101,7 +106,58 @@ pub struct Clients {
     pub driver: Arc<Driver>,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// The durable record of in-flight volumes (written by its own task, see [`Journal::run`]).
+    pub journal: Arc<Journal>,
+    /// Entries of the record that another process wrote (from [`Journal::new`]).
+    pub found: mpsc::UnboundedReceiver<Entry>,
 }
+
+/// A step that failed: what the claim's, PV's or record's worker logs or puts in an event.
+#[derive(Debug, thiserror::Error)]
+enum ActError {
+    #[error("error getting secret {name} in namespace {namespace}: {source}")]
+    Secret {
+        name: String,
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to modify finalizers to {PV_FINALIZER} on volume {volume}: {source}")]
+    Finalizer {
+        volume: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("invalid CSI PV")]
+    InvalidPv,
+    #[error("{0}")]
+    Capabilities(ProvisionError),
+    #[error("persistentvolume {volume} is still attached to node {node}")]
+    Attached { volume: String, node: String },
+    #[error("{}", plugreg_runtime::report::grpc(.0))]
+    Driver(tonic::Status),
+    #[error("failed to delete persistentvolume {volume}: {source}")]
+    DeletePv {
+        volume: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to update claim {claim}: {source}")]
+    UpdateClaim {
+        claim: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("CreateVolume of volume {0} returned no volume id")]
+    NoVolumeId(String),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("volume {0} is being worked on")]
+    Busy(String),
+}
+
+/// A failed sync: the key goes back through the queue's rate-limited back-off.
+struct Requeue;
 
 struct Caches {
     claims: Store<PersistentVolumeClaim>,
@@ -133,73 +189,40 @@ struct Controller {
     caches: Caches,
     claims: Arc<WorkQueue<ObjectRef<PersistentVolumeClaim>>>,
     volumes: Arc<WorkQueue<String>>,
-    /// Claims whose CreateVolume said INVALID_ARGUMENT: uid -> (class uid, when).
-    infeasible: Mutex<HashMap<String, (String, Instant)>>,
-    /// PVs (by uid) whose volume this process deleted: when the cache shows them again, being
-    /// deleted and still with the finalizer, only the finalizer is left to remove.
-    deleted: Mutex<HashMap<String, Instant>>,
-    /// PVs (by name) this process created: a claim synced again before the PV reaches the
-    /// cache (its intent write queued it once more) must not be provisioned twice.
-    created: Mutex<HashMap<String, Instant>>,
-    /// PVs (by uid) whose finalizer this process removed after deleting them: the cache's
-    /// late copies of them need nothing more.
-    finalized: Mutex<HashMap<String, Instant>>,
-    /// Claims (by uid) this process just rescheduled, with the resourceVersions from before
-    /// that Update: a cache still showing one of them may still carry the old selected node
-    /// and the intent, and provisioning from it would call CreateVolume on the old node again.
-    rescheduled: Mutex<HashMap<String, (Vec<String>, Instant)>>,
+    records: Arc<WorkQueue<String>>,
+    inflight: Arc<InFlight>,
 }
 
-/// How long [`Controller::deleted`] and [`Controller::created`] remember a volume, and how many
-/// they keep at most.
-const MEMORY: Duration = Duration::from_secs(600);
-const MEMORY_KEEP: usize = 16_384;
-
-/// Notes `key` in a bounded, expiring memory.
-fn remember(memory: &Mutex<HashMap<String, Instant>>, key: &str) {
-    let mut m = memory.lock().unwrap_or_else(|e| e.into_inner());
-    if m.len() >= MEMORY_KEEP {
-        m.retain(|_, at| at.elapsed() < MEMORY);
-        if m.len() >= MEMORY_KEEP {
-            m.clear();
-        }
-    }
-    m.insert(key.to_owned(), Instant::now());
-}
-
-/// Whether `key` was noted less than [`MEMORY`] ago.
-fn recent(memory: &Mutex<HashMap<String, Instant>>, key: &str) -> bool {
-    memory
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(key)
-        .is_some_and(|at| at.elapsed() < MEMORY)
-}
-
-/// How long [`Controller::rescheduled`] waits for the cache to catch up at most.
-const RESCHEDULED_MEMORY: Duration = Duration::from_secs(60);
-
-/// Runs the controller until `shutdown`: fills the caches, then provisions and deletes.
+/// Runs the controller until `shutdown`: fills the caches, reads the in-flight record, then
+/// provisions, deletes, and finishes recorded volumes.
 pub async fn run(
     cfg: Config,
-    clients: Clients,
+    mut clients: Clients,
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
     let metrics = Arc::clone(&clients.metrics);
-    let claims_q = WorkQueue::new(
+    let claims_q: Arc<WorkQueue<ObjectRef<PersistentVolumeClaim>>> = WorkQueue::new(
         "claims",
         cfg.retry_start,
         cfg.retry_max,
         Arc::clone(&metrics),
         shutdown.clone(),
     );
-    let volumes_q = WorkQueue::new(
+    let volumes_q: Arc<WorkQueue<String>> = WorkQueue::new(
         "volumes",
         cfg.retry_start,
         cfg.retry_max,
         Arc::clone(&metrics),
         shutdown.clone(),
     );
+    let records_q: Arc<WorkQueue<String>> = WorkQueue::new(
+        "records",
+        cfg.retry_start,
+        cfg.retry_max,
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    );
+    let inflight = Arc::new(InFlight::default());
     let client = clients.high.clone();
     let topology = cfg.request.topology;
     let attach = cfg.capabilities.publish_unpublish_volume;
@@ -212,29 +235,64 @@ pub async fn run(
     }
 
     let mut ready = Vec::new();
-    let q = Arc::clone(&claims_q);
-    let claims = watch::<PersistentVolumeClaim>(&client, &shutdown, &mut ready, move |ev| {
-        if let Some(c) = ev {
-            q.add(ObjectRef::from_obj(c));
-        }
-    });
+    let (q, r, m) = (
+        Arc::clone(&claims_q),
+        Arc::clone(&records_q),
+        Arc::clone(&inflight),
+    );
+    let claims = watch::<PersistentVolumeClaim>(
+        &client,
+        &shutdown,
+        &mut ready,
+        trim_claim,
+        move |c, deleted| {
+            if deleted {
+                // A deleted claim's recorded volume is finished by the record's worker.
+                if let Some(v) = m.volume_of_claim(c.metadata.uid.as_deref().unwrap_or_default()) {
+                    r.add(v.entry.volume);
+                }
+            } else {
+                q.add(ObjectRef::from_obj(c));
+            }
+        },
+    );
     let q = Arc::clone(&volumes_q);
-    let volumes = watch::<PersistentVolume>(&client, &shutdown, &mut ready, move |ev| {
-        if let Some(v) = ev {
-            q.add(v.name_any());
-        }
-    });
-    let classes = watch::<StorageClass>(&client, &shutdown, &mut ready, |_| {});
+    let volumes = watch::<PersistentVolume>(
+        &client,
+        &shutdown,
+        &mut ready,
+        trim_volume,
+        move |v, deleted| {
+            if !deleted {
+                q.add(v.name_any());
+            }
+        },
+    );
+    let classes = watch::<StorageClass>(&client, &shutdown, &mut ready, |_| {}, |_, _| {});
     let (nodes, csinodes) = if topology {
+        let driver = cfg.driver.clone();
         (
-            Some(watch::<Node>(&client, &shutdown, &mut ready, |_| {})),
-            Some(watch::<CSINode>(&client, &shutdown, &mut ready, |_| {})),
+            Some(watch::<Node>(
+                &client,
+                &shutdown,
+                &mut ready,
+                trim_node,
+                |_, _| {},
+            )),
+            Some(watch::<CSINode>(
+                &client,
+                &shutdown,
+                &mut ready,
+                move |n| trim_csinode(n, &driver),
+                |_, _| {},
+            )),
         )
     } else {
         (None, None)
     };
-    let attachments =
-        attach.then(|| watch::<VolumeAttachment>(&client, &shutdown, &mut ready, |_| {}));
+    let attachments = attach.then(|| {
+        watch::<VolumeAttachment>(&client, &shutdown, &mut ready, trim_attachment, |_, _| {})
+    });
 
     for r in ready {
         tokio::select! {
@@ -246,6 +304,23 @@ pub async fn run(
         "Informers synced; starting {} workers per queue",
         cfg.workers
     );
+
+    // What a previous process (or leader) left in flight; the claims are all queued already.
+    let loaded = tokio::select! {
+        loaded = clients.journal.load() => loaded?,
+        () = shutdown.cancelled() => return Ok(()),
+    };
+    if !loaded.is_empty() {
+        info!(
+            volumes = loaded.len(),
+            "finishing the volumes of the in-flight record"
+        );
+    }
+    for e in loaded {
+        records_q.add(e.volume.clone());
+        inflight.add(e, true);
+    }
+    let mut found = std::mem::replace(&mut clients.found, mpsc::unbounded_channel().1);
 
     let ctl = Arc::new(Controller {
         cfg,
@@ -260,14 +335,20 @@ pub async fn run(
         },
         claims: claims_q,
         volumes: volumes_q,
-        infeasible: Mutex::new(HashMap::new()),
-        deleted: Mutex::new(HashMap::new()),
-        created: Mutex::new(HashMap::new()),
-        finalized: Mutex::new(HashMap::new()),
-        rescheduled: Mutex::new(HashMap::new()),
+        records: records_q,
+        inflight,
     });
 
     let mut workers = tokio::task::JoinSet::new();
+    workers.spawn(Arc::clone(&ctl.clients.journal).run(shutdown.clone()));
+    let c = Arc::clone(&ctl);
+    workers.spawn(async move {
+        while let Some(e) = found.recv().await {
+            warn!(volume = %e.volume, claim = %e.claim_key(), "another process recorded this volume; taking it over");
+            c.records.add(e.volume.clone());
+            c.inflight.add(e, true);
+        }
+    });
     for _ in 0..ctl.cfg.workers.max(1) {
         let c = Arc::clone(&ctl);
         workers.spawn(async move {
@@ -275,8 +356,7 @@ pub async fn run(
                 let key = item.key.clone();
                 match c.sync_claim(&key).await {
                     Ok(()) => c.claims.forget(&key),
-                    Err(Retry::Soon) => c.claims.add_after(key, Duration::from_millis(50)),
-                    Err(Retry::Backoff) => {
+                    Err(Requeue) => {
                         let n = c.claims.add_rate_limited(key.clone());
                         info!(key = %key, failures = n, "Retrying syncing claim");
                     }
@@ -290,8 +370,7 @@ pub async fn run(
                 let key = item.key.clone();
                 match c.sync_volume(&key).await {
                     Ok(()) => c.volumes.forget(&key),
-                    Err(Retry::Soon) => c.volumes.add_after(key, Duration::from_millis(50)),
-                    Err(Retry::Backoff) => {
+                    Err(Requeue) => {
                         let n = c.volumes.add_rate_limited(key.clone());
                         info!(volume = %key, failures = n, "Retrying syncing volume");
                     }
@@ -299,8 +378,22 @@ pub async fn run(
                 c.volumes.done(item);
             }
         });
+        let c = Arc::clone(&ctl);
+        workers.spawn(async move {
+            while let Some(item) = c.records.next().await {
+                let key = item.key.clone();
+                match c.sync_record(&key).await {
+                    Ok(()) => c.records.forget(&key),
+                    Err(Requeue) => {
+                        let n = c.records.add_rate_limited(key.clone());
+                        info!(volume = %key, failures = n, "Retrying the in-flight volume");
+                    }
+                }
+                c.records.done(item);
+            }
+        });
     }
-    // Upstream re-enqueues every claim and volume every 15 minutes.
+    // Upstream re-enqueues every claim and volume every 15 minutes; the record too.
     let c = Arc::clone(&ctl);
     let stop = shutdown.clone();
     workers.spawn(async move {
@@ -314,6 +407,9 @@ pub async fn run(
                     for v in c.caches.volumes.state() {
                         c.volumes.add(v.name_any());
                     }
+                    for v in c.inflight.volumes() {
+                        c.records.add(v);
+                    }
                 }
                 () = stop.cancelled() => return,
             }
@@ -324,13 +420,15 @@ pub async fn run(
     Ok(())
 }
 
-/// Starts a reflector for `K` (cluster-wide; managedFields dropped to save memory), calling
-/// `on_apply` for every object listed or changed, and pushes a readiness future to `ready`.
+/// Starts a reflector for `K` (cluster-wide), keeping of each object only what `trim` leaves,
+/// calling `on_event` for every object listed, changed (`false`) or deleted (`true`), and
+/// pushes a readiness future to `ready`.
 fn watch<K>(
     client: &Client,
     shutdown: &CancellationToken,
     ready: &mut Vec<futures::future::BoxFuture<'static, Result<(), ()>>>,
-    on_apply: impl Fn(Option<&K>) + Send + 'static,
+    trim: impl Fn(&mut K) + Send + 'static,
+    on_event: impl Fn(&K, bool) + Send + 'static,
 ) -> Store<K>
 where
     K: Resource<DynamicType = ()>
@@ -345,8 +443,9 @@ where
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(|o: &mut K| {
+        .modify(move |o: &mut K| {
             o.meta_mut().managed_fields = None;
+            trim(o);
         })
         .reflect(writer);
     let stop = shutdown.clone();
@@ -361,8 +460,9 @@ where
             match ev {
                 None => return,
                 Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
-                    on_apply(Some(&o))
+                    on_event(&o, false)
                 }
+                Some(Ok(watcher::Event::Delete(o))) => on_event(&o, true),
                 Some(Ok(_)) => {}
                 Some(Err(e)) => warn!(kind = %kind, "watch failed (retrying): {e}"),
             }
@@ -375,12 +475,80 @@ where
     reader
 }
 
-/// How a failed sync is retried.
-enum Retry {
-    /// After a short pause (a stale cache lost an optimistic-concurrency race).
-    Soon,
-    /// After the key's exponential back-off.
-    Backoff,
+/// A claim as the decisions read it: no labels, no owner references, no kubectl copy, only the
+/// phase of its status.
+fn trim_claim(c: &mut PersistentVolumeClaim) {
+    let m = &mut c.metadata;
+    m.labels = None;
+    m.owner_references = None;
+    if let Some(a) = &mut m.annotations {
+        a.remove(LAST_APPLIED);
+    }
+    if let Some(s) = &mut c.status {
+        *s = k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
+            phase: s.phase.take(),
+            ..Default::default()
+        };
+    }
+}
+
+/// A PV as the decisions read it: who provisioned it, its deletion secret, finalizers,
+/// reclaim policy, CSI driver and handle, class, and phase.
+fn trim_volume(v: &mut PersistentVolume) {
+    let m = &mut v.metadata;
+    m.labels = None;
+    m.owner_references = None;
+    if let Some(a) = &mut m.annotations {
+        a.retain(|k, _| {
+            k == pv::ANN_PROVISIONED_BY
+                || k == ANN_DELETION_SECRET_NAME
+                || k == ANN_DELETION_SECRET_NAMESPACE
+        });
+    }
+    if let Some(s) = &mut v.spec {
+        *s = k8s_openapi::api::core::v1::PersistentVolumeSpec {
+            persistent_volume_reclaim_policy: s.persistent_volume_reclaim_policy.take(),
+            storage_class_name: s.storage_class_name.take(),
+            csi: s
+                .csi
+                .take()
+                .map(|c| k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
+                    driver: c.driver,
+                    volume_handle: c.volume_handle,
+                    ..Default::default()
+                }),
+            ..Default::default()
+        };
+    }
+    if let Some(s) = &mut v.status {
+        *s = k8s_openapi::api::core::v1::PersistentVolumeStatus {
+            phase: s.phase.take(),
+            ..Default::default()
+        };
+    }
+}
+
+/// A Node as topology reads it: its name and labels.
+fn trim_node(n: &mut Node) {
+    n.metadata.annotations = None;
+    n.metadata.owner_references = None;
+    n.spec = None;
+    n.status = None;
+}
+
+/// A CSINode as topology reads it: this driver's entry only.
+fn trim_csinode(n: &mut CSINode, driver: &str) {
+    n.metadata.annotations = None;
+    n.metadata.labels = None;
+    n.metadata.owner_references = None;
+    n.spec.drivers.retain(|d| d.name == driver);
+}
+
+/// A VolumeAttachment as the deletion check reads it: its PV and node.
+fn trim_attachment(a: &mut VolumeAttachment) {
+    a.metadata.annotations = None;
+    a.metadata.labels = None;
+    a.status = None;
 }
 
 fn volume_ref(v: &PersistentVolume) -> ObjectReference {
@@ -394,199 +562,193 @@ fn volume_ref(v: &PersistentVolume) -> ObjectReference {
     }
 }
 
-fn is_bound(c: &PersistentVolumeClaim) -> bool {
-    c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+/// The claim an entry of the record names, for events about it.
+fn entry_claim_ref(e: &Entry) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: Some(e.namespace.clone()),
+        name: Some(e.claim.clone()),
+        uid: Some(e.uid.clone()),
+        ..Default::default()
+    }
 }
 
-fn has_intent(c: &PersistentVolumeClaim) -> bool {
-    c.annotations().contains_key(INTENT_ANNOTATION)
-        || c.finalizers().iter().any(|f| f == INTENT_FINALIZER)
+/// How a provisioning attempt failed.
+enum Failure {
+    /// Retry with back-off, no event (upstream's errors without events).
+    Silent(String),
+    /// Retry with back-off after a `ProvisioningFailed` event.
+    Error(ProvisionError),
+}
+
+impl From<ActError> for Failure {
+    fn from(e: ActError) -> Self {
+        match e {
+            ActError::Busy(_) => Failure::Silent(e.to_string()),
+            ActError::Capabilities(p) => Failure::Error(p),
+            e => Failure::Error(ProvisionError::no_change(e.to_string())),
+        }
+    }
 }
 
 impl Controller {
-    fn claims_api(&self, ns: &str, low: bool) -> Api<PersistentVolumeClaim> {
-        let c = if low {
-            &self.clients.low
-        } else {
-            &self.clients.high
-        };
-        Api::namespaced(c.clone(), ns)
-    }
-
     fn event(&self, obj: &ObjectReference, t: EventType, reason: &str, msg: &str) {
         self.clients.events.event(obj, t, reason, msg);
     }
 
-    async fn sync_claim(&self, key: &ObjectRef<PersistentVolumeClaim>) -> Result<(), Retry> {
+    async fn sync_claim(&self, key: &ObjectRef<PersistentVolumeClaim>) -> Result<(), Requeue> {
         let Some(claim) = self.caches.claims.get(key) else {
+            // A deleted claim's recorded volume went to the record's worker with the deletion.
             debug!(claim = %key, "claim in work queue no longer exists");
             return Ok(());
         };
-        if self.older_than_reschedule(&claim) {
-            // The watch has not delivered our reschedule yet; its event queues the claim.
-            debug!(claim = %key, "claim in cache predates its reschedule; waiting");
-            return Err(Retry::Soon);
-        }
-        let intent = has_intent(&claim);
-        let class = request::claim_class(&claim);
-        let has_volume = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.volume_name.as_deref())
-            .is_some_and(|v| !v.is_empty());
-        if has_volume {
-            // The intent goes once KCM has finished binding (its status write is the last
-            // of its writes to the claim), so that clearing it never races KCM's updates.
-            if intent && (is_bound(&claim) || claim.metadata.deletion_timestamp.is_some()) {
-                return self.clear_intent(&claim).await;
-            }
-            return Ok(());
-        }
-        if claim.metadata.deletion_timestamp.is_some() && !intent {
-            return Ok(());
-        }
+        let now = Instant::now();
         let uid = claim.uid().unwrap_or_default();
-        let started = Instant::now();
-        match self.provision(&claim, intent).await {
-            Ok(Outcome::Provisioned) => {
-                self.clients
-                    .metrics
-                    .provision_succeeded(&class, "", started.elapsed());
+        let version = claim.resource_version().unwrap_or_default();
+        let class_name = request::claim_class(&claim);
+        let class = self.caches.classes.get(&ObjectRef::new(&class_name));
+        let record = self.inflight.volume_of_claim(&uid);
+        let opts = &self.cfg.request;
+        let name =
+            request::volume_name(&opts.volume_name_prefix, opts.volume_name_uuid_length, &uid);
+        let volume = record
+            .as_ref()
+            .map(|r| r.entry.volume.clone())
+            .or_else(|| decide::legacy_volume(&claim).map(str::to_owned))
+            .or_else(|| name.clone().ok());
+        let pv_cached = volume
+            .as_ref()
+            .is_some_and(|v| self.caches.volumes.get(&ObjectRef::new(v)).is_some());
+        let infeasible = class.as_ref().is_some_and(|c| {
+            self.inflight
+                .infeasible(&uid, &c.uid().unwrap_or_default(), now)
+        });
+        let view = decide::ClaimView {
+            claim: &claim,
+            class: class.as_deref(),
+            driver: &self.cfg.driver,
+            record: record.as_ref(),
+            name: &name,
+            pv_cached,
+            infeasible,
+            stale: self.inflight.stale(&uid, &version, now),
+        };
+        let action = decide::claim(&view);
+        debug!(claim = %key, ?action, "claim synced");
+        match action {
+            ClaimAction::Nothing => Ok(()),
+            ClaimAction::WaitForCache => {
+                debug!(claim = %key, "claim in cache predates its reschedule; waiting");
+                Err(Requeue)
+            }
+            ClaimAction::Retry(e) => {
+                self.clients.metrics.provision_failed(&class_name, "");
+                debug!(claim = %key, "{e}");
+                Err(Requeue)
+            }
+            ClaimAction::Fail(e) => {
+                self.fail(&claim, &class_name, e);
+                Err(Requeue)
+            }
+            ClaimAction::Forget(v) => {
+                self.clients.journal.forget(&v);
+                self.inflight.remove(&v);
                 Ok(())
             }
-            Ok(Outcome::Skipped) => Ok(()),
-            Err(Failure::Conflict) => Err(Retry::Soon),
-            Err(Failure::Silent(e)) => {
-                self.clients.metrics.provision_failed(&class, "");
-                debug!(claim = %key, "{e}");
-                Err(Retry::Backoff)
+            ClaimAction::HandOver(v) => {
+                // The record's worker deletes the volume; the claim (if it stays) retries.
+                self.records.add(v);
+                Err(Requeue)
             }
-            Err(Failure::Error(e)) => {
-                self.clients.metrics.provision_failed(&class, "");
-                // The library's wrapping of every Provision error.
-                let e = e.context(&format!(
-                    "failed to provision volume with StorageClass {}",
-                    crate::secrets::go_quote(&class)
-                ));
-                let r = pv::claim_ref(&claim);
-                if e.infeasible {
-                    let class_uid = self
-                        .caches
-                        .classes
-                        .get(&ObjectRef::new(&class))
-                        .and_then(|c| c.uid())
-                        .unwrap_or_default();
-                    self.lock_infeasible()
-                        .insert(uid, (class_uid, Instant::now()));
-                    self.event(
-                        &r,
-                        EventType::Warning,
-                        "ProvisioningFailed",
-                        &format!(
-                            "Volume provisioning failed with infeasible error. Retries will be delayed. {}",
-                            e.message
-                        ),
-                    );
-                } else {
-                    self.event(&r, EventType::Warning, "ProvisioningFailed", &e.message);
+            ClaimAction::ReleaseLegacy => self.release_legacy(&claim).await.map_err(|e| {
+                warn!(claim = %key, "{e}");
+                Requeue
+            }),
+            ClaimAction::AdoptLegacy(v) => self
+                .adopt_legacy(&claim, class.as_deref(), &v)
+                .await
+                .map_err(|e| {
+                    warn!(claim = %key, "{e}");
+                    Requeue
+                }),
+            ClaimAction::Populator => {
+                self.event(
+                    &pv::claim_ref(&claim),
+                    EventType::Normal,
+                    "Provisioning",
+                    request::POPULATOR_EVENT,
+                );
+                Ok(())
+            }
+            ClaimAction::Provision { volume } => {
+                let Some(class) = class else {
+                    return Err(Requeue);
+                };
+                let started = Instant::now();
+                match self.provision(&claim, &class, &volume, record).await {
+                    Ok(()) => {
+                        self.clients.metrics.provision_succeeded(
+                            &class_name,
+                            "",
+                            started.elapsed(),
+                        );
+                        Ok(())
+                    }
+                    Err(Failure::Silent(e)) => {
+                        self.clients.metrics.provision_failed(&class_name, "");
+                        debug!(claim = %key, "{e}");
+                        Err(Requeue)
+                    }
+                    Err(Failure::Error(e)) => {
+                        if e.infeasible {
+                            self.inflight.set_infeasible(
+                                &uid,
+                                &class.uid().unwrap_or_default(),
+                                Instant::now(),
+                            );
+                        }
+                        self.fail(&claim, &class_name, e);
+                        Err(Requeue)
+                    }
                 }
-                warn!(claim = %key, "failed to provision volume: {}", e.message);
-                Err(Retry::Backoff)
             }
         }
     }
 
-    fn lock_infeasible(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
-        self.infeasible.lock().unwrap_or_else(|e| e.into_inner())
+    /// Upstream's `ProvisioningFailed` event and log line.
+    fn fail(&self, claim: &PersistentVolumeClaim, class: &str, e: ProvisionError) {
+        self.clients.metrics.provision_failed(class, "");
+        // The library's wrapping of every Provision error.
+        let e = e.context(&format!(
+            "failed to provision volume with StorageClass {}",
+            crate::secrets::go_quote(class)
+        ));
+        let r = pv::claim_ref(claim);
+        let msg = if e.infeasible {
+            format!(
+                "Volume provisioning failed with infeasible error. Retries will be delayed. {}",
+                e.message
+            )
+        } else {
+            e.message.clone()
+        };
+        self.event(&r, EventType::Warning, "ProvisioningFailed", &msg);
+        warn!(claim = %format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any()), "failed to provision volume: {}", e.message);
     }
 
-    /// Upstream's slow set (§11.4): true while the claim's last INVALID_ARGUMENT is recent and
-    /// its class unchanged.
-    fn recently_infeasible(&self, uid: &str, class_uid: &str) -> bool {
-        let mut m = self.lock_infeasible();
-        match m.get(uid) {
-            Some((c, at)) if c == class_uid && at.elapsed() < INFEASIBLE_RETENTION => true,
-            Some(_) => {
-                m.remove(uid);
-                false
-            }
-            None => false,
-        }
-    }
-
+    /// Records the volume (unless a CreateVolume of it may have run already: then the recorded
+    /// request is repeated), calls CreateVolume, and saves the PV.
     async fn provision(
         &self,
         claim: &PersistentVolumeClaim,
-        intent: bool,
-    ) -> Result<Outcome, Failure> {
+        class: &StorageClass,
+        volume: &str,
+        record: Option<crate::inflight::Volume>,
+    ) -> Result<(), Failure> {
         let driver = &self.cfg.driver;
         let ns = claim.namespace().unwrap_or_default();
-        let uid = claim.uid().unwrap_or_default();
-        let class_name = request::claim_class(claim);
-        let class = self.caches.classes.get(&ObjectRef::new(&class_name));
-
-        if let Some(c) = &class
-            && self.recently_infeasible(&uid, &c.uid().unwrap_or_default())
-        {
-            // The last answer was final, so nothing runs in the driver; an intent still here
-            // outlived its clearing (the cache had not shown it yet, or a Conflict) and would
-            // otherwise stay for the whole slow-set period.
-            if intent {
-                self.clear_intent(claim)
-                    .await
-                    .map_err(|_| Failure::Conflict)?;
-            }
-            return Err(Failure::Silent(format!(
-                "skipping volume provisioning for pvc {uid}, because provisioning previously failed with infeasible error"
-            )));
-        }
-        // A claim with our intent is ours whatever its annotations say now.
-        if !intent {
-            match request::should_provision(claim, class.as_deref(), driver) {
-                Ok(true) => {}
-                Ok(false) => return Ok(Outcome::Skipped),
-                Err(e) => return Err(Failure::Silent(e.message)),
-            }
-        }
-        let Some(class) = class else {
-            return Err(Failure::Silent(format!(
-                "storageClass {class_name:?} not found"
-            )));
-        };
-        if class.provisioner != *driver {
-            return Ok(Outcome::Skipped);
-        }
-        let pv_name = request::volume_name(
-            &self.cfg.request.volume_name_prefix,
-            self.cfg.request.volume_name_uuid_length,
-            &uid,
-        )
-        .map_err(Failure::Error)?;
-        if self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some()
-            || recent(&self.created, &pv_name)
-        {
-            debug!(pv = %pv_name, "persistentvolume already exists");
-            // A claim being deleted is not bound any more: let it go now. Otherwise the
-            // intent goes when the claim is Bound (see `sync_claim`).
-            if intent && claim.metadata.deletion_timestamp.is_some() {
-                self.clear_intent(claim)
-                    .await
-                    .map_err(|_| Failure::Conflict)?;
-            }
-            return Ok(Outcome::Skipped);
-        }
         let r = pv::claim_ref(claim);
-        if let request::DataSource::ExternalPopulator { .. } =
-            request::data_source(claim).map_err(Failure::Error)?
-        {
-            self.event(
-                &r,
-                EventType::Normal,
-                "Provisioning",
-                request::POPULATOR_EVENT,
-            );
-            return Ok(Outcome::Skipped);
-        }
         self.event(
             &r,
             EventType::Normal,
@@ -597,63 +759,93 @@ impl Controller {
             ),
         );
         self.check_capabilities().map_err(Failure::Error)?;
-        let mut prepared =
-            match request::prepare(claim, &class, driver, &self.cfg.request, &self.caches) {
-                Ok(p) => p,
-                Err(e) if e.state == State::Reschedule => {
-                    self.reschedule(claim, intent, None).await?;
-                    return Err(Failure::Error(e));
+        let ambiguous = record
+            .as_ref()
+            .is_some_and(crate::inflight::Volume::ambiguous);
+        let prepared = match request::prepare_as(
+            claim,
+            class,
+            driver,
+            &self.cfg.request,
+            &self.caches,
+            Some(volume),
+        ) {
+            Ok(p) => p,
+            Err(e) if e.state == State::Reschedule => {
+                if record.is_some() && !ambiguous {
+                    self.drop_record(volume);
                 }
-                Err(e) => return Err(Failure::Error(e)),
-            };
+                self.reschedule(claim).await?;
+                return Err(Failure::Error(e));
+            }
+            Err(e) => return Err(Failure::Error(e)),
+        };
         // Upstream only logs the deprecation warnings.
         for w in &prepared.warnings {
             warn!("{w}");
         }
-        if let Some(s) = &prepared.provisioner_secret {
-            prepared.request.secrets = self
-                .secret_data(s)
-                .await
-                .map_err(|m| Failure::Error(ProvisionError::no_change(m)))?;
+        // A CreateVolume that may have run is repeated as it was: the driver answers a
+        // repeated request with the volume it made.
+        let (mut request, secret) = match record.as_ref().filter(|_| ambiguous) {
+            Some(v) => (
+                v.entry.request().map_err(ActError::from)?,
+                v.entry.template.secret.clone(),
+            ),
+            None => (
+                prepared.request.clone(),
+                prepared.provisioner_secret.clone(),
+            ),
+        };
+        let entry = Entry::new(claim, &request, secret.clone());
+        if record
+            .as_ref()
+            .is_none_or(|v| !ambiguous && v.entry != entry)
+        {
+            self.inflight.add(entry.clone(), false);
+            if let Err(e) = self.clients.journal.record(entry).await {
+                self.inflight.remove(volume);
+                return Err(ActError::from(e).into());
+            }
         }
-
-        // P3: the intent is on the claim before the driver hears of the volume.
-        let mut written = None;
-        if !intent {
-            written = Some(self.record_intent(claim, &pv_name).await?);
+        let _busy = self
+            .inflight
+            .begin(volume)
+            .ok_or_else(|| ActError::Busy(volume.to_owned()))?;
+        if let Some(s) = &secret {
+            request.secrets = self.secret_data(s).await?;
         }
 
         let reschedule_possible =
             self.cfg.request.topology && request::selected_node(claim).is_some();
-        let response = match self
-            .clients
-            .driver
-            .create_volume(prepared.request.clone())
-            .await
-        {
+        let response = match self.clients.driver.create_volume(request.clone()).await {
             Ok(r) => r,
             Err(status) => {
                 let e = ProvisionError::from_create_volume(&status, reschedule_possible);
                 match e.state {
-                    State::Background => {}
-                    State::Reschedule => self.reschedule(claim, true, written.as_ref()).await?,
-                    State::Final | State::NoChange => {
-                        // Nothing runs in the driver: the intent has done its job.
-                        let _ = self.clear_intent_of(&ns, &claim.name_any()).await;
+                    State::Background => self.inflight.mark_ambiguous(volume),
+                    State::Reschedule => {
+                        if !ambiguous {
+                            self.drop_record(volume);
+                        }
+                        self.reschedule(claim).await?;
                     }
+                    // A definite answer to the first request: nothing runs in the driver.
+                    State::Final | State::NoChange if !ambiguous => self.drop_record(volume),
+                    State::Final | State::NoChange => {}
                 }
                 return Err(Failure::Error(e));
             }
         };
-        let volume = match pv::build(
+        let built = pv::build(
             &prepared,
             claim,
-            &class,
+            class,
             driver,
             &self.cfg.identity,
             &response,
             &self.cfg.request,
-        ) {
+        );
+        let pv_object = match built {
             Ok(v) => v,
             Err(e) => {
                 let id = response
@@ -670,52 +862,65 @@ impl Controller {
                     ),
                     pv::PvError::MissingContentSource => "volume content source missing".into(),
                     pv::PvError::NoVolumeId => {
-                        // Nothing to clean up without an id; the driver broke the spec.
+                        // Nothing to clean up without an id; the driver broke the spec. Its
+                        // volume may exist: the record stays.
+                        self.inflight.mark_ambiguous(volume);
                         return Err(Failure::Error(ProvisionError::final_(
                             "CreateVolume returned no volume id",
                         )));
                     }
                 };
-                let msg = match self.cleanup(&id, &prepared.request.secrets).await {
-                    Ok(()) => msg,
-                    Err(status) => format!(
-                        "{msg}. Cleanup of volume {pv_name} failed, volume is orphaned: {}",
-                        plugreg_runtime::report::grpc(&status)
-                    ),
+                let msg = match self.cleanup(&id, &request.secrets).await {
+                    Ok(()) => {
+                        self.drop_record(volume);
+                        msg
+                    }
+                    Err(status) => {
+                        // The volume exists: the record keeps it until a retry cleans it up.
+                        self.inflight.mark_ambiguous(volume);
+                        format!(
+                            "{msg}. Cleanup of volume {volume} failed, volume is orphaned: {}",
+                            plugreg_runtime::report::grpc(&status)
+                        )
+                    }
                 };
                 return Err(Failure::Error(ProvisionError::new(State::Background, msg)));
             }
         };
         let pvs: Api<PersistentVolume> = Api::all(self.clients.high.clone());
-        match pvs.create(&PostParams::default(), &volume).await {
+        match pvs.create(&PostParams::default(), &pv_object).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                debug!(pv = %pv_name, "persistentvolume already exists");
+                debug!(pv = %volume, "persistentvolume already exists");
             }
             Err(e) => {
-                // The volume exists in the driver: keep the intent and try again (CreateVolume
-                // is idempotent by name), as upstream retries the save forever.
-                warn!(pv = %pv_name, "Failed to save volume: {e}");
+                // The volume exists in the driver: the record stays and the retry repeats the
+                // request (CreateVolume is idempotent by name), as upstream retries the save.
+                self.inflight.mark_ambiguous(volume);
+                warn!(pv = %volume, "Failed to save volume: {e}");
                 return Err(Failure::Error(ProvisionError::new(
                     State::Background,
-                    format!("failed to save persistentvolume {pv_name}: {e}"),
+                    format!("failed to save persistentvolume {volume}: {e}"),
                 )));
             }
         }
-        remember(&self.created, &pv_name);
-        info!(claim = %format!("{ns}/{}", claim.name_any()), pv = %pv_name, "successfully created PV");
+        // The PV is the volume's record now; the memory stays until the cache shows it.
+        self.inflight.mark_saved(volume, Instant::now());
+        self.clients.journal.forget(volume);
+        info!(claim = %format!("{ns}/{}", claim.name_any()), pv = %volume, "successfully created PV");
         self.event(
             &r,
             EventType::Normal,
             "ProvisioningSucceeded",
-            &format!("Successfully provisioned volume {pv_name}"),
+            &format!("Successfully provisioned volume {volume}"),
         );
-        // The intent goes when KCM has bound the claim (see `sync_claim`); a claim being
-        // deleted will not be bound, so it goes now (a failure is retried by the next sync).
-        if claim.metadata.deletion_timestamp.is_some() {
-            let _ = self.clear_intent_of(&ns, &claim.name_any()).await;
-        }
-        Ok(Outcome::Provisioned)
+        Ok(())
+    }
+
+    /// Drops a volume of which nothing exists in the driver from the record.
+    fn drop_record(&self, volume: &str) {
+        self.clients.journal.forget(volume);
+        self.inflight.remove(volume);
     }
 
     fn check_capabilities(&self) -> Result<(), ProvisionError> {
@@ -723,13 +928,15 @@ impl Controller {
         request::check_capabilities(caps.controller_service, caps.create_delete_volume)
     }
 
-    async fn secret_data(&self, s: &secrets::SecretRef) -> Result<HashMap<String, String>, String> {
+    async fn secret_data(
+        &self,
+        s: &secrets::SecretRef,
+    ) -> Result<HashMap<String, String>, ActError> {
         let api: Api<Secret> = Api::namespaced(self.clients.high.clone(), &s.namespace);
-        let secret = api.get(&s.name).await.map_err(|e| {
-            format!(
-                "error getting secret {} in namespace {}: {e}",
-                s.name, s.namespace
-            )
+        let secret = api.get(&s.name).await.map_err(|source| ActError::Secret {
+            name: s.name.clone(),
+            namespace: s.namespace.clone(),
+            source,
         })?;
         Ok(secret
             .data
@@ -764,237 +971,298 @@ impl Controller {
         Err(last)
     }
 
-    /// Adds the intent annotation and finalizer: an Update of the cached claim, so that a stale
-    /// cache loses (Conflict) instead of overwriting, and upstream's RBAC (PVCs: get, list,
-    /// watch, update) is enough. Returns the claim as written.
-    async fn record_intent(
+    /// Updates the claim `ns/name` with `edit` applied to it as the API server has it now: the
+    /// claim is read first, so the Update keeps every field (also those this build does not
+    /// know) and a concurrent change makes it fail with a Conflict instead of being overwritten.
+    /// Returns the resourceVersions before and after, or `None` if the claim is gone or
+    /// `edit` changed nothing.
+    async fn update_claim(
         &self,
-        claim: &PersistentVolumeClaim,
-        pv_name: &str,
-    ) -> Result<PersistentVolumeClaim, Failure> {
-        let mut c = claim.clone();
-        c.annotations_mut()
-            .insert(INTENT_ANNOTATION.to_owned(), pv_name.to_owned());
-        c.finalizers_mut().push(INTENT_FINALIZER.to_owned());
-        let ns = claim.namespace().unwrap_or_default();
-        match self
-            .claims_api(&ns, false)
-            .replace(&claim.name_any(), &PostParams::default(), &c)
-            .await
-        {
-            Ok(updated) => Ok(updated),
-            Err(kube::Error::Api(s)) if s.code == 409 => Err(Failure::Conflict),
-            Err(e) => Err(Failure::Error(ProvisionError::no_change(format!(
-                "failed to record the provisioning intent on the claim: {e}"
-            )))),
-        }
-    }
-
-    async fn clear_intent(&self, claim: &PersistentVolumeClaim) -> Result<(), Retry> {
-        self.clear_intent_of(&claim.namespace().unwrap_or_default(), &claim.name_any())
-            .await
-    }
-
-    /// Removes the intent (low priority) with an Update of the claim as the cache knows it; a
-    /// Conflict means the cache is behind: the claim is synced again when it catches up.
-    async fn clear_intent_of(&self, ns: &str, name: &str) -> Result<(), Retry> {
-        let key = ObjectRef::new(name).within(ns);
-        let Some(claim) = self.caches.claims.get(&key) else {
-            return Ok(());
+        ns: &str,
+        name: &str,
+        edit: impl FnOnce(&mut serde_json::Value) -> bool,
+    ) -> Result<Option<(String, String)>, ActError> {
+        let claim = format!("{ns}/{name}");
+        let fail = |source| ActError::UpdateClaim {
+            claim: claim.clone(),
+            source,
         };
-        if !has_intent(&claim) {
-            return Ok(());
+        let path = format!("/api/v1/namespaces/{ns}/persistentvolumeclaims");
+        let client = &self.clients.high;
+        let req = kube::core::Request::new(&path)
+            .get(name, &kube::api::GetParams::default())
+            .map_err(|e| fail(kube::Error::BuildRequest(e)))?;
+        let mut obj: serde_json::Value = match client.request(req).await {
+            Ok(o) => o,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+            Err(e) => return Err(fail(e)),
+        };
+        let before = obj["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if !edit(&mut obj) {
+            return Ok(None);
         }
-        let mut c = (*claim).clone();
-        c.annotations_mut().remove(INTENT_ANNOTATION);
-        c.finalizers_mut().retain(|f| f != INTENT_FINALIZER);
-        match self
-            .claims_api(ns, true)
-            .replace(name, &PostParams::default(), &c)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => {
-                debug!(claim = %key, "clearing the provisioning intent failed (retrying): {e}");
-                self.claims.add_after(key, Duration::from_millis(200));
-                Err(Retry::Soon)
-            }
+        let body = serde_json::to_vec(&obj).map_err(|e| fail(kube::Error::SerdeError(e)))?;
+        let req = kube::core::Request::new(&path)
+            .replace(name, &PostParams::default(), body)
+            .map_err(|e| fail(kube::Error::BuildRequest(e)))?;
+        match client.request::<serde_json::Value>(req).await {
+            Ok(written) => Ok(Some((
+                before,
+                written["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            ))),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(fail(e)),
         }
     }
 
-    /// Removes the selected-node annotation (and the intent, if `intent`) so that the scheduler
-    /// picks another node (§11.2 reschedule): one Update, as upstream, of `written` (the claim
-    /// as this sync's intent write returned it: the cache may not have it yet) or else of the
-    /// cached claim. The versions before it are remembered as stale, see
-    /// [`Controller::rescheduled`].
-    async fn reschedule(
-        &self,
-        claim: &PersistentVolumeClaim,
-        intent: bool,
-        written: Option<&PersistentVolumeClaim>,
-    ) -> Result<(), Failure> {
+    /// Removes the selected-node annotation so that the scheduler picks another node (§11.2
+    /// reschedule). The cache's versions up to this write are remembered as stale: one of them
+    /// still carries the old node.
+    async fn reschedule(&self, claim: &PersistentVolumeClaim) -> Result<(), Failure> {
         let ns = claim.namespace().unwrap_or_default();
-        let name = claim.name_any();
-        let key = ObjectRef::new(&name).within(&ns);
-        let mut c = match written {
-            Some(w) => w.clone(),
-            None => self
-                .caches
-                .claims
-                .get(&key)
-                .map_or_else(|| claim.clone(), |c| (*c).clone()),
-        };
-        c.annotations_mut().remove(ANN_SELECTED_NODE);
-        if intent {
-            c.annotations_mut().remove(INTENT_ANNOTATION);
-            c.finalizers_mut().retain(|f| f != INTENT_FINALIZER);
-        }
-        self.claims_api(&ns, false)
-            .replace(&name, &PostParams::default(), &c)
+        let written = self
+            .update_claim(&ns, &claim.name_any(), |c| {
+                remove_key(&mut c["metadata"]["annotations"], ANN_SELECTED_NODE)
+            })
             .await
             .map_err(|e| {
                 Failure::Error(ProvisionError::final_(format!(
                     "failed to remove the selected-node annotation: {e}"
                 )))
             })?;
-        let stale = [
-            claim.metadata.resource_version.as_deref(),
-            c.metadata.resource_version.as_deref(),
-        ]
-        .into_iter()
-        .flatten()
-        .map(str::to_owned)
-        .collect();
-        let mut m = self.lock_rescheduled();
-        if m.len() >= MEMORY_KEEP {
-            m.retain(|_, (_, at)| at.elapsed() < RESCHEDULED_MEMORY);
+        if let Some((before, after)) = written {
+            let mut stale = vec![before];
+            stale.extend(claim.resource_version());
+            stale.retain(|v| *v != after);
+            self.inflight
+                .set_stale(&claim.uid().unwrap_or_default(), stale, Instant::now());
         }
-        m.insert(claim.uid().unwrap_or_default(), (stale, Instant::now()));
         Ok(())
     }
 
-    fn lock_rescheduled(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, (Vec<String>, Instant)>> {
-        self.rescheduled.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether the cached `claim` is a version from before this process rescheduled it. The
-    /// first newer version ends the watch on that claim.
-    fn older_than_reschedule(&self, claim: &PersistentVolumeClaim) -> bool {
+    /// Removes a previous version's intent (annotation and finalizer) from the claim.
+    async fn release_legacy(&self, claim: &PersistentVolumeClaim) -> Result<(), ActError> {
+        let ns = claim.namespace().unwrap_or_default();
         let uid = claim.uid().unwrap_or_default();
-        let mut m = self.lock_rescheduled();
-        let Some((stale, at)) = m.get(&uid) else {
-            return false;
-        };
-        let version = claim
-            .metadata
-            .resource_version
-            .as_deref()
-            .unwrap_or_default();
-        if at.elapsed() < RESCHEDULED_MEMORY && stale.iter().any(|v| v == version) {
-            return true;
-        }
-        m.remove(&uid);
-        false
+        self.update_claim(&ns, &claim.name_any(), |c| {
+            if c["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+                return false;
+            }
+            let a = remove_key(&mut c["metadata"]["annotations"], decide::LEGACY_INTENT);
+            let f = match c["metadata"]["finalizers"].as_array_mut() {
+                Some(list) => {
+                    let n = list.len();
+                    list.retain(|f| f.as_str() != Some(decide::LEGACY_FINALIZER));
+                    list.len() != n
+                }
+                None => false,
+            };
+            a || f
+        })
+        .await?;
+        info!(claim = %format!("{ns}/{}", claim.name_any()), "released the provisioning intent of a previous version");
+        Ok(())
     }
 
-    async fn sync_volume(&self, name: &str) -> Result<(), Retry> {
+    /// Moves a previous version's in-flight volume into the record (with the request built
+    /// from the claim and its class, or the claim alone if the class is gone), then releases
+    /// the claim. The record's worker or the claim's next sync finishes the volume.
+    async fn adopt_legacy(
+        &self,
+        claim: &PersistentVolumeClaim,
+        class: Option<&StorageClass>,
+        volume: &str,
+    ) -> Result<(), ActError> {
+        let stand_in;
+        let class = match class {
+            Some(c) => c,
+            None => {
+                stand_in = StorageClass {
+                    provisioner: self.cfg.driver.clone(),
+                    ..Default::default()
+                };
+                &stand_in
+            }
+        };
+        let prepared = request::prepare_as(
+            claim,
+            class,
+            &self.cfg.driver,
+            &self.cfg.request,
+            &self.caches,
+            Some(volume),
+        )
+        .map_err(ActError::Capabilities)?;
+        let entry = Entry::new(claim, &prepared.request, prepared.provisioner_secret);
+        self.inflight.add(entry.clone(), true);
+        if let Err(e) = self.clients.journal.record(entry).await {
+            self.inflight.remove(volume);
+            return Err(e.into());
+        }
+        self.release_legacy(claim).await?;
+        if claim.metadata.deletion_timestamp.is_some() {
+            self.event(
+                &pv::claim_ref(claim),
+                EventType::Normal,
+                CANCELLED_REASON,
+                &format!(
+                    "Claim released; volume {volume} that may have been created for it is recorded and will be deleted"
+                ),
+            );
+            self.records.add(volume.to_owned());
+        } else {
+            self.claims.add(ObjectRef::from_obj(claim));
+        }
+        Ok(())
+    }
+
+    async fn sync_record(&self, volume: &str) -> Result<(), Requeue> {
+        let Some(v) = self.inflight.volume(volume) else {
+            return Ok(());
+        };
+        let key = ObjectRef::new(&v.entry.claim).within(&v.entry.namespace);
+        let claim = self.caches.claims.get(&key);
+        let class_cached = claim.as_ref().is_some_and(|c| {
+            self.caches
+                .classes
+                .get(&ObjectRef::new(&request::claim_class(c)))
+                .is_some()
+        });
+        let view = decide::RecordView {
+            volume: &v,
+            claim: claim.as_deref(),
+            class_cached,
+            pv_cached: self.caches.volumes.get(&ObjectRef::new(volume)).is_some(),
+        };
+        match decide::record(&view) {
+            RecordAction::Claim => {
+                self.claims.add(key);
+                Ok(())
+            }
+            RecordAction::Forget => {
+                self.drop_record(volume);
+                Ok(())
+            }
+            RecordAction::Delete => match self.abandon(&v.entry, claim.is_some()).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    warn!(volume = %volume, claim = %v.entry.claim_key(), "failed to delete the in-flight volume: {e}");
+                    Err(Requeue)
+                }
+            },
+        }
+    }
+
+    /// Deletes a recorded volume nobody will use: CreateVolume with the recorded request
+    /// (idempotent by name: it returns the volume's ID, creating the volume if the first call
+    /// never reached the driver), then DeleteVolume, then drops it from the record.
+    async fn abandon(&self, e: &Entry, claim_exists: bool) -> Result<(), ActError> {
+        let _busy = self
+            .inflight
+            .begin(&e.volume)
+            .ok_or_else(|| ActError::Busy(e.volume.clone()))?;
+        self.check_capabilities().map_err(ActError::Capabilities)?;
+        let mut request = e.request()?;
+        if let Some(s) = &e.template.secret {
+            match self.secret_data(s).await {
+                Ok(d) => request.secrets = d,
+                Err(err) => warn!(volume = %e.volume, "{err}; trying without secrets"),
+            }
+        }
+        let secrets = request.secrets.clone();
+        let created = self
+            .clients
+            .driver
+            .create_volume(request)
+            .await
+            .map_err(ActError::Driver)?;
+        let id = created
+            .volume
+            .map(|v| v.volume_id)
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| ActError::NoVolumeId(e.volume.clone()))?;
+        self.clients
+            .driver
+            .delete_volume(&id, secrets)
+            .await
+            .map_err(ActError::Driver)?;
+        self.drop_record(&e.volume);
+        let why = if claim_exists {
+            "its claim does not need it any more"
+        } else {
+            "its claim is gone"
+        };
+        info!(volume = %e.volume, claim = %e.claim_key(), "deleted the in-flight volume: {why}");
+        self.event(
+            &entry_claim_ref(e),
+            EventType::Normal,
+            CANCELLED_REASON,
+            &format!(
+                "Deleted volume {} that was being provisioned: {why}",
+                e.volume
+            ),
+        );
+        Ok(())
+    }
+
+    async fn sync_volume(&self, name: &str) -> Result<(), Requeue> {
         let Some(volume) = self.caches.volumes.get(&ObjectRef::new(name)) else {
             return Ok(());
         };
-        if !self.is_ours(&volume) {
-            return Ok(());
-        }
-        let spec = volume.spec.clone().unwrap_or_default();
-        let policy = spec
-            .persistent_volume_reclaim_policy
-            .as_deref()
-            .unwrap_or("Delete");
-        let phase = volume
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .unwrap_or("");
-        let deleting = volume.metadata.deletion_timestamp.is_some();
-        let has_finalizer = volume.finalizers().iter().any(|f| f == PV_FINALIZER);
-
-        // Finalizer upkeep (§12 step 2).
-        if policy == "Delete" && !deleting && phase == "Bound" && !has_finalizer {
-            self.set_pv_finalizer(&volume, true).await?;
-            return Ok(());
-        }
-        if (policy == "Retain" || policy == "Recycle") && has_finalizer {
-            self.set_pv_finalizer(&volume, false).await?;
-            return Ok(());
-        }
-        if (!has_finalizer && deleting) || phase != "Released" || policy != "Delete" {
-            return Ok(());
-        }
         let uid = volume.uid().unwrap_or_default();
-        if deleting && recent(&self.deleted, &uid) {
-            // Our own DELETE coming back through the cache: the volume is gone already, and
-            // the finalizer too unless removing it failed.
-            if recent(&self.finalized, &uid) {
-                return Ok(());
+        let view = decide::VolumeView {
+            pv: &volume,
+            driver: &self.cfg.driver,
+            deleted: self.inflight.deleted(&uid, Instant::now()),
+        };
+        let result = match decide::volume(&view) {
+            VolumeAction::Nothing => return Ok(()),
+            VolumeAction::AddFinalizer => self.patch_pv_finalizer(name, true).await,
+            VolumeAction::RemoveFinalizer => self.patch_pv_finalizer(name, false).await,
+            VolumeAction::Delete => {
+                let class = volume
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.storage_class_name.clone())
+                    .unwrap_or_default();
+                let started = Instant::now();
+                match self.delete(&volume).await {
+                    Ok(()) => {
+                        self.clients
+                            .metrics
+                            .delete_succeeded(&class, started.elapsed());
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        self.clients.metrics.delete_failed(&class);
+                        self.event(
+                            &volume_ref(&volume),
+                            EventType::Warning,
+                            "VolumeFailedDelete",
+                            &e.to_string(),
+                        );
+                        warn!(pv = %name, "failed to delete volume: {e}");
+                        return Err(Requeue);
+                    }
+                }
             }
-            return self
-                .remove_pv_finalizer(name, Some((*volume).clone()))
-                .await
-                .map_err(|e| {
-                    warn!(pv = %name, "{e}");
-                    Retry::Backoff
-                });
-        }
-        let class = spec.storage_class_name.clone().unwrap_or_default();
-        let started = Instant::now();
-        match self.delete(&volume).await {
-            Ok(()) => {
-                self.clients
-                    .metrics
-                    .delete_succeeded(&class, started.elapsed());
-                Ok(())
-            }
-            Err(e) => {
-                self.clients.metrics.delete_failed(&class);
-                self.event(
-                    &volume_ref(&volume),
-                    EventType::Warning,
-                    "VolumeFailedDelete",
-                    &e,
-                );
-                warn!(pv = %name, "failed to delete volume: {e}");
-                Err(Retry::Backoff)
-            }
-        }
-    }
-
-    fn is_ours(&self, v: &PersistentVolume) -> bool {
-        match v.annotations().get(ANN_PROVISIONED_BY) {
-            Some(p) => *p == self.cfg.driver,
-            None => v
-                .spec
-                .as_ref()
-                .and_then(|s| s.csi.as_ref())
-                .is_some_and(|c| c.driver == self.cfg.driver),
-        }
+        };
+        result.map_err(|e| {
+            warn!(pv = %name, "{e}");
+            Requeue
+        })
     }
 
     /// Adds or removes the provisioner's finalizer with a strategic-merge patch, as upstream:
     /// `finalizers` merges by value on the server, so no read, no resourceVersion, and no
     /// conflict with the pv-protection controller's own finalizer.
-    async fn set_pv_finalizer(&self, v: &PersistentVolume, on: bool) -> Result<(), Retry> {
-        match self.patch_pv_finalizer(&v.name_any(), on).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                warn!(pv = %v.name_any(), "{e}");
-                Err(Retry::Backoff)
-            }
-        }
-    }
-
-    async fn patch_pv_finalizer(&self, name: &str, on: bool) -> Result<(), String> {
+    async fn patch_pv_finalizer(&self, name: &str, on: bool) -> Result<(), ActError> {
         let patch = if on {
             json!({"metadata": {"finalizers": [PV_FINALIZER]}})
         } else {
@@ -1007,20 +1275,21 @@ impl Controller {
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(format!(
-                "failed to modify finalizers to {PV_FINALIZER} on volume {name}: {e}"
-            )),
+            Err(source) => Err(ActError::Finalizer {
+                volume: name.to_owned(),
+                source,
+            }),
         }
     }
 
     /// §12 step 4-6: DeleteVolume, then the PV, then its finalizer.
-    async fn delete(&self, v: &PersistentVolume) -> Result<(), String> {
+    async fn delete(&self, v: &PersistentVolume) -> Result<(), ActError> {
         let name = v.name_any();
-        let spec = v.spec.as_ref();
-        let Some(csi) = spec.and_then(|s| s.csi.as_ref()) else {
-            return Err("invalid CSI PV".into());
+        let uid = v.uid().unwrap_or_default();
+        let Some(csi) = v.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
+            return Err(ActError::InvalidPv);
         };
-        self.check_capabilities().map_err(|e| e.message)?;
+        self.check_capabilities().map_err(ActError::Capabilities)?;
         let ann = v.annotations();
         let mut secrets = HashMap::new();
         if let (Some(n), Some(ns)) = (
@@ -1042,56 +1311,108 @@ impl Controller {
             && let Some(a) =
                 va.find(|a| a.spec.source.persistent_volume_name.as_deref() == Some(name.as_str()))
         {
-            return Err(format!(
-                "persistentvolume {name} is still attached to node {}",
-                a.spec.node_name
-            ));
+            return Err(ActError::Attached {
+                volume: name,
+                node: a.spec.node_name.clone(),
+            });
         }
         self.clients
             .driver
             .delete_volume(&csi.volume_handle, secrets)
             .await
-            .map_err(|s| plugreg_runtime::report::grpc(&s))?;
-        remember(&self.deleted, &v.uid().unwrap_or_default());
+            .map_err(ActError::Driver)?;
+        self.inflight.set_deleted(&uid, false, Instant::now());
         let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
         // The answer is the PV itself while finalizers hold it: no need to read it again.
         let left = match api.delete(&name, &DeleteParams::default()).await {
             Ok(answer) => answer.left(),
             Err(kube::Error::Api(s)) if s.code == 404 => None,
-            Err(e) => return Err(format!("failed to delete persistentvolume {name}: {e}")),
+            Err(source) => {
+                return Err(ActError::DeletePv {
+                    volume: name,
+                    source,
+                });
+            }
         };
         info!(pv = %name, "volume deleted");
-        if let Some(pv) = left {
-            self.remove_pv_finalizer(&name, Some(pv)).await?;
+        if let Some(pv) = left
+            && pv.finalizers().iter().any(|f| f == PV_FINALIZER)
+        {
+            self.patch_pv_finalizer(&name, false).await?;
         }
-        remember(&self.finalized, &v.uid().unwrap_or_default());
+        self.inflight.set_deleted(&uid, true, Instant::now());
         Ok(())
     }
+}
 
-    /// Removes the provisioner's finalizer from the PV if `known` (the PV as DELETE returned it,
-    /// or the cache) still has it; a PV already gone is fine.
-    async fn remove_pv_finalizer(
-        &self,
-        name: &str,
-        known: Option<PersistentVolume>,
-    ) -> Result<(), String> {
-        if known.is_some_and(|v| !v.finalizers().iter().any(|f| f == PV_FINALIZER)) {
-            return Ok(());
-        }
-        self.patch_pv_finalizer(name, false).await
+/// Removes `key` from the JSON object `map`; whether it was there.
+fn remove_key(map: &mut serde_json::Value, key: &str) -> bool {
+    map.as_object_mut().is_some_and(|m| m.remove(key).is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caches_keep_only_what_decisions_read() {
+        let mut c: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {
+                "name": "data", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+                "labels": {"app": "x"},
+                "annotations": {LAST_APPLIED: "{...}", "volume.kubernetes.io/selected-node": "n1"},
+                "finalizers": ["kubernetes.io/pvc-protection"],
+            },
+            "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"]},
+            "status": {"phase": "Pending", "conditions": [{"type": "Resizing", "status": "True"}]},
+        }))
+        .unwrap();
+        trim_claim(&mut c);
+        assert_eq!(c.metadata.labels, None);
+        assert_eq!(
+            c.annotations().keys().collect::<Vec<_>>(),
+            ["volume.kubernetes.io/selected-node"]
+        );
+        assert_eq!(c.finalizers(), ["kubernetes.io/pvc-protection"]);
+        let s = c.status.unwrap();
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+        assert_eq!(s.conditions, None);
+
+        let mut v: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "pv", "annotations": {
+                pv::ANN_PROVISIONED_BY: "d", ANN_DELETION_SECRET_NAME: "s",
+                ANN_DELETION_SECRET_NAMESPACE: "n", "pv.kubernetes.io/bound-by-controller": "yes"}},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
+                "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "claimRef": {"name": "data"},
+                "csi": {"driver": "d", "volumeHandle": "h", "volumeAttributes": {"a": "b"}}},
+            "status": {"phase": "Bound", "message": "m"},
+        }))
+        .unwrap();
+        trim_volume(&mut v);
+        assert_eq!(v.annotations().len(), 3);
+        let spec = v.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.persistent_volume_reclaim_policy.as_deref(),
+            Some("Delete")
+        );
+        assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
+        let csi = spec.csi.as_ref().unwrap();
+        assert_eq!(
+            (csi.driver.as_str(), csi.volume_handle.as_str()),
+            ("d", "h")
+        );
+        assert_eq!(csi.volume_attributes, None);
+        assert_eq!(spec.capacity, None);
+        assert_eq!(spec.claim_ref, None);
+        assert_eq!(v.status.unwrap().message, None);
+
+        let mut n: CSINode = serde_json::from_value(json!({
+            "metadata": {"name": "n1"},
+            "spec": {"drivers": [{"name": "d", "nodeID": "n1"}, {"name": "other", "nodeID": "n1"}]},
+        }))
+        .unwrap();
+        trim_csinode(&mut n, "d");
+        assert_eq!(n.spec.drivers.len(), 1);
     }
-}
-
-enum Outcome {
-    Provisioned,
-    Skipped,
-}
-
-enum Failure {
-    /// Retry soon: the claim changed under us.
-    Conflict,
-    /// Retry with back-off, no event (upstream's errors without events).
-    Silent(String),
-    /// Retry with back-off after a `ProvisioningFailed` event.
-    Error(ProvisionError),
 }

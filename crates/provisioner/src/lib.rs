@@ -14,21 +14,27 @@
 //! - [`metrics`]: upstream's metric names in the Prometheus text format;
 //! - [`leader`]: leader election on a Lease;
 //! - [`http`]: `/metrics` and `/healthz/leader-election`;
+//! - [`record`]: the durable record of in-flight volumes (a few Leases), written in batches;
+//! - [`inflight`]: the controller's one memory of recorded volumes and recent writes;
+//! - [`decide`]: what to do next with a claim, a recorded volume or a PV, pure;
 //! - [`controller`]: the watch caches, queues and workers that tie them together;
 //! - [`service`]: what the binary runs after its start-up checks.
 
 pub mod classify;
 pub mod controller;
 pub mod csi;
+pub mod decide;
 pub mod events;
 pub mod flags;
 pub mod http;
+pub mod inflight;
 pub mod leader;
 pub mod metrics;
 pub mod pv;
 mod quantity;
 mod queue;
 pub mod ratelimit;
+pub mod record;
 pub mod request;
 pub mod secrets;
 pub mod service;

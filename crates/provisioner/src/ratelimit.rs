@@ -86,6 +86,23 @@ pub fn clients(
     Ok((high, low, limiter))
 }
 
+/// A client of its own with its own bucket of `burst` tokens refilled at `qps` a second, for
+/// work that must never wait behind the others (leader election, as upstream gives it its own
+/// clientset).
+pub fn own_client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Client, Error> {
+    let limiter = Arc::new(RateLimiter::new(qps, burst));
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&limiter.layer(Priority::High))
+        .build())
+}
+
+/// A client without a limit of its own, for a caller that takes its tokens from a
+/// [`RateLimiter`] itself ([`RateLimiter::acquire`]) so that it can choose or change a
+/// request's priority while it waits.
+pub fn unlimited_client(config: kube::Config) -> Result<kube::Client, Error> {
+    Ok(ClientBuilder::try_from(config)?.build())
+}
+
 /// The shared token bucket with its two queues and the request counters.
 #[derive(Debug)]
 pub struct RateLimiter {

@@ -404,6 +404,19 @@ pub fn prepare(
     opts: &RequestOptions,
     topo: &dyn TopologySource,
 ) -> Result<Prepared, ProvisionError> {
+    prepare_as(claim, class, driver, opts, topo, None)
+}
+
+/// [`prepare`] for the volume `name` instead of the one the flags give (a volume already
+/// recorded keeps its name, whatever `--volume-name-prefix` says now).
+pub fn prepare_as(
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    driver: &str,
+    opts: &RequestOptions,
+    topo: &dyn TopologySource,
+    name: Option<&str>,
+) -> Result<Prepared, ProvisionError> {
     if let DataSource::ExternalPopulator { kind } = data_source(claim)? {
         return Err(ProvisionError::final_(format!(
             "data source ({kind}) is not handled by the provisioner, assuming an external populator will provision it"
@@ -414,7 +427,10 @@ pub fn prepare(
         return Err(ProvisionError::final_("claim Selector is not supported"));
     }
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-    let pv_name = volume_name(&opts.volume_name_prefix, opts.volume_name_uuid_length, uid)?;
+    let pv_name = match name {
+        Some(n) => n.to_owned(),
+        None => volume_name(&opts.volume_name_prefix, opts.volume_name_uuid_length, uid)?,
+    };
 
     let empty = BTreeMap::new();
     let params = class.parameters.as_ref().unwrap_or(&empty);

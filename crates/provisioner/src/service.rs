@@ -11,9 +11,11 @@ use tracing::{error, info};
 use crate::controller::{self, Clients};
 use crate::csi::{Capabilities, Driver};
 use crate::events::Recorder;
+use crate::flags::lease_name;
 use crate::leader::{LeaderElection, LeaderError, LeaderHealth};
 use crate::metrics::Metrics;
 use crate::ratelimit;
+use crate::record::Journal;
 use crate::request::RequestOptions;
 
 /// Everything the run needs, gathered by the binary's start-up.
@@ -44,6 +46,9 @@ pub struct Service {
     pub retry_max: Duration,
     /// `--timeout`.
     pub timeout: Duration,
+    /// The namespace of the in-flight record's Leases (the leader election's namespace, also
+    /// without `--leader-election`).
+    pub record_namespace: String,
     /// Leader election, when `--leader-election`.
     pub leader: Option<LeaderElection>,
     /// Shared with `/healthz/leader-election`.
@@ -69,8 +74,18 @@ pub enum ServiceError {
 impl Service {
     /// Runs until `shutdown` (Ok) or until leadership is lost or the caches fail (Err).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServiceError> {
-        let (high, low, limiter) = ratelimit::clients(self.kube_config, self.qps, self.burst)?;
+        let (high, low, limiter) =
+            ratelimit::clients(self.kube_config.clone(), self.qps, self.burst)?;
         self.metrics.set_kube_requests(Arc::clone(&limiter));
+        // Leader election has a client and a bucket of its own: renewing the Lease never
+        // waits behind the work (upstream gives it its own clientset too).
+        let election = ratelimit::own_client(self.kube_config.clone(), self.qps, self.burst)?;
+        let (journal, found) = Journal::new(
+            ratelimit::unlimited_client(self.kube_config)?,
+            limiter,
+            &self.record_namespace,
+            &lease_name(&self.driver_name),
+        );
         let component = format!("{}_{}_{}", self.driver_name, self.host, uuid4());
         let events = Recorder::start(low.clone(), &component, &self.host, shutdown.clone());
         let cfg = controller::Config {
@@ -89,13 +104,15 @@ impl Service {
             events,
             driver: self.driver,
             metrics: Arc::clone(&self.metrics),
+            journal,
+            found,
         };
         match self.leader {
             None => Ok(controller::run(cfg, clients, shutdown).await?),
             Some(le) => {
                 let result = std::sync::Mutex::new(Ok(()));
                 let res = le
-                    .run(high, self.health, shutdown.clone(), |token| async {
+                    .run(election, self.health, shutdown.clone(), |token| async {
                         info!("became leader, starting");
                         let r = controller::run(cfg, clients, token).await;
                         *result.lock().unwrap_or_else(|e| e.into_inner()) = r;

@@ -1,0 +1,899 @@
+//! What to do next, decided from a view of the caches and the in-flight memory, without I/O.
+//!
+//! The controller gathers a view ([`ClaimView`], [`RecordView`], [`VolumeView`]), asks the
+//! matching function for an action, and carries it out. Every rule is tested below table by
+//! table; the controller's integration tests against a real API server prove the acting.
+//!
+//! Two workers can touch one recorded volume: the claim's (it provisions) and the record's (it
+//! finishes a volume whose claim or class is gone). The claim's worker never deletes a volume:
+//! it hands such a volume over to the record's worker ([`ClaimAction::HandOver`]), so that a
+//! volume is only ever deleted from one place.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
+
+use crate::classify::ProvisionError;
+use crate::inflight::{Deleted, Phase, Volume};
+use crate::pv::{ANN_PROVISIONED_BY, FINALIZER as PV_FINALIZER};
+use crate::request::{self, DataSource};
+
+/// The annotation of plugreg versions before the Lease record: the claim's volume name while
+/// a CreateVolume was in flight.
+pub const LEGACY_INTENT: &str = "volume.plugreg.io/provisioning";
+/// The finalizer that went with [`LEGACY_INTENT`].
+pub const LEGACY_FINALIZER: &str = "volume.plugreg.io/provisioning";
+
+/// Whether the claim still carries an intent of a previous plugreg version.
+pub fn has_legacy_intent(c: &PersistentVolumeClaim) -> bool {
+    c.annotations().contains_key(LEGACY_INTENT)
+        || c.finalizers().iter().any(|f| f == LEGACY_FINALIZER)
+}
+
+/// The volume name of a previous version's intent.
+pub fn legacy_volume(c: &PersistentVolumeClaim) -> Option<&str> {
+    c.annotations()
+        .get(LEGACY_INTENT)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+/// What the claim's worker sees.
+#[derive(Debug)]
+pub struct ClaimView<'a> {
+    /// The claim as cached.
+    pub claim: &'a PersistentVolumeClaim,
+    /// Its class as cached.
+    pub class: Option<&'a StorageClass>,
+    /// The driver (= provisioner) name.
+    pub driver: &'a str,
+    /// The claim's recorded volume.
+    pub record: Option<&'a Volume>,
+    /// The name the flags give its volume.
+    pub name: &'a Result<String, ProvisionError>,
+    /// Whether a PV of the claim's volume name (recorded, legacy, or from the flags) is cached.
+    pub pv_cached: bool,
+    /// Whether the claim is in upstream's slow set for its class.
+    pub infeasible: bool,
+    /// Whether the cached claim predates this process's reschedule of it.
+    pub stale: bool,
+}
+
+/// What the claim's worker does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimAction {
+    /// Nothing (not ours, done, or waiting for the cache to show a change).
+    Nothing,
+    /// The cache predates our own write: retry after the back-off.
+    WaitForCache,
+    /// Retry after the back-off, without an event (upstream's errors without events).
+    Retry(String),
+    /// A `ProvisioningFailed` event, then retry after the back-off.
+    Fail(ProvisionError),
+    /// The volume is a cached PV: drop it from the record.
+    Forget(String),
+    /// The claim gives up its volume (deleted, or its class is gone): the record's worker
+    /// finishes and deletes it.
+    HandOver(String),
+    /// Remove a previous version's intent from the claim: its volume is a PV.
+    ReleaseLegacy,
+    /// Put a previous version's in-flight volume into the record, then remove the intent.
+    AdoptLegacy(String),
+    /// Left to an external populator: upstream's event only.
+    Populator,
+    /// Record the volume (unless recorded) and provision it under this name.
+    Provision {
+        /// The volume name (a recorded one wins over the flags).
+        volume: String,
+    },
+}
+
+/// The claim's next step.
+pub fn claim(v: &ClaimView<'_>) -> ClaimAction {
+    let c = v.claim;
+    if v.stale {
+        return ClaimAction::WaitForCache;
+    }
+    let deleting = c.metadata.deletion_timestamp.is_some();
+    let legacy = has_legacy_intent(c);
+    let bound_to = c
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|v| !v.is_empty());
+    if let Some(bound_to) = bound_to {
+        if let Some(r) = v.record {
+            // Bound to its own volume: the PV is the record now. Bound to another volume: ours
+            // may still exist in the driver.
+            return if r.entry.volume == bound_to {
+                ClaimAction::Forget(r.entry.volume.clone())
+            } else {
+                ClaimAction::HandOver(r.entry.volume.clone())
+            };
+        }
+        // KCM's status write is its last to the claim: releasing after it never races it.
+        if legacy && (is_bound(c) || deleting) {
+            return ClaimAction::ReleaseLegacy;
+        }
+        return ClaimAction::Nothing;
+    }
+    if let Some(r) = v.record {
+        if v.pv_cached || matches!(r.phase, Phase::Saved(_)) {
+            return if v.pv_cached {
+                ClaimAction::Forget(r.entry.volume.clone())
+            } else {
+                ClaimAction::Nothing
+            };
+        }
+        if deleting || v.class.is_none() {
+            return ClaimAction::HandOver(r.entry.volume.clone());
+        }
+        if v.infeasible {
+            return infeasible(c);
+        }
+        return ClaimAction::Provision {
+            volume: r.entry.volume.clone(),
+        };
+    }
+    if legacy {
+        return match legacy_volume(c) {
+            // Its volume is a PV: the intent goes once the claim is Bound (or now, if it is
+            // being deleted: it will not be bound any more).
+            Some(_) if v.pv_cached => {
+                if deleting {
+                    ClaimAction::ReleaseLegacy
+                } else {
+                    ClaimAction::Nothing
+                }
+            }
+            Some(name) => ClaimAction::AdoptLegacy(name.to_owned()),
+            // A finalizer without a name: nothing was recorded with it.
+            None => ClaimAction::ReleaseLegacy,
+        };
+    }
+    if deleting {
+        return ClaimAction::Nothing;
+    }
+    if v.infeasible {
+        return infeasible(c);
+    }
+    match request::should_provision(c, v.class, v.driver) {
+        Ok(true) => {}
+        Ok(false) => return ClaimAction::Nothing,
+        Err(e) => return ClaimAction::Retry(e.message),
+    }
+    if v.pv_cached {
+        return ClaimAction::Nothing;
+    }
+    match request::data_source(c) {
+        Ok(DataSource::ExternalPopulator { .. }) => return ClaimAction::Populator,
+        Ok(_) => {}
+        Err(e) => return ClaimAction::Fail(e),
+    }
+    match v.name {
+        Ok(name) => ClaimAction::Provision {
+            volume: name.clone(),
+        },
+        Err(e) => ClaimAction::Fail(e.clone()),
+    }
+}
+
+fn infeasible(c: &PersistentVolumeClaim) -> ClaimAction {
+    ClaimAction::Retry(format!(
+        "skipping volume provisioning for pvc {}, because provisioning previously failed with infeasible error",
+        c.uid().unwrap_or_default()
+    ))
+}
+
+fn is_bound(c: &PersistentVolumeClaim) -> bool {
+    c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+}
+
+/// What the record's worker sees of one recorded volume.
+#[derive(Debug)]
+pub struct RecordView<'a> {
+    /// The volume.
+    pub volume: &'a Volume,
+    /// The cached claim of the recorded namespace and name (maybe a newer one of that name).
+    pub claim: Option<&'a PersistentVolumeClaim>,
+    /// Whether the claim's class is cached.
+    pub class_cached: bool,
+    /// Whether a PV of the volume's name is cached.
+    pub pv_cached: bool,
+}
+
+/// What the record's worker does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordAction {
+    /// The claim's worker owns it (queue the claim).
+    Claim,
+    /// The volume is a PV (the PV's own lifecycle deletes it): drop it from the record.
+    Forget,
+    /// Nobody will use it: CreateVolume with the recorded request (idempotent by name: it
+    /// returns the volume's ID), then DeleteVolume, then drop it from the record.
+    Delete,
+}
+
+/// The recorded volume's next step.
+pub fn record(v: &RecordView<'_>) -> RecordAction {
+    if v.pv_cached || matches!(v.volume.phase, Phase::Saved(_)) {
+        return RecordAction::Forget;
+    }
+    let owner = v.claim.filter(|c| {
+        c.metadata.uid.as_deref() == Some(v.volume.entry.uid.as_str())
+            && c.metadata.deletion_timestamp.is_none()
+    });
+    let Some(c) = owner else {
+        return RecordAction::Delete;
+    };
+    let bound_elsewhere = c
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|b| !b.is_empty() && b != v.volume.entry.volume);
+    if bound_elsewhere || !v.class_cached {
+        return RecordAction::Delete;
+    }
+    RecordAction::Claim
+}
+
+/// What the volume's worker sees.
+#[derive(Debug)]
+pub struct VolumeView<'a> {
+    /// The PV as cached.
+    pub pv: &'a PersistentVolume,
+    /// The driver name.
+    pub driver: &'a str,
+    /// What this process deleted of it recently.
+    pub deleted: Option<Deleted>,
+}
+
+/// What the volume's worker does (upstream's §12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeAction {
+    /// Nothing.
+    Nothing,
+    /// Add the provisioner's finalizer (a Bound PV with the Delete policy).
+    AddFinalizer,
+    /// Remove the provisioner's finalizer (Retain/Recycle, or the volume is deleted already).
+    RemoveFinalizer,
+    /// DeleteVolume, then delete the PV, then remove the finalizer.
+    Delete,
+}
+
+/// The PV's next step.
+pub fn volume(v: &VolumeView<'_>) -> VolumeAction {
+    let pv = v.pv;
+    let ours = match pv.annotations().get(ANN_PROVISIONED_BY) {
+        Some(p) => p == v.driver,
+        None => pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .is_some_and(|c| c.driver == v.driver),
+    };
+    if !ours {
+        return VolumeAction::Nothing;
+    }
+    let policy = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+        .unwrap_or("Delete");
+    let phase = pv
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("");
+    let deleting = pv.metadata.deletion_timestamp.is_some();
+    let has_finalizer = pv.finalizers().iter().any(|f| f == PV_FINALIZER);
+    if policy == "Delete" && !deleting && phase == "Bound" && !has_finalizer {
+        return VolumeAction::AddFinalizer;
+    }
+    if (policy == "Retain" || policy == "Recycle") && has_finalizer {
+        return VolumeAction::RemoveFinalizer;
+    }
+    if (!has_finalizer && deleting) || phase != "Released" || policy != "Delete" {
+        return VolumeAction::Nothing;
+    }
+    if deleting {
+        // Our own DELETE coming back through the cache.
+        match v.deleted {
+            Some(Deleted::Finalized) => return VolumeAction::Nothing,
+            Some(Deleted::Volume) => return VolumeAction::RemoveFinalizer,
+            None => {}
+        }
+    }
+    VolumeAction::Delete
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::State;
+    use crate::record::{Entry, Template};
+    use crate::request::tests::{claim_with, class};
+    use crate::topology::tests::DRIVER;
+    use k8s_openapi::api::core::v1::{
+        CSIPersistentVolumeSource, PersistentVolumeClaimStatus, PersistentVolumeSpec,
+        PersistentVolumeStatus, TypedLocalObjectReference,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use std::sync::Arc;
+    use tokio::time::Instant;
+
+    const UID: &str = "5f1e3b7c-9a2d-4e8f-b6c1-0d2e3f4a5b6c";
+    const NAME: &str = "pvc-5f1e3b7c-9a2d-4e8f-b6c1-0d2e3f4a5b6c";
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+    }
+
+    fn recorded(volume: &str, phase: Phase) -> Volume {
+        Volume {
+            entry: Entry {
+                volume: volume.into(),
+                namespace: "apps".into(),
+                claim: "data".into(),
+                uid: UID.into(),
+                template: Arc::new(Template {
+                    request: Vec::new(),
+                    secret: None,
+                }),
+            },
+            phase,
+        }
+    }
+
+    fn fresh() -> Phase {
+        Phase::Recorded { ambiguous: false }
+    }
+
+    /// The claim with `edit` applied.
+    fn pvc(edit: impl FnOnce(&mut PersistentVolumeClaim)) -> PersistentVolumeClaim {
+        let mut c = claim_with(UID);
+        edit(&mut c);
+        c
+    }
+
+    fn deleting(c: &mut PersistentVolumeClaim) {
+        c.metadata.deletion_timestamp = Some(now());
+    }
+
+    fn bound_to(c: &mut PersistentVolumeClaim, v: &str) {
+        c.spec.as_mut().unwrap().volume_name = Some(v.into());
+        c.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            ..Default::default()
+        });
+    }
+
+    fn legacy(c: &mut PersistentVolumeClaim, v: &str) {
+        c.annotations_mut().insert(LEGACY_INTENT.into(), v.into());
+        c.finalizers_mut().push(LEGACY_FINALIZER.into());
+    }
+
+    struct Case {
+        what: &'static str,
+        claim: PersistentVolumeClaim,
+        class: Option<StorageClass>,
+        record: Option<Volume>,
+        name: Result<String, ProvisionError>,
+        pv_cached: bool,
+        infeasible: bool,
+        stale: bool,
+        want: ClaimAction,
+    }
+
+    impl Case {
+        fn new(what: &'static str, claim: PersistentVolumeClaim, want: ClaimAction) -> Self {
+            Case {
+                what,
+                claim,
+                class: Some(class()),
+                record: None,
+                name: Ok(NAME.into()),
+                pv_cached: false,
+                infeasible: false,
+                stale: false,
+                want,
+            }
+        }
+        fn record(mut self, v: Volume) -> Self {
+            self.record = Some(v);
+            self
+        }
+        fn no_class(mut self) -> Self {
+            self.class = None;
+            self
+        }
+        fn pv_cached(mut self) -> Self {
+            self.pv_cached = true;
+            self
+        }
+        fn infeasible(mut self) -> Self {
+            self.infeasible = true;
+            self
+        }
+        fn stale(mut self) -> Self {
+            self.stale = true;
+            self
+        }
+        fn name(mut self, n: Result<String, ProvisionError>) -> Self {
+            self.name = n;
+            self
+        }
+    }
+
+    fn provision(v: &str) -> ClaimAction {
+        ClaimAction::Provision { volume: v.into() }
+    }
+
+    #[test]
+    fn claims() {
+        let bad_prefix = ProvisionError::final_("volume name prefix cannot be of length 0");
+        let cases = vec![
+            Case::new("a new claim is provisioned", pvc(|_| {}), provision(NAME)),
+            Case::new(
+                "the cache predates our reschedule",
+                pvc(|_| {}),
+                ClaimAction::WaitForCache,
+            )
+            .stale(),
+            Case::new(
+                "another provisioner's claim",
+                pvc(|c| {
+                    c.annotations_mut()
+                        .insert(request::ANN_STORAGE_PROVISIONER.into(), "other".into());
+                }),
+                ClaimAction::Nothing,
+            ),
+            Case::new(
+                "no class: upstream's silent retry",
+                pvc(|_| {}),
+                ClaimAction::Retry("storageClass \"fast\" not found".into()),
+            )
+            .no_class(),
+            Case::new("a PV exists already", pvc(|_| {}), ClaimAction::Nothing).pv_cached(),
+            Case::new(
+                "a deleted claim without a record is left alone",
+                pvc(deleting),
+                ClaimAction::Nothing,
+            ),
+            Case::new(
+                "bound claims need nothing",
+                pvc(|c| bound_to(c, NAME)),
+                ClaimAction::Nothing,
+            ),
+            Case::new(
+                "the slow set",
+                pvc(|_| {}),
+                ClaimAction::Retry(format!(
+                    "skipping volume provisioning for pvc {UID}, because provisioning previously failed with infeasible error"
+                )),
+            )
+            .infeasible(),
+            Case::new(
+                "an external populator",
+                pvc(|c| {
+                    c.spec.as_mut().unwrap().data_source_ref = Some(
+                        k8s_openapi::api::core::v1::TypedObjectReference {
+                            api_group: Some("populators.example.com".into()),
+                            kind: "Thing".into(),
+                            name: "t".into(),
+                            namespace: None,
+                        },
+                    );
+                }),
+                ClaimAction::Populator,
+            ),
+            Case::new(
+                "a name that cannot be made",
+                pvc(|_| {}),
+                ClaimAction::Fail(bad_prefix.clone()),
+            )
+            .name(Err(bad_prefix)),
+            // The record.
+            Case::new(
+                "the recorded name wins over the flags",
+                pvc(|_| {}),
+                provision("old-prefix-1234"),
+            )
+            .record(recorded("old-prefix-1234", fresh())),
+            Case::new(
+                "a recorded claim is ours whatever its annotations say now",
+                pvc(|c| {
+                    c.annotations_mut()
+                        .insert(request::ANN_STORAGE_PROVISIONER.into(), "other".into());
+                }),
+                provision(NAME),
+            )
+            .record(recorded(NAME, Phase::Recorded { ambiguous: true })),
+            Case::new(
+                "a saved volume waits for the cache",
+                pvc(|_| {}),
+                ClaimAction::Nothing,
+            )
+            .record(recorded(NAME, Phase::Saved(Instant::now()))),
+            Case::new(
+                "a cached PV ends the record",
+                pvc(|_| {}),
+                ClaimAction::Forget(NAME.into()),
+            )
+            .record(recorded(NAME, Phase::Saved(Instant::now())))
+            .pv_cached(),
+            Case::new(
+                "bound to its volume ends the record",
+                pvc(|c| bound_to(c, NAME)),
+                ClaimAction::Forget(NAME.into()),
+            )
+            .record(recorded(NAME, fresh())),
+            Case::new(
+                "bound to another volume: ours is deleted",
+                pvc(|c| bound_to(c, "static-pv")),
+                ClaimAction::HandOver(NAME.into()),
+            )
+            .record(recorded(NAME, Phase::Recorded { ambiguous: true })),
+            Case::new(
+                "a deleted claim hands its volume over",
+                pvc(deleting),
+                ClaimAction::HandOver(NAME.into()),
+            )
+            .record(recorded(NAME, Phase::Recorded { ambiguous: true })),
+            Case::new(
+                "a vanished class hands the volume over",
+                pvc(|_| {}),
+                ClaimAction::HandOver(NAME.into()),
+            )
+            .record(recorded(NAME, Phase::Recorded { ambiguous: true }))
+            .no_class(),
+            Case::new(
+                "the slow set holds a recorded claim too",
+                pvc(|_| {}),
+                infeasible(&claim_with(UID)),
+            )
+            .record(recorded(NAME, Phase::Recorded { ambiguous: true }))
+            .infeasible(),
+            // A previous version's intent.
+            Case::new(
+                "an intent is adopted into the record",
+                pvc(|c| legacy(c, "old-1")),
+                ClaimAction::AdoptLegacy("old-1".into()),
+            ),
+            Case::new(
+                "an intent of a deleted claim is adopted too",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    deleting(c);
+                }),
+                ClaimAction::AdoptLegacy("old-1".into()),
+            ),
+            Case::new(
+                "an intent whose class is gone is adopted too",
+                pvc(|c| legacy(c, "old-1")),
+                ClaimAction::AdoptLegacy("old-1".into()),
+            )
+            .no_class(),
+            Case::new(
+                "an intent of another provisioner's claim is still ours",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    c.annotations_mut()
+                        .insert(request::ANN_STORAGE_PROVISIONER.into(), "other".into());
+                }),
+                ClaimAction::AdoptLegacy("old-1".into()),
+            ),
+            Case::new(
+                "an intent whose PV exists waits for Bound",
+                pvc(|c| legacy(c, "old-1")),
+                ClaimAction::Nothing,
+            )
+            .pv_cached(),
+            Case::new(
+                "an intent whose PV exists is released from a deleted claim",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    deleting(c);
+                }),
+                ClaimAction::ReleaseLegacy,
+            )
+            .pv_cached(),
+            Case::new(
+                "an intent is released once Bound",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    bound_to(c, "old-1");
+                }),
+                ClaimAction::ReleaseLegacy,
+            ),
+            Case::new(
+                "a lone intent finalizer is released",
+                pvc(|c| c.finalizers_mut().push(LEGACY_FINALIZER.into())),
+                ClaimAction::ReleaseLegacy,
+            ),
+        ];
+        for case in &cases {
+            let view = ClaimView {
+                claim: &case.claim,
+                class: case.class.as_ref(),
+                driver: DRIVER,
+                record: case.record.as_ref(),
+                name: &case.name,
+                pv_cached: case.pv_cached,
+                infeasible: case.infeasible,
+                stale: case.stale,
+            };
+            assert_eq!(super::claim(&view), case.want, "{}", case.what);
+        }
+    }
+
+    #[test]
+    fn a_populator_claim_of_another_provisioner_is_not_ours() {
+        let c = pvc(|c| {
+            c.spec.as_mut().unwrap().data_source = Some(TypedLocalObjectReference {
+                api_group: None,
+                kind: "PersistentVolumeClaim".into(),
+                name: "src".into(),
+            });
+            c.annotations_mut()
+                .insert(request::ANN_STORAGE_PROVISIONER.into(), "other".into());
+        });
+        let name = Ok(NAME.to_owned());
+        let cl = class();
+        let view = ClaimView {
+            claim: &c,
+            class: Some(&cl),
+            driver: DRIVER,
+            record: None,
+            name: &name,
+            pv_cached: false,
+            infeasible: false,
+            stale: false,
+        };
+        assert_eq!(super::claim(&view), ClaimAction::Nothing);
+        let _ = State::Final;
+    }
+
+    #[test]
+    fn records() {
+        let ambiguous = recorded(NAME, Phase::Recorded { ambiguous: true });
+        let saved = recorded(NAME, Phase::Saved(Instant::now()));
+        let live = pvc(|_| {});
+        let gone_deleting = pvc(deleting);
+        let recreated = pvc(|c| c.metadata.uid = Some("another-uid".into()));
+        let elsewhere = pvc(|c| bound_to(c, "static-pv"));
+        let mine = pvc(|c| bound_to(c, NAME));
+        #[allow(clippy::type_complexity)]
+        let cases: Vec<(
+            &str,
+            &Volume,
+            Option<&PersistentVolumeClaim>,
+            bool,
+            bool,
+            RecordAction,
+        )> = vec![
+            (
+                "its claim owns it",
+                &ambiguous,
+                Some(&live),
+                true,
+                false,
+                RecordAction::Claim,
+            ),
+            (
+                "bound to it: its claim forgets it",
+                &ambiguous,
+                Some(&mine),
+                true,
+                false,
+                RecordAction::Claim,
+            ),
+            (
+                "claim gone",
+                &ambiguous,
+                None,
+                true,
+                false,
+                RecordAction::Delete,
+            ),
+            (
+                "claim being deleted",
+                &ambiguous,
+                Some(&gone_deleting),
+                true,
+                false,
+                RecordAction::Delete,
+            ),
+            (
+                "claim deleted and made again",
+                &ambiguous,
+                Some(&recreated),
+                true,
+                false,
+                RecordAction::Delete,
+            ),
+            (
+                "claim bound to another volume",
+                &ambiguous,
+                Some(&elsewhere),
+                true,
+                false,
+                RecordAction::Delete,
+            ),
+            (
+                "class gone",
+                &ambiguous,
+                Some(&live),
+                false,
+                false,
+                RecordAction::Delete,
+            ),
+            (
+                "a PV holds it",
+                &ambiguous,
+                None,
+                true,
+                true,
+                RecordAction::Forget,
+            ),
+            (
+                "saved as a PV, cache behind",
+                &saved,
+                None,
+                true,
+                false,
+                RecordAction::Forget,
+            ),
+        ];
+        for (what, volume, claim, class_cached, pv_cached, want) in cases {
+            let view = RecordView {
+                volume,
+                claim,
+                class_cached,
+                pv_cached,
+            };
+            assert_eq!(record(&view), want, "{what}");
+        }
+    }
+
+    fn pv(edit: impl FnOnce(&mut PersistentVolume)) -> PersistentVolume {
+        let mut v = PersistentVolume::default();
+        v.metadata.name = Some(NAME.into());
+        v.metadata.annotations = Some([(ANN_PROVISIONED_BY.to_owned(), DRIVER.to_owned())].into());
+        v.spec = Some(PersistentVolumeSpec {
+            persistent_volume_reclaim_policy: Some("Delete".into()),
+            csi: Some(CSIPersistentVolumeSource {
+                driver: DRIVER.into(),
+                volume_handle: "vol-1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        v.status = Some(PersistentVolumeStatus {
+            phase: Some("Bound".into()),
+            ..Default::default()
+        });
+        edit(&mut v);
+        v
+    }
+
+    fn phase(v: &mut PersistentVolume, p: &str) {
+        v.status.as_mut().unwrap().phase = Some(p.into());
+    }
+
+    fn finalizer(v: &mut PersistentVolume) {
+        v.finalizers_mut().push(PV_FINALIZER.into());
+    }
+
+    fn policy(v: &mut PersistentVolume, p: &str) {
+        v.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some(p.into());
+    }
+
+    #[test]
+    fn volumes() {
+        use VolumeAction::*;
+        let cases: Vec<(&str, PersistentVolume, Option<Deleted>, VolumeAction)> = vec![
+            ("bound: finalizer added", pv(|_| {}), None, AddFinalizer),
+            ("bound with finalizer", pv(finalizer), None, Nothing),
+            (
+                "another driver's",
+                pv(|v| {
+                    v.annotations_mut()
+                        .insert(ANN_PROVISIONED_BY.into(), "other".into());
+                }),
+                None,
+                Nothing,
+            ),
+            (
+                "static PV of our driver",
+                pv(|v| {
+                    v.annotations_mut().clear();
+                    phase(v, "Released");
+                    finalizer(v);
+                }),
+                None,
+                Delete,
+            ),
+            (
+                "retained: finalizer removed",
+                pv(|v| {
+                    policy(v, "Retain");
+                    finalizer(v);
+                }),
+                None,
+                RemoveFinalizer,
+            ),
+            (
+                "released: deleted",
+                pv(|v| {
+                    phase(v, "Released");
+                    finalizer(v);
+                }),
+                None,
+                Delete,
+            ),
+            (
+                "released without finalizer: deleted",
+                pv(|v| phase(v, "Released")),
+                None,
+                Delete,
+            ),
+            (
+                "released and retained: kept",
+                pv(|v| {
+                    phase(v, "Released");
+                    policy(v, "Retain");
+                }),
+                None,
+                Nothing,
+            ),
+            (
+                "being deleted without our finalizer",
+                pv(|v| {
+                    phase(v, "Released");
+                    v.metadata.deletion_timestamp = Some(now());
+                }),
+                None,
+                Nothing,
+            ),
+            (
+                "our own delete coming back",
+                pv(|v| {
+                    phase(v, "Released");
+                    finalizer(v);
+                    v.metadata.deletion_timestamp = Some(now());
+                }),
+                Some(Deleted::Volume),
+                RemoveFinalizer,
+            ),
+            (
+                "our own delete, finalizer removed already",
+                pv(|v| {
+                    phase(v, "Released");
+                    finalizer(v);
+                    v.metadata.deletion_timestamp = Some(now());
+                }),
+                Some(Deleted::Finalized),
+                Nothing,
+            ),
+            (
+                "someone else's delete of a released PV",
+                pv(|v| {
+                    phase(v, "Released");
+                    finalizer(v);
+                    v.metadata.deletion_timestamp = Some(now());
+                }),
+                None,
+                Delete,
+            ),
+        ];
+        for (what, pv, deleted, want) in cases {
+            let view = VolumeView {
+                pv: &pv,
+                driver: DRIVER,
+                deleted,
+            };
+            assert_eq!(volume(&view), want, "{what}");
+        }
+    }
+}
