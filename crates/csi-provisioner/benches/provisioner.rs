@@ -127,7 +127,11 @@ struct Run {
     /// Until every PV existed (the provisioner's part; binding is KCM's).
     pvs_done: Duration,
     requests: BTreeMap<String, u64>,
+    /// Rate-limited writes (every verb but GET, LIST and WATCH) when the last claim was Bound.
+    writes_at_bound: u64,
     hwm_kib: u64,
+    /// Whether the provisioner lost its Lease (or exited) during the run.
+    lease_lost: bool,
     delete_makespan: Option<Duration>,
     delete_requests: BTreeMap<String, u64>,
 }
@@ -182,6 +186,8 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
         .arg(format!("--kubeconfig={}", api.kubeconfig_path().display()))
         .arg(format!("--http-endpoint=127.0.0.1:{port}"))
         .arg("--v=1")
+        .arg("--leader-election")
+        .arg("--leader-election-namespace=bench")
         .args(qps)
         .env_remove("KUBECONFIG")
         .stdin(Stdio::null())
@@ -245,6 +251,13 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
     }
     let makespan = start.elapsed();
     let pvs_done = pvs_done.unwrap_or(makespan);
+    let writes_at_bound: u64 = requests(port)
+        .iter()
+        .filter(|(k, _)| {
+            !(k.starts_with("GET ") || k.starts_with("LIST ") || k.starts_with("WATCH "))
+        })
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0))
+        .sum();
     // Events and bookkeeping trail the binding (low priority): let them finish before counting.
     let mut last = requests(port);
     loop {
@@ -301,6 +314,11 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
         }
     }
     let hwm_kib = status_kib(pid, "VmHWM:");
+    let exited = !matches!(child.try_wait(), Ok(None));
+    let log = std::fs::read_to_string(dir.path().join("provisioner.log")).unwrap_or_default();
+    let lease_lost = exited
+        || log.contains("Stopped leading")
+        || log.matches("successfully acquired lease").count() != 1;
     let _ = child.kill();
     let _ = child.wait();
     drop(driver);
@@ -312,7 +330,9 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
         makespan,
         pvs_done,
         requests: counted,
+        writes_at_bound,
         hwm_kib,
+        lease_lost,
         delete_makespan,
         delete_requests,
     }
@@ -321,6 +341,14 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
 fn date() -> String {
     Command::new("date")
         .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn commit() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default()
@@ -341,7 +369,7 @@ async fn main() {
     let raised = format!("--kube-api-qps={}", a.raised_qps);
     let raised_burst = format!("--kube-api-burst={}", a.raised_qps);
     let mut runs = vec![
-        run("`--kube-api-qps 5` (default)", a.claims, &[], false).await,
+        run("`--kube-api-qps 5` (default)", a.claims, &[], true).await,
         run(
             &format!("`--kube-api-qps {}`", a.raised_qps),
             a.claims,
@@ -364,54 +392,72 @@ async fn main() {
 
     let mut t = String::new();
     t.push_str(&format!(
-        "{START}\n## csi-provisioner: claims to Bound volumes (issue 12)\n\n{}, load average {} at the end. \
+        "{START}\n## csi-provisioner: claims to Bound volumes (issues 12, 16)\n\n{}, commit {}, load average {} at the end. \
          Real kube-apiserver and kube-controller-manager v1.36.2 (fresh per run; KCM's own client limit raised to \
          1000 qps so that binding is not what is measured), the test CSI driver in-process (answers at once), the \
-         release `csi-provisioner` with `--worker-threads 100` (default). Claims are created at once by the bench's \
-         own client; a run ends when the API server says every claim is Bound.\n\n```sh\n\
+         release `csi-provisioner` with `--worker-threads 100` (default) and `--leader-election`. Claims \
+         (Immediate binding) are created at once by the bench's own client; a run ends when the API server says \
+         every claim is Bound. The API-write floor is one write per volume to Bound (the PV) and two per deleted \
+         volume (the PV's DELETE and its finalizer's removal).\n\n```sh\n\
          cargo bench -p plugreg-csi-provisioner --bench provisioner -- --out BENCHMARKS.md\n```\n\n",
         date(),
+        commit(),
         load()
     ));
-    t.push_str("| run | claims | all PVs created | all claims Bound (makespan) | volumes/s (Bound) | API requests per volume | peak RSS |\n|---|---|---|---|---|---|---|\n");
-    for r in &runs {
+    t.push_str("| run | claims | all PVs created | all claims Bound (makespan) | write floor | volumes/s (Bound) | rate-limited writes per volume when all Bound | API requests per volume (all, events included) | peak RSS | Lease lost |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (i, r) in runs.iter().enumerate() {
         let total: u64 = r.requests.values().sum();
+        let floor = if i == 0 {
+            format!("{:.0} s", r.claims as f64 / 5.0)
+        } else {
+            "-".into()
+        };
         t.push_str(&format!(
-            "| {} | {} | {:.1} s | {:.1} s | {:.2} | {:.2} | {:.1} MiB |\n",
+            "| {} | {} | {:.1} s | {:.1} s | {} | {:.2} | {:.3} | {:.2} | {:.1} MiB | {} |\n",
             r.label,
             r.claims,
             r.pvs_done.as_secs_f64(),
             r.makespan.as_secs_f64(),
+            floor,
             r.claims as f64 / r.makespan.as_secs_f64(),
+            r.writes_at_bound as f64 / r.claims as f64,
             total as f64 / r.claims as f64,
-            r.hwm_kib as f64 / 1024.0
+            r.hwm_kib as f64 / 1024.0,
+            if r.lease_lost { "**yes**" } else { "no" }
         ));
     }
-    t.push_str("\nRequests by verb and resource (first run):\n\n| request | in all | per volume |\n|---|---|---|\n");
+    t.push_str("\nRequests by verb and resource (first run, until the counters settle after the last Bound):\n\n| request | in all | per volume |\n|---|---|---|\n");
     for (k, v) in &runs[0].requests {
         t.push_str(&format!(
             "| {k} | {v} | {:.3} |\n",
             *v as f64 / runs[0].claims as f64
         ));
     }
-    if let Some(d) = runs[1].delete_makespan {
+    for r in &runs[..2] {
+        let Some(d) = r.delete_makespan else { continue };
+        let floor = if r.label.contains("qps 5`") {
+            format!(" (write floor {:.0} s)", r.claims as f64 * 2.0 / 5.0)
+        } else {
+            String::new()
+        };
         t.push_str(&format!(
-            "\nDeletion: {} claims deleted at once, every PV gone after {:.1} s ({:.2} volumes/s).\n",
-            runs[1].claims,
+            "\nDeletion, {}: {} claims deleted at once, every PV gone after {:.1} s{floor} ({:.2} volumes/s).\n",
+            r.label,
+            r.claims,
             d.as_secs_f64(),
-            runs[1].claims as f64 / d.as_secs_f64()
+            r.claims as f64 / d.as_secs_f64()
         ));
         t.push_str("\n| deletion request | in all | per volume |\n|---|---|---|\n");
-        for (k, v) in &runs[1].delete_requests {
+        for (k, v) in &r.delete_requests {
             t.push_str(&format!(
                 "| {k} | {v} | {:.3} |\n",
-                *v as f64 / runs[1].claims as f64
+                *v as f64 / r.claims as f64
             ));
         }
     }
     t.push_str(&format!(
         "\nUpstream's published figure at `--kube-api-qps 5`: {UPSTREAM_VOLUMES_PER_S} volumes/s (external-provisioner \
-         PR #447); no Go provisioner runs on this machine to measure it here.\n{END}"
+         PR #447); no Go provisioner runs on this machine (neither its source nor a binary is reachable), so there is no side-by-side run.\n{END}"
     ));
     println!("{t}");
     if let Some(out) = a.out {

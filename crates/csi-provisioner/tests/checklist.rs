@@ -23,6 +23,7 @@ use serde_json::json;
 use tonic::Code;
 
 const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+/// The claim annotation and finalizer of plugreg versions before the Lease record.
 const INTENT: &str = "volume.plugreg.io/provisioning";
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 
@@ -225,6 +226,7 @@ async fn strict_topology_outside_the_allowed_topologies_fails() {
         .unwrap();
     assert_eq!(c.annotations().get(SELECTED_NODE), Some(&a));
     assert!(!c.annotations().contains_key(INTENT));
+    assert!(env.record().await.is_empty());
     assert_eq!(env.calls.count(Method::CreateVolume), 0);
 }
 
@@ -253,6 +255,7 @@ async fn a_selected_node_without_csinode_is_rescheduled() {
         .await;
     assert!(!c.annotations().contains_key(INTENT));
     assert!(!c.finalizers().iter().any(|f| f == INTENT));
+    assert!(env.record().await.is_empty());
     let msg = env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
     assert_eq!(
         msg,
@@ -370,7 +373,7 @@ fn exhausted(fail_first: Option<u64>) -> impl FnOnce(&mut DriverConfig) {
 #[tokio::test]
 async fn resource_exhausted_on_a_selected_node_reschedules() {
     let env = Env::new(KubeVersion::V1_36_2, exhausted(None)).await;
-    let (a, _) = two_zones(&env).await;
+    let (a, b) = two_zones(&env).await;
     let class = env
         .class("", json!({"volumeBindingMode": "WaitForFirstConsumer"}))
         .await;
@@ -396,9 +399,22 @@ async fn resource_exhausted_on_a_selected_node_reschedules() {
             "failed to provision volume with StorageClass \"{class}\": rpc error: code = ResourceExhausted desc = out of space"
         )
     );
-    // Ten retry intervals: a stale cached claim (old node, intent) would have been tried again.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(env.calls.count(Method::CreateVolume), 1);
+    // A definite answer: nothing runs in the driver, the volume leaves the record.
+    env.wait_record_empty().await;
+    // The scheduler picks the other node: the next CreateVolume is for that node. A stale
+    // cached claim (old node) would have been tried again on the first one before it.
+    env.patch_claim(
+        "data",
+        json!({"metadata": {"annotations": {SELECTED_NODE: b}}}),
+    )
+    .await;
+    env.calls.wait_for(Method::CreateVolume, 2).await;
+    let requests = env.calls.create_requests();
+    let preferred = |r: &CreateVolumeRequest| {
+        terms(&r.accessibility_requirements.as_ref().unwrap().preferred)[0].clone()
+    };
+    assert_eq!(preferred(&requests[0]), zone(&env, "z1"));
+    assert_eq!(preferred(&requests[1]), zone(&env, "z2"), "{requests:?}");
 }
 
 /// RESOURCE_EXHAUSTED without a selected node (immediate binding, topology on): final, i.e. an
@@ -463,9 +479,10 @@ async fn a_create_volume_timeout_is_background_and_retried() {
     assert!(names.iter().all(|n| *n == names[0]), "{names:?}");
 }
 
-/// A background error (ABORTED) keeps the intent, so a claim deleted meanwhile stays until
-/// the volume is finished into a PV; that PV is then released and deleted with its volume
-/// (upstream's claimsInProgress, made to survive restarts by the intent).
+/// A background error (ABORTED) keeps the volume in the record, so a claim deleted meanwhile
+/// (it goes at once: nothing is written on it) has its volume finished with the recorded
+/// request and deleted with DeleteVolume; no PV is made for it. (Upstream's claimsInProgress
+/// does this in memory only; the record makes it survive restarts.)
 #[tokio::test]
 async fn a_claim_deleted_during_background_errors_leaks_nothing() {
     let env = Env::new(KubeVersion::V1_36_2, |c| {
@@ -481,41 +498,30 @@ async fn a_claim_deleted_during_background_errors_leaks_nothing() {
     .await;
     let class = env.class("", json!({"reclaimPolicy": "Delete"})).await;
     let _p = env.provisioner(&["--retry-interval-start=200ms"]);
-    env.claim("data", &class, "1Mi", json!({})).await;
+    let claim = env.claim("data", &class, "1Mi", json!({})).await;
+    let name = Env::volume_name_of(&claim.uid().unwrap());
     env.calls.wait_for(Method::CreateVolume, 1).await;
-    env.wait_claim("data", "intent recorded", |c| {
-        c.annotations().contains_key(INTENT)
-    })
-    .await;
+    assert!(env.record().await.contains(&name));
+    assert!(!claim.finalizers().iter().any(|f| f == INTENT));
     env.api::<PersistentVolumeClaim>()
         .delete("data", &DeleteParams::default())
         .await
         .unwrap();
-    let deleting = env
-        .wait_claim("data", "claim being deleted", |c| {
-            c.metadata.deletion_timestamp.is_some()
-        })
-        .await;
-    assert!(
-        deleting.finalizers().iter().any(|f| f == INTENT),
-        "{:?}",
-        deleting.finalizers()
-    );
-    assert!(
-        env.calls.count(Method::CreateVolume) < 6,
-        "deleted before the volume was made"
-    );
     let api = env.api::<PersistentVolumeClaim>();
     poll("claim gone", || async {
         matches!(api.get_opt("data").await, Ok(None)).then_some(())
     })
     .await;
+    poll("DeleteVolume", || async {
+        (!env.calls.delete_requests().is_empty()).then_some(())
+    })
+    .await;
+    env.wait_record_empty().await;
     let creates = env.calls.create_requests();
     assert_eq!(creates.len(), 6);
-    let name = creates[0].name.clone();
     assert!(creates.iter().all(|r| r.name == name));
-    env.wait_pv_gone(&name).await;
     assert_eq!(env.calls.delete_requests().len(), 1);
+    assert!(env.volumes().get_opt(&name).await.unwrap().is_none());
 }
 
 /// A claim whose StorageClass does not exist yet (the annotation set by hand: KCM only sets it
@@ -549,11 +555,11 @@ async fn a_missing_class_is_retried_until_it_exists() {
     assert!(p.running());
 }
 
-/// A final error clears the intent at once, also when the watch has not yet delivered the
-/// intent's own write (twenty claims at once make that likely). INVALID_ARGUMENT is final and
-/// delays the retry by five minutes, so an intent left behind would stay.
+/// A final error drops the volume from the record at once (the record is written for the
+/// claims started together, and cleared together). INVALID_ARGUMENT is final and delays the
+/// retry by five minutes, so a volume left behind would stay.
 #[tokio::test]
-async fn a_final_error_clears_the_intent_of_every_claim() {
+async fn a_final_error_clears_the_record_of_every_claim() {
     let env = Env::new(KubeVersion::V1_36_2, |c| {
         c.faults.insert(
             Method::CreateVolume,
@@ -571,17 +577,13 @@ async fn a_final_error_clears_the_intent_of_every_claim() {
         env.claim(&format!("c{i}"), &class, "1Mi", json!({})).await;
     }
     env.calls.wait_for(Method::CreateVolume, N as u64).await;
+    env.wait_record_empty().await;
     let api = env.api::<PersistentVolumeClaim>();
-    poll("every intent cleared", || async {
-        let claims = api.list(&Default::default()).await.ok()?.items;
-        claims
-            .iter()
-            .all(|c| {
-                !c.annotations().contains_key(INTENT) && !c.finalizers().iter().any(|f| f == INTENT)
-            })
-            .then_some(())
-    })
-    .await;
+    let claims = api.list(&Default::default()).await.unwrap().items;
+    assert!(
+        claims.iter().all(|c| !c.annotations().contains_key(INTENT)
+            && !c.finalizers().iter().any(|f| f == INTENT))
+    );
     assert_eq!(env.calls.count(Method::CreateVolume), N as u64);
 }
 
@@ -723,9 +725,9 @@ async fn retain(version: KubeVersion) {
         v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released")
     })
     .await;
-    // The provisioner has seen the Released PV once it logs about it; then it must stay.
-    p.wait_log_line(&name).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The provisioner has decided about the Released PV once it logs so; it must stay.
+    p.wait_log_lines(&[&name, "phase=\"Released\"", "Nothing"], 1)
+        .await;
     let v = env.volumes().get(&name).await.unwrap();
     assert_eq!(
         v.status.as_ref().unwrap().phase.as_deref(),

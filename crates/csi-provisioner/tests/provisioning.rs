@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Env, WAIT, poll};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
@@ -16,6 +17,7 @@ use serde_json::json;
 use tonic::Code;
 
 const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+/// The claim annotation and finalizer of plugreg versions before the Lease record.
 const INTENT: &str = "volume.plugreg.io/provisioning";
 
 async fn lifecycle(version: KubeVersion) {
@@ -27,13 +29,11 @@ async fn lifecycle(version: KubeVersion) {
     let claim = env.claim("data", &class, "1Gi", json!({})).await;
     let uid = claim.uid().unwrap();
 
-    env.wait_bound("data").await;
-    // The intent goes once KCM has bound the claim.
-    let bound = env
-        .wait_claim("data", "intent cleared", |c| {
-            !c.annotations().contains_key(INTENT) && !c.finalizers().iter().any(|f| f == INTENT)
-        })
-        .await;
+    let bound = env.wait_bound("data").await;
+    // The record held the volume until its PV was saved; nothing is written on the claim.
+    env.wait_record_empty().await;
+    assert!(!bound.annotations().contains_key(INTENT));
+    assert!(!bound.finalizers().iter().any(|f| f == INTENT));
     let ann = bound.annotations();
     assert_eq!(
         ann.get("pv.kubernetes.io/bind-completed")
@@ -218,7 +218,7 @@ async fn an_invalid_argument_is_infeasible_and_delayed() {
     })
     .await;
     let class = env.class("", json!({})).await;
-    let _p = env.provisioner(&["--retry-interval-start=100ms"]);
+    let p = env.provisioner(&["--retry-interval-start=100ms"]);
     env.claim("bad", &class, "1Mi", json!({})).await;
     let msg = env.wait_event(&env.ns, "bad", "ProvisioningFailed").await;
     assert_eq!(
@@ -227,13 +227,22 @@ async fn an_invalid_argument_is_infeasible_and_delayed() {
             "Volume provisioning failed with infeasible error. Retries will be delayed. failed to provision volume with StorageClass \"{class}\": rpc error: code = InvalidArgument desc = no such type"
         )
     );
-    // A final answer: the intent is cleared, nothing runs in the driver.
-    env.wait_claim("bad", "intent cleared", |c| {
-        !c.annotations().contains_key(INTENT) && !c.finalizers().iter().any(|f| f == INTENT)
-    })
+    // A final answer: the volume leaves the record, nothing runs in the driver.
+    env.wait_record_empty().await;
+    // The slow set keeps it from being retried at the 100 ms back-off: two retries that
+    // skipped it, and still one CreateVolume.
+    let uid = env
+        .api::<PersistentVolumeClaim>()
+        .get("bad")
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    p.wait_log_lines(
+        &[&format!("skipping volume provisioning for pvc {uid}, because provisioning previously failed with infeasible error")],
+        2,
+    )
     .await;
-    // The slow set keeps it from being retried at the 100 ms back-off.
-    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(env.calls.count(Method::CreateVolume), 1);
 }
 
@@ -338,44 +347,32 @@ async fn the_provisioner_secret_is_resolved_from_its_templates_and_passed() {
     assert_eq!(del.secrets.get("token").map(String::as_str), Some("s3cr3t"));
 }
 
-/// P3: SIGKILL while CreateVolume runs; the claim carries the intent; a new provisioner
+/// P3: SIGKILL while CreateVolume runs; the record holds the volume; a new provisioner
 /// finishes the volume into a PV and the claim is Bound, with one volume in the driver.
-#[tokio::test]
-async fn a_restart_in_the_middle_of_create_volume_finishes_the_volume() {
-    let env = Env::new(KubeVersion::V1_36_2, |c| {
-        c.faults.insert(
-            Method::CreateVolume,
-            Fault {
-                delay: Some(Duration::from_secs(3600)),
-                delay_first: Some(1),
-                ..Fault::default()
-            },
-        );
-    })
-    .await;
+async fn restart_in_create_volume(version: KubeVersion) {
+    let env = Env::new(version, hang_first_create).await;
     let class = env.class("", json!({})).await;
     let mut first = env.provisioner(&[]);
-    env.claim("data", &class, "1Mi", json!({})).await;
+    let claim = env.claim("data", &class, "1Mi", json!({})).await;
+    let volume = Env::volume_name_of(&claim.uid().unwrap());
     env.calls.wait_for(Method::CreateVolume, 1).await;
-    let c = env
-        .wait_claim("data", "intent recorded", |c| {
-            c.annotations().contains_key(INTENT)
-        })
-        .await;
-    assert!(
-        c.finalizers().iter().any(|f| f == INTENT),
-        "{:?}",
-        c.finalizers()
-    );
+    // Recorded before the driver heard of it.
+    assert!(env.record().await.contains(&volume));
     first.kill();
     let _second = env.provisioner(&[]);
-    env.wait_bound("data").await;
-    let c = env
-        .wait_claim("data", "intent cleared", |c| {
-            !c.annotations().contains_key(INTENT)
-        })
-        .await;
-    assert!(!c.finalizers().iter().any(|f| f == INTENT));
+    let bound = env.wait_bound("data").await;
+    assert_eq!(
+        bound.spec.unwrap().volume_name.as_deref(),
+        Some(volume.as_str())
+    );
+    env.wait_record_empty().await;
+    assert!(
+        !bound
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(INTENT)
+    );
     // Same name both times: the driver made one volume.
     let names: Vec<String> = env
         .calls
@@ -383,52 +380,76 @@ async fn a_restart_in_the_middle_of_create_volume_finishes_the_volume() {
         .into_iter()
         .map(|r| r.name)
         .collect();
-    assert_eq!(names.len(), 2);
-    assert_eq!(names[0], names[1]);
+    assert_eq!(names, [volume.clone(), volume]);
 }
 
-/// P3, the harder case: the claim is deleted while the provisioner is down. The intent's
-/// finalizer keeps the claim; the new provisioner finishes the volume into a PV, the claim
-/// goes, and the PV and the volume are deleted: nothing leaks.
 #[tokio::test]
-async fn a_claim_deleted_while_the_provisioner_is_down_leaks_nothing() {
-    let env = Env::new(KubeVersion::V1_36_2, |c| {
-        c.faults.insert(
-            Method::CreateVolume,
-            Fault {
-                delay: Some(Duration::from_secs(3600)),
-                delay_first: Some(1),
-                ..Fault::default()
-            },
-        );
-    })
-    .await;
+async fn a_restart_in_the_middle_of_create_volume_finishes_the_volume_v1_20_2() {
+    restart_in_create_volume(KubeVersion::V1_20_2).await;
+}
+
+#[tokio::test]
+async fn a_restart_in_the_middle_of_create_volume_finishes_the_volume_v1_36_2() {
+    restart_in_create_volume(KubeVersion::V1_36_2).await;
+}
+
+/// The first CreateVolume never answers (until the provisioner is killed).
+fn hang_first_create(c: &mut plugreg_csi_test_driver::DriverConfig) {
+    c.faults.insert(
+        Method::CreateVolume,
+        Fault {
+            delay: Some(Duration::from_secs(3600)),
+            delay_first: Some(1),
+            ..Fault::default()
+        },
+    );
+}
+
+/// P3, the harder case: the claim is deleted while the provisioner is down. The record names
+/// the volume; the new provisioner repeats the recorded CreateVolume to learn the volume's ID
+/// and deletes it: nothing leaks, and no PV is made for a claim that is gone.
+async fn claim_deleted_while_down(version: KubeVersion) {
+    let env = Env::new(version, hang_first_create).await;
     let class = env.class("", json!({"reclaimPolicy": "Delete"})).await;
     let mut first = env.provisioner(&[]);
-    env.claim("data", &class, "1Mi", json!({})).await;
+    let claim = env.claim("data", &class, "1Mi", json!({})).await;
+    let volume = Env::volume_name_of(&claim.uid().unwrap());
     env.calls.wait_for(Method::CreateVolume, 1).await;
-    env.wait_claim("data", "intent recorded", |c| {
-        c.annotations().contains_key(INTENT)
-    })
-    .await;
+    assert!(env.record().await.contains(&volume));
     first.kill();
     env.api::<PersistentVolumeClaim>()
         .delete("data", &DeleteParams::default())
         .await
         .unwrap();
-    let _second = env.provisioner(&[]);
     let api = env.api::<PersistentVolumeClaim>();
     poll("claim gone", || async {
         matches!(api.get_opt("data").await, Ok(None)).then_some(())
     })
     .await;
+    let _second = env.provisioner(&[]);
     // The volume CreateVolume made was deleted again.
     poll("DeleteVolume", || async {
         (!env.calls.delete_requests().is_empty()).then_some(())
     })
     .await;
-    let name = env.calls.create_requests()[0].name.clone();
-    env.wait_pv_gone(&name).await;
+    env.wait_record_empty().await;
+    let creates = env.calls.create_requests();
+    assert_eq!(creates.len(), 2);
+    assert!(creates.iter().all(|r| r.name == volume));
+    assert_eq!(env.calls.delete_requests().len(), 1);
+    assert!(env.volumes().get_opt(&volume).await.unwrap().is_none());
+    env.wait_event(&env.ns, "data", "ProvisioningCancelled")
+        .await;
+}
+
+#[tokio::test]
+async fn a_claim_deleted_while_the_provisioner_is_down_leaks_nothing_v1_20_2() {
+    claim_deleted_while_down(KubeVersion::V1_20_2).await;
+}
+
+#[tokio::test]
+async fn a_claim_deleted_while_the_provisioner_is_down_leaks_nothing_v1_36_2() {
+    claim_deleted_while_down(KubeVersion::V1_36_2).await;
 }
 
 #[tokio::test]
@@ -469,4 +490,272 @@ async fn a_standby_takes_over_when_the_leader_is_killed() {
     env.claim("two", &class, "1Mi", json!({})).await;
     env.wait_bound("two").await;
     assert!(b.running(), "{}", b.log());
+}
+
+// --- Issue 16: no leaks, no lost lease, retries with back-off ---
+
+/// A CreateVolume that timed out may have created the volume: a later definite error (here
+/// INTERNAL) does not drop it from the record, so when the claim is deleted the volume is
+/// still deleted (before, the intent was cleared on the final error and the volume leaked).
+async fn timeout_then_final_error(version: KubeVersion) {
+    let env = Env::new(version, |c| {
+        c.faults.insert(
+            Method::CreateVolume,
+            Fault {
+                delay: Some(Duration::from_secs(3)),
+                delay_first: Some(1),
+                error: Some(Failure::new(Code::Internal, "disk on fire")),
+                fail_first: Some(3),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let class = env.class("", json!({"reclaimPolicy": "Delete"})).await;
+    let _p = env.provisioner(&["--timeout=1s", "--retry-interval-start=2s"]);
+    let claim = env.claim("data", &class, "1Mi", json!({})).await;
+    let volume = Env::volume_name_of(&claim.uid().unwrap());
+    // The timeout, then the INTERNAL answer to the retry.
+    env.calls.wait_for(Method::CreateVolume, 2).await;
+    env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
+    poll("the INTERNAL answer", || async {
+        env.event_messages(&env.ns, "data", "ProvisioningFailed")
+            .await
+            .iter()
+            .any(|m| m.contains("disk on fire"))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        env.record().await.contains(&volume),
+        "dropped after a final error"
+    );
+    env.api::<PersistentVolumeClaim>()
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    poll("DeleteVolume", || async {
+        (!env.calls.delete_requests().is_empty()).then_some(())
+    })
+    .await;
+    env.wait_record_empty().await;
+    assert!(env.calls.create_requests().iter().all(|r| r.name == volume));
+    assert!(env.volumes().get_opt(&volume).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_final_error_after_a_timeout_keeps_the_volume_until_it_is_deleted_v1_20_2() {
+    timeout_then_final_error(KubeVersion::V1_20_2).await;
+}
+
+#[tokio::test]
+async fn a_final_error_after_a_timeout_keeps_the_volume_until_it_is_deleted_v1_36_2() {
+    timeout_then_final_error(KubeVersion::V1_36_2).await;
+}
+
+/// A restart with another `--volume-name-prefix` between a CreateVolume that may have run and
+/// its retry: the recorded name wins, so the driver makes one volume, not two.
+async fn recorded_name_wins(version: KubeVersion) {
+    let env = Env::new(version, hang_first_create).await;
+    let class = env.class("", json!({})).await;
+    let mut first = env.provisioner(&[]);
+    let claim = env.claim("data", &class, "1Mi", json!({})).await;
+    let volume = Env::volume_name_of(&claim.uid().unwrap());
+    env.calls.wait_for(Method::CreateVolume, 1).await;
+    first.kill();
+    let _second = env.provisioner(&["--volume-name-prefix=renamed"]);
+    let bound = env.wait_bound("data").await;
+    assert_eq!(
+        bound.spec.unwrap().volume_name.as_deref(),
+        Some(volume.as_str())
+    );
+    let names: Vec<String> = env
+        .calls
+        .create_requests()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, [volume.clone(), volume]);
+    env.wait_record_empty().await;
+}
+
+#[tokio::test]
+async fn the_recorded_name_wins_over_a_changed_prefix_v1_20_2() {
+    recorded_name_wins(KubeVersion::V1_20_2).await;
+}
+
+#[tokio::test]
+async fn the_recorded_name_wins_over_a_changed_prefix_v1_36_2() {
+    recorded_name_wins(KubeVersion::V1_36_2).await;
+}
+
+/// An upgrade from a plugreg that wrote its intent on the claim (annotation and finalizer
+/// `volume.plugreg.io/provisioning`): a live claim is finished under the intent's name and
+/// released; a deleted claim whose StorageClass is gone and whose provisioner annotation
+/// names another driver is released too (it used to hang forever, and with it its namespace),
+/// its volume finished with the recorded name and deleted, and an event says so.
+async fn old_intents(version: KubeVersion) {
+    let env = Env::new(version, |_| {}).await;
+    let class = env.class("", json!({"reclaimPolicy": "Delete"})).await;
+    let doomed_class = env.class("-doomed", json!({})).await;
+    let intent = |name: &str| {
+        json!({"metadata": {
+            "annotations": {INTENT: name},
+            "finalizers": [INTENT],
+        }})
+    };
+    let live_name = format!("legacy-{}-live", env.ns);
+    let gone_name = format!("legacy-{}-gone", env.ns);
+    env.claim("live", &class, "1Mi", intent(&live_name)).await;
+    env.claim("gone", &doomed_class, "1Mi", intent(&gone_name))
+        .await;
+    env.patch_claim(
+        "gone",
+        json!({"metadata": {"annotations": {"volume.kubernetes.io/storage-provisioner": "someone-else"}}}),
+    )
+    .await;
+    let classes: kube::Api<k8s_openapi::api::storage::v1::StorageClass> =
+        kube::Api::all(env.client.clone());
+    classes
+        .delete(&doomed_class, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.api::<PersistentVolumeClaim>()
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    let _p = env.provisioner(&[]);
+
+    let live = env.wait_bound("live").await;
+    assert_eq!(
+        live.spec.as_ref().unwrap().volume_name.as_deref(),
+        Some(live_name.as_str())
+    );
+    env.wait_claim("live", "old intent released", |c| {
+        !c.annotations().contains_key(INTENT) && !c.finalizers().iter().any(|f| f == INTENT)
+    })
+    .await;
+
+    let api = env.api::<PersistentVolumeClaim>();
+    poll("deleted claim released", || async {
+        matches!(api.get_opt("gone").await, Ok(None)).then_some(())
+    })
+    .await;
+    poll("DeleteVolume of the old intent's volume", || async {
+        (!env.calls.delete_requests().is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        env.calls
+            .create_requests()
+            .iter()
+            .any(|r| r.name == gone_name)
+    );
+    let msg = env
+        .wait_event(&env.ns, "gone", "ProvisioningCancelled")
+        .await;
+    assert!(msg.contains(&gone_name), "{msg}");
+    env.wait_record_empty().await;
+    assert!(env.volumes().get_opt(&gone_name).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn an_upgrade_finishes_and_releases_claims_with_an_old_intent_v1_20_2() {
+    old_intents(KubeVersion::V1_20_2).await;
+}
+
+#[tokio::test]
+async fn an_upgrade_finishes_and_releases_claims_with_an_old_intent_v1_36_2() {
+    old_intents(KubeVersion::V1_36_2).await;
+}
+
+/// A volume that cannot be recorded (the record's namespace does not exist yet) is never
+/// created: its claim goes back through the work queue's rate-limited back-off (the log counts
+/// the failures), and is provisioned once the record can be written.
+#[tokio::test]
+async fn a_volume_that_cannot_be_recorded_is_not_created_and_retried_with_back_off() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let class = env.class("", json!({})).await;
+    let later = format!("{}-later", env.ns);
+    let p = env.provisioner(&[
+        &format!("--leader-election-namespace={later}"),
+        "--retry-interval-start=100ms",
+        "--retry-interval-max=1s",
+    ]);
+    env.claim("data", &class, "1Mi", json!({})).await;
+    p.wait_log_lines(&["Retrying syncing claim", "failures=3"], 1)
+        .await;
+    assert_eq!(env.calls.count(Method::CreateVolume), 0);
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(env.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": later}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    env.wait_bound("data").await;
+    assert_eq!(env.calls.count(Method::CreateVolume), 1);
+    poll("record empty", || async {
+        env.record_in(&later).await.is_empty().then_some(())
+    })
+    .await;
+}
+
+/// Upstream's defaults (QPS 5, burst 10) with leader election and 500 claims at once: the
+/// Lease is renewed on its own client, so it is never lost while the work queues behind the
+/// rate limit, and every claim is Bound (before, the Lease was lost after about 25 s).
+#[tokio::test]
+async fn the_lease_is_kept_while_500_claims_wait_for_the_rate_limit() {
+    const N: usize = 500;
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let class = env.class("", json!({})).await;
+    let ns_flag = format!("--leader-election-namespace={}", env.ns);
+    let mut p = env.provisioner(&["--leader-election", &ns_flag]);
+    p.wait_log_line("successfully acquired lease").await;
+    let claims = futures::stream::iter(0..N)
+        .map(|i| {
+            let env = &env;
+            let class = &class;
+            async move { env.claim(&format!("c{i}"), class, "1Mi", json!({})).await }
+        })
+        .buffer_unordered(16)
+        .count()
+        .await;
+    assert_eq!(claims, N);
+    let api = env.api::<PersistentVolumeClaim>();
+    // The write floor is N / 5 s; KCM binds behind it. Polled every 2 s, for at most 10 min.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    loop {
+        let bound = api
+            .list(&Default::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+                    .count()
+            })
+            .unwrap_or(0);
+        if bound == N {
+            break;
+        }
+        assert!(p.running(), "the provisioner exited:\n{}", tail(&p.log()));
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{bound} of {N} claims Bound after 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert!(p.running(), "{}", tail(&p.log()));
+    let log = p.log();
+    assert!(!log.contains("Stopped leading"), "{}", tail(&log));
+    assert!(!log.contains("failed to renew"), "{}", tail(&log));
+    assert_eq!(log.matches("successfully acquired lease").count(), 1);
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }

@@ -1221,7 +1221,10 @@ impl Controller {
             driver: &self.cfg.driver,
             deleted: self.inflight.deleted(&uid, Instant::now()),
         };
-        let result = match decide::volume(&view) {
+        let action = decide::volume(&view);
+        let phase = volume.status.as_ref().and_then(|s| s.phase.as_deref());
+        debug!(pv = %name, phase = phase.unwrap_or_default(), ?action, "volume synced");
+        let result = match action {
             VolumeAction::Nothing => return Ok(()),
             VolumeAction::AddFinalizer => self.patch_pv_finalizer(name, true).await,
             VolumeAction::RemoveFinalizer => self.patch_pv_finalizer(name, false).await,

@@ -781,9 +781,9 @@ mod tests {
         assert_eq!(p.templates.len(), 1);
         let encoded = encode(p.entries.values()).len();
         assert!(
-            p.bytes >= encoded && p.bytes <= encoded + 200,
+            p.size() >= encoded && p.size() <= encoded + 200,
             "{}",
-            p.bytes
+            p.size()
         );
         assert!(p.remove(&all[49].volume));
         assert_eq!(p.bytes, 0);

@@ -482,3 +482,74 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (code, body)
 }
+
+// The in-flight record (plugreg_provisioner::record): Leases in the provisioner's namespace,
+// which is `default` for these tests unless `--leader-election-namespace` says otherwise.
+
+impl Env {
+    /// The volumes the record of this test's provisioner holds in `namespace` now.
+    pub async fn record_in(&self, namespace: &str) -> Vec<String> {
+        use k8s_openapi::api::coordination::v1::Lease;
+        use plugreg_provisioner::record;
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), namespace);
+        let base = plugreg_provisioner::flags::lease_name(&self.name);
+        let list = leases
+            .list(&ListParams::default().labels(&format!("{}={base}", record::LABEL)))
+            .await
+            .unwrap();
+        let mut volumes: Vec<String> = list
+            .items
+            .iter()
+            .filter_map(|l| l.metadata.annotations.as_ref()?.get(record::ANNOTATION))
+            .flat_map(|page| record::decode(page).unwrap())
+            .map(|e| e.volume)
+            .collect();
+        volumes.sort();
+        volumes
+    }
+
+    /// The volumes the record holds in `default`.
+    pub async fn record(&self) -> Vec<String> {
+        self.record_in("default").await
+    }
+
+    /// Waits until the record holds `volume`.
+    pub async fn wait_recorded(&self, volume: &str) {
+        poll(&format!("volume {volume} recorded"), || async {
+            self.record()
+                .await
+                .iter()
+                .any(|v| v == volume)
+                .then_some(())
+        })
+        .await
+    }
+
+    /// Waits until the record holds nothing.
+    pub async fn wait_record_empty(&self) {
+        poll("the in-flight record empty", || async {
+            self.record().await.is_empty().then_some(())
+        })
+        .await
+    }
+
+    /// The name the default flags give the volume of a claim with this UID.
+    pub fn volume_name_of(uid: &str) -> String {
+        format!("pvc-{uid}")
+    }
+}
+
+impl Provisioner {
+    /// Waits until the log has `n` lines containing every one of `needles`.
+    pub async fn wait_log_lines(&self, needles: &[&str], n: usize) {
+        poll(&format!("{n} log lines with {needles:?}"), || async {
+            let count = self
+                .log()
+                .lines()
+                .filter(|l| needles.iter().all(|x| l.contains(x)))
+                .count();
+            (count >= n).then_some(())
+        })
+        .await
+    }
+}
