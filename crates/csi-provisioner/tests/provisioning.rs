@@ -709,7 +709,8 @@ async fn a_volume_that_cannot_be_recorded_is_not_created_and_retried_with_back_o
 #[tokio::test]
 async fn the_lease_is_kept_while_500_claims_wait_for_the_rate_limit() {
     const N: usize = 500;
-    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    // Its own cluster: 500 claims would hold up the binding of the other tests' claims.
+    let env = Env::isolated(KubeVersion::V1_36_2, |_| {}).await;
     let class = env.class("", json!({})).await;
     let ns_flag = format!("--leader-election-namespace={}", env.ns);
     let mut p = env.provisioner(&["--leader-election", &ns_flag]);

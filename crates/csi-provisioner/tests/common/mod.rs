@@ -76,7 +76,28 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 impl Env {
     /// A namespace and a driver of its own; `config` adjusts the driver.
     pub async fn new(version: KubeVersion, config: impl FnOnce(&mut DriverConfig)) -> Env {
-        let cluster = cluster(version).await;
+        Env::on(cluster(version).await, config).await
+    }
+
+    /// As [`Env::new`], on an API server and KCM of its own (KCM's client limit raised): for a
+    /// test whose load would slow the other tests' binding down.
+    pub async fn isolated(version: KubeVersion, config: impl FnOnce(&mut DriverConfig)) -> Env {
+        let api = Arc::new(
+            ApiServer::start_version(version)
+                .await
+                .expect("kube-apiserver"),
+        );
+        let kcm = ControllerManager::start_with_args(
+            &api,
+            plugreg_testpeers::volume_controllers(version),
+            &["--kube-api-qps=1000", "--kube-api-burst=1000"],
+        )
+        .await
+        .expect("kube-controller-manager");
+        Env::on(Arc::new(Cluster { api, kcm }), config).await
+    }
+
+    async fn on(cluster: Arc<Cluster>, config: impl FnOnce(&mut DriverConfig)) -> Env {
         let client = cluster.api.client().await.unwrap();
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let name = format!("p{}-{n}.csi.plugreg.test", std::process::id());
