@@ -36,7 +36,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::classify::{ProvisionError, State};
 use crate::csi::{Capabilities, Driver};
@@ -55,6 +55,9 @@ use crate::{pv, secrets};
 
 /// Upstream's effective resync of claims and volumes.
 const RESYNC: Duration = Duration::from_secs(15 * 60);
+/// The wait between failed reads of the in-flight record at start (doubling, with jitter).
+const LOAD_BACKOFF: plugreg_runtime::backoff::Backoff =
+    plugreg_runtime::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 /// How often CreateVolume's cleanup DeleteVolume is tried within one `--timeout`.
 const CLEANUP_ATTEMPTS: usize = 5;
 /// kubectl's copy of the applied object: large, and read by no decision.
@@ -89,9 +92,6 @@ pub enum ControllerError {
     /// The caches could not be filled (the run was cancelled first, or a writer went away).
     #[error("Failed to sync Informers!")]
     Sync,
-    /// The in-flight record could not be read at start.
-    #[error(transparent)]
-    Record(#[from] RecordError),
 }
 
 /// The Kubernetes and CSI ends the controller talks to.
@@ -306,9 +306,24 @@ pub async fn run(
     );
 
     // What a previous process (or leader) left in flight; the claims are all queued already.
-    let loaded = tokio::select! {
-        loaded = clients.journal.load() => loaded?,
-        () = shutdown.cancelled() => return Ok(()),
+    let mut failures = 0;
+    let loaded = loop {
+        let attempt = tokio::select! {
+            loaded = clients.journal.load() => loaded,
+            () = shutdown.cancelled() => return Ok(()),
+        };
+        match attempt {
+            Ok(l) => break l,
+            Err(e) => {
+                // Nothing may be created before the record is known: wait for it.
+                failures += 1;
+                error!("{e}; retrying");
+                tokio::select! {
+                    () = LOAD_BACKOFF.sleep(failures) => {}
+                    () = shutdown.cancelled() => return Ok(()),
+                }
+            }
+        }
     };
     if !loaded.is_empty() {
         info!(
@@ -1126,6 +1141,12 @@ impl Controller {
         let Some(v) = self.inflight.volume(volume) else {
             return Ok(());
         };
+        // Held from the decision to its end: no CreateVolume of it runs meanwhile, so a volume
+        // that none may have created yet can simply be dropped.
+        let Some(_busy) = self.inflight.begin(volume) else {
+            debug!(volume = %volume, "in-flight volume is being worked on; retrying");
+            return Err(Requeue);
+        };
         let key = ObjectRef::new(&v.entry.claim).within(&v.entry.namespace);
         let claim = self.caches.claims.get(&key);
         let class_cached = claim.as_ref().is_some_and(|c| {
@@ -1140,7 +1161,7 @@ impl Controller {
             class_cached,
             pv_cached: self.caches.volumes.get(&ObjectRef::new(volume)).is_some(),
         };
-        match decide::record(&view) {
+        match decide::record_held(&view) {
             RecordAction::Claim => {
                 self.claims.add(key);
                 Ok(())
@@ -1162,11 +1183,8 @@ impl Controller {
     /// Deletes a recorded volume nobody will use: CreateVolume with the recorded request
     /// (idempotent by name: it returns the volume's ID, creating the volume if the first call
     /// never reached the driver), then DeleteVolume, then drops it from the record.
+    /// The caller holds the volume ([`InFlight::begin`]).
     async fn abandon(&self, e: &Entry, claim_exists: bool) -> Result<(), ActError> {
-        let _busy = self
-            .inflight
-            .begin(&e.volume)
-            .ok_or_else(|| ActError::Busy(e.volume.clone()))?;
         self.check_capabilities().map_err(ActError::Capabilities)?;
         let mut request = e.request()?;
         if let Some(s) = &e.template.secret {

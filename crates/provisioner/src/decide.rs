@@ -70,7 +70,7 @@ pub enum ClaimAction {
     Retry(String),
     /// A `ProvisioningFailed` event, then retry after the back-off.
     Fail(ProvisionError),
-    /// The volume is a cached PV: drop it from the record.
+    /// Drop the volume from the record: it is a cached PV, or nothing of it can exist.
     Forget(String),
     /// The claim gives up its volume (deleted, or its class is gone): the record's worker
     /// finishes and deletes it.
@@ -124,6 +124,14 @@ pub fn claim(v: &ClaimView<'_>) -> ClaimAction {
             } else {
                 ClaimAction::Nothing
             };
+        }
+        if !r.ambiguous() {
+            // Nothing of it can exist yet: a claim that is not ours (any more) just drops it.
+            let ours =
+                !deleting && matches!(request::should_provision(c, v.class, v.driver), Ok(true));
+            if !ours {
+                return ClaimAction::Forget(r.entry.volume.clone());
+            }
         }
         if deleting || v.class.is_none() {
             return ClaimAction::HandOver(r.entry.volume.clone());
@@ -214,7 +222,7 @@ pub enum RecordAction {
     Delete,
 }
 
-/// The recorded volume's next step.
+/// The recorded volume's next step. The caller holds the volume (no CreateVolume of it runs).
 pub fn record(v: &RecordView<'_>) -> RecordAction {
     if v.pv_cached || matches!(v.volume.phase, Phase::Saved(_)) {
         return RecordAction::Forget;
@@ -235,6 +243,14 @@ pub fn record(v: &RecordView<'_>) -> RecordAction {
         return RecordAction::Delete;
     }
     RecordAction::Claim
+}
+
+/// [`record`], except that a volume no CreateVolume may have created yet is only dropped.
+pub fn record_held(v: &RecordView<'_>) -> RecordAction {
+    match record(v) {
+        RecordAction::Delete if !v.volume.ambiguous() => RecordAction::Forget,
+        a => a,
+    }
 }
 
 /// What the volume's worker sees.
@@ -345,6 +361,12 @@ mod tests {
         }
     }
 
+    fn wait_for_consumer() -> StorageClass {
+        let mut c = class();
+        c.volume_binding_mode = Some("WaitForFirstConsumer".into());
+        c
+    }
+
     fn fresh() -> Phase {
         Phase::Recorded { ambiguous: false }
     }
@@ -405,6 +427,10 @@ mod tests {
         }
         fn no_class(mut self) -> Self {
             self.class = None;
+            self
+        }
+        fn class(mut self, c: StorageClass) -> Self {
+            self.class = Some(c);
             self
         }
         fn pv_cached(mut self) -> Self {
@@ -548,6 +574,28 @@ mod tests {
             .record(recorded(NAME, Phase::Recorded { ambiguous: true }))
             .no_class(),
             Case::new(
+                "nothing created yet: a deleted claim drops it",
+                pvc(deleting),
+                ClaimAction::Forget(NAME.into()),
+            )
+            .record(recorded(NAME, fresh())),
+            Case::new(
+                "nothing created yet: a vanished class drops it",
+                pvc(|_| {}),
+                ClaimAction::Forget(NAME.into()),
+            )
+            .record(recorded(NAME, fresh()))
+            .no_class(),
+            Case::new(
+                "nothing created yet: waiting for a new node drops it",
+                pvc(|c| {
+                    c.annotations_mut().remove(request::ANN_SELECTED_NODE);
+                }),
+                ClaimAction::Forget(NAME.into()),
+            )
+            .record(recorded(NAME, fresh()))
+            .class(wait_for_consumer()),
+            Case::new(
                 "the slow set holds a recorded claim too",
                 pvc(|_| {}),
                 infeasible(&claim_with(UID)),
@@ -654,6 +702,16 @@ mod tests {
         let _ = State::Final;
     }
 
+    /// What, the volume, its claim, class cached, PV cached, the action wanted.
+    type RecordCase<'a> = (
+        &'a str,
+        &'a Volume,
+        Option<&'a PersistentVolumeClaim>,
+        bool,
+        bool,
+        RecordAction,
+    );
+
     #[test]
     fn records() {
         let ambiguous = recorded(NAME, Phase::Recorded { ambiguous: true });
@@ -663,15 +721,7 @@ mod tests {
         let recreated = pvc(|c| c.metadata.uid = Some("another-uid".into()));
         let elsewhere = pvc(|c| bound_to(c, "static-pv"));
         let mine = pvc(|c| bound_to(c, NAME));
-        #[allow(clippy::type_complexity)]
-        let cases: Vec<(
-            &str,
-            &Volume,
-            Option<&PersistentVolumeClaim>,
-            bool,
-            bool,
-            RecordAction,
-        )> = vec![
+        let cases: Vec<RecordCase<'_>> = vec![
             (
                 "its claim owns it",
                 &ambiguous,
@@ -745,6 +795,50 @@ mod tests {
                 RecordAction::Forget,
             ),
         ];
+        let fresh_volume = recorded(NAME, fresh());
+        let held: Vec<RecordCase<'_>> = vec![
+            (
+                "nothing created yet: claim gone",
+                &fresh_volume,
+                None,
+                true,
+                false,
+                RecordAction::Forget,
+            ),
+            (
+                "nothing created yet: class gone",
+                &fresh_volume,
+                Some(&live),
+                false,
+                false,
+                RecordAction::Forget,
+            ),
+            (
+                "nothing created yet: its claim owns it",
+                &fresh_volume,
+                Some(&live),
+                true,
+                false,
+                RecordAction::Claim,
+            ),
+            (
+                "may exist: claim gone",
+                &ambiguous,
+                None,
+                true,
+                false,
+                RecordAction::Delete,
+            ),
+        ];
+        for (what, volume, claim, class_cached, pv_cached, want) in held {
+            let view = RecordView {
+                volume,
+                claim,
+                class_cached,
+                pv_cached,
+            };
+            assert_eq!(record_held(&view), want, "{what}");
+        }
         for (what, volume, claim, class_cached, pv_cached, want) in cases {
             let view = RecordView {
                 volume,

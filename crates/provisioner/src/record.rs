@@ -21,7 +21,7 @@
 //! server refuses more than 256 KiB of annotations per object); at most [`MAX_PAGES`] Leases
 //! are used, and a volume that does not fit waits (its claim is retried with back-off).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -251,6 +251,9 @@ pub fn decode(page: &str) -> Result<Vec<Entry>, RecordError> {
         .collect()
 }
 
+/// A volume waiting for a write: the generation that holds it, its name, and whom to tell.
+type Waiter = (u64, String, oneshot::Sender<Result<(), RecordError>>);
+
 /// One Lease of the record as this process wants it and as it last wrote it.
 #[derive(Default)]
 struct Page {
@@ -266,9 +269,10 @@ struct Page {
     /// Generation last written.
     written: u64,
     /// Volumes added and not yet written: a write is urgent (their CreateVolume waits).
-    waiters: Vec<(u64, String, oneshot::Sender<Result<(), RecordError>>)>,
-    /// Volumes removed since the last write (not to be taken back from a concurrent writer).
-    removed: HashSet<String>,
+    waiters: Vec<Waiter>,
+    /// Volumes removed and not yet written, with the generation of the removal (not to be
+    /// taken back from the Lease after a conflict).
+    removed: HashMap<String, u64>,
     failures: u32,
 }
 
@@ -325,8 +329,8 @@ impl Page {
                     .saturating_sub(json_len(&wire_template(&e.template)));
             }
         }
-        self.removed.insert(volume.to_owned());
         self.wanted += 1;
+        self.removed.insert(volume.to_owned(), self.wanted);
         true
     }
 }
@@ -579,7 +583,7 @@ impl Journal {
                 p.version = written.metadata.resource_version;
                 p.written = generation;
                 p.failures = 0;
-                p.removed.clear();
+                p.removed.retain(|_, g| *g > generation);
                 let (done, waiting) = std::mem::take(&mut p.waiters)
                     .into_iter()
                     .partition(|(g, _, _)| *g <= generation);
@@ -646,7 +650,7 @@ impl Journal {
         p.wanted += 1;
         for e in theirs {
             if p.entries.contains_key(&e.volume)
-                || p.removed.contains(&e.volume)
+                || p.removed.contains_key(&e.volume)
                 || index.contains_key(&e.volume)
             {
                 continue;
