@@ -288,7 +288,13 @@ async fn malformed_class_parameters_and_secrets_get_an_event_not_a_crash() {
     let c = env.wait_event(&env.ns, "c", "ProvisioningFailed").await;
     assert!(c.contains("invalid tokens"), "{c}");
     assert!(p.running(), "the provisioner survived: {}", p.log());
-    assert_eq!(env.calls.count(Method::CreateVolume), 0);
+    assert_eq!(
+        env.calls.count(Method::CreateVolume),
+        0,
+        "{:?}\n{}",
+        env.calls.create_requests(),
+        p.log()
+    );
 }
 
 #[tokio::test]

@@ -794,6 +794,110 @@ mod tests {
         assert!(!p.remove("pvc-none"));
     }
 
+    /// Against a real kube-apiserver: volumes recorded together share one write, a second
+    /// process (a new leader) reads them back, and removals are written too.
+    async fn batches_against(version: plugreg_testpeers::KubeVersion) {
+        let server = plugreg_testpeers::ApiServer::shared(version).await.unwrap();
+        let client = server.client().await.unwrap();
+        // One token a second: while the first write waits for its answer and the second for
+        // its token, the other volumes gather.
+        let limiter = Arc::new(RateLimiter::new(1.0, 1));
+        // One API server per release: the name only has to differ between test processes.
+        let base = format!("batch-{}", std::process::id());
+        let (journal, _found) =
+            Journal::new(client.clone(), Arc::clone(&limiter), "default", &base);
+        let stop = CancellationToken::new();
+        let writer = tokio::spawn(Arc::clone(&journal).run(stop.clone()));
+        const N: usize = 50;
+        let records = (0..N).map(|i| {
+            let j = Arc::clone(&journal);
+            async move {
+                let c = claim("ns", &format!("c{i}"), &format!("u{i}"));
+                j.record(Entry::new(
+                    &c,
+                    &request(&format!("pvc-{i}"), 1024),
+                    secret(),
+                ))
+                .await
+            }
+        });
+        for r in futures::future::join_all(records).await {
+            r.unwrap();
+        }
+        let writes = limiter.requests_by_kind()["PUT leases"];
+        assert!(writes <= 3, "{N} volumes took {writes} writes");
+
+        // A new leader reads them back.
+        let (other, _) = Journal::new(
+            client.clone(),
+            Arc::new(RateLimiter::new(-1.0, 0)),
+            "default",
+            &base,
+        );
+        let mut loaded: Vec<String> = other
+            .load()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.volume)
+            .collect();
+        loaded.sort();
+        let mut want: Vec<String> = (0..N).map(|i| format!("pvc-{i}")).collect();
+        want.sort();
+        assert_eq!(loaded, want);
+        assert_eq!(
+            other.load().await.unwrap()[0]
+                .request()
+                .unwrap()
+                .capacity_range
+                .unwrap()
+                .required_bytes,
+            1024
+        );
+
+        // Removals reach the Lease without anyone waiting for them.
+        for i in 0..N {
+            journal.forget(&format!("pvc-{i}"));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !journal.settled() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "removals not written"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (third, _) = Journal::new(
+            client,
+            Arc::new(RateLimiter::new(-1.0, 0)),
+            "default",
+            &base,
+        );
+        assert!(third.load().await.unwrap().is_empty());
+        stop.cancel();
+        writer.await.unwrap();
+        assert!(matches!(
+            journal
+                .record(Entry::new(
+                    &claim("ns", "late", "u"),
+                    &request("pvc-late", 1),
+                    None
+                ))
+                .await,
+            Err(RecordError::Stopped)
+        ));
+    }
+
+    #[tokio::test]
+    async fn volumes_recorded_together_share_a_write_v1_20_2() {
+        batches_against(plugreg_testpeers::KubeVersion::V1_20_2).await;
+    }
+
+    #[tokio::test]
+    async fn volumes_recorded_together_share_a_write_v1_36_2() {
+        batches_against(plugreg_testpeers::KubeVersion::V1_36_2).await;
+    }
+
     #[test]
     fn foreign_or_damaged_pages_are_refused() {
         assert!(matches!(decode("{}"), Err(RecordError::Decode(_))));
