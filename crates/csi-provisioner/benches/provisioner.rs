@@ -455,6 +455,74 @@ async fn main() {
             ));
         }
     }
+    // Issue 16's goals, judged from the runs above.
+    let q5 = &runs[0];
+    let floor = q5.claims as f64 / 5.0;
+    let mut goals = vec![
+        (
+            format!(
+                "QPS 5, {} claims: rate-limited writes per volume before the last claim is Bound <= 1.05",
+                q5.claims
+            ),
+            format!("{:.3}", q5.writes_at_bound as f64 / q5.claims as f64),
+            q5.writes_at_bound as f64 / q5.claims as f64 <= 1.05,
+        ),
+        (
+            format!(
+                "QPS 5, {} claims: every claim Bound within 1.1x the write floor ({:.0} s)",
+                q5.claims,
+                1.1 * floor
+            ),
+            format!("{:.1} s", q5.makespan.as_secs_f64()),
+            q5.makespan.as_secs_f64() <= 1.1 * floor,
+        ),
+    ];
+    if let Some(d) = q5.delete_makespan {
+        let floor = 2.0 * q5.claims as f64 / 5.0;
+        goals.push((
+            format!(
+                "QPS 5, {} deletions: every PV gone within 1.1x the write floor of two writes per volume ({:.0} s)",
+                q5.claims,
+                1.1 * floor
+            ),
+            format!("{:.1} s", d.as_secs_f64()),
+            d.as_secs_f64() <= 1.1 * floor,
+        ));
+    }
+    if let Some(big) = runs.get(2) {
+        goals.push((
+            format!(
+                "raised limits, {} claims: every PV created in under 20 s",
+                big.claims
+            ),
+            format!("{:.1} s", big.pvs_done.as_secs_f64()),
+            big.pvs_done.as_secs_f64() < 20.0,
+        ));
+        goals.push((
+            format!(
+                "raised limits, {} claims: peak RSS under 48 MiB",
+                big.claims
+            ),
+            format!("{:.1} MiB", big.hwm_kib as f64 / 1024.0),
+            (big.hwm_kib as f64 / 1024.0) < 48.0,
+        ));
+    }
+    goals.push((
+        "no Lease lost in any run".to_owned(),
+        format!(
+            "{} of {} runs lost it",
+            runs.iter().filter(|r| r.lease_lost).count(),
+            runs.len()
+        ),
+        runs.iter().all(|r| !r.lease_lost),
+    ));
+    t.push_str("\nIssue 16's goals:\n\n| goal | measured | |\n|---|---|---|\n");
+    for (goal, measured, met) in goals {
+        t.push_str(&format!(
+            "| {goal} | {measured} | {} |\n",
+            if met { "met" } else { "**missed**" }
+        ));
+    }
     t.push_str(&format!(
         "\nUpstream's published figure at `--kube-api-qps 5`: {UPSTREAM_VOLUMES_PER_S} volumes/s (external-provisioner \
          PR #447); no Go provisioner runs on this machine (neither its source nor a binary is reachable), so there is no side-by-side run.\n{END}"

@@ -357,8 +357,12 @@ pub async fn run(
     let mut workers = tokio::task::JoinSet::new();
     workers.spawn(Arc::clone(&ctl.clients.journal).run(shutdown.clone()));
     let c = Arc::clone(&ctl);
+    let stop = shutdown.clone();
     workers.spawn(async move {
-        while let Some(e) = found.recv().await {
+        while let Some(e) = tokio::select! {
+            e = found.recv() => e,
+            () = stop.cancelled() => None,
+        } {
             warn!(volume = %e.volume, claim = %e.claim_key(), "another process recorded this volume; taking it over");
             c.records.add(e.volume.clone());
             c.inflight.add(e, true);
