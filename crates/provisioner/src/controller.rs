@@ -38,6 +38,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::cached::CachedPv;
 use crate::classify::{ProvisionError, State};
 use crate::csi::{Capabilities, Driver};
 use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
@@ -161,7 +162,7 @@ struct Requeue;
 
 struct Caches {
     claims: Store<PersistentVolumeClaim>,
-    volumes: Store<PersistentVolume>,
+    volumes: Store<CachedPv>,
     classes: Store<StorageClass>,
     nodes: Option<Store<Node>>,
     csinodes: Option<Store<CSINode>>,
@@ -257,7 +258,7 @@ pub async fn run(
         },
     );
     let q = Arc::clone(&volumes_q);
-    let volumes = watch::<PersistentVolume>(
+    let volumes = watch::<CachedPv>(
         &client,
         &shutdown,
         &mut ready,
@@ -511,9 +512,9 @@ fn trim_claim(c: &mut PersistentVolumeClaim) {
     }
 }
 
-/// A PV as the decisions read it: who provisioned it, its deletion secret, finalizers,
-/// reclaim policy, CSI driver and handle, class, and phase.
-fn trim_volume(v: &mut PersistentVolume) {
+/// A PV as the decisions read it ([`CachedPv`] deserialises only those fields): who
+/// provisioned it and its deletion secret are the only annotations kept.
+fn trim_volume(v: &mut CachedPv) {
     let m = &mut v.metadata;
     m.labels = None;
     m.owner_references = None;
@@ -523,27 +524,6 @@ fn trim_volume(v: &mut PersistentVolume) {
                 || k == ANN_DELETION_SECRET_NAME
                 || k == ANN_DELETION_SECRET_NAMESPACE
         });
-    }
-    if let Some(s) = &mut v.spec {
-        *s = k8s_openapi::api::core::v1::PersistentVolumeSpec {
-            persistent_volume_reclaim_policy: s.persistent_volume_reclaim_policy.take(),
-            storage_class_name: s.storage_class_name.take(),
-            csi: s
-                .csi
-                .take()
-                .map(|c| k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
-                    driver: c.driver,
-                    volume_handle: c.volume_handle,
-                    ..Default::default()
-                }),
-            ..Default::default()
-        };
-    }
-    if let Some(s) = &mut v.status {
-        *s = k8s_openapi::api::core::v1::PersistentVolumeStatus {
-            phase: s.phase.take(),
-            ..Default::default()
-        };
     }
 }
 
@@ -570,7 +550,7 @@ fn trim_attachment(a: &mut VolumeAttachment) {
     a.status = None;
 }
 
-fn volume_ref(v: &PersistentVolume) -> ObjectReference {
+fn volume_ref(v: &CachedPv) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("PersistentVolume".into()),
@@ -1308,7 +1288,7 @@ impl Controller {
     }
 
     /// §12 step 4-6: DeleteVolume, then the PV, then its finalizer.
-    async fn delete(&self, v: &PersistentVolume) -> Result<(), ActError> {
+    async fn delete(&self, v: &CachedPv) -> Result<(), ActError> {
         let name = v.name_any();
         let uid = v.uid().unwrap_or_default();
         let Some(csi) = v.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
@@ -1403,34 +1383,15 @@ mod tests {
         assert_eq!(s.phase.as_deref(), Some("Pending"));
         assert_eq!(s.conditions, None);
 
-        let mut v: PersistentVolume = serde_json::from_value(json!({
-            "metadata": {"name": "pv", "annotations": {
+        let mut v: CachedPv = serde_json::from_value(json!({
+            "metadata": {"name": "pv", "labels": {"a": "b"}, "annotations": {
                 pv::ANN_PROVISIONED_BY: "d", ANN_DELETION_SECRET_NAME: "s",
                 ANN_DELETION_SECRET_NAMESPACE: "n", "pv.kubernetes.io/bound-by-controller": "yes"}},
-            "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
-                "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                "claimRef": {"name": "data"},
-                "csi": {"driver": "d", "volumeHandle": "h", "volumeAttributes": {"a": "b"}}},
-            "status": {"phase": "Bound", "message": "m"},
         }))
         .unwrap();
         trim_volume(&mut v);
         assert_eq!(v.annotations().len(), 3);
-        let spec = v.spec.as_ref().unwrap();
-        assert_eq!(
-            spec.persistent_volume_reclaim_policy.as_deref(),
-            Some("Delete")
-        );
-        assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
-        let csi = spec.csi.as_ref().unwrap();
-        assert_eq!(
-            (csi.driver.as_str(), csi.volume_handle.as_str()),
-            ("d", "h")
-        );
-        assert_eq!(csi.volume_attributes, None);
-        assert_eq!(spec.capacity, None);
-        assert_eq!(spec.claim_ref, None);
-        assert_eq!(v.status.unwrap().message, None);
+        assert_eq!(v.metadata.labels, None);
 
         let mut n: CSINode = serde_json::from_value(json!({
             "metadata": {"name": "n1"},

@@ -9,10 +9,11 @@
 //! it hands such a volume over to the record's worker ([`ClaimAction::HandOver`]), so that a
 //! volume is only ever deleted from one place.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
+use crate::cached::CachedPv;
 use crate::classify::ProvisionError;
 use crate::inflight::{Deleted, Phase, Volume};
 use crate::pv::{ANN_PROVISIONED_BY, FINALIZER as PV_FINALIZER};
@@ -257,7 +258,7 @@ pub fn record_held(v: &RecordView<'_>) -> RecordAction {
 #[derive(Debug)]
 pub struct VolumeView<'a> {
     /// The PV as cached.
-    pub pv: &'a PersistentVolume,
+    pub pv: &'a CachedPv,
     /// The driver name.
     pub driver: &'a str,
     /// What this process deleted of it recently.
@@ -330,10 +331,7 @@ mod tests {
     use crate::record::{Entry, Template};
     use crate::request::tests::{claim_with, class};
     use crate::topology::tests::DRIVER;
-    use k8s_openapi::api::core::v1::{
-        CSIPersistentVolumeSource, PersistentVolumeClaimStatus, PersistentVolumeSpec,
-        PersistentVolumeStatus, TypedLocalObjectReference,
-    };
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, TypedLocalObjectReference};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use std::sync::Arc;
     use tokio::time::Instant;
@@ -850,43 +848,34 @@ mod tests {
         }
     }
 
-    fn pv(edit: impl FnOnce(&mut PersistentVolume)) -> PersistentVolume {
-        let mut v = PersistentVolume::default();
-        v.metadata.name = Some(NAME.into());
-        v.metadata.annotations = Some([(ANN_PROVISIONED_BY.to_owned(), DRIVER.to_owned())].into());
-        v.spec = Some(PersistentVolumeSpec {
-            persistent_volume_reclaim_policy: Some("Delete".into()),
-            csi: Some(CSIPersistentVolumeSource {
-                driver: DRIVER.into(),
-                volume_handle: "vol-1".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        v.status = Some(PersistentVolumeStatus {
-            phase: Some("Bound".into()),
-            ..Default::default()
-        });
+    fn pv(edit: impl FnOnce(&mut CachedPv)) -> CachedPv {
+        let mut v: CachedPv = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": NAME, "annotations": {ANN_PROVISIONED_BY: DRIVER}},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete",
+                "csi": {"driver": DRIVER, "volumeHandle": "vol-1"}},
+            "status": {"phase": "Bound"},
+        }))
+        .unwrap();
         edit(&mut v);
         v
     }
 
-    fn phase(v: &mut PersistentVolume, p: &str) {
+    fn phase(v: &mut CachedPv, p: &str) {
         v.status.as_mut().unwrap().phase = Some(p.into());
     }
 
-    fn finalizer(v: &mut PersistentVolume) {
+    fn finalizer(v: &mut CachedPv) {
         v.finalizers_mut().push(PV_FINALIZER.into());
     }
 
-    fn policy(v: &mut PersistentVolume, p: &str) {
+    fn policy(v: &mut CachedPv, p: &str) {
         v.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some(p.into());
     }
 
     #[test]
     fn volumes() {
         use VolumeAction::*;
-        let cases: Vec<(&str, PersistentVolume, Option<Deleted>, VolumeAction)> = vec![
+        let cases: Vec<(&str, CachedPv, Option<Deleted>, VolumeAction)> = vec![
             ("bound: finalizer added", pv(|_| {}), None, AddFinalizer),
             ("bound with finalizer", pv(finalizer), None, Nothing),
             (

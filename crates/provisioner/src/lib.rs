@@ -14,12 +14,14 @@
 //! - [`metrics`]: upstream's metric names in the Prometheus text format;
 //! - [`leader`]: leader election on a Lease;
 //! - [`http`]: `/metrics` and `/healthz/leader-election`;
+//! - [`cached`]: what the watch cache keeps of a PersistentVolume;
 //! - [`record`]: the durable record of in-flight volumes (a few Leases), written in batches;
 //! - [`inflight`]: the controller's one memory of recorded volumes and recent writes;
 //! - [`decide`]: what to do next with a claim, a recorded volume or a PV, pure;
 //! - [`controller`]: the watch caches, queues and workers that tie them together;
 //! - [`service`]: what the binary runs after its start-up checks.
 
+pub mod cached;
 pub mod classify;
 pub mod controller;
 pub mod csi;
