@@ -75,11 +75,21 @@ impl EventType {
     }
 }
 
+/// An event waiting in the queue: what [`make_event`] needs, a third of an `Event`'s size (the
+/// queue holds thousands when the writes wait behind a rate limit).
+#[derive(Debug)]
+struct Queued {
+    object: ObjectReference,
+    type_: EventType,
+    reason: String,
+    message: String,
+    at: SystemTime,
+}
+
 /// Records events; clones share the queue and the background task.
 #[derive(Debug, Clone)]
 pub struct Recorder {
-    tx: mpsc::Sender<Event>,
-    source: Arc<EventSource>,
+    tx: mpsc::Sender<Queued>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -95,13 +105,13 @@ impl Recorder {
         shutdown: CancellationToken,
     ) -> Recorder {
         let (tx, rx) = mpsc::channel(QUEUE_BOUND);
-        tokio::spawn(write_events(client, rx, shutdown));
+        let source = Arc::new(EventSource {
+            component: Some(component.to_owned()).filter(|c| !c.is_empty()),
+            host: Some(host.to_owned()).filter(|h| !h.is_empty()),
+        });
+        tokio::spawn(write_events(client, source, rx, shutdown));
         Recorder {
             tx,
-            source: Arc::new(EventSource {
-                component: Some(component.to_owned()).filter(|c| !c.is_empty()),
-                host: Some(host.to_owned()).filter(|h| !h.is_empty()),
-            }),
             dropped: Arc::default(),
         }
     }
@@ -109,22 +119,21 @@ impl Recorder {
     /// Records an event about `object`; returns at once (the event is queued, or dropped with
     /// a warning when [`QUEUE_BOUND`] events wait already or the recorder has shut down).
     pub fn event(&self, object: &ObjectReference, type_: EventType, reason: &str, message: &str) {
-        let event = make_event(
-            &self.source,
-            object,
+        let queued = Queued {
+            object: object.clone(),
             type_,
-            reason,
-            message,
-            SystemTime::now(),
-        );
-        match self.tx.try_send(event) {
+            reason: reason.to_owned(),
+            message: cut(message, MAX_MESSAGE_BYTES).to_owned(),
+            at: SystemTime::now(),
+        };
+        match self.tx.try_send(queued) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(e)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
-                    object = e.involved_object.name.as_deref().unwrap_or(""),
+                    object = e.object.name.as_deref().unwrap_or(""),
                     reason,
-                    message = e.message.as_deref().unwrap_or(""),
+                    message = e.message.as_str(),
                     "unable to record event: too many queued events, dropped event"
                 );
             }
@@ -391,18 +400,20 @@ fn observation(e: &Event) -> Observation {
 /// The background task: writes the queued events one after the other until `shutdown`.
 async fn write_events(
     client: kube::Client,
-    mut rx: mpsc::Receiver<Event>,
+    source: Arc<EventSource>,
+    mut rx: mpsc::Receiver<Queued>,
     shutdown: CancellationToken,
 ) {
     let mut correlator = Correlator::default();
     loop {
-        let event = tokio::select! {
+        let q = tokio::select! {
             _ = shutdown.cancelled() => return,
             e = rx.recv() => match e {
                 Some(e) => e,
                 None => return,
             },
         };
+        let event = make_event(&source, &q.object, q.type_, &q.reason, &q.message, q.at);
         let Some(c) = correlator.correlate(event, Instant::now()) else {
             continue;
         };
