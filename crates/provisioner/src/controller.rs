@@ -496,13 +496,30 @@ where
 }
 
 /// A claim as the decisions read it: no labels, no owner references, no kubectl copy, only the
-/// phase of its status.
+/// phase of its status. A Bound claim (without a previous version's intent) needs nothing
+/// more than its identity, volume and class: a later change comes as a new object anyway.
 fn trim_claim(c: &mut PersistentVolumeClaim) {
+    let bound = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        && !decide::has_legacy_intent(c);
     let m = &mut c.metadata;
     m.labels = None;
     m.owner_references = None;
     if let Some(a) = &mut m.annotations {
-        a.remove(LAST_APPLIED);
+        if bound {
+            a.retain(|k, _| k == request::ANN_BETA_STORAGE_CLASS);
+        } else {
+            a.remove(LAST_APPLIED);
+        }
+        if a.is_empty() {
+            m.annotations = None;
+        }
+    }
+    if bound && let Some(spec) = &mut c.spec {
+        *spec = k8s_openapi::api::core::v1::PersistentVolumeClaimSpec {
+            volume_name: spec.volume_name.take(),
+            storage_class_name: spec.storage_class_name.take(),
+            ..Default::default()
+        };
     }
     if let Some(s) = &mut c.status {
         *s = k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
@@ -1382,6 +1399,39 @@ mod tests {
         let s = c.status.unwrap();
         assert_eq!(s.phase.as_deref(), Some("Pending"));
         assert_eq!(s.conditions, None);
+
+        // Bound: identity, volume and class only.
+        let mut b: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "ns", "uid": "u", "resourceVersion": "9",
+                "annotations": {"pv.kubernetes.io/bind-completed": "yes", request::ANN_BETA_STORAGE_CLASS: "old"}},
+            "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"], "volumeName": "pv-1",
+                "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}},
+        }))
+        .unwrap();
+        trim_claim(&mut b);
+        assert_eq!(
+            b.annotations().keys().collect::<Vec<_>>(),
+            [request::ANN_BETA_STORAGE_CLASS]
+        );
+        let spec = b.spec.as_ref().unwrap();
+        assert_eq!(spec.volume_name.as_deref(), Some("pv-1"));
+        assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
+        assert_eq!(
+            (spec.access_modes.as_ref(), spec.resources.as_ref()),
+            (None, None)
+        );
+        assert_eq!(b.uid().as_deref(), Some("u"));
+        // With a previous version's intent it stays whole until released.
+        let mut l: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "annotations": {decide::LEGACY_INTENT: "pv-1"}},
+            "spec": {"volumeName": "pv-1", "accessModes": ["ReadWriteOnce"]},
+            "status": {"phase": "Bound"},
+        }))
+        .unwrap();
+        trim_claim(&mut l);
+        assert!(decide::has_legacy_intent(&l));
+        assert!(l.spec.unwrap().access_modes.is_some());
 
         let mut v: CachedPv = serde_json::from_value(json!({
             "metadata": {"name": "pv", "labels": {"a": "b"}, "annotations": {
