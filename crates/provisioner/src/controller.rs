@@ -1,6 +1,6 @@
 //! The controller: watch caches (kube-runtime reflectors) for claims, volumes, classes, CSINodes,
 //! Nodes and VolumeAttachments; three work queues (claims, PVs, recorded volumes) with
-//! `--worker-threads` workers each (`upstream-external-provisioner.md` §5, §6, §9-§12).
+//! `--worker-threads` workers each, as upstream's provisioner controller.
 //!
 //! Each worker gathers a view of the caches and of the in-flight memory ([`InFlight`]), asks
 //! [`crate::decide`] what to do, and does it: the decisions are pure and tested without I/O,
@@ -1037,7 +1037,7 @@ impl Controller {
         }
     }
 
-    /// Removes the selected-node annotation so that the scheduler picks another node (§11.2
+    /// Removes the selected-node annotation so that the scheduler picks another node (upstream's
     /// reschedule). The cache's versions up to this write are remembered as stale: one of them
     /// still carries the old node.
     async fn reschedule(&self, claim: &PersistentVolumeClaim) -> Result<(), Failure> {

@@ -265,7 +265,7 @@ pub struct VolumeView<'a> {
     pub deleted: Option<Deleted>,
 }
 
-/// What the volume's worker does (upstream's §12).
+/// What the volume's worker does (upstream's deletion and finalizer rules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VolumeAction {
     /// Nothing.
