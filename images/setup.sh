@@ -7,17 +7,21 @@
 #   kubectl v1.20.2 from Debian's kubernetes-client, extracted (not installed, so it cannot
 #                   clash with another kubectl package) to
 #                   ${PLUGREG_DEPLOY_TOOLS:-$HOME/.cache/plugreg-deploy}/kubectl-v1.20.2
+#   busybox-static  Debian's, extracted the same way (the package conflicts with `busybox`) to
+#                   ${PLUGREG_DEPLOY_TOOLS:-$HOME/.cache/plugreg-deploy}/busybox-static/busybox:
+#                   the one-node cluster's pause and workload images (images/node-images.sh)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
 tools=${PLUGREG_DEPLOY_TOOLS:-$HOME/.cache/plugreg-deploy}
 kubectl=$tools/kubectl-v1.20.2
+busybox=$tools/busybox-static/busybox
 need=()
 for cmd in umoci podman runc; do
     command -v "$cmd" >/dev/null || need+=("$cmd")
 done
 
-if [ ${#need[@]} -gt 0 ] || [ ! -x "$kubectl" ]; then
+if [ ${#need[@]} -gt 0 ] || [ ! -x "$kubectl" ] || [ ! -x "$busybox" ]; then
     apt-get -o DPkg::Lock::Timeout=300 update -q
 fi
 if [ ${#need[@]} -gt 0 ]; then
@@ -39,4 +43,17 @@ if [ ! -x "$kubectl" ]; then
     install -m 0755 "$work/root/usr/bin/kubectl" "$kubectl.tmp"
     mv "$kubectl.tmp" "$kubectl"
 fi
-echo "images/setup.sh: umoci, podman, runc and $kubectl ready"
+if [ ! -x "$busybox" ]; then
+    mkdir -p "$tools/busybox-static"
+    bwork=$(mktemp -d)
+    chmod 0755 "$bwork" # apt-get download runs as _apt
+    trap 'rm -rf "${work:-}" "$bwork"' EXIT
+    (cd "$bwork" && apt-get download -q busybox-static)
+    dpkg-deb -x "$bwork"/busybox-static_*.deb "$bwork/root"
+    "$bwork/root/bin/busybox" true || { echo "images/setup.sh: busybox-static does not run" >&2; exit 1; }
+    # Its licence travels into the images with it.
+    install -m 0644 "$bwork/root/usr/share/doc/busybox-static/copyright" "$tools/busybox-static/copyright"
+    install -m 0755 "$bwork/root/bin/busybox" "$busybox.tmp"
+    mv "$busybox.tmp" "$busybox"
+fi
+echo "images/setup.sh: umoci, podman, runc, $kubectl and $busybox ready"
