@@ -193,6 +193,15 @@ impl ApiServer {
         &self.ca_cert
     }
 
+    /// The process ids of kube-apiserver and etcd, while they run.
+    pub fn pids(&self) -> Vec<u32> {
+        [&self.apiserver, &self.etcd]
+            .into_iter()
+            .flatten()
+            .map(Child::id)
+            .collect()
+    }
+
     /// The port of [`url`](Self::url) on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.url

@@ -1,0 +1,425 @@
+//! What the cluster tests share: the images (built once per test process), a cluster with
+//! `deploy/test` applied, and waits on the API server with the cluster's logs in every failure.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
+    Pod, PodSpec, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ObjectMeta, PostParams};
+use plugreg_cluster::{Cluster, ClusterOptions, Error, ImageSet};
+use plugreg_testpeers::KubeVersion;
+use tokio::time::Instant;
+
+/// The driver `deploy/test` installs.
+pub const DRIVER: &str = "csi.plugreg.test";
+/// Its namespace.
+pub const DRIVER_NS: &str = "plugreg-csi-test";
+/// The node plugin's DaemonSet.
+pub const NODE_DS: &str = "csi-node";
+/// The topology key the test driver reports (its value is the node's name).
+pub const TOPOLOGY_KEY: &str = "topology.plugreg.test/node";
+/// Where the test driver keeps its volumes, as the node sees it.
+pub const BACKING_STORE: &str = "/var/lib/plugreg-csi-test-driver/csi.plugreg.test";
+/// How long a step of the flow may take.
+pub const WAIT: Duration = Duration::from_secs(120);
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `target/<profile>`, where cargo puts the workspace's binaries.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test executables live in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The images, built once per test process from this profile's binaries.
+pub fn images() -> &'static ImageSet {
+    static IMAGES: OnceLock<ImageSet> = OnceLock::new();
+    IMAGES.get_or_init(|| {
+        let bin = profile_dir();
+        ImageSet::build(&repo(), &bin, &bin.join("cluster-images")).expect("building the images")
+    })
+}
+
+/// A cluster of `version` with `deploy/test` (or `overlay`) applied, and the driver
+/// registered by the kubelet (the CSINode lists it).
+pub async fn cluster_with_driver(version: KubeVersion, overlay: Option<&Path>) -> Cluster {
+    let images = images();
+    let overlay = overlay.map_or_else(|| repo().join("deploy/test"), Path::to_owned);
+    let kustomization = std::fs::read_to_string(repo().join("deploy/test/kustomization.yaml"))
+        .expect("deploy/test/kustomization.yaml");
+    assert!(
+        kustomization.contains(&format!("newTag: {}", images.version)),
+        "deploy/test names another tag than the images carry ({}): update its images",
+        images.version
+    );
+    let t0 = std::time::Instant::now();
+    let cluster = Cluster::start(ClusterOptions::new(version, images.files.clone()))
+        .await
+        .expect("starting the cluster");
+    eprintln!(
+        "TIMING started {:?} {:?}",
+        t0.elapsed(),
+        cluster.start_times()
+    );
+    cluster
+        .deploy(&overlay)
+        .await
+        .expect("applying the overlay");
+    eprintln!("TIMING deployed {:?}", t0.elapsed());
+    wait_registered(&cluster).await;
+    eprintln!("TIMING registered {:?}", t0.elapsed());
+    cluster
+}
+
+/// Waits until the CSINode lists the driver (the kubelet registered it).
+pub async fn wait_registered(cluster: &Cluster) {
+    let csinodes: Api<CSINode> = Api::all(cluster.client());
+    wait(cluster, "the CSINode to list the driver", || {
+        let csinodes = csinodes.clone();
+        async move {
+            let n = csinodes.get_opt(plugreg_cluster::NODE_NAME).await?;
+            Ok(n.and_then(|n| n.spec.drivers.iter().find(|d| d.name == DRIVER).map(|_| ())))
+        }
+    })
+    .await;
+}
+
+/// Polls `probe` until it yields a value; on timeout fails with the cluster's logs.
+pub async fn wait<T, F, Fut>(cluster: &Cluster, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, Error>>,
+{
+    let deadline = Instant::now() + WAIT;
+    let mut last = String::from("(nothing yet)");
+    loop {
+        match probe().await {
+            Ok(Some(v)) => return v,
+            Ok(None) => {}
+            Err(e) => last = e.to_string(),
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "{what}: not within {WAIT:?} (last error: {last})\n{}",
+                diagnostics(cluster).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Everything that helps to understand a failure: the pods, the kubelet's log, the control
+/// plane's, and the driver pods' container logs.
+pub async fn diagnostics(cluster: &Cluster) -> String {
+    let mut out = String::new();
+    let pods: Api<Pod> = Api::all(cluster.client());
+    if let Ok(list) = pods.list(&Default::default()).await {
+        for p in list.items {
+            out.push_str(&format!(
+                "--- pod {}/{}: {:?}\n",
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                p.metadata.name.as_deref().unwrap_or_default(),
+                p.status
+                    .as_ref()
+                    .map(|s| (&s.phase, &s.conditions, &s.container_statuses))
+            ));
+            for c in p.spec.iter().flat_map(|s| &s.containers) {
+                let log = cluster.container_log(&p, &c.name);
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                out.push_str(&format!("    [{}] last lines:\n", c.name));
+                for l in tail.into_iter().rev() {
+                    out.push_str(&format!("      {l}\n"));
+                }
+            }
+        }
+    }
+    let kubelet = cluster.node().kubelet_log_text();
+    let start = kubelet.len().saturating_sub(8000);
+    let start = (start..kubelet.len())
+        .find(|i| kubelet.is_char_boundary(*i))
+        .unwrap_or(0);
+    out.push_str(&format!(
+        "--- kubelet log tail ---\n{}\n",
+        &kubelet[start..]
+    ));
+    out.push_str(&cluster.control_plane_logs());
+    out
+}
+
+/// A StorageClass of the test driver with `WaitForFirstConsumer`.
+pub async fn storage_class(cluster: &Cluster, name: &str) {
+    let sc = StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        provisioner: DRIVER.to_owned(),
+        volume_binding_mode: Some("WaitForFirstConsumer".to_owned()),
+        reclaim_policy: Some("Delete".to_owned()),
+        ..Default::default()
+    };
+    Api::<StorageClass>::all(cluster.client())
+        .create(&PostParams::default(), &sc)
+        .await
+        .expect("create the StorageClass");
+}
+
+/// A claim of 1 MiB of class `class`.
+pub async fn claim(cluster: &Cluster, ns: &str, name: &str, class: &str) {
+    let pvc = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            storage_class_name: Some(class.to_owned()),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity("1Mi".to_owned()),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Api::<PersistentVolumeClaim>::namespaced(cluster.client(), ns)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .expect("create the claim");
+}
+
+/// A host-network busybox pod that mounts claim `claim` at /data, writes `text` to
+/// /data/<file> and then waits (ending at once on SIGTERM).
+pub async fn pod_with_claim(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    claim: &str,
+    file: &str,
+    text: &str,
+) -> Pod {
+    let script = format!(
+        "echo '{text}' > /data/{file} && trap 'exit 0' TERM && while :; do sleep 1 & wait $!; done"
+    );
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            host_network: Some(true),
+            automount_service_account_token: Some(false),
+            termination_grace_period_seconds: Some(5),
+            containers: vec![Container {
+                name: "app".to_owned(),
+                image: Some(images().busybox.clone()),
+                image_pull_policy: Some("Never".to_owned()),
+                command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned(), script]),
+                volume_mounts: Some(vec![VolumeMount {
+                    name: "data".to_owned(),
+                    mount_path: "/data".to_owned(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }],
+            volumes: Some(vec![Volume {
+                name: "data".to_owned(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.to_owned(),
+                    read_only: None,
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut pod = serde_json::to_value(pod).expect("pod JSON");
+    pod["metadata"]["namespace"] = serde_json::json!(ns);
+    let applied = cluster.apply(pod).await.expect("create the pod");
+    serde_json::from_value(applied).expect("a Pod")
+}
+
+/// Waits until pod `name` runs, and returns it.
+pub async fn wait_running(cluster: &Cluster, ns: &str, name: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns);
+    wait(cluster, &format!("pod {ns}/{name} Running"), || {
+        let pods = pods.clone();
+        let name = name.to_owned();
+        async move {
+            let p = pods.get(&name).await?;
+            let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            Ok(running.then_some(p))
+        }
+    })
+    .await
+}
+
+/// The node plugin's pod (the one DaemonSet pod that is not being deleted).
+pub async fn node_plugin_pod(cluster: &Cluster) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), DRIVER_NS);
+    wait(cluster, "the node plugin's pod", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=csi-node"))
+                .await?;
+            Ok(list
+                .items
+                .into_iter()
+                .find(|p| p.metadata.deletion_timestamp.is_none()))
+        }
+    })
+    .await
+}
+
+/// The node plugin's DaemonSet.
+pub async fn node_daemonset(cluster: &Cluster) -> DaemonSet {
+    Api::<DaemonSet>::namespaced(cluster.client(), DRIVER_NS)
+        .get(NODE_DS)
+        .await
+        .expect("get the DaemonSet")
+}
+
+/// The controller plugin's pod.
+pub async fn controller_pod(cluster: &Cluster) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), DRIVER_NS);
+    wait(cluster, "the controller plugin's pod", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(
+                    &kube::api::ListParams::default()
+                        .labels("app.kubernetes.io/name=csi-controller"),
+                )
+                .await?;
+            Ok(list
+                .items
+                .into_iter()
+                .find(|p| p.metadata.deletion_timestamp.is_none()))
+        }
+    })
+    .await
+}
+
+/// The CSI calls a driver container made, in order: the `method` of each
+/// `{"event":"call",...}` line csi-test-driver printed (its own record of what it was asked).
+pub fn driver_calls(cluster: &Cluster, pod: &Pod) -> Vec<String> {
+    cluster
+        .container_log(pod, "csi-driver")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "call")
+        .filter_map(|v| v["method"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A running pod in namespace `ns` with a new volume of a `WaitForFirstConsumer` class (both
+/// made here, named after `ns`), which wrote `text` to `hello` on it; returns the pod (as
+/// Running) and its PersistentVolume.
+pub async fn running_pod_with_volume(
+    cluster: &Cluster,
+    ns: &str,
+    text: &str,
+) -> (Pod, k8s_openapi::api::core::v1::PersistentVolume) {
+    cluster.create_namespace(ns).await.expect("namespace");
+    let class = format!("{ns}-wffc");
+    storage_class(cluster, &class).await;
+    claim(cluster, ns, "data", &class).await;
+    pod_with_claim(cluster, ns, "app", "data", "hello", text).await;
+    let pod = wait_running(cluster, ns, "app").await;
+    let pv = bound_volume(cluster, ns, "data").await;
+    (pod, pv)
+}
+
+/// The PersistentVolume claim `name` is bound to.
+pub async fn bound_volume(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+) -> k8s_openapi::api::core::v1::PersistentVolume {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client(), ns);
+    let volume = wait(cluster, &format!("claim {ns}/{name} Bound"), || {
+        let claims = claims.clone();
+        let name = name.to_owned();
+        async move {
+            let c = claims.get(&name).await?;
+            let bound = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+            Ok(bound.then(|| c.spec.and_then(|s| s.volume_name)).flatten())
+        }
+    })
+    .await;
+    Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(cluster.client())
+        .get(&volume)
+        .await
+        .expect("get the PersistentVolume")
+}
+
+/// Where a pod's CSI volume is published, as the node sees it.
+pub fn target_path(pod: &Pod, pv: &str) -> String {
+    format!(
+        "/var/lib/kubelet/pods/{}/volumes/kubernetes.io~csi/{pv}/mount",
+        pod.metadata.uid.as_deref().unwrap_or_default()
+    )
+}
+
+/// The mounts of the node that belong to CSI volumes (published targets, staging paths).
+pub fn csi_mounts(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .node()
+        .mounts()
+        .expect("the node's mounts")
+        .into_iter()
+        .filter(|m| m.contains("kubernetes.io~csi") || m.contains("kubernetes.io/csi"))
+        .collect()
+}
+
+/// The kubelet's log from byte `from` on.
+pub fn kubelet_log_since(cluster: &Cluster, from: usize) -> String {
+    let log = cluster.node().kubelet_log_text();
+    log.get(from..).unwrap_or_default().to_owned()
+}
+
+/// What the kubelet's CSI handler logs when it deregisters the test driver (both releases).
+pub const DEREGISTER: &str = "DeRegisterPlugin request for plugin csi.plugreg.test";
+/// What it logs when it registers it.
+pub const REGISTER: &str = "Register new plugin with name: csi.plugreg.test";
+
+/// Waits until pod `ns/name` is gone from the API server.
+pub async fn wait_pod_gone(cluster: &Cluster, ns: &str, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns);
+    wait(cluster, &format!("pod {ns}/{name} gone"), || {
+        let pods = pods.clone();
+        let name = name.to_owned();
+        async move { Ok(pods.get_opt(&name).await?.is_none().then_some(())) }
+    })
+    .await;
+}
+
+/// Deletes pod `ns/name` (grace 5 s) and waits until it is gone.
+pub async fn delete_pod(cluster: &Cluster, ns: &str, name: &str) {
+    Api::<Pod>::namespaced(cluster.client(), ns)
+        .delete(name, &Default::default())
+        .await
+        .expect("delete the pod");
+    wait_pod_gone(cluster, ns, name).await;
+}
