@@ -74,6 +74,24 @@ impl ClusterOptions {
     }
 }
 
+/// Checks, before anything starts, that this host can run a cluster of `version`: what
+/// [`host::check`] checks, every peer of the release (`interop/build-peers.sh`) and kubectl
+/// (`images/setup.sh`). The error names the first missing piece and the command that
+/// provides it.
+pub fn check(version: KubeVersion) -> Result<(), Error> {
+    host::check()?;
+    for name in [
+        plugreg_testpeers::ETCD,
+        version.apiserver_peer(),
+        version.controller_manager_peer(),
+        version.scheduler_peer(),
+    ] {
+        plugreg_testpeers::peer(name)?;
+    }
+    node::check_peers(version)?;
+    host::kubectl().map(drop)
+}
+
 /// How long each part of [`Cluster::start`] took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StartTimes {
@@ -115,7 +133,7 @@ impl Cluster {
     pub async fn start(options: ClusterOptions) -> Result<Cluster, Error> {
         let t0 = Instant::now();
         let mut times = StartTimes::default();
-        host::check()?;
+        check(options.version)?;
         let version = options.version;
         let api = ApiServer::start_version(version).await?;
         let client = api.client().await?;

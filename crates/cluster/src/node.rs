@@ -117,15 +117,7 @@ impl Node {
     /// [`start_kubelet`](Self::start_kubelet), once the images it needs are imported).
     pub async fn start(config: NodeConfig) -> Result<Node, Error> {
         host::check()?;
-        let runtime = containerd_of(config.version);
-        for name in [
-            config.version.kubelet_peer(),
-            runtime.daemon,
-            runtime.shim,
-            runtime.ctr,
-        ] {
-            peer(name).map_err(|e| Error::missing(e.to_string(), PEERS_SETUP))?;
-        }
+        check_peers(config.version)?;
         // Short: unix socket paths under it must stay within 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("plugreg-node-")
@@ -253,6 +245,24 @@ impl Node {
                 // their NSpid line lists a PID for the node's namespace too.
                 std::fs::read_link(format!("/proc/{pid}/ns/pid")).is_ok_and(|ns| ns == mine)
                     || in_nested_namespace(*pid, self.init_pid)
+            })
+            .collect()
+    }
+
+    /// The processes of a container (host PIDs), by its CRI id (`containerd://<id>` in a pod's
+    /// status, with or without the scheme): those whose cgroup path names it.
+    pub fn container_processes(&self, container_id: &str) -> Vec<u32> {
+        let id = container_id.rsplit("://").next().unwrap_or(container_id);
+        if id.is_empty() {
+            return Vec::new();
+        }
+        self.processes()
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| {
+                    c.lines()
+                        .any(|l| l.ends_with(id) || l.contains(&format!("/{id}/")))
+                })
             })
             .collect()
     }
@@ -706,6 +716,20 @@ impl Drop for Node {
             );
         }
     }
+}
+
+/// Whether the node's peers of `version` are built: the kubelet and its containerd.
+pub fn check_peers(version: KubeVersion) -> Result<(), Error> {
+    let runtime = containerd_of(version);
+    for name in [
+        version.kubelet_peer(),
+        runtime.daemon,
+        runtime.shim,
+        runtime.ctr,
+    ] {
+        peer(name).map_err(|e| Error::missing(e.to_string(), PEERS_SETUP))?;
+    }
+    Ok(())
 }
 
 /// The PATH the node's daemons get.

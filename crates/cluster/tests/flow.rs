@@ -218,3 +218,354 @@ on_both_releases!(
     deleting_pod_and_claim_cleans_up,
     deleting_pod_and_claim_cleans_up
 );
+
+/// The node plugin's DaemonSet rolls out with a surge (the new pod starts before the old one
+/// stops), as a driver that must never be unavailable would do it.
+const SURGE: &str = "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: csi-node
+spec:
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxSurge: 1
+      maxUnavailable: 0
+";
+
+/// A new revision of the node plugin's pod template.
+const REVISION_2: &str = "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: csi-node
+spec:
+  template:
+    metadata:
+      annotations:
+        plugreg.test/revision: \"2\"
+";
+
+/// Flow step 4: a rolling update of the node plugin with `maxSurge: 1` while a pod uses a
+/// volume: the kubelet never deregisters the driver (its log has no DeRegister), the pod
+/// keeps its volume, and the new node plugin unpublishes it when the pod goes. (DaemonSet
+/// surge came with Kubernetes 1.21: see `v1_20_2_has_no_daemonset_surge`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn surge_rollout_keeps_the_driver_registered() {
+    let version = KubeVersion::V1_36_2;
+    let first = test_overlay(&[("surge.yaml", SURGE)]);
+    let cluster = cluster_with_driver(version, Some(first.path())).await;
+    let ds = node_daemonset(&cluster).await;
+    let rolling = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|u| u.rolling_update.as_ref())
+        .expect("a rolling update strategy");
+    assert_eq!(
+        rolling.max_surge,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+    let ns = "surge";
+    let (app, pv) = running_pod_with_volume(&cluster, ns, "across the rollout").await;
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let target = target_path(&app, &pv_name);
+    let old_plugin = node_plugin_pod(&cluster).await;
+    let from = cluster.node().kubelet_log_text().len();
+
+    // The new revision: the annotation, and (the loopback rules pick them anew) other ports,
+    // which host-network pods running side by side need.
+    let second = test_overlay(&[("surge.yaml", SURGE), ("revision.yaml", REVISION_2)]);
+    cluster
+        .deploy(second.path())
+        .await
+        .expect("apply revision 2");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(cluster.client(), DRIVER_NS);
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(cluster.client(), DRIVER_NS);
+    let old_uid = old_plugin.metadata.uid.clone();
+    let most_running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let new_plugin = wait(&cluster, "the rollout to finish", || {
+        let pods = pods.clone();
+        let daemonsets = daemonsets.clone();
+        let old_uid = old_uid.clone();
+        let most_running = most_running.clone();
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=csi-node"))
+                .await?;
+            let running = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            most_running.fetch_max(running, std::sync::atomic::Ordering::Relaxed);
+            let ds = daemonsets.get(NODE_DS).await?;
+            let done = ds.status.as_ref().is_some_and(|s| {
+                s.observed_generation >= ds.metadata.generation
+                    && s.updated_number_scheduled == Some(1)
+                    && s.number_available == Some(1)
+                    && s.number_unavailable.unwrap_or(0) == 0
+            });
+            let only_new = list.items.len() == 1 && list.items[0].metadata.uid != old_uid;
+            Ok((done && only_new).then(|| list.items[0].clone()))
+        }
+    })
+    .await;
+    let most_running = most_running.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        most_running >= 2,
+        "the old and the new node plugin never ran side by side (at most {most_running})"
+    );
+    wait_registered(&cluster).await;
+
+    // The pod kept its volume: same pod, never restarted, still mounted, its file intact.
+    let app_now = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client(), ns)
+        .get("app")
+        .await
+        .expect("get the app pod");
+    assert_eq!(app_now.metadata.uid, app.metadata.uid);
+    assert_eq!(
+        container_status(&app_now, "app").map(|c| c.restart_count),
+        Some(0)
+    );
+    assert!(container_status(&app_now, "app").is_some_and(|c| c.ready));
+    assert!(
+        csi_mounts(&cluster).contains(&target),
+        "{target} unmounted by the rollout"
+    );
+    let file = cluster
+        .node()
+        .host_path(format!("{BACKING_STORE}/{pv_name}/hello"));
+    assert_eq!(
+        std::fs::read_to_string(file).unwrap_or_default(),
+        "across the rollout\n"
+    );
+
+    // The new node plugin takes the volume down when the pod goes.
+    delete_pod(&cluster, ns, "app").await;
+    let calls = driver_calls(&cluster, &new_plugin);
+    assert!(
+        calls.iter().any(|m| m == "NodeUnpublishVolume"),
+        "{calls:?}"
+    );
+    assert!(calls.iter().any(|m| m == "NodeUnstageVolume"), "{calls:?}");
+    let left = csi_mounts(&cluster);
+    assert!(left.is_empty(), "CSI mounts left on the node: {left:?}");
+    // Last, so that a failure here shows that everything above held.
+    let log = kubelet_log_since(&cluster, from);
+    assert!(
+        !log.contains(DEREGISTER),
+        "the kubelet deregistered the driver during the surge rollout:\n{}",
+        log.lines()
+            .filter(|l| l.contains("DeRegister") || l.contains("Register new plugin"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    cluster.shutdown().await.expect("tear down");
+}
+
+/// Kubernetes v1.20.2 has no DaemonSet surge (`maxSurge` came with 1.21, behind a gate): its
+/// API server drops the field, so the node plugin there can only be replaced by stopping the
+/// old pod first (and the kubelet deregisters the driver meanwhile). This is why the surge
+/// rollout above runs on v1.36.2 only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_20_2_has_no_daemonset_surge() {
+    let api = plugreg_testpeers::ApiServer::start_version(KubeVersion::V1_20_2)
+        .await
+        .expect("kube-apiserver v1.20.2");
+    let client = api.client().await.expect("client");
+    let ds = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "csi-node", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "csi-node"}},
+            "updateStrategy": {"type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": {"app": "csi-node"}},
+                "spec": {"containers": [{"name": "c", "image": "plugreg.test/busybox"}]}}
+        }
+    });
+    // Server-side apply knows the schema and refuses the field...
+    let refused = plugreg_cluster::deploy::apply_one(&client, &ds)
+        .await
+        .expect_err("v1.20.2 applies a DaemonSet with maxSurge");
+    assert!(refused.to_string().contains("maxSurge"), "{refused}");
+    // ...a plain create refuses what only a surge makes valid (no pod may be unavailable)...
+    let daemonsets = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client, "default");
+    let typed = |v: serde_json::Value| -> k8s_openapi::api::apps::v1::DaemonSet {
+        serde_json::from_value(v).expect("a DaemonSet")
+    };
+    let invalid = daemonsets
+        .create(&Default::default(), &typed(ds.clone()))
+        .await
+        .expect_err("v1.20.2 takes maxUnavailable: 0");
+    assert!(invalid.to_string().contains("cannot be 0"), "{invalid}");
+    // ...and drops maxSurge where the rest is valid.
+    let mut ds = ds;
+    ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] = serde_json::json!(1);
+    let created = daemonsets
+        .create(&Default::default(), &typed(ds))
+        .await
+        .expect("create the DaemonSet");
+    let rolling = serde_json::to_value(
+        created
+            .spec
+            .and_then(|s| s.update_strategy)
+            .and_then(|u| u.rolling_update),
+    )
+    .expect("JSON");
+    assert!(rolling.get("maxSurge").is_none(), "{rolling}");
+    assert_eq!(rolling["maxUnavailable"], serde_json::json!(1));
+}
+
+/// Flow step 5: the kubelet is restarted: it registers the driver again (its log says so after
+/// the restart), and a pod created after the restart gets its volume.
+async fn kubelet_restart_registers_the_driver_again(version: KubeVersion) {
+    let mut cluster = cluster_with_driver(version, None).await;
+    let from = cluster.node().kubelet_log_text().len();
+    let before = cluster.node().kubelet_pid();
+    cluster
+        .restart_kubelet()
+        .await
+        .expect("restart the kubelet");
+    assert_ne!(
+        cluster.node().kubelet_pid(),
+        before,
+        "a new kubelet process"
+    );
+    let c = &cluster;
+    wait(
+        c,
+        "the restarted kubelet to register the driver",
+        move || async move { Ok(kubelet_log_since(c, from).contains(REGISTER).then_some(())) },
+    )
+    .await;
+    wait_registered(&cluster).await;
+
+    let ns = "after-restart";
+    let (_, pv) = running_pod_with_volume(&cluster, ns, "after the restart").await;
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let file = cluster
+        .node()
+        .host_path(format!("{BACKING_STORE}/{pv_name}/hello"));
+    assert_eq!(
+        std::fs::read_to_string(file).unwrap_or_default(),
+        "after the restart\n"
+    );
+    let calls = driver_calls(&cluster, &node_plugin_pod(&cluster).await);
+    assert!(calls.iter().any(|m| m == "NodePublishVolume"), "{calls:?}");
+    cluster.shutdown().await.expect("tear down");
+}
+on_both_releases!(
+    kubelet_restart_registers_the_driver_again,
+    kubelet_restart_registers_the_driver_again
+);
+
+/// The node plugin's liveness probe, quicker than deploy/base's (5 failures 10 s apart, then
+/// the pod's 30 s grace): the same probe of plugreg's livenessprobe, checked every 2 s.
+const QUICK_LIVENESS: &str = "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: csi-node
+spec:
+  template:
+    spec:
+      terminationGracePeriodSeconds: 3
+      containers:
+      - name: csi-driver
+        livenessProbe:
+          initialDelaySeconds: 5
+          periodSeconds: 2
+          failureThreshold: 2
+          timeoutSeconds: 3
+";
+
+/// Flow step 6: the driver hangs (its process is stopped: connections queue, Probe never
+/// answers); plugreg's livenessprobe answers 500, the kubelet restarts the driver container,
+/// and the driver is registered and serving again: a new pod gets a volume through it.
+async fn hung_driver_is_restarted_through_the_livenessprobe(version: KubeVersion) {
+    let overlay = test_overlay(&[("liveness.yaml", QUICK_LIVENESS)]);
+    let cluster = cluster_with_driver(version, Some(overlay.path())).await;
+    let ds = node_daemonset(&cluster).await;
+    let health = http_endpoint_port(&ds, "liveness-probe");
+    wait(&cluster, "livenessprobe to answer 200", || async move {
+        Ok((http_status(health, "/healthz") == Some(200)).then_some(()))
+    })
+    .await;
+    let plugin = node_plugin_pod(&cluster).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(cluster.client(), DRIVER_NS);
+    let name = plugin.metadata.name.clone().unwrap_or_default();
+    let id = wait(&cluster, "the driver container running", || {
+        let pods = pods.clone();
+        let name = name.clone();
+        async move {
+            let p = pods.get(&name).await?;
+            Ok(container_status(&p, "csi-driver")
+                .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                .and_then(|c| c.container_id))
+        }
+    })
+    .await;
+    let pids = cluster.node().container_processes(&id);
+    assert!(!pids.is_empty(), "no process for container {id}");
+    for pid in &pids {
+        plugreg_cluster::host::signal(*pid, rustix::process::Signal::STOP);
+    }
+
+    wait(&cluster, "livenessprobe to answer 500", || async move {
+        Ok((http_status(health, "/healthz") == Some(500)).then_some(()))
+    })
+    .await;
+    wait(
+        &cluster,
+        "the kubelet to restart the driver container",
+        || {
+            let pods = pods.clone();
+            let name = name.clone();
+            async move {
+                let p = pods.get(&name).await?;
+                Ok(container_status(&p, "csi-driver")
+                    .filter(|c| c.restart_count >= 1 && c.ready)
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(cluster.client(), DRIVER_NS);
+    let unhealthy: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Unhealthy"))
+        .filter_map(|e| e.message)
+        .collect();
+    assert!(
+        unhealthy
+            .iter()
+            .any(|m| m.contains("Liveness probe failed") && m.contains("statuscode: 500")),
+        "the kubelet saw the 500: {unhealthy:?}"
+    );
+    wait(
+        &cluster,
+        "livenessprobe to answer 200 again",
+        || async move { Ok((http_status(health, "/healthz") == Some(200)).then_some(())) },
+    )
+    .await;
+    wait_registered(&cluster).await;
+    let (_, pv) = running_pod_with_volume(&cluster, "after-hang", "after the hang").await;
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let file = cluster
+        .node()
+        .host_path(format!("{BACKING_STORE}/{pv_name}/hello"));
+    assert_eq!(
+        std::fs::read_to_string(file).unwrap_or_default(),
+        "after the hang\n"
+    );
+    cluster.shutdown().await.expect("tear down");
+}
+on_both_releases!(
+    hung_driver_is_restarted_through_the_livenessprobe,
+    hung_driver_is_restarted_through_the_livenessprobe
+);

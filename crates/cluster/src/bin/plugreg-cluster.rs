@@ -94,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
             bail!("{}: no kustomization.yaml", o.display());
         }
     }
-    host::check()?;
+    plugreg_cluster::check(up.version)?;
     // From here on Ctrl-C and SIGTERM tear down whatever is up.
     let mut signals = plugreg_runtime::signal::Signals::new().context("SIGTERM/SIGINT handlers")?;
 

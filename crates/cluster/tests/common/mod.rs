@@ -423,3 +423,57 @@ pub async fn delete_pod(cluster: &Cluster, ns: &str, name: &str) {
         .expect("delete the pod");
     wait_pod_gone(cluster, ns, name).await;
 }
+
+/// The HTTP status of `GET http://127.0.0.1:<port><path>` (HTTP/1.0, 5 s timeouts), or
+/// `None` when nothing answers.
+pub fn http_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// The port a container's `--http-endpoint=127.0.0.1:<port>` argument names in the applied
+/// DaemonSet (where the loopback rules put it).
+pub fn http_endpoint_port(ds: &DaemonSet, container: &str) -> u16 {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .into_iter()
+        .flat_map(|s| &s.containers)
+        .filter(|c| c.name == container)
+        .flat_map(|c| c.args.iter().flatten())
+        .find_map(|a| a.strip_prefix("--http-endpoint=127.0.0.1:"))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no --http-endpoint=127.0.0.1:<port> for {container}"))
+}
+
+/// The status of container `name` in a pod.
+pub fn container_status(
+    pod: &Pod,
+    name: &str,
+) -> Option<k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)
+        .cloned()
+}
+
+/// A kustomization in a new temporary directory: `deploy/test` plus `patches`.
+pub fn test_overlay(patches: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("plugreg-overlay-")
+        .tempdir()
+        .expect("temp dir");
+    plugreg_cluster::deploy::write_overlay(dir.path(), &repo().join("deploy/test"), patches)
+        .expect("write the overlay");
+    dir
+}
