@@ -23,11 +23,13 @@
 //! [`node`]), the control plane on free ports of 127.0.0.1. Two clusters at once never share a
 //! directory, socket, port or cgroup.
 
+pub mod bench;
 pub mod deploy;
 mod error;
 pub mod host;
 pub mod images;
 pub mod node;
+pub mod workload;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -27,6 +27,27 @@ struct Args {
 enum Cmd {
     /// Bring the cluster up, print KUBECONFIG, wait for Ctrl-C or SIGTERM, tear it down.
     Up(Up),
+    /// Measure start-up and a volume's life on each release; write BENCHMARKS.md's section.
+    Bench(Bench),
+}
+
+#[derive(Debug, clap::Args)]
+struct Bench {
+    /// Releases to measure (repeatable) [default: v1.20.2 and v1.36.2].
+    #[arg(long = "kube-version", value_parser = parse_version)]
+    versions: Vec<KubeVersion>,
+    /// Clusters started per release.
+    #[arg(long, default_value_t = 3)]
+    starts: usize,
+    /// Volume lives per release.
+    #[arg(long, default_value_t = 10)]
+    runs: usize,
+    /// The Markdown file to write the section into (printed to stdout otherwise).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Where the binaries of plugreg's images are [default: this program's directory].
+    #[arg(long, value_name = "DIR")]
+    bin_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -73,16 +94,115 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// `--bin-dir`, else this program's directory.
+fn bin_dir(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(d) => Ok(d),
+        None => Ok(std::env::current_exe()
+            .context("finding this program")?
+            .parent()
+            .context("this program's directory")?
+            .to_owned()),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let Args {
-        command: Cmd::Up(up),
-    } = Args::parse();
-    let exe = std::env::current_exe().context("finding this program")?;
-    let bin_dir = match up.bin_dir {
-        Some(d) => d,
-        None => exe.parent().context("this program's directory")?.to_owned(),
+    match Args::parse().command {
+        Cmd::Up(up) => run_up(up).await,
+        Cmd::Bench(bench) => run_bench(bench).await,
+    }
+}
+
+/// The output of a command, trimmed ("?" when it fails).
+fn output_of(cmd: &mut std::process::Command) -> String {
+    cmd.output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+async fn run_bench(bench: Bench) -> anyhow::Result<()> {
+    use std::process::Command;
+    let bin_dir = bin_dir(bench.bin_dir)?;
+    let repo = repo();
+    let versions = if bench.versions.is_empty() {
+        KubeVersion::ALL.to_vec()
+    } else {
+        bench.versions
     };
+    for v in &versions {
+        plugreg_cluster::check(*v)?;
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_default();
+    let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0);
+    let mut commit =
+        output_of(
+            Command::new("git")
+                .arg("-C")
+                .arg(&repo)
+                .args(["rev-parse", "--short", "HEAD"]),
+        );
+    if !output_of(Command::new("git").arg("-C").arg(&repo).args([
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+    ]))
+    .is_empty()
+    {
+        commit.push_str("-dirty");
+    }
+    let info = plugreg_cluster::bench::RunInfo {
+        date: output_of(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])),
+        commit,
+        machine: format!(
+            "{} CPUs, {model}, Linux {}, {:.1} GiB RAM",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            output_of(Command::new("uname").arg("-r")),
+            mem_kib as f64 / 1024.0 / 1024.0
+        ),
+        load: std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        command: "scripts/cluster.sh bench --out BENCHMARKS.md".to_owned(),
+    };
+    eprintln!("building the images from {} ...", bin_dir.display());
+    let images = ImageSet::build(&repo, &bin_dir, &bin_dir.join("cluster-images"))?;
+    let options = plugreg_cluster::bench::BenchOptions {
+        versions,
+        starts: bench.starts,
+        runs: bench.runs,
+        images,
+        overlay: repo.join("deploy/test"),
+    };
+    let figures = plugreg_cluster::bench::run(&options).await?;
+    let section = plugreg_cluster::bench::markdown(&info, &figures);
+    match bench.out {
+        Some(path) => {
+            plugreg_cluster::bench::write_into(&path, &section)?;
+            eprintln!("wrote {}", path.display());
+        }
+        None => print!("{section}"),
+    }
+    Ok(())
+}
+
+async fn run_up(up: Up) -> anyhow::Result<()> {
+    let bin_dir = bin_dir(up.bin_dir)?;
     let repo = repo();
     let overlays = if up.overlays.is_empty() {
         vec![repo.join("deploy/test")]

@@ -3,20 +3,15 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
-    Pod, PodSpec, Volume, VolumeMount, VolumeResourceRequirements,
-};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, ObjectMeta, PostParams};
-use plugreg_cluster::{Cluster, ClusterOptions, Error, ImageSet};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::Api;
+use plugreg_cluster::{Cluster, ClusterOptions, Error, ImageSet, workload};
 use plugreg_testpeers::KubeVersion;
 use tokio::time::Instant;
 
@@ -68,22 +63,14 @@ pub async fn cluster_with_driver(version: KubeVersion, overlay: Option<&Path>) -
         "deploy/test names another tag than the images carry ({}): update its images",
         images.version
     );
-    let t0 = std::time::Instant::now();
     let cluster = Cluster::start(ClusterOptions::new(version, images.files.clone()))
         .await
         .expect("starting the cluster");
-    eprintln!(
-        "TIMING started {:?} {:?}",
-        t0.elapsed(),
-        cluster.start_times()
-    );
     cluster
         .deploy(&overlay)
         .await
         .expect("applying the overlay");
-    eprintln!("TIMING deployed {:?}", t0.elapsed());
     wait_registered(&cluster).await;
-    eprintln!("TIMING registered {:?}", t0.elapsed());
     cluster
 }
 
@@ -164,45 +151,14 @@ pub async fn diagnostics(cluster: &Cluster) -> String {
 
 /// A StorageClass of the test driver with `WaitForFirstConsumer`.
 pub async fn storage_class(cluster: &Cluster, name: &str) {
-    let sc = StorageClass {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
-        provisioner: DRIVER.to_owned(),
-        volume_binding_mode: Some("WaitForFirstConsumer".to_owned()),
-        reclaim_policy: Some("Delete".to_owned()),
-        ..Default::default()
-    };
-    Api::<StorageClass>::all(cluster.client())
-        .create(&PostParams::default(), &sc)
+    workload::storage_class(cluster, name, DRIVER)
         .await
         .expect("create the StorageClass");
 }
 
 /// A claim of 1 MiB of class `class`.
 pub async fn claim(cluster: &Cluster, ns: &str, name: &str, class: &str) {
-    let pvc = PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-            storage_class_name: Some(class.to_owned()),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity("1Mi".to_owned()),
-                )])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Api::<PersistentVolumeClaim>::namespaced(cluster.client(), ns)
-        .create(&PostParams::default(), &pvc)
+    workload::claim(cluster, ns, name, class)
         .await
         .expect("create the claim");
 }
@@ -217,46 +173,9 @@ pub async fn pod_with_claim(
     file: &str,
     text: &str,
 ) -> Pod {
-    let script = format!(
-        "echo '{text}' > /data/{file} && trap 'exit 0' TERM && while :; do sleep 1 & wait $!; done"
-    );
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            host_network: Some(true),
-            automount_service_account_token: Some(false),
-            termination_grace_period_seconds: Some(5),
-            containers: vec![Container {
-                name: "app".to_owned(),
-                image: Some(images().busybox.clone()),
-                image_pull_policy: Some("Never".to_owned()),
-                command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned(), script]),
-                volume_mounts: Some(vec![VolumeMount {
-                    name: "data".to_owned(),
-                    mount_path: "/data".to_owned(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }],
-            volumes: Some(vec![Volume {
-                name: "data".to_owned(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: claim.to_owned(),
-                    read_only: None,
-                }),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut pod = serde_json::to_value(pod).expect("pod JSON");
-    pod["metadata"]["namespace"] = serde_json::json!(ns);
-    let applied = cluster.apply(pod).await.expect("create the pod");
-    serde_json::from_value(applied).expect("a Pod")
+    workload::pod_with_claim(cluster, ns, name, &images().busybox, claim, file, text)
+        .await
+        .expect("create the pod")
 }
 
 /// Waits until pod `name` runs, and returns it.
