@@ -177,8 +177,19 @@ impl Cluster {
         cluster.import(&options.images)?;
         times.images = t1.elapsed();
         let t2 = Instant::now();
-        cluster.node_mut().start_kubelet()?;
-        cluster.wait_node_ready().await?;
+        let mut attempts = 0;
+        loop {
+            cluster.node_mut().start_kubelet()?;
+            match cluster.wait_node_ready().await {
+                Ok(()) => break,
+                Err(e) => {
+                    attempts += 1;
+                    if attempts >= 3 || !cluster.node_mut().repick_kubelet_ports()? {
+                        return Err(e);
+                    }
+                }
+            }
+        }
         times.kubelet = t2.elapsed();
         times.total = t0.elapsed();
         cluster.start_times = times;

@@ -364,6 +364,22 @@ impl Node {
         }
     }
 
+    /// After the kubelet exited because one of its ports was taken meanwhile (they are picked
+    /// free, then bound a little later): new ports. Whether that was the reason.
+    pub fn repick_kubelet_ports(&mut self) -> Result<bool, Error> {
+        let tail = host::tail_of(&self.kubelet_log());
+        let tail = tail.rsplit("--- kubelet start").next().unwrap_or_default();
+        if !tail.contains("address already in use") {
+            return Ok(false);
+        }
+        if let Some(mut k) = self.kubelet.take() {
+            let _ = k.nsenter.wait();
+        }
+        self.kubelet_port = host::free_port()?;
+        self.kubelet_healthz_port = host::free_port()?;
+        Ok(true)
+    }
+
     /// An error describing the kubelet's state, with the end of its log.
     pub fn kubelet_error(&self, reason: impl Into<String>) -> Error {
         Error::Node {
