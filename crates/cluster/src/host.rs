@@ -41,6 +41,17 @@ pub fn kubectl() -> Result<PathBuf, Error> {
     }
 }
 
+/// Where cargo put this workspace's binaries for the running program: its own directory
+/// (`target/<profile>`), or the parent of `deps` for a test executable.
+pub fn workspace_bin_dir() -> Result<PathBuf, Error> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("finding this program", e))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    Ok(match dir.file_name() {
+        Some(name) if name == "deps" => dir.parent().unwrap_or(dir).to_owned(),
+        _ => dir.to_owned(),
+    })
+}
+
 /// `program` on `PATH`.
 pub fn on_path(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {

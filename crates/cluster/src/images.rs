@@ -81,26 +81,22 @@ impl ImageSet {
                 .arg("--out")
                 .arg(out),
         )?;
-        host::run(
-            Command::new("bash")
-                .arg(script("build.sh"))
-                .arg("--bin-dir")
-                .arg(bin_dir)
-                .arg("--out")
-                .arg(out)
-                .args(SIDECARS),
-        )?;
-        host::run(
-            Command::new("bash")
-                .arg(script("build.sh"))
-                .arg("--bin-dir")
-                .arg(bin_dir)
-                .arg("--out")
-                .arg(out)
-                .arg("--conf")
-                .arg(script("test-images.conf"))
-                .arg(TEST_DRIVER),
-        )?;
+        // images/build.sh with the images of a list (images.conf, test-images.conf).
+        let build = |conf: &str, images: &[&str]| {
+            host::run(
+                Command::new("bash")
+                    .arg(script("build.sh"))
+                    .arg("--bin-dir")
+                    .arg(bin_dir)
+                    .arg("--out")
+                    .arg(out)
+                    .arg("--conf")
+                    .arg(script(conf))
+                    .args(images),
+            )
+        };
+        build("images.conf", SIDECARS)?;
+        build("test-images.conf", &[TEST_DRIVER])?;
         let busybox_version = tag_of(&out.join("busybox.oci.tar"))?;
         let version = tag_of(&out.join(format!("{TEST_DRIVER}.oci.tar")))?;
         let mut files = vec![

@@ -98,11 +98,7 @@ fn repo() -> PathBuf {
 fn bin_dir(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     match given {
         Some(d) => Ok(d),
-        None => Ok(std::env::current_exe()
-            .context("finding this program")?
-            .parent()
-            .context("this program's directory")?
-            .to_owned()),
+        None => Ok(host::workspace_bin_dir()?),
     }
 }
 

@@ -13,7 +13,6 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::Api;
 use plugreg_cluster::{Cluster, ClusterOptions, Error, ImageSet, workload};
 use plugreg_testpeers::KubeVersion;
-use tokio::time::Instant;
 
 /// The driver `deploy/test` installs.
 pub const DRIVER: &str = "csi.plugreg.test";
@@ -25,28 +24,17 @@ pub const NODE_DS: &str = "csi-node";
 pub const TOPOLOGY_KEY: &str = "topology.plugreg.test/node";
 /// Where the test driver keeps its volumes, as the node sees it.
 pub const BACKING_STORE: &str = "/var/lib/plugreg-csi-test-driver/csi.plugreg.test";
-/// How long a step of the flow may take.
-pub const WAIT: Duration = Duration::from_secs(120);
 
 /// The repository root.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// `target/<profile>`, where cargo puts the workspace's binaries.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("test executables live in target/<profile>/deps")
-        .to_path_buf()
-}
-
 /// The images, built once per test process from this profile's binaries.
 pub fn images() -> &'static ImageSet {
     static IMAGES: OnceLock<ImageSet> = OnceLock::new();
     IMAGES.get_or_init(|| {
-        let bin = profile_dir();
+        let bin = plugreg_cluster::host::workspace_bin_dir().expect("the binaries' directory");
         ImageSet::build(&repo(), &bin, &bin.join("cluster-images")).expect("building the images")
     })
 }
@@ -87,27 +75,16 @@ pub async fn wait_registered(cluster: &Cluster) {
     .await;
 }
 
-/// Polls `probe` until it yields a value; on timeout fails with the cluster's logs.
-pub async fn wait<T, F, Fut>(cluster: &Cluster, what: &str, mut probe: F) -> T
+/// Polls `probe` until it yields a value ([`Cluster::wait_for`]); on timeout fails with the
+/// cluster's logs.
+pub async fn wait<T, F, Fut>(cluster: &Cluster, what: &str, probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>, Error>>,
 {
-    let deadline = Instant::now() + WAIT;
-    let mut last = String::from("(nothing yet)");
-    loop {
-        match probe().await {
-            Ok(Some(v)) => return v,
-            Ok(None) => {}
-            Err(e) => last = e.to_string(),
-        }
-        if Instant::now() >= deadline {
-            panic!(
-                "{what}: not within {WAIT:?} (last error: {last})\n{}",
-                diagnostics(cluster).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    match cluster.wait_for(what, probe).await {
+        Ok(v) => v,
+        Err(e) => panic!("{e}\n{}", diagnostics(cluster).await),
     }
 }
 
@@ -193,14 +170,16 @@ pub async fn wait_running(cluster: &Cluster, ns: &str, name: &str) -> Pod {
     .await
 }
 
-/// The node plugin's pod (the one DaemonSet pod that is not being deleted).
-pub async fn node_plugin_pod(cluster: &Cluster) -> Pod {
+/// The driver's pod labelled `app.kubernetes.io/name=<app>` that is not being deleted.
+async fn driver_pod(cluster: &Cluster, app: &str) -> Pod {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), DRIVER_NS);
-    wait(cluster, "the node plugin's pod", || {
+    let selector = format!("app.kubernetes.io/name={app}");
+    wait(cluster, &format!("the {app} pod"), || {
         let pods = pods.clone();
+        let selector = selector.clone();
         async move {
             let list = pods
-                .list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=csi-node"))
+                .list(&kube::api::ListParams::default().labels(&selector))
                 .await?;
             Ok(list
                 .items
@@ -209,6 +188,11 @@ pub async fn node_plugin_pod(cluster: &Cluster) -> Pod {
         }
     })
     .await
+}
+
+/// The node plugin's pod.
+pub async fn node_plugin_pod(cluster: &Cluster) -> Pod {
+    driver_pod(cluster, "csi-node").await
 }
 
 /// The node plugin's DaemonSet.
@@ -221,23 +205,7 @@ pub async fn node_daemonset(cluster: &Cluster) -> DaemonSet {
 
 /// The controller plugin's pod.
 pub async fn controller_pod(cluster: &Cluster) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), DRIVER_NS);
-    wait(cluster, "the controller plugin's pod", || {
-        let pods = pods.clone();
-        async move {
-            let list = pods
-                .list(
-                    &kube::api::ListParams::default()
-                        .labels("app.kubernetes.io/name=csi-controller"),
-                )
-                .await?;
-            Ok(list
-                .items
-                .into_iter()
-                .find(|p| p.metadata.deletion_timestamp.is_none()))
-        }
-    })
-    .await
+    driver_pod(cluster, "csi-controller").await
 }
 
 /// The CSI calls a driver container made, in order: the `method` of each
