@@ -283,22 +283,14 @@ async fn surge_rollout_keeps_the_driver_registered() {
     let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
         Api::namespaced(cluster.client(), DRIVER_NS);
     let old_uid = old_plugin.metadata.uid.clone();
-    let most_running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let new_plugin = wait(&cluster, "the rollout to finish", || {
         let pods = pods.clone();
         let daemonsets = daemonsets.clone();
         let old_uid = old_uid.clone();
-        let most_running = most_running.clone();
         async move {
             let list = pods
                 .list(&ListParams::default().labels("app.kubernetes.io/name=csi-node"))
                 .await?;
-            let running = list
-                .items
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count();
-            most_running.fetch_max(running, std::sync::atomic::Ordering::Relaxed);
             let ds = daemonsets.get(NODE_DS).await?;
             let done = ds.status.as_ref().is_some_and(|s| {
                 s.observed_generation >= ds.metadata.generation
@@ -311,10 +303,20 @@ async fn surge_rollout_keeps_the_driver_registered() {
         }
     })
     .await;
-    let most_running = most_running.load(std::sync::atomic::Ordering::Relaxed);
+    // A surge, not a replacement: the kubelet took the new pod on while the old one was still
+    // there (its log, in order: the new pod's ADD, then the old pod's DELETE; with maxSurge the
+    // DaemonSet controller deletes the old pod only once the new one is available).
+    let log = kubelet_log_since(&cluster, from);
+    let line_of = |what: &str, pod: &str| {
+        log.lines()
+            .position(|l| l.contains(what) && l.contains(pod))
+            .unwrap_or_else(|| panic!("no {what} of {pod} in the kubelet's log"))
+    };
+    let new_name = new_plugin.metadata.name.clone().unwrap_or_default();
+    let old_name = old_plugin.metadata.name.clone().unwrap_or_default();
     assert!(
-        most_running >= 2,
-        "the old and the new node plugin never ran side by side (at most {most_running})"
+        line_of("SyncLoop ADD", &new_name) < line_of("SyncLoop DELETE", &old_name),
+        "the old node plugin was deleted before the new one came"
     );
     wait_registered(&cluster).await;
 
