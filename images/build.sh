@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the container images as OCI archives, without a container engine (umoci only).
 #
-#   images/build.sh [--bin-dir DIR] [--out DIR] [IMAGE...]
+#   images/build.sh [--bin-dir DIR] [--out DIR] [--conf FILE] [IMAGE...]
 #
 # For each image of images/images.conf (or only the IMAGEs named): the root file system from
 # images/rootfs.sh (the binary DIR/<image> and the libraries it needs), one layer, entrypoint
@@ -10,6 +10,8 @@
 #
 #   --bin-dir DIR   where the binaries are (default: target/release)
 #   --out DIR       where the archives go (default: target/images)
+#   --conf FILE     the list of images (default: images/images.conf, the shipped images;
+#                   images/test-images.conf lists the images only the tests use)
 #
 # Environment: VERSION (default v + the workspace version), REVISION (default: git HEAD,
 # "-dirty" when tracked files changed), SOURCE_DATE_EPOCH (default: HEAD's commit time), so
@@ -25,12 +27,14 @@ die() { echo "images/build.sh: $*" >&2; exit 1; }
 
 bin_dir=$repo/target/release
 out=$repo/target/images
+conf=$here/images.conf
 wanted=()
 while [ $# -gt 0 ]; do
     case $1 in
     --bin-dir) bin_dir=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --conf) conf=$2; shift 2 ;;
+    -h | --help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $1" ;;
     *) wanted+=("$1"); shift ;;
     esac
@@ -65,7 +69,7 @@ while read -r image _package user description; do
     images+=("$image")
     user_of[$image]=$user
     desc_of[$image]=$description
-done <"$here/images.conf"
+done <"$conf"
 [ ${#wanted[@]} -gt 0 ] || wanted=("${images[@]}")
 
 mkdir -p "$out"
@@ -74,7 +78,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 for image in "${wanted[@]}"; do
-    [ -n "${user_of[$image]+set}" ] || die "unknown image $image (not in images/images.conf)"
+    [ -n "${user_of[$image]+set}" ] || die "unknown image $image (not in $conf)"
     bin=$bin_dir/$image
     [ -x "$bin" ] || die "missing binary $bin (build it first: scripts/release.sh builds all)"
 

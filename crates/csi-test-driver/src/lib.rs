@@ -411,6 +411,13 @@ pub struct DriverConfig {
     pub volumes: Vec<String>,
     /// Where volumes live (`<dir>/<volume id>`); `None`: `<socket>.volumes` beside the socket.
     pub data_dir: Option<PathBuf>,
+    /// Keep the volumes in [`data_dir`](Self::data_dir) as a real driver keeps them in its
+    /// backing store: every instance sharing the directory (a controller plugin and node
+    /// plugins, a restarted driver) knows every volume, CreateVolume uses the name as the id,
+    /// unpublish and unstage unmount what another instance mounted, and stopping leaves the
+    /// mounts in place. Off: volumes live in this instance's memory (ids `pv-1`, `pv-2`, ...)
+    /// and its mounts are undone when it stops.
+    pub persistent: bool,
     /// Bind mounts or plain directories.
     pub mount: MountMode,
     /// Capacity of a volume created without a size, and of pre-provisioned volumes.
@@ -440,6 +447,7 @@ impl Default for DriverConfig {
             controller_publish: false,
             volumes: Vec::new(),
             data_dir: None,
+            persistent: false,
             mount: MountMode::Auto,
             default_capacity: 1 << 30,
             max_capacity: 0,

@@ -8,6 +8,13 @@
 //! INVALID_ARGUMENT, an unknown volume NOT_FOUND, a second stage or publish with another
 //! capability ALREADY_EXISTS, publishing without the staging path a stage-capable driver needs
 //! FAILED_PRECONDITION; repeated calls with the same arguments succeed (idempotency).
+//!
+//! With [`DriverConfig::persistent`](crate::DriverConfig::persistent) the data directory is the
+//! record, as a real driver's backing store is: a volume created by one instance (a controller
+//! plugin) is known to every other instance sharing the directory (the node plugins, a restarted
+//! driver), its id is its CreateVolume name, its name and capacity sit beside it in
+//! `<data dir>/.<id>.meta`, unpublish and unstage unmount a target that another instance
+//! mounted, and stopping leaves the mounts to the container orchestrator.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -231,8 +238,13 @@ impl Driver {
         }
     }
 
-    /// Unmounts everything this driver mounted (on stop), newest first.
+    /// Unmounts everything this driver mounted (on stop), newest first. A persistent driver
+    /// keeps them: the volumes it staged and published belong to the pods using them, and a
+    /// restarted or newer instance serves them on.
     pub(crate) fn unmount_all(&self) {
+        if self.config.persistent {
+            return;
+        }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(target) = state.mounts.last().cloned() {
             if let Err(e) = self.conceal(&mut state, &target) {
@@ -245,6 +257,64 @@ impl Driver {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`lock`](Self::lock), having loaded volume `id` from the data directory first when
+    /// the driver is persistent and does not know it yet (another instance created it).
+    fn lock_with(&self, id: &str) -> std::sync::MutexGuard<'_, State> {
+        let mut state = self.lock();
+        if self.config.persistent
+            && !state.volumes.contains_key(id)
+            && let Some((name, capacity)) = self.read_meta(id)
+        {
+            state.volumes.insert(
+                id.to_owned(),
+                VolumeState {
+                    name,
+                    capacity,
+                    staged: None,
+                    published: BTreeMap::new(),
+                    attached: BTreeSet::new(),
+                },
+            );
+        }
+        state
+    }
+
+    /// `<data dir>/.<id>.meta`: the volume's record beside its directory.
+    fn meta_path(&self, id: &str) -> PathBuf {
+        self.data_dir.join(format!(".{id}.meta"))
+    }
+
+    /// A persisted volume's name and capacity, if `id` names one (its directory and record).
+    fn read_meta(&self, id: &str) -> Option<(String, i64)> {
+        if !valid_volume_id(id) || !self.data_dir.join(id).is_dir() {
+            return None;
+        }
+        let text = std::fs::read_to_string(self.meta_path(id)).ok()?;
+        let (capacity, name) = text.split_once('\n')?;
+        Some((name.to_owned(), capacity.parse().ok()?))
+    }
+
+    /// Writes the record of a new persisted volume (atomically: a reader sees all or nothing).
+    fn write_meta(&self, id: &str, name: &str, capacity: i64) -> Result<(), Status> {
+        let path = self.meta_path(id);
+        let temp = self.data_dir.join(format!(".{id}.meta.tmp"));
+        std::fs::write(&temp, format!("{capacity}\n{name}"))
+            .and_then(|()| std::fs::rename(&temp, &path))
+            .map_err(|e| internal("cannot write", &path, e))
+    }
+
+    /// In persistent mode, unmounts `path` if another instance left a mount there (an instance
+    /// only records its own mounts). Not a mount point, or gone: nothing to do.
+    fn unmount_foreign(&self, path: &Path) -> Result<(), Status> {
+        if !self.config.persistent || !self.binds() {
+            return Ok(());
+        }
+        match rustix::mount::unmount(path, rustix::mount::UnmountFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(internal("cannot unmount", path, e)),
+        }
     }
 }
 
@@ -299,7 +369,7 @@ impl Node for Driver {
         let cap = capability(r.volume_capability.as_ref(), "volume_capability")?;
         self.require_device(&r.publish_context)?;
         let dir = {
-            let state = self.lock();
+            let state = self.lock_with(id);
             let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
             match &v.staged {
                 Some((p, c)) if *p == path && *c == cap => {
@@ -358,10 +428,12 @@ impl Node for Driver {
         let r = request.into_inner();
         let id = required(&r.volume_id, "volume_id")?;
         let path = required_path(&r.staging_target_path, "staging_target_path")?;
-        let mut state = self.lock();
+        let mut state = self.lock_with(id);
         let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
-        // Not staged there: nothing to do, and the spec wants OK.
+        // Not staged there by this instance: nothing to do (the spec wants OK), unless another
+        // instance of a persistent driver staged it.
         if !matches!(&v.staged, Some((p, _)) if *p == path) {
+            self.unmount_foreign(&path)?;
             return Ok(Response::new(NodeUnstageVolumeResponse {}));
         }
         if !v.published.is_empty() {
@@ -402,7 +474,7 @@ impl Node for Driver {
         };
         self.require_device(&r.publish_context)?;
         let source = {
-            let state = self.lock();
+            let state = self.lock_with(id);
             let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
             if let Some((c, ro)) = v.published.get(&target) {
                 if *c == cap && *ro == r.readonly {
@@ -458,13 +530,15 @@ impl Node for Driver {
         let r = request.into_inner();
         let id = required(&r.volume_id, "volume_id")?;
         let target = required_path(&r.target_path, "target_path")?;
-        let mut state = self.lock();
+        let mut state = self.lock_with(id);
         let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
         if v.published.contains_key(&target) {
             self.conceal(&mut state, &target)?;
             if let Some(v) = state.volumes.get_mut(id) {
                 v.published.remove(&target);
             }
+        } else {
+            self.unmount_foreign(&target)?;
         }
         // The plugin removes the target it created; a repeat finds it gone.
         match std::fs::remove_dir(&target) {
@@ -489,7 +563,7 @@ impl Node for Driver {
         let id = required(&r.volume_id, "volume_id")?;
         let path = required_path(&r.volume_path, "volume_path")?;
         let dir = {
-            let state = self.lock();
+            let state = self.lock_with(id);
             let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
             if !is_at(v, &path) {
                 return Err(Status::not_found(format!(
@@ -535,7 +609,7 @@ impl Node for Driver {
         let id = required(&r.volume_id, "volume_id")?;
         // The volume is looked up before volume_path is checked, as csi-driver-host-path
         // does: the spec does not order the two, so a check must not depend on the order.
-        let mut state = self.lock();
+        let mut state = self.lock_with(id);
         let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
         let path = required_path(&r.volume_path, "volume_path")?;
         if !is_at(v, &path) {
@@ -643,7 +717,19 @@ impl Controller for Driver {
                 segments: to_map(topology),
             }]
         };
-        let mut state = self.lock();
+        // A persistent driver's volume id is its name, so every instance agrees on it.
+        let persistent = self.config.persistent;
+        if persistent && !valid_volume_id(name) {
+            return Err(Status::invalid_argument(
+                "a persistent driver uses the name as the volume id: it must not contain '/' \
+                 or be '.' or '..'",
+            ));
+        }
+        let mut state = if persistent {
+            self.lock_with(name)
+        } else {
+            self.lock()
+        };
         if let Some((id, v)) = state.volumes.iter().find(|(_, v)| v.name == name) {
             if v.capacity < required_bytes || (limit > 0 && v.capacity > limit) {
                 return Err(Status::already_exists(format!(
@@ -662,15 +748,22 @@ impl Controller for Driver {
             }));
         }
         // Never an id a pre-provisioned volume already has.
-        let id = loop {
-            state.next_id += 1;
-            let id = format!("pv-{}", state.next_id);
-            if !state.volumes.contains_key(&id) {
-                break id;
+        let id = if persistent {
+            name.to_owned()
+        } else {
+            loop {
+                state.next_id += 1;
+                let id = format!("pv-{}", state.next_id);
+                if !state.volumes.contains_key(&id) {
+                    break id;
+                }
             }
         };
         drop(state);
         self.volume_dir(&id)?;
+        if persistent {
+            self.write_meta(&id, name, capacity)?;
+        }
         let mut state = self.lock();
         state.volumes.insert(
             id.clone(),
@@ -701,7 +794,7 @@ impl Controller for Driver {
         self.config.calls.keep_delete(&r);
         self.enter(Method::DeleteVolume).await?;
         let id = required(&r.volume_id, "volume_id")?;
-        let mut state = self.lock();
+        let mut state = self.lock_with(id);
         let Some(v) = state.volumes.get(id) else {
             // Deleting a missing volume is success (idempotency).
             return Ok(Response::new(DeleteVolumeResponse {}));
@@ -724,6 +817,14 @@ impl Controller for Driver {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(internal("cannot remove", &dir, e)),
+        }
+        if self.config.persistent {
+            let meta = self.meta_path(id);
+            match std::fs::remove_file(&meta) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(internal("cannot remove", &meta, e)),
+            }
         }
         Ok(Response::new(DeleteVolumeResponse {}))
     }
@@ -766,7 +867,7 @@ impl Controller for Driver {
         if node != self.config.node_id {
             return Err(Status::not_found(format!("node {node:?} does not exist")));
         }
-        let mut state = self.lock();
+        let mut state = self.lock_with(id);
         let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
         // Publishing again to the same node is success (idempotency).
         v.attached.insert(node.to_owned());
@@ -788,7 +889,7 @@ impl Controller for Driver {
         self.enter(Method::ControllerUnpublishVolume).await?;
         let r = request.into_inner();
         let id = required(&r.volume_id, "volume_id")?;
-        let mut state = self.lock();
+        let mut state = self.lock_with(id);
         let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
         // An empty node_id means every node; a volume not published there is already done.
         if r.node_id.is_empty() {

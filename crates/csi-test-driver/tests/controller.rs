@@ -376,3 +376,113 @@ async fn controller_publish_hands_the_node_its_device() {
     assert_eq!(d.calls().count(Method::ControllerUnpublishVolume), 2);
     d.stop().await.unwrap();
 }
+
+/// Whether `path` is a mount point in this process's mount namespace.
+fn is_mount_point(path: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = path.to_str().unwrap();
+    text.lines()
+        .any(|l| l.split(' ').nth(4).is_some_and(|m| m == want))
+}
+
+/// A persistent driver keeps its volumes in the data directory: a volume created by one
+/// instance (the controller plugin) is staged and published by another (a node plugin), whose
+/// mounts outlive it; a third instance (the node plugin restarted) unpublishes and unstages
+/// them, and the first deletes the volume, leaving the backing store empty. As a controller
+/// plugin and node plugins of a real driver, sharing one store, do in a cluster.
+#[tokio::test]
+async fn persistent_instances_share_volumes_and_leave_mounts_to_the_orchestrator() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test makes real bind mounts: run it as root"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("store");
+    let config = |controller| DriverConfig {
+        controller,
+        persistent: true,
+        data_dir: Some(data.clone()),
+        node_capabilities: vec![NodeCapability::StageUnstageVolume],
+        mount: plugreg_csi_test_driver::MountMode::Bind,
+        ..DriverConfig::default()
+    };
+    let controller = start(config(true), &dir.path().join("ctl.sock"))
+        .await
+        .unwrap();
+    let mut ctl = ControllerClient::new(channel(controller.path()).await);
+
+    // The name is the id, so a repeat (here or from another instance) finds the same volume.
+    let v = ctl
+        .create_volume(create("pvc-0123", 4096))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(v.volume_id, "pvc-0123");
+    assert!(data.join("pvc-0123").is_dir());
+    let err = ctl.create_volume(create("a/b", 1)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+
+    let staging = dir.path().join("staging");
+    let target = dir.path().join("target");
+    std::fs::create_dir(&staging).unwrap();
+    let node_a = start(config(false), &dir.path().join("node-a.sock"))
+        .await
+        .unwrap();
+    let mut node = NodeClient::new(channel(node_a.path()).await);
+    node.node_stage_volume(NodeStageVolumeRequest {
+        volume_id: "pvc-0123".into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    node.node_publish_volume(plugreg_proto::csi::v1::NodePublishVolumeRequest {
+        volume_id: "pvc-0123".into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    std::fs::write(target.join("hello"), "from the pod").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(data.join("pvc-0123/hello")).unwrap(),
+        "from the pod"
+    );
+    node_a.stop().await.unwrap();
+    assert!(is_mount_point(&staging) && is_mount_point(&target));
+
+    // The restarted node plugin did not mount them, and still takes them down.
+    let node_b = start(config(false), &dir.path().join("node-b.sock"))
+        .await
+        .unwrap();
+    let mut node = NodeClient::new(channel(node_b.path()).await);
+    node.node_unpublish_volume(plugreg_proto::csi::v1::NodeUnpublishVolumeRequest {
+        volume_id: "pvc-0123".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: "pvc-0123".into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(!target.exists() && !is_mount_point(&staging));
+    node_b.stop().await.unwrap();
+
+    ctl.delete_volume(DeleteVolumeRequest {
+        volume_id: "pvc-0123".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let left: Vec<_> = std::fs::read_dir(&data).unwrap().collect();
+    assert!(left.is_empty(), "the backing store is not empty: {left:?}");
+    controller.stop().await.unwrap();
+}

@@ -193,6 +193,31 @@ impl ApiServer {
         &self.ca_cert
     }
 
+    /// The process ids of kube-apiserver and etcd, while they run.
+    pub fn pids(&self) -> Vec<u32> {
+        [&self.apiserver, &self.etcd]
+            .into_iter()
+            .flatten()
+            .map(Child::id)
+            .collect()
+    }
+
+    /// The port of [`url`](Self::url) on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_default()
+    }
+
+    /// The PEM file of the private key that signs service-account tokens (what
+    /// kube-controller-manager's `--service-account-private-key-file` needs to issue the token
+    /// secrets that v1.20 pods mount).
+    pub fn service_account_key_path(&self) -> &Path {
+        &self.pki.sa_key
+    }
+
     /// The temporary directory holding certificates, logs and etcd's data.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -24,7 +24,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::error::Error;
-use crate::peers::{APISERVER, CONTROLLER_MANAGER, EXAMPLE_PLUGIN, PLUGIN_MANAGER_HARNESS};
+use crate::peers::{
+    APISERVER, CONTROLLER_MANAGER, EXAMPLE_PLUGIN, KUBELET, PLUGIN_MANAGER_HARNESS, SCHEDULER,
+};
 use crate::process::PeerProcess;
 
 /// kube-apiserver v1.36.2 (prebuilt, see `shared/peers`).
@@ -38,6 +40,10 @@ pub const PLUGIN_MANAGER_V1_36: &str = "kubelet-pluginmanager-v1.36.2";
 pub const KUBELET_PLUGINS_V1_36: &str = "kubelet-plugins-v1.36.2";
 /// The real pluginwatcher example plugin v1.36.2.
 pub const EXAMPLE_PLUGIN_V1_36: &str = "example-plugin-v1.36.2";
+/// The whole kubelet v1.36.2 (prebuilt).
+pub const KUBELET_V1_36: &str = "kubelet-v1.36.2";
+/// kube-scheduler v1.36.2 (prebuilt).
+pub const SCHEDULER_V1_36: &str = "kube-scheduler-v1.36.2";
 
 /// A Kubernetes release whose real components the peers provide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -89,6 +95,22 @@ impl KubeVersion {
         match self {
             KubeVersion::V1_20_2 => CONTROLLER_MANAGER,
             KubeVersion::V1_36_2 => CONTROLLER_MANAGER_V1_36,
+        }
+    }
+
+    /// The peer name of its kube-scheduler.
+    pub fn scheduler_peer(self) -> &'static str {
+        match self {
+            KubeVersion::V1_20_2 => SCHEDULER,
+            KubeVersion::V1_36_2 => SCHEDULER_V1_36,
+        }
+    }
+
+    /// The peer name of its (whole) kubelet.
+    pub fn kubelet_peer(self) -> &'static str {
+        match self {
+            KubeVersion::V1_20_2 => KUBELET,
+            KubeVersion::V1_36_2 => KUBELET_V1_36,
         }
     }
 }

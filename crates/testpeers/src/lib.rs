@@ -19,19 +19,23 @@
 //!   ([`ApiServer::shared`] shares one per release between the tests running
 //!   at the same time);
 //!   [`ControllerManager`] adds a kube-controller-manager of the same release to it
-//!   ([`volume_controllers`] names the volume controllers in that release's words).
+//!   ([`volume_controllers`] names the volume controllers in that release's words), and
+//!   [`Scheduler`] a kube-scheduler (the one-node cluster of `plugreg-cluster` adds the
+//!   kubelet).
 //! * [`RealPluginManager`] and [`RealExamplePlugin`] run the real kubelet
 //!   plugin manager and the real example plugin of a [`KubeVersion`], hiding
 //!   how each release's harness is started and what its lines look like, so
 //!   one test body covers every release in [`KubeVersion::ALL`].
 
 mod apiserver;
+mod component;
 mod controller_manager;
 mod error;
 pub mod goplugin;
 mod kubelet;
 mod peers;
 mod process;
+mod scheduler;
 
 pub use apiserver::ApiServer;
 pub use controller_manager::{
@@ -40,11 +44,12 @@ pub use controller_manager::{
 pub use error::{Error, MissingPeer};
 pub use kubelet::{
     APISERVER_V1_36, CONTROLLER_MANAGER_V1_36, EXAMPLE_PLUGIN_V1_36, HandlerCall, HandlerEvent,
-    KUBELET_PLUGINS_V1_36, KubeVersion, Notification, PLUGIN_MANAGER_V1_36, PluginManagerOptions,
-    RealExamplePlugin, RealPluginManager,
+    KUBELET_PLUGINS_V1_36, KUBELET_V1_36, KubeVersion, Notification, PLUGIN_MANAGER_V1_36,
+    PluginManagerOptions, RealExamplePlugin, RealPluginManager, SCHEDULER_V1_36,
 };
 pub use peers::{
-    APISERVER, CONTROLLER_MANAGER, ETCD, EXAMPLE_PLUGIN, PEERS_DIR_ENV, PLUGIN_MANAGER_HARNESS,
-    peer, peers_dir,
+    APISERVER, CONTROLLER_MANAGER, ETCD, EXAMPLE_PLUGIN, KUBELET, PEERS_DIR_ENV,
+    PLUGIN_MANAGER_HARNESS, SCHEDULER, peer, peers_dir,
 };
 pub use process::{JsonLines, LinesFrom, PEER_LOG_ENV, PeerProcess, event_is, event_named};
+pub use scheduler::Scheduler;

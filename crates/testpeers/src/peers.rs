@@ -14,6 +14,10 @@ pub const EXAMPLE_PLUGIN: &str = "example-plugin";
 pub const APISERVER: &str = "kube-apiserver";
 /// kube-controller-manager v1.20.2.
 pub const CONTROLLER_MANAGER: &str = "kube-controller-manager";
+/// The whole kubelet v1.20.2 (for the one-node cluster).
+pub const KUBELET: &str = "kubelet";
+/// kube-scheduler v1.20.2.
+pub const SCHEDULER: &str = "kube-scheduler";
 /// etcd (Debian's etcd-server).
 pub const ETCD: &str = "etcd";
 

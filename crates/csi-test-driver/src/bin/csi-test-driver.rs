@@ -90,6 +90,11 @@ struct Args {
     /// Where volumes live [default: <socket>.volumes].
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Keep the volumes in the data dir, as a real driver's backing store: instances sharing it
+    /// (controller and node plugins, a restarted driver) see the same volumes, the volume id is
+    /// the CreateVolume name, and stopping leaves the mounts to the container orchestrator.
+    #[arg(long)]
+    persistent: bool,
     /// bind: bind mounts; directory: plain directories; auto: bind mounts when root.
     #[arg(long, value_enum, default_value_t = Mount::Auto)]
     mount: Mount,
@@ -145,6 +150,7 @@ impl Args {
             controller_publish: self.controller_publish,
             volumes: self.volumes.clone(),
             data_dir: self.data_dir.clone(),
+            persistent: self.persistent,
             mount: match self.mount {
                 Mount::Auto => MountMode::Auto,
                 Mount::Bind => MountMode::Bind,

@@ -1,0 +1,573 @@
+//! The flow plugreg exists for, end to end, on a real one-node cluster of each release.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::{Api, ListParams};
+use plugreg_testpeers::KubeVersion;
+
+/// Defines `<name>::v1_20_2` and `<name>::v1_36_2` running `body(version)`.
+macro_rules! on_both_releases {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn v1_20_2() {
+                super::$body(plugreg_testpeers::KubeVersion::V1_20_2).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn v1_36_2() {
+                super::$body(plugreg_testpeers::KubeVersion::V1_36_2).await;
+            }
+        }
+    };
+}
+
+/// Flow step 1: The real kubelet's plugin watcher registers the driver through plugreg's
+/// csi-node-driver-registrar: the Node gets the driver's node id annotation and the CSINode
+/// lists the driver with the node's topology key.
+async fn kubelet_registers_the_driver(version: KubeVersion) {
+    let cluster = cluster_with_driver(version, None).await;
+    let node = Api::<Node>::all(cluster.client())
+        .get(plugreg_cluster::NODE_NAME)
+        .await
+        .expect("get the Node");
+    let ids = node
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get("csi.volume.kubernetes.io/nodeid")
+        .cloned()
+        .unwrap_or_default();
+    let ids: serde_json::Value = serde_json::from_str(&ids).expect("nodeid annotation JSON");
+    assert_eq!(ids[DRIVER], serde_json::json!(plugreg_cluster::NODE_NAME));
+    let csinode = Api::<CSINode>::all(cluster.client())
+        .get(plugreg_cluster::NODE_NAME)
+        .await
+        .expect("get the CSINode");
+    let driver = csinode
+        .spec
+        .drivers
+        .iter()
+        .find(|d| d.name == DRIVER)
+        .expect("the driver in the CSINode");
+    assert_eq!(driver.node_id, plugreg_cluster::NODE_NAME);
+    assert_eq!(driver.topology_keys, Some(vec![TOPOLOGY_KEY.to_owned()]));
+    cluster.shutdown().await.expect("tear down");
+}
+on_both_releases!(kubelet_registers_the_driver, kubelet_registers_the_driver);
+
+/// Flow step 2: WaitForFirstConsumer: the claim waits for its pod; the scheduler picks the node,
+/// plugreg's csi-provisioner creates the volume with the node's topology, the claim is Bound,
+/// the real kubelet calls NodeStageVolume then NodePublishVolume, the pod runs and the file it
+/// writes is in the driver's backing store.
+async fn pod_gets_a_provisioned_volume(version: KubeVersion) {
+    let cluster = cluster_with_driver(version, None).await;
+    let ns = "provision";
+    cluster.create_namespace(ns).await.expect("namespace");
+    storage_class(&cluster, "provision-wffc").await;
+    claim(&cluster, ns, "data", "provision-wffc").await;
+    // The PV controller says it waits for a consumer; only then is "not provisioned" a fact.
+    let events: Api<Event> = Api::namespaced(cluster.client(), ns);
+    wait(&cluster, "the claim's WaitForFirstConsumer event", || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("WaitForFirstConsumer"))
+                .then_some(()))
+        }
+    })
+    .await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client(), ns);
+    let waiting = claims.get("data").await.expect("get the claim");
+    assert_eq!(
+        waiting.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending")
+    );
+    assert!(waiting.spec.and_then(|s| s.volume_name).is_none());
+
+    pod_with_claim(&cluster, ns, "app", "data", "hello", "written by the pod").await;
+    let pod = wait_running(&cluster, ns, "app").await;
+    let pv = bound_volume(&cluster, ns, "data").await;
+    let claim = claims.get("data").await.expect("get the claim");
+    let annotations = claim.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("volume.kubernetes.io/selected-node")
+            .map(String::as_str),
+        Some(plugreg_cluster::NODE_NAME),
+        "the scheduler picked the node"
+    );
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let spec = pv.spec.clone().expect("PV spec");
+    let csi = spec.csi.expect("a CSI volume");
+    assert_eq!(csi.driver, DRIVER);
+    // The test driver's volume id is the CreateVolume name, which is the PV's name.
+    assert_eq!(csi.volume_handle, pv_name);
+    let terms = spec
+        .node_affinity
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default();
+    let topology: Vec<_> = terms
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .map(|e| (e.key.as_str(), e.values.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        topology,
+        vec![(TOPOLOGY_KEY, vec![plugreg_cluster::NODE_NAME.to_owned()])],
+        "the volume carries the node's topology"
+    );
+    assert_eq!(
+        pv.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("pv.kubernetes.io/provisioned-by")
+            .map(String::as_str),
+        Some(DRIVER)
+    );
+
+    // The drivers' own records: the controller created it, the node plugin staged it, then
+    // published it.
+    let controller_calls = driver_calls(&cluster, &controller_pod(&cluster).await);
+    assert!(
+        controller_calls.iter().any(|m| m == "CreateVolume"),
+        "{controller_calls:?}"
+    );
+    let node_calls = driver_calls(&cluster, &node_plugin_pod(&cluster).await);
+    let stage = node_calls.iter().position(|m| m == "NodeStageVolume");
+    let publish = node_calls.iter().position(|m| m == "NodePublishVolume");
+    assert!(
+        matches!((stage, publish), (Some(s), Some(p)) if s < p),
+        "NodeStageVolume then NodePublishVolume: {node_calls:?}"
+    );
+    let mounts = csi_mounts(&cluster);
+    assert!(mounts.contains(&target_path(&pod, &pv_name)), "{mounts:?}");
+    assert!(
+        mounts.iter().any(|m| m.ends_with("/globalmount")),
+        "a staging mount: {mounts:?}"
+    );
+    let file = cluster
+        .node()
+        .host_path(format!("{BACKING_STORE}/{pv_name}/hello"));
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap_or_default(),
+        "written by the pod\n",
+        "{} in the backing store",
+        file.display()
+    );
+    cluster.shutdown().await.expect("tear down");
+}
+on_both_releases!(pod_gets_a_provisioned_volume, pod_gets_a_provisioned_volume);
+
+/// Flow step 3: The pod is deleted: NodeUnpublishVolume and NodeUnstageVolume, no mount left on the
+/// node. The claim is deleted: DeleteVolume, the PV is gone, the backing store is empty.
+async fn deleting_pod_and_claim_cleans_up(version: KubeVersion) {
+    let cluster = cluster_with_driver(version, None).await;
+    let ns = "cleanup";
+    let (_, pv) = running_pod_with_volume(&cluster, ns, "bye").await;
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    assert!(!csi_mounts(&cluster).is_empty());
+
+    delete_pod(&cluster, ns, "app").await;
+    let node_calls = driver_calls(&cluster, &node_plugin_pod(&cluster).await);
+    let unpublish = node_calls.iter().position(|m| m == "NodeUnpublishVolume");
+    let unstage = node_calls.iter().position(|m| m == "NodeUnstageVolume");
+    assert!(
+        matches!((unpublish, unstage), (Some(p), Some(s)) if p < s),
+        "NodeUnpublishVolume then NodeUnstageVolume: {node_calls:?}"
+    );
+    let left = csi_mounts(&cluster);
+    assert!(left.is_empty(), "CSI mounts left on the node: {left:?}");
+
+    Api::<PersistentVolumeClaim>::namespaced(cluster.client(), ns)
+        .delete("data", &Default::default())
+        .await
+        .expect("delete the claim");
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
+    wait(&cluster, "the PV gone", || {
+        let pvs = pvs.clone();
+        let name = pv_name.clone();
+        async move { Ok(pvs.get_opt(&name).await?.is_none().then_some(())) }
+    })
+    .await;
+    let controller_calls = driver_calls(&cluster, &controller_pod(&cluster).await);
+    assert!(
+        controller_calls.iter().any(|m| m == "DeleteVolume"),
+        "{controller_calls:?}"
+    );
+    let store = cluster.node().host_path(BACKING_STORE);
+    let left: Vec<_> = std::fs::read_dir(&store)
+        .expect("the backing store")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the backing store {} is not empty: {left:?}",
+        store.display()
+    );
+    cluster.shutdown().await.expect("tear down");
+}
+on_both_releases!(
+    deleting_pod_and_claim_cleans_up,
+    deleting_pod_and_claim_cleans_up
+);
+
+/// The node plugin's DaemonSet rolls out with a surge (the new pod starts before the old one
+/// stops), as a driver that must never be unavailable would do it.
+const SURGE: &str = "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: csi-node
+spec:
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxSurge: 1
+      maxUnavailable: 0
+";
+
+/// A new revision of the node plugin's pod template.
+const REVISION_2: &str = "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: csi-node
+spec:
+  template:
+    metadata:
+      annotations:
+        plugreg.test/revision: \"2\"
+";
+
+/// Flow step 4: a rolling update of the node plugin with `maxSurge: 1` while a pod uses a
+/// volume: the kubelet never deregisters the driver (its log has no DeRegister), the pod
+/// keeps its volume, and the new node plugin unpublishes it when the pod goes. (DaemonSet
+/// surge came with Kubernetes 1.21: see `v1_20_2_has_no_daemonset_surge`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn surge_rollout_keeps_the_driver_registered() {
+    let version = KubeVersion::V1_36_2;
+    let first = test_overlay(&[("surge.yaml", SURGE)]);
+    let cluster = cluster_with_driver(version, Some(first.path())).await;
+    let ds = node_daemonset(&cluster).await;
+    let rolling = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|u| u.rolling_update.as_ref())
+        .expect("a rolling update strategy");
+    assert_eq!(
+        rolling.max_surge,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+    let ns = "surge";
+    let (app, pv) = running_pod_with_volume(&cluster, ns, "across the rollout").await;
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let target = target_path(&app, &pv_name);
+    let old_plugin = node_plugin_pod(&cluster).await;
+    let from = cluster.node().kubelet_log_text().len();
+
+    // The new revision: the annotation, and (the loopback rules pick them anew) other ports,
+    // which host-network pods running side by side need.
+    let second = test_overlay(&[("surge.yaml", SURGE), ("revision.yaml", REVISION_2)]);
+    cluster
+        .deploy(second.path())
+        .await
+        .expect("apply revision 2");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(cluster.client(), DRIVER_NS);
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(cluster.client(), DRIVER_NS);
+    let old_uid = old_plugin.metadata.uid.clone();
+    let new_plugin = wait(&cluster, "the rollout to finish", || {
+        let pods = pods.clone();
+        let daemonsets = daemonsets.clone();
+        let old_uid = old_uid.clone();
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=csi-node"))
+                .await?;
+            let ds = daemonsets.get(NODE_DS).await?;
+            let done = ds.status.as_ref().is_some_and(|s| {
+                s.observed_generation >= ds.metadata.generation
+                    && s.updated_number_scheduled == Some(1)
+                    && s.number_available == Some(1)
+                    && s.number_unavailable.unwrap_or(0) == 0
+            });
+            let only_new = list.items.len() == 1 && list.items[0].metadata.uid != old_uid;
+            Ok((done && only_new).then(|| list.items[0].clone()))
+        }
+    })
+    .await;
+    // A surge, not a replacement: the kubelet took the new pod on while the old one was still
+    // there (its log, in order: the new pod's ADD, then the old pod's DELETE; with maxSurge the
+    // DaemonSet controller deletes the old pod only once the new one is available).
+    let log = kubelet_log_since(&cluster, from);
+    let line_of = |what: &str, pod: &str| {
+        log.lines()
+            .position(|l| l.contains(what) && l.contains(pod))
+            .unwrap_or_else(|| panic!("no {what} of {pod} in the kubelet's log"))
+    };
+    let new_name = new_plugin.metadata.name.clone().unwrap_or_default();
+    let old_name = old_plugin.metadata.name.clone().unwrap_or_default();
+    assert!(
+        line_of("SyncLoop ADD", &new_name) < line_of("SyncLoop DELETE", &old_name),
+        "the old node plugin was deleted before the new one came"
+    );
+    wait_registered(&cluster).await;
+
+    // The pod kept its volume: same pod, never restarted, still mounted, its file intact.
+    let app_now = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client(), ns)
+        .get("app")
+        .await
+        .expect("get the app pod");
+    assert_eq!(app_now.metadata.uid, app.metadata.uid);
+    assert_eq!(
+        container_status(&app_now, "app").map(|c| c.restart_count),
+        Some(0)
+    );
+    assert!(container_status(&app_now, "app").is_some_and(|c| c.ready));
+    assert!(
+        csi_mounts(&cluster).contains(&target),
+        "{target} unmounted by the rollout"
+    );
+    let file = cluster
+        .node()
+        .host_path(format!("{BACKING_STORE}/{pv_name}/hello"));
+    assert_eq!(
+        std::fs::read_to_string(file).unwrap_or_default(),
+        "across the rollout\n"
+    );
+
+    // The new node plugin takes the volume down when the pod goes.
+    delete_pod(&cluster, ns, "app").await;
+    let calls = driver_calls(&cluster, &new_plugin);
+    assert!(
+        calls.iter().any(|m| m == "NodeUnpublishVolume"),
+        "{calls:?}"
+    );
+    assert!(calls.iter().any(|m| m == "NodeUnstageVolume"), "{calls:?}");
+    let left = csi_mounts(&cluster);
+    assert!(left.is_empty(), "CSI mounts left on the node: {left:?}");
+    // Last, so that a failure here shows that everything above held.
+    let log = kubelet_log_since(&cluster, from);
+    assert!(
+        !log.contains(DEREGISTER),
+        "the kubelet deregistered the driver during the surge rollout:\n{}",
+        log.lines()
+            .filter(|l| l.contains("DeRegister") || l.contains("Register new plugin"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    cluster.shutdown().await.expect("tear down");
+}
+
+/// Kubernetes v1.20.2 has no DaemonSet surge (`maxSurge` came with 1.21, behind a gate): its
+/// API server drops the field, so the node plugin there can only be replaced by stopping the
+/// old pod first (and the kubelet deregisters the driver meanwhile). This is why the surge
+/// rollout above runs on v1.36.2 only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_20_2_has_no_daemonset_surge() {
+    let api = plugreg_testpeers::ApiServer::start_version(KubeVersion::V1_20_2)
+        .await
+        .expect("kube-apiserver v1.20.2");
+    let client = api.client().await.expect("client");
+    let ds = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "csi-node", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "csi-node"}},
+            "updateStrategy": {"type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": {"app": "csi-node"}},
+                "spec": {"containers": [{"name": "c", "image": "plugreg.test/busybox"}]}}
+        }
+    });
+    // Server-side apply knows the schema and refuses the field...
+    let refused = plugreg_cluster::deploy::apply_one(&client, &ds)
+        .await
+        .expect_err("v1.20.2 applies a DaemonSet with maxSurge");
+    assert!(refused.to_string().contains("maxSurge"), "{refused}");
+    // ...a plain create refuses what only a surge makes valid (no pod may be unavailable)...
+    let daemonsets = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client, "default");
+    let typed = |v: serde_json::Value| -> k8s_openapi::api::apps::v1::DaemonSet {
+        serde_json::from_value(v).expect("a DaemonSet")
+    };
+    let invalid = daemonsets
+        .create(&Default::default(), &typed(ds.clone()))
+        .await
+        .expect_err("v1.20.2 takes maxUnavailable: 0");
+    assert!(invalid.to_string().contains("cannot be 0"), "{invalid}");
+    // ...and drops maxSurge where the rest is valid.
+    let mut ds = ds;
+    ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] = serde_json::json!(1);
+    let created = daemonsets
+        .create(&Default::default(), &typed(ds))
+        .await
+        .expect("create the DaemonSet");
+    let rolling = serde_json::to_value(
+        created
+            .spec
+            .and_then(|s| s.update_strategy)
+            .and_then(|u| u.rolling_update),
+    )
+    .expect("JSON");
+    assert!(rolling.get("maxSurge").is_none(), "{rolling}");
+    assert_eq!(rolling["maxUnavailable"], serde_json::json!(1));
+}
+
+/// Flow step 5: the kubelet is restarted: it registers the driver again (its log says so after
+/// the restart), and a pod created after the restart gets its volume.
+async fn kubelet_restart_registers_the_driver_again(version: KubeVersion) {
+    let mut cluster = cluster_with_driver(version, None).await;
+    let from = cluster.node().kubelet_log_text().len();
+    let before = cluster.node().kubelet_pid();
+    cluster
+        .restart_kubelet()
+        .await
+        .expect("restart the kubelet");
+    assert_ne!(
+        cluster.node().kubelet_pid(),
+        before,
+        "a new kubelet process"
+    );
+    let c = &cluster;
+    wait(
+        c,
+        "the restarted kubelet to register the driver",
+        move || async move { Ok(kubelet_log_since(c, from).contains(REGISTER).then_some(())) },
+    )
+    .await;
+    wait_registered(&cluster).await;
+
+    let ns = "after-restart";
+    let (_, pv) = running_pod_with_volume(&cluster, ns, "after the restart").await;
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let file = cluster
+        .node()
+        .host_path(format!("{BACKING_STORE}/{pv_name}/hello"));
+    assert_eq!(
+        std::fs::read_to_string(file).unwrap_or_default(),
+        "after the restart\n"
+    );
+    let calls = driver_calls(&cluster, &node_plugin_pod(&cluster).await);
+    assert!(calls.iter().any(|m| m == "NodePublishVolume"), "{calls:?}");
+    cluster.shutdown().await.expect("tear down");
+}
+on_both_releases!(
+    kubelet_restart_registers_the_driver_again,
+    kubelet_restart_registers_the_driver_again
+);
+
+/// The node plugin's liveness probe, quicker than deploy/base's (5 failures 10 s apart, then
+/// the pod's 30 s grace): the same probe of plugreg's livenessprobe, checked every 2 s.
+const QUICK_LIVENESS: &str = "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: csi-node
+spec:
+  template:
+    spec:
+      terminationGracePeriodSeconds: 3
+      containers:
+      - name: csi-driver
+        livenessProbe:
+          initialDelaySeconds: 5
+          periodSeconds: 2
+          failureThreshold: 2
+          timeoutSeconds: 3
+";
+
+/// Flow step 6: the driver hangs (its process is stopped: connections queue, Probe never
+/// answers); plugreg's livenessprobe answers 500, the kubelet restarts the driver container,
+/// and the driver is registered and serving again: a new pod gets a volume through it.
+async fn hung_driver_is_restarted_through_the_livenessprobe(version: KubeVersion) {
+    let overlay = test_overlay(&[("liveness.yaml", QUICK_LIVENESS)]);
+    let cluster = cluster_with_driver(version, Some(overlay.path())).await;
+    let ds = node_daemonset(&cluster).await;
+    let health = http_endpoint_port(&ds, "liveness-probe");
+    wait(&cluster, "livenessprobe to answer 200", || async move {
+        Ok((http_status(health, "/healthz") == Some(200)).then_some(()))
+    })
+    .await;
+    let plugin = node_plugin_pod(&cluster).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(cluster.client(), DRIVER_NS);
+    let name = plugin.metadata.name.clone().unwrap_or_default();
+    let id = wait(&cluster, "the driver container running", || {
+        let pods = pods.clone();
+        let name = name.clone();
+        async move {
+            let p = pods.get(&name).await?;
+            Ok(container_status(&p, "csi-driver")
+                .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                .and_then(|c| c.container_id))
+        }
+    })
+    .await;
+    let pids = cluster.node().container_processes(&id);
+    assert!(!pids.is_empty(), "no process for container {id}");
+    for pid in &pids {
+        plugreg_cluster::host::signal(*pid, rustix::process::Signal::STOP);
+    }
+
+    wait(&cluster, "livenessprobe to answer 500", || async move {
+        Ok((http_status(health, "/healthz") == Some(500)).then_some(()))
+    })
+    .await;
+    wait(
+        &cluster,
+        "the kubelet to restart the driver container",
+        || {
+            let pods = pods.clone();
+            let name = name.clone();
+            async move {
+                let p = pods.get(&name).await?;
+                Ok(container_status(&p, "csi-driver")
+                    .filter(|c| c.restart_count >= 1 && c.ready)
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(cluster.client(), DRIVER_NS);
+    let unhealthy: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Unhealthy"))
+        .filter_map(|e| e.message)
+        .collect();
+    assert!(
+        unhealthy
+            .iter()
+            .any(|m| m.contains("Liveness probe failed") && m.contains("statuscode: 500")),
+        "the kubelet saw the 500: {unhealthy:?}"
+    );
+    wait(
+        &cluster,
+        "livenessprobe to answer 200 again",
+        || async move { Ok((http_status(health, "/healthz") == Some(200)).then_some(())) },
+    )
+    .await;
+    wait_registered(&cluster).await;
+    let (_, pv) = running_pod_with_volume(&cluster, "after-hang", "after the hang").await;
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let file = cluster
+        .node()
+        .host_path(format!("{BACKING_STORE}/{pv_name}/hello"));
+    assert_eq!(
+        std::fs::read_to_string(file).unwrap_or_default(),
+        "after the hang\n"
+    );
+    cluster.shutdown().await.expect("tear down");
+}
+on_both_releases!(
+    hung_driver_is_restarted_through_the_livenessprobe,
+    hung_driver_is_restarted_through_the_livenessprobe
+);
