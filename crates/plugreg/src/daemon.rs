@@ -66,9 +66,17 @@ pub struct ManagerArgs {
     /// Period of the safety-net full reconcile.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub resync_period: Duration,
-    /// Most registrations and deregistrations running at once.
+    /// Most registrations and deregistrations running at once in the shared slots.
     #[arg(long, default_value_t = 64)]
     pub max_concurrent_operations: usize,
+    /// An operation running this long leaves the shared slots (so a slow plugin does not
+    /// hold up the others) for the slow lane.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "250ms")]
+    pub slow_operation_after: Duration,
+    /// Most operations in the slow lane; when it is full, the plugin with the most slow
+    /// registrations has its oldest cancelled and retried with back-off.
+    #[arg(long, default_value_t = 256)]
+    pub max_slow_operations: usize,
     /// Limit for each handler call (validate, register, deregister); CSIPlugin gets
     /// --csi-node-get-info-timeout plus 10s.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
@@ -96,6 +104,8 @@ impl ManagerArgs {
         c.notify_timeout = self.notify_timeout;
         c.resync_period = self.resync_period;
         c.max_concurrent_operations = self.max_concurrent_operations;
+        c.slow_operation_after = self.slow_operation_after;
+        c.max_slow_operations = self.max_slow_operations;
         c.handler_timeout = self.handler_timeout;
         // CSI's register waits for NodeGetInfo (2 min by default): give it that and a margin.
         c.handler_timeouts.insert(
