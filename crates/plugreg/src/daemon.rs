@@ -131,6 +131,11 @@ impl ManagerArgs {
             if t.is_empty() {
                 continue;
             }
+            #[cfg(feature = "panicking-handler")]
+            if t == crate::fault::PLUGIN_TYPE {
+                handlers.insert(t, Arc::new(crate::fault::PanickingHandler));
+                continue;
+            }
             if t == plugreg_proto::pluginregistration::DRA_PLUGIN {
                 handlers.insert(t, Arc::new(crate::dra::daemon_handler().clone()));
             } else if t == EXAMPLE_PLUGIN {

@@ -106,10 +106,13 @@ async fn the_release_daemon_survives_a_panicking_handler() {
     };
     let mut status = panicking.status();
     let _p = serve(&panicking, "panics.sock");
-    tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.notifications() > 0))
-        .await
-        .expect("the panicking plugin was answered")
-        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        status.wait_for(|s| s.notifications() > 0),
+    )
+    .await
+    .expect("the panicking plugin was answered")
+    .unwrap();
     let refusal = status.borrow().clone();
     assert!(!refusal.is_registered(), "{refusal:?}");
     let text = wait_for(&mut daemon, &log, "handler panicked");
@@ -127,10 +130,13 @@ async fn the_release_daemon_survives_a_panicking_handler() {
     });
     let mut status = good.status();
     let _g = serve(&good, "good.sock");
-    tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.is_registered()))
-        .await
-        .expect("a plugin registered after the panic")
-        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        status.wait_for(|s| s.is_registered()),
+    )
+    .await
+    .expect("a plugin registered after the panic")
+    .unwrap();
     assert!(daemon.0.try_wait().unwrap().is_none(), "the daemon exited");
     token.cancel();
 }
