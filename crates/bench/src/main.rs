@@ -15,8 +15,10 @@
 
 mod burst;
 mod child;
+mod crowd;
 mod farm;
 mod handler;
+mod hol;
 mod http;
 mod latency;
 mod plugin;
@@ -146,6 +148,12 @@ enum Hidden {
     },
     /// Churn plugin sockets against the `plugreg manager` daemon and check its end state.
     Soak(soak::SoakArgs),
+    /// The diagnostics HTTP servers (registrar, livenessprobe, manager) under a crowd of idle
+    /// and slow-loris clients: /healthz round trips and memory.
+    Http(crowd::HttpArgs),
+    /// Ordinary plugins registering while a CSI driver whose NodeGetInfo hangs is registered
+    /// through many sockets.
+    Hol(hol::HolArgs),
     /// Run the plugin manager library with an accept-all BenchPlugin handler.
     #[command(hide = true)]
     Manager {
@@ -167,6 +175,8 @@ fn main() -> anyhow::Result<()> {
             style,
         }) => farm::run(&dir, count, workers, timeout, style),
         Some(Hidden::Soak(args)) => soak::main(args),
+        Some(Hidden::Http(args)) => crowd::main(args),
+        Some(Hidden::Hol(args)) => hol::main(args),
         Some(Hidden::Manager {
             registry_dir,
             max_concurrent_operations,
@@ -366,7 +376,7 @@ fn default_work_dirs() -> Vec<PathBuf> {
 }
 
 /// The short commit hash, marked when the working tree differs from it.
-fn commit() -> String {
+pub(crate) fn commit() -> String {
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)

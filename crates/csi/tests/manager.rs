@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use plugreg_csi::{CsiHandler, FileSink, PLUGIN_TYPE};
-use plugreg_csi_test_driver::{DriverConfig, Fault, RunningDriver};
-use plugreg_manager::{HandlerRegistry, ManagerConfig, PluginManager};
+use plugreg_csi_test_driver::{DriverConfig, Fault, Method, RunningDriver};
+use plugreg_manager::{HandlerRegistry, ManagerConfig, PluginManager, PluginState};
 use plugreg_registrar::{PluginInfo, Registrar, ServeOptions, Status};
 use tokio_util::sync::CancellationToken;
 
@@ -21,9 +21,18 @@ struct Setup {
     csi_sock: PathBuf,
     node_info: PathBuf,
     token: CancellationToken,
+    manager: PluginManager,
 }
 
 async fn setup(node_get_info_timeout: Duration) -> Setup {
+    setup_with(node_get_info_timeout, |_| {}).await
+}
+
+/// [`setup`] with the manager's configuration adjusted by `adjust`.
+async fn setup_with(
+    node_get_info_timeout: Duration,
+    adjust: impl FnOnce(&mut ManagerConfig),
+) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let registry = tmp.path().join("plugins_registry");
     let csi_sock = tmp.path().join("csi.sock");
@@ -36,8 +45,9 @@ async fn setup(node_get_info_timeout: Duration) -> Setup {
     config.backoff_initial = Duration::from_millis(50);
     config.backoff_max = Duration::from_millis(400);
     config.liveness = None;
+    adjust(&mut config);
     let token = CancellationToken::new();
-    PluginManager::start(
+    let manager = PluginManager::start(
         config,
         HandlerRegistry::new().with(PLUGIN_TYPE, Arc::new(handler)),
         token.clone(),
@@ -50,6 +60,7 @@ async fn setup(node_get_info_timeout: Duration) -> Setup {
         csi_sock,
         node_info,
         token,
+        manager,
     }
 }
 
@@ -210,4 +221,123 @@ async fn topology_collision_is_told_and_retried_once_the_label_is_fixed() {
     assert!(text.contains("zone-a"), "{text}");
     let _ = s.tmp.path();
     s.token.cancel();
+}
+
+/// A driver (`csi.hang.plugreg.io`) whose NodeGetInfo never answers, registered through
+/// `sockets` registration sockets of its own (as a DaemonSet whose registrar restarts under
+/// new socket names might leave them).
+async fn hanging_driver(s: &Setup, sockets: usize) -> (RunningDriver, Vec<Registrar>) {
+    let csi = s.tmp.path().join("hang.sock");
+    let config = DriverConfig {
+        name: "csi.hang.plugreg.io".into(),
+        node_get_info: Fault {
+            hang: true,
+            ..Fault::default()
+        },
+        ..Default::default()
+    };
+    let driver = plugreg_csi_test_driver::start(config, &csi).await.unwrap();
+    let mut registrars = Vec::new();
+    for i in 0..sockets {
+        let r = Registrar::new(PluginInfo {
+            r#type: PLUGIN_TYPE.into(),
+            name: "csi.hang.plugreg.io".into(),
+            endpoint: csi.display().to_string(),
+            supported_versions: vec!["1.0.0".into()],
+        });
+        let (rr, sock, t) = (
+            r.clone(),
+            s.registry.join(format!("hang-{i}-reg.sock")),
+            s.token.clone(),
+        );
+        tokio::spawn(async move { rr.serve(&sock, ServeOptions::default(), t).await.unwrap() });
+        registrars.push(r);
+    }
+    (driver, registrars)
+}
+
+/// Waits until the hanging driver has a NodeGetInfo call and `at_least` registrations run
+/// (the CSI handler calls one driver name's NodeGetInfo one at a time: the others wait).
+async fn wait_for_hanging(s: &Setup, driver: &RunningDriver, at_least: usize) {
+    let deadline = tokio::time::Instant::now() + SOON;
+    loop {
+        let registering = s
+            .manager
+            .snapshot()
+            .iter()
+            .filter(|r| r.state == PluginState::Registering)
+            .count();
+        if registering >= at_least && driver.calls().count(Method::NodeGetInfo) > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{registering} registrations running"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Issue 17, finding 8: a driver whose NodeGetInfo hangs on many sockets fills every shared
+/// operation slot (4 here, 64 by default), each for up to its NodeGetInfo limit (10 min here, 2
+/// min by default). Another driver still registers at once, while those calls still hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_hanging_on_many_sockets_does_not_delay_another() {
+    let s = setup_with(Duration::from_secs(600), |c| {
+        c.max_concurrent_operations = 4
+    })
+    .await;
+    let (hang, hanging) = hanging_driver(&s, 16).await;
+    // Every shared slot is taken by a registration of the hanging driver.
+    wait_for_hanging(&s, &hang, 4).await;
+    let good = driver(&s.csi_sock, DriverConfig::default()).await;
+    let r = register(&s);
+    wait(&r, |st| st.is_registered()).await;
+    for h in &hanging {
+        assert_eq!(
+            h.status().borrow().notifications(),
+            0,
+            "a hanging registration ended"
+        );
+    }
+    good.stop().await.unwrap();
+    hang.stop().await.unwrap();
+}
+
+/// Issue 17, finding 8: when the slow lane is full, the plugin holding the most slow
+/// registrations gives one up, not the plugin that is merely slow: a driver whose NodeGetInfo
+/// takes 2 s registers while another's hangs on 16 sockets and a slow lane of 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_slow_lane_cancels_the_crowding_driver_not_the_slow_one() {
+    let s = setup_with(Duration::from_secs(600), |c| {
+        c.max_concurrent_operations = 4;
+        c.max_slow_operations = 4;
+    })
+    .await;
+    let (hang, hanging) = hanging_driver(&s, 16).await;
+    wait_for_hanging(&s, &hang, 4).await;
+    let slow = DriverConfig {
+        node_get_info: Fault {
+            delay: Some(Duration::from_secs(2)),
+            ..Fault::default()
+        },
+        ..Default::default()
+    };
+    let good = driver(&s.csi_sock, slow).await;
+    let r = register(&s);
+    let st = wait(&r, |st| st.notifications() > 0).await;
+    assert!(
+        st.is_registered(),
+        "the slow driver was refused: {}",
+        last_error(&st)
+    );
+    // The crowding driver's registrations were cancelled and told why.
+    let told = hanging
+        .iter()
+        .find_map(|h| h.status().borrow().last.clone());
+    let told = told.expect("a hanging registration was cancelled and told");
+    assert!(!told.plugin_registered);
+    assert!(told.error.contains("operation cancelled"), "{}", told.error);
+    good.stop().await.unwrap();
+    hang.stop().await.unwrap();
 }

@@ -26,8 +26,15 @@ pub struct ManagerConfig {
     pub backoff_initial: Duration,
     /// Back-off cap (upstream: 2 min 2 s).
     pub backoff_max: Duration,
-    /// Most registrations and deregistrations running at once (D7).
+    /// Most registrations and deregistrations running at once in the shared slots (D7).
     pub max_concurrent_operations: usize,
+    /// An operation running this long leaves the shared slots for the slow lane, so that a
+    /// plugin that takes long (a CSI driver's NodeGetInfo may take 2 min) does not hold up
+    /// the others.
+    pub slow_operation_after: Duration,
+    /// Most operations in the slow lane; when it is full, the plugin holding the most slow
+    /// registrations has its oldest one cancelled (and retried with back-off).
+    pub max_slow_operations: usize,
     /// Limit for each handler call (validate, register, deregister) (D7); upstream has none.
     pub handler_timeout: Duration,
     /// Per-plugin-type limits for handler calls, overriding `handler_timeout` (e.g. CSI's
@@ -68,6 +75,8 @@ impl ManagerConfig {
             backoff_initial: Backoff::KUBELET_OPERATIONS.initial,
             backoff_max: Backoff::KUBELET_OPERATIONS.max,
             max_concurrent_operations: 64,
+            slow_operation_after: Duration::from_millis(250),
+            max_slow_operations: 256,
             handler_timeout: Duration::from_secs(30),
             handler_timeouts: HashMap::new(),
             liveness: Some(LivenessConfig::default()),

@@ -8,11 +8,12 @@
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
 
 use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
@@ -129,29 +130,68 @@ impl HandlerTimeouts {
     }
 }
 
-/// How far an operation got: the step a panic outside a handler call is counted against.
+/// How far an operation got: the step a panic outside a handler call is counted against, and
+/// the plugin it is about once GetInfo told.
 #[derive(Debug, Default)]
-pub struct Progress(AtomicUsize);
+pub struct Progress {
+    step: AtomicUsize,
+    plugin: OnceLock<(String, String)>,
+}
 
 impl Progress {
     pub(crate) fn set(&self, step: Step) {
         let i = Step::ALL.iter().position(|s| *s == step).unwrap_or(0);
-        self.0.store(i, Ordering::Relaxed);
+        self.step.store(i, Ordering::Relaxed);
     }
 
     /// The step the operation is in (or last was in).
     pub fn step(&self) -> Step {
-        Step::ALL[self.0.load(Ordering::Relaxed).min(Step::ALL.len() - 1)]
+        Step::ALL[self.step.load(Ordering::Relaxed).min(Step::ALL.len() - 1)]
+    }
+
+    /// The plugin's type and name, once GetInfo answered.
+    pub fn plugin(&self) -> Option<&(String, String)> {
+        self.plugin.get()
+    }
+
+    pub(crate) fn set_plugin(&self, plugin_type: &str, name: &str) {
+        let _ = self.plugin.set((plugin_type.to_owned(), name.to_owned()));
+    }
+}
+
+/// What a cancelled registration reports: the runner cancels the slow operation of the plugin
+/// holding the most slow operations when it needs room for another.
+pub const CANCELLED: &str =
+    "operation cancelled: it ran slow while this plugin held the most slow operations";
+
+/// Awaits `fut` unless `cancel` fires first (`None` then).
+async fn unless_cancelled<T>(
+    cancel: &CancellationToken,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        v = fut => Some(v),
     }
 }
 
 /// Runs one handler call with a time limit; a panic inside it becomes an error instead of
-/// taking the operation down (the handler is someone else's code).
+/// taking the operation down (the handler is someone else's code). With `cancel`, the call is
+/// abandoned when it fires.
 async fn handler_call<T>(
     limit: Duration,
     call: impl std::future::Future<Output = T>,
+    cancel: Option<&CancellationToken>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(limit, AssertUnwindSafe(call).catch_unwind()).await {
+    let call = tokio::time::timeout(limit, AssertUnwindSafe(call).catch_unwind());
+    let done = match cancel {
+        Some(cancel) => unless_cancelled(cancel, call)
+            .await
+            .ok_or_else(|| CANCELLED.to_owned())?,
+        None => call.await,
+    };
+    match done {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(panic)) => Err(format!("handler panicked: {}", panic_text(&*panic))),
         Err(_) => Err(format!("handler did not answer within {limit:?}")),
@@ -262,12 +302,15 @@ async fn refuse(
     }
 }
 
-/// One registration attempt of the socket at `socket`.
+/// One registration attempt of the socket at `socket`. When `cancel` fires, the attempt ends
+/// at its next step (a handler call in flight is abandoned, a registration rolled back) with
+/// [`CANCELLED`].
 pub async fn register(
     socket: &Path,
     handlers: &HandlerRegistry,
     timeouts: &Timeouts,
     progress: &Progress,
+    cancel: &CancellationToken,
 ) -> Result<Registered, RegisterError> {
     progress.set(Step::Dial);
     let fail = |step, message: String, info: Option<&PluginInfo>| RegisterError {
@@ -276,26 +319,43 @@ pub async fn register(
         info: info.cloned(),
         young_refusal: false,
     };
-    let channel = plugreg_transport::connect_direct(socket, timeouts.dial)
-        .await
-        .map_err(|e| RegisterError {
-            young_refusal: refused_by_young_socket(&e, socket),
-            ..fail(
-                Step::Dial,
-                format!(
-                    "RegisterPlugin error -- dial failed at socket {}, err: {}",
-                    socket.display(),
-                    report::chain(&e)
-                ),
-                None,
-            )
-        })?;
+    let cancelled = |step| RegisterError {
+        step,
+        message: format!(
+            "RegisterPlugin error -- {CANCELLED} at socket {}",
+            socket.display()
+        ),
+        info: None,
+        young_refusal: false,
+    };
+    let dialled = unless_cancelled(
+        cancel,
+        plugreg_transport::connect_direct(socket, timeouts.dial),
+    )
+    .await
+    .ok_or_else(|| cancelled(Step::Dial))?;
+    let channel = dialled.map_err(|e| RegisterError {
+        young_refusal: refused_by_young_socket(&e, socket),
+        ..fail(
+            Step::Dial,
+            format!(
+                "RegisterPlugin error -- dial failed at socket {}, err: {}",
+                socket.display(),
+                report::chain(&e)
+            ),
+            None,
+        )
+    })?;
     let mut client = client(channel);
 
     progress.set(Step::GetInfo);
     let mut req = tonic::Request::new(InfoRequest {});
     req.set_timeout(timeouts.get_info);
-    let info = match tokio::time::timeout(timeouts.get_info, client.get_info(req)).await {
+    let answer = tokio::time::timeout(timeouts.get_info, client.get_info(req));
+    let answer = unless_cancelled(cancel, answer)
+        .await
+        .ok_or_else(|| cancelled(Step::GetInfo))?;
+    let info = match answer {
         Ok(Ok(r)) => r.into_inner(),
         Ok(Err(status)) => {
             return Err(fail(
@@ -310,8 +370,9 @@ pub async fn register(
         }
     };
 
+    progress.set_plugin(&info.r#type, &info.name);
     let limit = timeouts.handler.for_type(&info.r#type);
-    let (handler, endpoint) = match admit(&info, socket, handlers, limit, progress).await {
+    let (handler, endpoint) = match admit(&info, socket, handlers, limit, progress, cancel).await {
         Ok(admitted) => admitted,
         Err(r) => {
             let err = refuse(
@@ -328,7 +389,10 @@ pub async fn register(
     };
 
     progress.set(Step::Notify);
-    if let Err(e) = notify(&mut client, true, "", timeouts.notify).await {
+    let notified = unless_cancelled(cancel, notify(&mut client, true, "", timeouts.notify))
+        .await
+        .unwrap_or_else(|| Err(CANCELLED.to_owned()));
+    if let Err(e) = notified {
         rollback(handler, &info.name, &endpoint, limit).await;
         return Err(fail(
             Step::Notify,
@@ -374,6 +438,7 @@ async fn admit<'h>(
     handlers: &'h HandlerRegistry,
     limit: Duration,
     progress: &Progress,
+    cancel: &CancellationToken,
 ) -> Result<(&'h Arc<dyn crate::PluginHandler>, String), Refusal> {
     let refused = "RegisterPlugin error -- plugin validation failed with err";
     progress.set(Step::CheckInfo);
@@ -393,9 +458,13 @@ async fn admit<'h>(
     };
     let versions = &info.supported_versions;
     progress.set(Step::Validate);
-    let validated = handler_call(limit, handler.validate(&info.name, &endpoint, versions))
-        .await
-        .and_then(|r| r.map_err(|e| e.to_string()));
+    let validated = handler_call(
+        limit,
+        handler.validate(&info.name, &endpoint, versions),
+        Some(cancel),
+    )
+    .await
+    .and_then(|r| r.map_err(|e| e.to_string()));
     if let Err(e) = validated {
         return Err(Refusal {
             step: Step::Validate,
@@ -406,9 +475,13 @@ async fn admit<'h>(
         });
     }
     progress.set(Step::Register);
-    let registered = handler_call(limit, handler.register(&info.name, &endpoint, versions))
-        .await
-        .and_then(|r| r.map_err(|e| e.to_string()));
+    let registered = handler_call(
+        limit,
+        handler.register(&info.name, &endpoint, versions),
+        Some(cancel),
+    )
+    .await
+    .and_then(|r| r.map_err(|e| e.to_string()));
     if let Err(e) = registered {
         rollback(handler, &info.name, &endpoint, limit).await;
         let reason = format!("RegisterPlugin error -- plugin registration failed with err: {e}");
@@ -424,7 +497,8 @@ async fn rollback(
     endpoint: &str,
     limit: Duration,
 ) {
-    if let Err(e) = handler_call(limit, handler.deregister(name, endpoint)).await {
+    // Not cancellable: a registration is always undone.
+    if let Err(e) = handler_call(limit, handler.deregister(name, endpoint), None).await {
         tracing::warn!(name, endpoint, error = %e, "DeRegisterPlugin of a failed registration failed");
     }
 }
@@ -446,7 +520,7 @@ pub async fn deregister(
 ) {
     match handlers.get(plugin_type) {
         Some(h) => {
-            if let Err(e) = handler_call(limit, h.deregister(name, endpoint)).await {
+            if let Err(e) = handler_call(limit, h.deregister(name, endpoint), None).await {
                 tracing::warn!(plugin_type, name, endpoint, error = %e, "DeRegisterPlugin failed");
             }
         }

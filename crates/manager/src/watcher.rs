@@ -10,14 +10,15 @@
 //! appears); symlinked directories are not followed, so symlink loops cannot trap the walk.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
+use plugreg_runtime::Backoff;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -75,6 +76,13 @@ pub enum WatchError {
         source: io::Error,
     },
 }
+
+/// The wait after consecutive failed reads of the inotify stream: 10 ms doubling to 5 s. An
+/// error that persists would otherwise be retried at once, forever: a core burnt and the log
+/// flooded. The kernel keeps queueing events meanwhile (an overflow is rescanned), so nothing
+/// is lost by waiting.
+pub const STREAM_ERROR_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(10), Duration::from_secs(5));
 
 fn dir_mask() -> WatchMask {
     WatchMask::CREATE
@@ -241,7 +249,7 @@ impl Watcher {
 }
 
 async fn run(
-    mut stream: EventStream,
+    mut stream: impl Stream<Item = io::Result<inotify::Event<OsString>>> + Unpin,
     mut tree: Tree,
     events: mpsc::Sender<WatchEvent>,
     mut rescan: mpsc::Receiver<()>,
@@ -271,6 +279,8 @@ async fn run(
     tracing::debug!(root = %tree.root.display(), "Plugin Watcher Start");
     let mut retry = tokio::time::interval(retry_period);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Failed reads of the event stream in a row.
+    let mut stream_errors = 0;
 
     loop {
         let event = tokio::select! {
@@ -299,9 +309,18 @@ async fn run(
         };
         let Some(event) = event else { return Ok(()) };
         let event = match event {
-            Ok(e) => e,
+            Ok(e) => {
+                stream_errors = 0;
+                e
+            }
             Err(e) => {
-                tracing::error!(error = %e, "FsWatcher received error");
+                stream_errors += 1;
+                let wait = STREAM_ERROR_BACKOFF.delay(stream_errors);
+                tracing::error!(error = %e, retry_in = ?wait, "FsWatcher received error");
+                tokio::select! {
+                    _ = token.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(wait) => {}
+                }
                 continue;
             }
         };
@@ -524,4 +543,46 @@ pub fn list_sockets(root: &Path) -> io::Result<Vec<PathBuf>> {
     let mut paths: Vec<PathBuf> = found.into_iter().map(|(p, _)| p).collect();
     paths.sort();
     Ok(paths)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tokio::time::Instant;
+
+    /// Issue 17, finding 6. The kernel's inotify read cannot be made to fail on purpose, so the
+    /// event stream here is a stand-in that fails every read; the tree and its watches are real.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_event_stream_is_read_again_only_after_a_back_off() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (_inotify, tree) = start(tmp.path().join("registry")).unwrap();
+        let reads = Arc::new(Mutex::new(Vec::new()));
+        let failing = {
+            let reads = reads.clone();
+            futures::stream::repeat_with(move || {
+                reads.lock().unwrap().push(Instant::now());
+                Err(io::Error::other("read failed"))
+            })
+            .take(12)
+        };
+        let (events, _rx) = mpsc::channel(16);
+        let (_rescan, rescans) = mpsc::channel(1);
+        let token = CancellationToken::new();
+        run(
+            failing,
+            tree,
+            events,
+            rescans,
+            Duration::from_secs(1),
+            token,
+        )
+        .await
+        .unwrap();
+        let reads = reads.lock().unwrap();
+        let gaps: Vec<Duration> = reads.windows(2).map(|w| w[1] - w[0]).collect();
+        let expected: Vec<Duration> = (1..12).map(|n| STREAM_ERROR_BACKOFF.delay(n)).collect();
+        assert_eq!(gaps, expected, "waits between failed reads");
+        assert_eq!(expected.last(), Some(&Duration::from_secs(5)));
+    }
 }

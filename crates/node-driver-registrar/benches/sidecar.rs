@@ -208,8 +208,8 @@ async fn main() {
     let per_check = t.elapsed() / 400;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let loaded = status_kib(pid, "VmRSS:");
-    // Bursts of concurrent probes: they share one check in flight (and up to 16 connections
-    // are served at once, the rest wait in the backlog).
+    // Bursts of concurrent probes: they share one check in flight (and 16 connections are
+    // answered at once, the rest wait for one of those workers).
     let get_info_before = get_info_calls(http);
     let burst = tokio::task::spawn_blocking(move || {
         for _ in 0..BURSTS {

@@ -1,11 +1,12 @@
 //! The diagnostics HTTP server: `/healthz` with upstream's codes and bodies, bounded by
 //! `--timeout` as a whole (R4), and `/metrics` in the Prometheus text format.
 //!
-//! The server is `plugreg_sidecar_kit::http` (shared with livenessprobe): hyper's HTTP/1, one
-//! request per connection, with the bounds an endpoint on the network needs (D7): at most [`MAX_CONNECTIONS`] connections at once (the rest wait in the kernel's
-//! backlog), a request head of at most [`MAX_HEAD`] bytes read within [`HEADER_READ_TIMEOUT`],
-//! a time limit on each whole connection, and a back-off on accept errors such as EMFILE (which
-//! would otherwise fail again at once, forever). Concurrent `/healthz` callers share one check
+//! The server is `plugreg_sidecar_kit::http` (shared with livenessprobe, csi-provisioner and
+//! `plugreg manager`): hyper's HTTP/1, one request per connection, with the bounds an endpoint
+//! on the network needs (D7): up to [`MAX_CONNECTIONS`] connections open, idle ones nearly free
+//! and evicted oldest first when a new client needs the room, a request head of at most
+//! [`MAX_HEAD`] bytes within [`HEADER_READ_TIMEOUT`], each answer bounded in time, and a
+//! back-off on accept errors such as EMFILE. Concurrent `/healthz` callers share one check
 //! in flight, so a burst of probes costs one GetInfo self-call, not one each.
 
 use std::fmt::Write as _;

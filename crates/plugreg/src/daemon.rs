@@ -2,26 +2,21 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use plugreg_handlers::{EXAMPLE_PLUGIN, ExampleHandler, RecordHandler};
 use plugreg_manager::{
     DEFAULT_REGISTRY_DIR, HandlerRegistry, LivenessConfig, ManagerConfig, PluginManager,
 };
 use plugreg_runtime::signal::{Received, Signals};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use plugreg_sidecar_kit::http::{
+    Incoming, Limits, Method, NOT_FOUND_BODY, Request, Response, StatusCode, header, text_response,
+};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Time a CSI handler call may take beyond its NodeGetInfo limit.
 const CSI_HANDLER_MARGIN: Duration = Duration::from_secs(10);
@@ -71,15 +66,24 @@ pub struct ManagerArgs {
     /// Period of the safety-net full reconcile.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub resync_period: Duration,
-    /// Most registrations and deregistrations running at once.
+    /// Most registrations and deregistrations running at once in the shared slots.
     #[arg(long, default_value_t = 64)]
     pub max_concurrent_operations: usize,
+    /// An operation running this long leaves the shared slots (so a slow plugin does not
+    /// hold up the others) for the slow lane.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "250ms")]
+    pub slow_operation_after: Duration,
+    /// Most operations in the slow lane; when it is full, the plugin with the most slow
+    /// registrations has its oldest cancelled and retried with back-off.
+    #[arg(long, default_value_t = 256)]
+    pub max_slow_operations: usize,
     /// Limit for each handler call (validate, register, deregister); CSIPlugin gets
     /// --csi-node-get-info-timeout plus 10s.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub handler_timeout: Duration,
-    /// Most HTTP connections open at once; further clients wait to be accepted (D7).
-    #[arg(long, default_value_t = 64)]
+    /// Most HTTP connections open at once (D7); when all are taken, a new client closes the
+    /// oldest one that is idle or only being answered.
+    #[arg(long, default_value_t = plugreg_sidecar_kit::http::MAX_CONNECTIONS)]
     pub http_max_connections: usize,
     /// Dead-plugin probe interval (0 turns detection off).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
@@ -100,6 +104,8 @@ impl ManagerArgs {
         c.notify_timeout = self.notify_timeout;
         c.resync_period = self.resync_period;
         c.max_concurrent_operations = self.max_concurrent_operations;
+        c.slow_operation_after = self.slow_operation_after;
+        c.max_slow_operations = self.max_slow_operations;
         c.handler_timeout = self.handler_timeout;
         // CSI's register waits for NodeGetInfo (2 min by default): give it that and a margin.
         c.handler_timeouts.insert(
@@ -123,6 +129,11 @@ impl ManagerArgs {
         for t in &self.plugin_types {
             let t = t.trim();
             if t.is_empty() {
+                continue;
+            }
+            #[cfg(feature = "panicking-handler")]
+            if t == crate::fault::PLUGIN_TYPE {
+                handlers.insert(t, Arc::new(crate::fault::PanickingHandler));
                 continue;
             }
             if t == plugreg_proto::pluginregistration::DRA_PLUGIN {
@@ -184,21 +195,22 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
 
     let http = match args.http_endpoint {
         Some(addr) => {
-            let listener = TcpListener::bind(addr)
-                .await
+            let listener = plugreg_sidecar_kit::http::listen(addr)
                 .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(endpoint = %listener.local_addr()?, "Starting HTTP server");
-            let listener = CappedListener::new(listener, args.http_max_connections);
-            let app = router_with(manager.clone(), devices.clone());
-            let t = token.clone();
-            Some(tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app)
-                    .with_graceful_shutdown(t.cancelled_owned())
-                    .await
-                {
-                    tracing::error!(error = %e, "HTTP server failed");
+            let state = AppState {
+                manager: manager.clone(),
+                devices: devices.clone(),
+            };
+            let served = serve_http(listener, state, args.http_max_connections, token.clone());
+            Some(tokio::spawn(
+                async move {
+                    if let Err(e) = served.await {
+                        tracing::error!(error = %e, "HTTP server failed");
+                    }
                 }
-            }))
+                .instrument(tracing::info_span!("http")),
+            ))
         }
         None => None,
     };
@@ -243,128 +255,80 @@ pub struct AppState {
     devices: crate::device::Devices,
 }
 
-/// The HTTP routes: /healthz, /metrics, /plugins.
-#[cfg(test)]
-pub fn router(manager: PluginManager) -> Router {
-    router_with(manager, crate::device::Devices::new(&Default::default()))
+/// The longest an HTTP handler may take (they read memory only; a `/plugins` of 10,000 sockets
+/// takes milliseconds).
+const HTTP_HANDLER_LIMIT: Duration = Duration::from_secs(10);
+
+/// Serves /healthz, /metrics and /plugins on `listener` until `token` is cancelled, with the
+/// sidecars' HTTP server: connections beyond `max_connections` evict idle ones, request heads
+/// must come within 5 s, answers must be taken within 5 s.
+pub async fn serve_http(
+    listener: TcpListener,
+    state: AppState,
+    max_connections: usize,
+    token: CancellationToken,
+) -> std::io::Result<()> {
+    let state = Arc::new(state);
+    let handler = move |request: Request<Incoming>| {
+        let state = state.clone();
+        async move { respond(&state, request.method(), request.uri().path()) }
+    };
+    let limits = Limits {
+        max_connections,
+        handler_limit: HTTP_HANDLER_LIMIT,
+    };
+    plugreg_sidecar_kit::http::serve_with(listener, handler, limits, token).await
 }
 
-/// The HTTP routes, with the device inventory the device-plugin handler feeds.
-pub fn router_with(manager: PluginManager, devices: crate::device::Devices) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/plugins", get(plugins))
-        .with_state(AppState { manager, devices })
+/// The answer to one request: GET or HEAD of /healthz, /metrics, /plugins; 405 for another
+/// method there; 404 elsewhere.
+fn respond(state: &AppState, method: &Method, path: &str) -> Response<String> {
+    let route: fn(&AppState) -> Response<String> = match path {
+        "/healthz" => healthz,
+        "/metrics" => metrics,
+        "/plugins" => plugins,
+        _ => return text_response(StatusCode::NOT_FOUND, NOT_FOUND_BODY.into()),
+    };
+    if method != Method::GET && method != Method::HEAD {
+        let mut refused = text_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Method Not Allowed\n".into(),
+        );
+        refused
+            .headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return refused;
+    }
+    route(state)
 }
 
 /// 200 "ok" while the watcher and the reconciler run; 503 with the reason when not.
-async fn healthz(State(AppState { manager: m, .. }): State<AppState>) -> impl IntoResponse {
-    match m.health() {
-        Ok(()) => (StatusCode::OK, "ok".to_owned()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+fn healthz(state: &AppState) -> Response<String> {
+    match state.manager.health() {
+        Ok(()) => text_response(StatusCode::OK, "ok".to_owned()),
+        Err(why) => text_response(StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
-/// A TCP listener that keeps at most `max` connections open (D7): the next one is accepted
-/// only when an earlier one closed.
-struct CappedListener {
-    inner: TcpListener,
-    permits: Arc<Semaphore>,
-}
-
-impl CappedListener {
-    fn new(inner: TcpListener, max: usize) -> Self {
-        Self {
-            inner,
-            permits: Arc::new(Semaphore::new(max.max(1))),
-        }
-    }
-}
-
-impl axum::serve::Listener for CappedListener {
-    type Io = CappedStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        (
-            CappedStream {
-                stream,
-                _permit: permit,
-            },
-            addr,
-        )
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
-
-/// A connection holding one of the listener's permits until it closes.
-struct CappedStream {
-    stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl AsyncRead for CappedStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for CappedStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-}
-
-async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
-    let mut text = s.manager.render_metrics();
-    text.push_str(&s.devices.render_metrics());
+fn metrics(state: &AppState) -> Response<String> {
+    let mut text = state.manager.render_metrics();
+    text.push_str(&state.devices.render_metrics());
     text.push_str(&crate::dra::daemon_handler().render_metrics());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
+    text_response(StatusCode::OK, text)
 }
 
-async fn plugins(State(s): State<AppState>) -> impl IntoResponse {
+fn plugins(state: &AppState) -> Response<String> {
     // Each type's handler adds its `details` (DevicePlugin: devices; DRAPlugin: instances).
-    let mut entries = crate::dra::plugins_json(&s.manager.snapshot());
-    s.devices.decorate(&mut entries);
+    let mut entries = crate::dra::plugins_json(&state.manager.snapshot());
+    state.devices.decorate(&mut entries);
     let body =
         serde_json::to_string_pretty(&entries).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
-    ([(header::CONTENT_TYPE, "application/json")], body)
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 #[cfg(test)]
@@ -375,8 +339,11 @@ mod tests {
     async fn serve(manager: PluginManager, max: usize) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let listener = CappedListener::new(listener, max);
-        tokio::spawn(async move { axum::serve(listener, router(manager)).await });
+        let state = AppState {
+            manager,
+            devices: crate::device::Devices::new(&Default::default()),
+        };
+        tokio::spawn(serve_http(listener, state, max, CancellationToken::new()));
         addr
     }
 
@@ -403,17 +370,7 @@ mod tests {
 
     #[test]
     fn csi_handler_calls_get_the_node_get_info_timeout_plus_a_margin() {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            args: ManagerArgs,
-        }
-        let parse = |a: &[&str]| {
-            let cli: Cli =
-                clap::Parser::try_parse_from(std::iter::once("x").chain(a.iter().copied()))
-                    .unwrap();
-            cli.args.config()
-        };
+        let parse = |a: &[&str]| parse_args(a).config();
         let c = parse(&[]);
         assert_eq!(c.handler_timeout, Duration::from_secs(30));
         assert_eq!(c.handler_timeouts["CSIPlugin"], Duration::from_secs(130));
@@ -456,24 +413,70 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_http_listener_caps_its_connections() {
+    async fn a_new_client_evicts_an_idle_one_at_the_cap() {
         let dir = tempfile::tempdir().unwrap();
         let manager = start_manager(dir.path()).await;
         let addr = serve(manager.clone(), 1).await;
-        // An idle client holds the only connection.
-        let idle = std::net::TcpStream::connect(addr).unwrap();
-        let waiting =
-            tokio::task::spawn_blocking(move || get(addr, "/healthz", Duration::from_millis(300)))
-                .await
-                .unwrap();
-        assert!(waiting.is_err(), "served beyond the cap: {waiting:?}");
-        drop(idle);
+        // An idle client holds the only place; a request coming after it takes that place.
+        let mut idle = std::net::TcpStream::connect(addr).unwrap();
         let resp =
             tokio::task::spawn_blocking(move || get(addr, "/healthz", Duration::from_secs(10)))
                 .await
                 .unwrap()
                 .unwrap();
         assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        idle.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::task::spawn_blocking(move || idle.read_to_end(&mut rest))
+            .await
+            .unwrap();
+        assert!(
+            matches!(closed, Ok(0))
+                || closed
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "the idle client was not closed: {closed:?}"
+        );
         manager.stop();
+    }
+
+    /// Issue 17, finding 2: clients that connect and send nothing, far more than the old cap of
+    /// 64, do not keep the routes from answering.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_clients_do_not_starve_the_routes() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = start_manager(dir.path()).await;
+        let addr = serve(manager.clone(), parse_args(&[]).http_max_connections).await;
+        let idle: Vec<_> = (0..200)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        for path in ["/healthz", "/metrics", "/plugins"] {
+            let resp =
+                tokio::task::spawn_blocking(move || get(addr, path, Duration::from_secs(10)))
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{path}: no answer behind 200 idle clients: {e}"));
+            assert!(resp.starts_with("HTTP/1.1 200"), "{path}: {resp}");
+        }
+        let resp = tokio::task::spawn_blocking(move || get(addr, "/nope", Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
+        drop(idle);
+        manager.stop();
+    }
+
+    /// The flags of `plugreg manager` with `args`.
+    fn parse_args(args: &[&str]) -> ManagerArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ManagerArgs,
+        }
+        let cli: Cli =
+            clap::Parser::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap();
+        cli.args
     }
 }

@@ -9,6 +9,8 @@ mod device_cmd;
 #[cfg(feature = "demo")]
 mod device_demo;
 mod dra;
+#[cfg(feature = "panicking-handler")]
+mod fault;
 mod logging;
 mod ops;
 #[cfg(feature = "demo")]

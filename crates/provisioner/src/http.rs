@@ -11,9 +11,9 @@
 //! ending in `/` serves its whole subtree; any method. `/debug/pprof/` (`--enable-pprof`) has
 //! no Rust counterpart and is not served.
 //!
-//! The server is `plugreg_sidecar_kit::http`: at most 16 connections at once, a request head
-//! of at most 16 KiB read within 5 s, one request per connection, each connection bounded in
-//! time, back-off on accept errors.
+//! The server is `plugreg_sidecar_kit::http`: idle connections evicted oldest first when a
+//! new client needs the room, a request head of at most 16 KiB read within 5 s, one request
+//! per connection, each answer bounded in time, back-off on accept errors.
 //!
 //! Binding is a step of its own ([`Server::bind`]) so that the binary can turn a bad address
 //! into upstream's exit (255, "Failed to start HTTP server at specified address ...") before

@@ -33,7 +33,7 @@ use crate::state::{ActualEntry, ActualState, DesiredState, FileId};
 use crate::watcher::WatchEvent;
 
 use machine::{Decision, Info, Phase, Socket};
-use runner::{Outcome, Runner};
+use runner::{Event, Lanes, Outcome, Runner};
 use scheduler::{Scheduler, Timer};
 
 /// State shared with the [`PluginManager`](crate::PluginManager) handle.
@@ -82,7 +82,15 @@ impl Reconciler {
         };
         Self {
             policy: config.backoff(),
-            runner: Runner::new(config.max_concurrent_operations, handlers, timeouts),
+            runner: Runner::new(
+                Lanes {
+                    cap: config.max_concurrent_operations,
+                    slow_after: config.slow_operation_after,
+                    max_slow: config.max_slow_operations,
+                },
+                handlers,
+                timeouts,
+            ),
             config,
             shared,
             desired: DesiredState::new(),
@@ -116,7 +124,11 @@ impl Reconciler {
                     }
                     None => watcher_open = false,
                 },
-                outcome = self.runner.next() => self.on_outcome(outcome),
+                event = self.runner.next() => match event {
+                    Event::Done(outcome) => self.on_outcome(outcome),
+                    // A slot came free: the queue moves on below.
+                    Event::SlotFreed => {}
+                },
                 (path, timer) = self.scheduler.next() => self.on_timer(path, timer),
                 Some(Ok(probe)) = self.probes.join_next(), if !self.probes.is_empty() => {
                     self.on_probe(probe);

@@ -1,17 +1,52 @@
 //! Runs the operations: at most one per socket (the machine's `busy` phases see to that) and
 //! at most `cap` in all, registrations and deregistrations alike (D7). A task that panics is
 //! reaped and reported as a failed operation, so its socket and its slot are never lost.
+//!
+//! A slow plugin must not hold up the others. A registration may legitimately take minutes (a
+//! CSI driver's NodeGetInfo is allowed 2 min), and a driver with many sockets whose NodeGetInfo
+//! hangs would otherwise fill every slot. So an operation that has run for
+//! [`Lanes::slow_after`] leaves the shared slots for the slow lane, where at most
+//! [`Lanes::max_slow`] run. When the slow lane is full and another operation turns slow, the
+//! plugin (type and name) holding the most slow registrations gives one up: its oldest is
+//! cancelled (rolled back and retried with back-off), so one plugin's many sockets only crowd
+//! out that plugin. Deregistrations are never cancelled (the handler must hear of them); one
+//! that finds the slow lane full of them keeps its slot.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures::StreamExt;
 use tokio::task::{Id, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::time::DelayQueue;
+use tokio_util::time::delay_queue::Key;
 use tracing::Instrument;
 
 use crate::handler::HandlerRegistry;
 use crate::operation::{self, Progress, RegisterError, Registered, Timeouts};
 use crate::state::ActualEntry;
+
+/// What the runner tells the reconciler.
+pub(crate) enum Event {
+    /// An operation ended.
+    Done(Outcome),
+    /// An operation turned slow and left the shared slots: another may start.
+    SlotFreed,
+}
+
+/// The shared slots and the slow lane.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lanes {
+    /// Operations in the shared slots at once.
+    pub(crate) cap: usize,
+    /// After this long an operation leaves the shared slots.
+    pub(crate) slow_after: Duration,
+    /// Operations in the slow lane at once.
+    pub(crate) max_slow: usize,
+}
 
 /// A finished operation.
 pub(crate) enum Outcome {
@@ -27,6 +62,7 @@ pub(crate) enum Outcome {
 }
 
 /// What is needed to report a task that did not return.
+#[derive(Debug)]
 enum Running {
     Register {
         path: PathBuf,
@@ -39,31 +75,66 @@ enum Running {
     },
 }
 
+/// One operation in flight.
+#[derive(Debug)]
+struct Op {
+    running: Running,
+    started: Instant,
+    /// In the shared slots: its timer for turning slow.
+    slow_timer: Option<Key>,
+    /// In the slow lane (and not cancelled).
+    slow: bool,
+    cancel: CancellationToken,
+}
+
+impl Op {
+    /// The plugin a slow registration counts against (type and name; unknown before GetInfo
+    /// answered); `None` for a deregistration, which is never cancelled.
+    fn cancellable_as(&self) -> Option<Option<&(String, String)>> {
+        match &self.running {
+            Running::Register { progress, .. } => Some(progress.plugin()),
+            Running::Deregister { .. } => None,
+        }
+    }
+}
+
 pub(crate) struct Runner {
-    cap: usize,
+    lanes: Lanes,
     handlers: Arc<HandlerRegistry>,
     timeouts: Timeouts,
     tasks: JoinSet<Outcome>,
-    running: HashMap<Id, Running>,
+    running: HashMap<Id, Op>,
+    /// Operations in the shared slots.
+    shared: usize,
+    /// Operations in the slow lane (cancelled ones no longer count).
+    slow: usize,
+    /// When each operation in the shared slots turns slow.
+    slow_timers: DelayQueue<Id>,
     /// Sockets with an operation running: upstream's per-socket mutual exclusion.
     busy: HashSet<PathBuf>,
 }
 
 impl Runner {
-    pub(crate) fn new(cap: usize, handlers: HandlerRegistry, timeouts: Timeouts) -> Self {
+    pub(crate) fn new(lanes: Lanes, handlers: HandlerRegistry, timeouts: Timeouts) -> Self {
         Runner {
-            cap: cap.max(1),
+            lanes: Lanes {
+                cap: lanes.cap.max(1),
+                ..lanes
+            },
             handlers: Arc::new(handlers),
             timeouts,
             tasks: JoinSet::new(),
             running: HashMap::new(),
+            shared: 0,
+            slow: 0,
+            slow_timers: DelayQueue::new(),
             busy: HashSet::new(),
         }
     }
 
     /// Whether another operation may start now.
     pub(crate) fn has_free_slot(&self) -> bool {
-        self.running.len() < self.cap
+        self.shared < self.lanes.cap
     }
 
     /// Whether an operation of `path` runs.
@@ -80,11 +151,13 @@ impl Runner {
         let handlers = self.handlers.clone();
         let timeouts = self.timeouts.clone();
         let progress = Arc::new(Progress::default());
+        let cancel = CancellationToken::new();
         let span = tracing::info_span!("register", socket = %path.display());
         let task = {
-            let (path, progress) = (path.clone(), progress.clone());
+            let (path, progress, cancel) = (path.clone(), progress.clone(), cancel.clone());
             async move {
-                let result = operation::register(&path, &handlers, &timeouts, &progress).await;
+                let result =
+                    operation::register(&path, &handlers, &timeouts, &progress, &cancel).await;
                 Outcome::Registered {
                     path,
                     instance,
@@ -97,7 +170,7 @@ impl Runner {
             instance,
             progress,
         };
-        self.spawn(running, task.instrument(span));
+        self.spawn(running, cancel, task.instrument(span));
         true
     }
 
@@ -108,13 +181,25 @@ impl Runner {
     fn spawn(
         &mut self,
         running: Running,
+        cancel: CancellationToken,
         task: impl std::future::Future<Output = Outcome> + Send + 'static,
     ) {
         let path = match &running {
             Running::Register { path, .. } | Running::Deregister { path, .. } => path.clone(),
         };
         let id = self.tasks.spawn(task).id();
-        self.running.insert(id, running);
+        let slow_timer = Some(self.slow_timers.insert(id, self.lanes.slow_after));
+        self.running.insert(
+            id,
+            Op {
+                running,
+                started: Instant::now(),
+                slow_timer,
+                slow: false,
+                cancel,
+            },
+        );
+        self.shared += 1;
         self.busy.insert(path);
     }
 
@@ -141,33 +226,123 @@ impl Runner {
                 Outcome::Deregistered { path, entry }
             }
         };
-        self.spawn(Running::Deregister { path, entry }, task.instrument(span));
+        // Never cancelled (see the module's comment): its token is never fired.
+        let never = CancellationToken::new();
+        self.spawn(
+            Running::Deregister { path, entry },
+            never,
+            task.instrument(span),
+        );
         true
     }
 
-    /// The next finished operation; pending forever while none runs.
-    pub(crate) async fn next(&mut self) -> Outcome {
+    /// The next finished operation, or a slot freed by an operation turning slow; pending
+    /// forever while none runs.
+    pub(crate) async fn next(&mut self) -> Event {
         loop {
-            let Some(joined) = self.tasks.join_next_with_id().await else {
-                return std::future::pending().await;
-            };
-            let (id, outcome) = match joined {
-                Ok((id, outcome)) => (id, Ok(outcome)),
-                Err(e) => (e.id(), Err(e)),
-            };
-            let Some(running) = self.running.remove(&id) else {
-                continue;
-            };
-            match &running {
-                Running::Register { path, .. } | Running::Deregister { path, .. } => {
-                    self.busy.remove(path);
+            tokio::select! {
+                Some(joined) = self.tasks.join_next_with_id() => {
+                    if let Some(outcome) = self.finished(joined) {
+                        return Event::Done(outcome);
+                    }
                 }
-            }
-            match outcome {
-                Ok(outcome) => return outcome,
-                Err(e) => return reaped(running, &e),
+                Some(expired) = self.slow_timers.next() => {
+                    if self.turn_slow(expired.into_inner()) {
+                        return Event::SlotFreed;
+                    }
+                }
+                else => return std::future::pending().await,
             }
         }
+    }
+
+    fn finished(
+        &mut self,
+        joined: Result<(Id, Outcome), tokio::task::JoinError>,
+    ) -> Option<Outcome> {
+        let (id, outcome) = match joined {
+            Ok((id, outcome)) => (id, Ok(outcome)),
+            Err(e) => (e.id(), Err(e)),
+        };
+        let op = self.running.remove(&id)?;
+        match op.slow_timer {
+            Some(key) => {
+                self.slow_timers.remove(&key);
+                self.shared -= 1;
+            }
+            None if op.slow => self.slow -= 1,
+            None => {}
+        }
+        match &op.running {
+            Running::Register { path, .. } | Running::Deregister { path, .. } => {
+                self.busy.remove(path);
+            }
+        }
+        Some(match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => reaped(op.running, &e),
+        })
+    }
+
+    /// Moves operation `id` from the shared slots to the slow lane, cancelling another slow
+    /// registration when the lane is full. False when it must stay (the lane is full of
+    /// operations that cannot be cancelled).
+    fn turn_slow(&mut self, id: Id) -> bool {
+        let Some(op) = self.running.get_mut(&id) else {
+            return false;
+        };
+        op.slow_timer = None;
+        if self.slow >= self.lanes.max_slow {
+            let Some(victim) = self.victim(id) else {
+                return false;
+            };
+            let v = self.running.get_mut(&victim).expect("a running operation");
+            v.slow = false;
+            v.cancel.cancel();
+            self.slow -= 1;
+            if let Running::Register { path, progress, .. } = &v.running {
+                let plugin = progress.plugin().map(|(t, n)| format!("{t}/{n}"));
+                tracing::warn!(
+                    socket = %path.display(),
+                    plugin = plugin.as_deref().unwrap_or("(unknown)"),
+                    running_for = ?v.started.elapsed(),
+                    max_slow = self.lanes.max_slow,
+                    "cancelling the slow registration of the plugin with the most slow operations"
+                );
+            }
+        }
+        let op = self.running.get_mut(&id).expect("a running operation");
+        op.slow = true;
+        self.shared -= 1;
+        self.slow += 1;
+        let (Running::Register { path, .. } | Running::Deregister { path, .. }) = &op.running;
+        tracing::debug!(socket = %path.display(), after = ?self.lanes.slow_after, "operation is slow; it leaves the shared slots");
+        true
+    }
+
+    /// The registration to cancel for `newcomer` (about to enter the full slow lane): the oldest
+    /// of the plugin that holds the most slow registrations, counting the newcomer.
+    fn victim(&self, newcomer: Id) -> Option<Id> {
+        type Plugin<'a> = Option<&'a (String, String)>;
+        let mut groups: HashMap<Plugin<'_>, (usize, Option<(Instant, Id)>)> = HashMap::new();
+        for (id, op) in &self.running {
+            if !(op.slow || *id == newcomer) {
+                continue;
+            }
+            let Some(plugin) = op.cancellable_as() else {
+                continue;
+            };
+            let group = groups.entry(plugin).or_default();
+            group.0 += 1;
+            if op.slow && group.1.is_none_or(|(t, _)| op.started < t) {
+                group.1 = Some((op.started, *id));
+            }
+        }
+        groups
+            .into_values()
+            .filter_map(|(count, oldest)| Some((count, oldest?)))
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.0.cmp(&a.1.0)))
+            .map(|(_, (_, id))| id)
     }
 
     /// Abandons every operation (shutdown); plugin sockets are untouched.
@@ -176,10 +351,13 @@ impl Runner {
         while self.tasks.join_next().await.is_some() {}
         self.running.clear();
         self.busy.clear();
+        self.slow_timers.clear();
+        self.shared = 0;
+        self.slow = 0;
     }
 }
 
-/// The outcome of a task that panicked (or was cancelled): a failure of the step it was in.
+/// The outcome of a task that panicked (or was aborted): a failure of the step it was in.
 fn reaped(running: Running, e: &tokio::task::JoinError) -> Outcome {
     let why = if e.is_panic() {
         "operation panicked"
@@ -219,6 +397,14 @@ mod tests {
     use std::time::Duration;
 
     fn runner(cap: usize) -> Runner {
+        lanes_runner(Lanes {
+            cap,
+            slow_after: Duration::from_secs(3600),
+            max_slow: 16,
+        })
+    }
+
+    fn lanes_runner(lanes: Lanes) -> Runner {
         let timeouts = Timeouts {
             dial: Duration::from_secs(1),
             get_info: Duration::from_secs(1),
@@ -228,7 +414,7 @@ mod tests {
                 by_type: Default::default(),
             },
         };
-        Runner::new(cap, HandlerRegistry::new(), timeouts)
+        Runner::new(lanes, HandlerRegistry::new(), timeouts)
     }
 
     #[tokio::test]
@@ -241,13 +427,15 @@ mod tests {
             instance: 4,
             progress,
         };
-        r.spawn(running, async { panic!("operation bug") });
+        r.spawn(running, CancellationToken::new(), async {
+            panic!("operation bug")
+        });
         assert!(!r.has_free_slot());
-        let Outcome::Registered {
+        let Event::Done(Outcome::Registered {
             path,
             instance,
             result,
-        } = r.next().await
+        }) = r.next().await
         else {
             panic!("not a registration outcome");
         };
@@ -292,7 +480,7 @@ mod tests {
         assert!(r.is_busy(&a) && r.is_busy(&b));
         // Nothing listens there: both attempts fail at the dial and free their keys.
         for _ in 0..2 {
-            let Outcome::Registered { result, .. } = r.next().await else {
+            let Event::Done(Outcome::Registered { result, .. }) = r.next().await else {
                 panic!("not a registration");
             };
             assert_eq!(result.unwrap_err().step, Step::Dial);
@@ -300,7 +488,10 @@ mod tests {
         assert!(!r.is_busy(&a) && !r.is_busy(&b));
         assert!(r.deregister(a.clone(), entry()));
         assert!(!r.deregister(a.clone(), entry()));
-        assert!(matches!(r.next().await, Outcome::Deregistered { .. }));
+        assert!(matches!(
+            r.next().await,
+            Event::Done(Outcome::Deregistered { .. })
+        ));
         assert!(r.register(a, 4), "free again");
     }
 
@@ -329,12 +520,123 @@ mod tests {
             path: "/r/b.sock".into(),
             entry: entry.clone(),
         };
-        r.spawn(running, async { panic!("handler bug") });
+        r.spawn(running, CancellationToken::new(), async {
+            panic!("handler bug")
+        });
         match r.next().await {
-            Outcome::Deregistered { path, entry: e } => {
+            Event::Done(Outcome::Deregistered { path, entry: e }) => {
                 assert_eq!((path.to_str(), e), (Some("/r/b.sock"), entry));
             }
-            Outcome::Registered { .. } => panic!("wrong outcome"),
+            _ => panic!("wrong outcome"),
         }
+    }
+
+    /// A registration of `plugin` (type, name) at `path` that runs until it is cancelled.
+    fn hanging(r: &mut Runner, path: &str, plugin: Option<(&str, &str)>) -> CancellationToken {
+        let progress = Arc::new(Progress::default());
+        if let Some((t, n)) = plugin {
+            progress.set_plugin(t, n);
+        }
+        let cancel = CancellationToken::new();
+        let running = Running::Register {
+            path: path.into(),
+            instance: 1,
+            progress,
+        };
+        let (p, c) = (PathBuf::from(path), cancel.clone());
+        r.spawn(running, cancel.clone(), async move {
+            c.cancelled().await;
+            Outcome::Registered {
+                path: p.clone(),
+                instance: 1,
+                result: Box::new(Err(RegisterError {
+                    step: Step::Register,
+                    message: format!("cancelled at {}", p.display()),
+                    info: None,
+                    young_refusal: false,
+                })),
+            }
+        });
+        cancel
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_operation_leaves_the_shared_slots() {
+        let mut r = lanes_runner(Lanes {
+            cap: 1,
+            slow_after: Duration::from_millis(250),
+            max_slow: 4,
+        });
+        let t0 = Instant::now();
+        let _a = hanging(&mut r, "/r/a.sock", Some(("CSIPlugin", "hang.csi")));
+        assert!(!r.has_free_slot());
+        assert!(matches!(r.next().await, Event::SlotFreed));
+        assert_eq!(t0.elapsed(), Duration::from_millis(250));
+        assert!(r.has_free_slot(), "the slot is free for the next plugin");
+        assert!(r.is_busy(Path::new("/r/a.sock")), "the slow one still runs");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_slow_lane_cancels_the_oldest_of_the_plugin_with_the_most() {
+        let mut r = lanes_runner(Lanes {
+            cap: 8,
+            slow_after: Duration::from_millis(100),
+            max_slow: 3,
+        });
+        // Two of plugin A (the oldest first), then one of B: the lane is full.
+        let a1 = hanging(&mut r, "/r/a1.sock", Some(("CSIPlugin", "a.csi")));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let b1 = hanging(&mut r, "/r/b1.sock", Some(("CSIPlugin", "b.csi")));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let a2 = hanging(&mut r, "/r/a2.sock", Some(("CSIPlugin", "a.csi")));
+        for _ in 0..3 {
+            assert!(matches!(r.next().await, Event::SlotFreed));
+        }
+        // B's second turns slow: A holds the most, so A's oldest (not B's older one) goes.
+        let b2 = hanging(&mut r, "/r/b2.sock", Some(("CSIPlugin", "b.csi")));
+        assert!(matches!(r.next().await, Event::SlotFreed));
+        assert!(a1.is_cancelled(), "A's oldest was cancelled");
+        assert!(!b1.is_cancelled() && !a2.is_cancelled() && !b2.is_cancelled());
+        let Event::Done(Outcome::Registered { path, .. }) = r.next().await else {
+            panic!("the cancelled registration ends");
+        };
+        assert_eq!(path, PathBuf::from("/r/a1.sock"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deregistrations_are_never_cancelled_and_keep_their_slot_when_the_lane_is_full() {
+        let mut r = lanes_runner(Lanes {
+            cap: 2,
+            slow_after: Duration::from_millis(100),
+            max_slow: 1,
+        });
+        let hang = |entry: ActualEntry| async move {
+            std::future::pending::<()>().await;
+            Outcome::Deregistered {
+                path: "/r/x.sock".into(),
+                entry,
+            }
+        };
+        let first = Running::Deregister {
+            path: "/r/d1.sock".into(),
+            entry: entry(),
+        };
+        r.spawn(first, CancellationToken::new(), hang(entry()));
+        assert!(matches!(r.next().await, Event::SlotFreed));
+        let second = Running::Deregister {
+            path: "/r/d2.sock".into(),
+            entry: entry(),
+        };
+        r.spawn(second, CancellationToken::new(), hang(entry()));
+        // The lane is full of a deregistration: the second stays in the shared slots.
+        let next = tokio::time::timeout(Duration::from_secs(3600), r.next()).await;
+        assert!(next.is_err(), "nothing more happens");
+        assert!(r.has_free_slot(), "one of the two slots is taken");
+        let third = Running::Deregister {
+            path: "/r/d3.sock".into(),
+            entry: entry(),
+        };
+        r.spawn(third, CancellationToken::new(), hang(entry()));
+        assert!(!r.has_free_slot());
     }
 }

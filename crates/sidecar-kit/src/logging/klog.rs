@@ -247,7 +247,12 @@ fn json_quote(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
+            // Control characters (C0, DEL, C1 such as NEL), the Unicode line and paragraph
+            // separators (as Go's encoding/json) and the bidirectional overrides: escaped, so no
+            // reader of the log takes them for a line break or reads the text reordered.
+            c if c.is_control()
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
+            {
                 let _ = write!(out, "\\u{:04x}", u32::from(c));
             }
             c => out.push(c),
@@ -341,6 +346,35 @@ mod tests {
         let d: serde_json::Value =
             serde_json::from_str(&line(Level::DEBUG, 4, vec![]).json()).unwrap();
         assert_eq!(d["v"], 4);
+    }
+
+    /// Issue 17, finding 5: strings from peers (a driver's errors and names, the kubelet's
+    /// rejection reasons) go into messages and values; none can end the line or start another.
+    #[test]
+    fn peer_strings_stay_on_their_line() {
+        let nasty = [
+            "x\nI1121 11:00:43.540224       1 main.go:1] \"forged\"",
+            "a\r\nb",
+            "esc\u{1b}[2K",
+            "sep\u{2028}arator",
+            "next\u{85}line",
+            "right\u{202e}left",
+        ];
+        for s in nasty {
+            let mut l = line(Level::ERROR, 0, vec![("err", Value::Text(s.into()))]);
+            l.fields.message = format!("failed: {s}");
+            for out in [l.text(1), l.json()] {
+                let body = out.strip_suffix('\n').unwrap();
+                assert!(
+                    !body
+                        .chars()
+                        .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{202e}')),
+                    "{out:?}"
+                );
+            }
+            let parsed: serde_json::Value = serde_json::from_str(&l.json()).unwrap();
+            assert_eq!(parsed["err"], s);
+        }
     }
 
     #[test]
