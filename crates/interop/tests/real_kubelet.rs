@@ -530,3 +530,75 @@ for_each_kube_version! {
         kubelet.terminate().unwrap();
     }
 }
+
+/// Waits for one `call` per name in `names` (in any order; other names' lines are skipped).
+async fn each_of(kubelet: &mut RealPluginManager, call: HandlerCall, names: &[String]) {
+    let mut missing: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    while !missing.is_empty() {
+        let e = kubelet
+            .next_any(call, WAIT)
+            .await
+            .unwrap_or_else(|e| panic!("{call:?} of {missing:?}: {e}"));
+        missing.remove(e.name.as_str());
+    }
+}
+
+for_each_kube_version! {
+    /// The kubelet stats every file created in its registry directory before it ignores
+    /// dot-names: a socket bound under a hidden name and renamed into place before the kubelet
+    /// got to it made it log "Error when handling create event ... stat file ... failed".
+    /// Plugins bind in a hidden directory instead, afresh each time, also when a restarted
+    /// kubelet watches the directories it found (hidden ones included).
+    async fn registrations_leave_no_error_in_the_real_kubelets_log(k: KubeVersion) {
+        const PLUGINS: usize = 20;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let names: Vec<String> = (0..PLUGINS).map(|i| format!("example.com/quiet{i}")).collect();
+        let token = CancellationToken::new();
+        let mut tasks = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let registrar = Registrar::new(PluginInfo {
+                r#type: "DevicePlugin".into(),
+                name: name.clone(),
+                endpoint: tmp.path().join(format!("dp{i}.sock")).display().to_string(),
+                supported_versions: vec!["v1beta1".into()],
+            });
+            let socket = dir.join(format!("quiet{i}.sock"));
+            let options = ServeOptions {
+                recreate_check: Some(Duration::from_millis(50)),
+            };
+            let t = token.clone();
+            tasks.push(tokio::spawn(async move { registrar.serve(&socket, options, t).await }));
+        }
+        each_of(&mut kubelet, HandlerCall::Register, &names).await;
+
+        // A kubelet started now watches every directory it finds. Each socket, deleted, is
+        // bound again by its registrar and registered again.
+        kubelet.process().stop(WAIT).await.unwrap();
+        let mut errors = kubelet.process().klog_errors();
+        let mut kubelet = self::kubelet(k, &dir, PluginManagerOptions::default()).await;
+        each_of(&mut kubelet, HandlerCall::Register, &names).await;
+        for i in 0..PLUGINS {
+            std::fs::remove_file(dir.join(format!("quiet{i}.sock"))).unwrap();
+        }
+        each_of(&mut kubelet, HandlerCall::Deregister, &names).await;
+        each_of(&mut kubelet, HandlerCall::Register, &names).await;
+
+        token.cancel();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        each_of(&mut kubelet, HandlerCall::Deregister, &names).await;
+        kubelet.process().stop(WAIT).await.unwrap();
+        errors.extend(kubelet.process().klog_errors());
+        assert!(
+            errors.is_empty(),
+            "the real kubelet {k} logged {} errors:\n{}",
+            errors.len(),
+            errors.join("\n")
+        );
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "left in the registry directory: {left:?}");
+    }
+}

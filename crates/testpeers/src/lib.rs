@@ -47,4 +47,6 @@ pub use peers::{
     APISERVER, CONTROLLER_MANAGER, ETCD, EXAMPLE_PLUGIN, PEERS_DIR_ENV, PLUGIN_MANAGER_HARNESS,
     peer, peers_dir,
 };
-pub use process::{JsonLines, LinesFrom, PEER_LOG_ENV, PeerProcess, event_is, event_named};
+pub use process::{
+    JsonLines, LinesFrom, PEER_LOG_ENV, PeerProcess, event_is, event_named, is_klog_error,
+};
