@@ -33,7 +33,7 @@ mod kubelet;
 mod peers;
 mod process;
 
-pub use apiserver::ApiServer;
+pub use apiserver::{ApiServer, ApiServerOptions};
 pub use controller_manager::{
     ControllerManager, VOLUME_CONTROLLERS, VOLUME_CONTROLLERS_V1_20, volume_controllers,
 };
