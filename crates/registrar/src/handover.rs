@@ -268,18 +268,14 @@ impl Drop for Successors {
 
 impl Successors {
     /// Listens on the hand-over socket of `socket` (see [`handover_path`]) and keeps each
-    /// successor that says [`WAIT`]. `None` (and a debug line) when it cannot be bound.
+    /// successor that says [`WAIT`]. The socket is bound in the background, off the runtime's
+    /// threads: the registration socket is served meanwhile (binding costs a few file-system
+    /// operations, milliseconds on a busy journalled disk). A socket that cannot be bound
+    /// means no hand-over (a debug line). `None` when `socket` has no file name.
     pub fn listen(socket: &Path) -> Option<Self> {
         let path = handover_path(socket)?;
-        let bound = match plugreg_transport::bind(&path) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::debug!(path = %path.display(), error = %plugreg_runtime::report::chain(&e), "no hand-over socket: a successor will replace the registration socket");
-                return None;
-            }
-        };
         let stop = CancellationToken::new();
-        let task = tokio::spawn(accept_successors(bound, stop.clone()));
+        let task = tokio::spawn(accept_successors(path, stop.clone()));
         Some(Successors {
             stop,
             task: Mutex::new(Some(task)),
@@ -369,11 +365,26 @@ async fn offer(
 /// connections still in the backlog and waits for their greetings (each within
 /// [`ANSWER_TIMEOUT`]): a successor whose connect succeeded before the stop is not missed.
 /// Returns the successors, the oldest first.
-async fn accept_successors(
-    bound: plugreg_transport::BoundSocket,
-    stop: CancellationToken,
-) -> Vec<UnixStream> {
-    let (listener, guard): (UnixListener, _) = bound.into_parts();
+async fn accept_successors(path: PathBuf, stop: CancellationToken) -> Vec<UnixStream> {
+    let bound = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || plugreg_transport::bind(&path)).await
+    };
+    if stop.is_cancelled() {
+        // Stopped while binding: nobody can have waited yet; the socket goes again.
+        return Vec::new();
+    }
+    let (listener, guard): (UnixListener, _) = match bound {
+        Ok(Ok(b)) => b.into_parts(),
+        Ok(Err(e)) => {
+            tracing::debug!(path = %path.display(), error = %plugreg_runtime::report::chain(&e), "no hand-over socket: a successor will replace the registration socket");
+            return Vec::new();
+        }
+        Err(e) => {
+            tracing::debug!(path = %path.display(), error = %e, "no hand-over socket");
+            return Vec::new();
+        }
+    };
     let mut waiting: Vec<UnixStream> = Vec::new();
     let keep = |waiting: &mut Vec<UnixStream>, done: Result<Option<UnixStream>, _>| {
         if let Ok(Some(stream)) = done {
@@ -554,14 +565,28 @@ mod tests {
         }
     }
 
+    /// Connects to the hand-over socket of `socket` once it is bound (in the background).
+    async fn connect_when_bound(socket: &Path) -> UnixStream {
+        let path = handover_path(socket).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(s) = UnixStream::connect(&path).await {
+                return s;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{path:?} never bound"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     #[tokio::test]
     async fn a_successor_that_never_answers_gets_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("p.sock");
         let successors = Successors::listen(&socket).unwrap();
-        let mut silent = UnixStream::connect(handover_path(&socket).unwrap())
-            .await
-            .unwrap();
+        let mut silent = connect_when_bound(&socket).await;
         silent.write_all(WAIT).await.unwrap();
         let fd = listening_socket(dir.path());
         let started = tokio::time::Instant::now();
@@ -580,9 +605,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("p.sock");
         let successors = Successors::listen(&socket).unwrap();
-        let mut rude = UnixStream::connect(handover_path(&socket).unwrap())
-            .await
-            .unwrap();
+        let mut rude = connect_when_bound(&socket).await;
         rude.write_all(b"plugreg-handover/1 WAIT\n").await.unwrap();
         let fd = listening_socket(dir.path());
         assert!(!successors.hand_over(&fd, false).await);

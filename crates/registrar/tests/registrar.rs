@@ -192,10 +192,10 @@ type Running = (
 /// open, from the kernel's table of Unix sockets (`/proc/net/unix`): each one is a successor
 /// waiting, accepted or still in the backlog.
 fn successors_connected(socket: &std::path::Path) -> usize {
-    // The kernel shows the address a socket was bound at: the hand-over socket `.<name>` was
-    // bound in its staging directory `..<name>~`.
+    // The kernel shows the address a socket was bound at: the hand-over socket `.<name>` is
+    // bound under its hidden name `..<name>~` and linked into place.
     let name = socket.file_name().unwrap().to_string_lossy();
-    let staging = format!("{}/..{name}~/", socket.parent().unwrap().display());
+    let handover = format!("{}/..{name}~", socket.parent().unwrap().display());
     let table = std::fs::read_to_string("/proc/net/unix").expect("/proc/net/unix");
     table
         .lines()
@@ -203,7 +203,7 @@ fn successors_connected(socket: &std::path::Path) -> usize {
         .filter(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             // Num RefCount Protocol Flags Type St Inode Path; Flags 00010000: listening.
-            fields.len() == 8 && fields[3] != "00010000" && fields[7].starts_with(&staging)
+            fields.len() == 8 && fields[3] != "00010000" && fields[7] == handover
         })
         .count()
 }
