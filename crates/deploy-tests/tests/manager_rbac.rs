@@ -52,6 +52,20 @@ fn ok(out: &Output, what: &str) {
     assert!(warnings.is_empty(), "{what}: {warnings:?}");
 }
 
+/// `dir` passes server-side dry run with every kubectl, then is applied for real.
+fn dry_run_then_apply(server: &ApiServer, dir: &str, k: KubeVersion) {
+    for bin in kubectls() {
+        let label = kubectl_version(&bin);
+        let out = kubectl(server, &bin, &["apply", "--dry-run=server"], dir);
+        ok(&out, &format!("{k}: dry run of {dir} with {label}"));
+    }
+    let newest = kubectls().pop().unwrap();
+    ok(
+        &kubectl(server, &newest, &["apply"], dir),
+        &format!("{k}: apply {dir}"),
+    );
+}
+
 async fn create_namespace(client: &kube::Client) {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
     Api::<Namespace>::all(client.clone())
@@ -141,24 +155,7 @@ async fn rbac_is_enough(k: KubeVersion) -> (ApiServer, kube::Client) {
         .unwrap_or_else(|e| panic!("kube-apiserver {k}: {e}"));
     let admin = server.client().await.unwrap();
     create_namespace(&admin).await;
-    for bin in kubectls() {
-        let label = kubectl_version(&bin);
-        let out = kubectl(
-            &server,
-            &bin,
-            &["apply", "--dry-run=server"],
-            "deploy/manager",
-        );
-        ok(
-            &out,
-            &format!("{k}: dry run of deploy/manager with {label}"),
-        );
-    }
-    let newest = kubectls().pop().unwrap();
-    ok(
-        &kubectl(&server, &newest, &["apply"], "deploy/manager"),
-        "apply deploy/manager",
-    );
+    dry_run_then_apply(&server, "deploy/manager", k);
     create_node(&admin, "own").await;
     let tmp = tempfile::tempdir().unwrap();
     let sa = client_with(&server, &token(&admin, None).await, tmp.path()).await;
@@ -188,24 +185,7 @@ fn forbidden_message(e: &kube::Error) -> Option<&str> {
 async fn the_own_node_policy_limits_the_manager_to_its_node_on_v1_36() {
     let k = KubeVersion::V1_36_2;
     let (server, admin) = rbac_is_enough(k).await;
-    for bin in kubectls() {
-        let label = kubectl_version(&bin);
-        let out = kubectl(
-            &server,
-            &bin,
-            &["apply", "--dry-run=server"],
-            "deploy/manager-own-node",
-        );
-        ok(
-            &out,
-            &format!("dry run of deploy/manager-own-node with {label}"),
-        );
-    }
-    let newest = kubectls().pop().unwrap();
-    ok(
-        &kubectl(&server, &newest, &["apply"], "deploy/manager-own-node"),
-        "apply deploy/manager-own-node",
-    );
+    dry_run_then_apply(&server, "deploy/manager-own-node", k);
     create_node(&admin, "other").await;
     // The DaemonSet's pod on node `own` (never started: there is no kubelet, only its token).
     let pod: Pod = serde_json::from_value(json!({
