@@ -7,24 +7,24 @@
 //! new one created its own socket, or the old one removed its socket on the way out, the kubelet
 //! would forget the plugin for a moment. Instead:
 //!
-//! * The instance serving `<dir>/<name>` also listens on a hidden hand-over socket beside it,
-//!   `<dir>/.<name>` (the kubelet ignores dot-names). Only its owner can connect (mode 0700).
-//! * A new instance that finds `<dir>/<name>` alive connects to the hand-over socket, says
-//!   [`WAIT`] and waits.
-//! * When the serving instance stops (SIGTERM in a pod), it sends the waiting successor a
-//!   duplicate of its listening descriptor (`SCM_RIGHTS`) with [`OFFER`], waits for [`ACK`], and
-//!   exits without removing `<dir>/<name>`. The successor serves the same socket from then on:
-//!   the file never changes, so the kubelet sees nothing at all.
+//! * A new instance that finds `<dir>/<name>` alive leaves it alone and listens on a hidden
+//!   hand-over socket beside it, `<dir>/.<name>` (the kubelet ignores dot-names; only the
+//!   owner can connect, mode 0700): [`Successor::listen`].
+//! * When the serving instance stops (SIGTERM in a pod), it connects there and sends the
+//!   successor a duplicate of its listening descriptor (`SCM_RIGHTS`) with [`OFFER`], waits for
+//!   [`ACK`], and exits without removing `<dir>/<name>`: [`offer`]. The successor serves the
+//!   same socket from then on: the file never changes, so the kubelet sees nothing at all.
 //!
-//! With no successor waiting, or when the successor does not acknowledge in time, the stopping
-//! instance removes its socket as before. Every message is a fixed line; anything else closes
-//! the connection.
+//! An instance that serves pays nothing for this until it stops (one `connect` that finds no
+//! hand-over socket); only a successor makes a file. With no successor, or when it does not
+//! acknowledge in time, the stopping instance removes its socket as before. Both sides check
+//! that the other runs as the same user; every message is a fixed line, anything else closes the
+//! connection.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use rustix::net::{
@@ -33,11 +33,8 @@ use rustix::net::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
-use tokio_util::sync::CancellationToken;
 
-/// A successor's request, sent once after connecting: "hand me the socket when you stop".
-pub const WAIT: &[u8] = b"plugreg-handover/1 wait\n";
-/// The serving instance's offer, carrying the listening descriptor; the status byte before the
+/// The stopping instance's offer, carrying the listening descriptor; the status byte before the
 /// newline is `r` when the kubelet's latest notification accepted the plugin, `-` otherwise.
 pub const OFFER: &[u8] = b"plugreg-handover/1 offer ?\n";
 /// The successor's acknowledgement: it serves the socket now.
@@ -45,10 +42,8 @@ pub const ACK: &[u8] = b"plugreg-handover/1 ack\n";
 
 /// Where in [`OFFER`] the status byte sits.
 const OFFER_STATUS_AT: usize = OFFER.len() - 2;
-/// How long a connection may take to say [`WAIT`], and a successor to say [`ACK`].
+/// How long either side waits for the other's message.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
-/// Successors kept waiting at once; a further one replaces the oldest.
-const MAX_WAITING: usize = 8;
 
 /// The hand-over socket of the registration socket `socket`: `.<name>` beside it. `None` when
 /// `socket` has no file name.
@@ -59,41 +54,30 @@ pub fn handover_path(socket: &Path) -> Option<PathBuf> {
     Some(socket.with_file_name(hidden))
 }
 
-/// Why a hand-over could not be received.
+/// Why a hand-over failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HandoverError {
-    /// Talking to the serving instance failed.
+    /// Talking to the other instance failed.
     #[error("hand-over connection failed")]
     Io(#[from] std::io::Error),
-    /// The serving instance said something other than [`OFFER`].
+    /// The other instance said something else than the protocol's line.
     #[error("unexpected hand-over message {0:?}")]
     Protocol(String),
     /// The offer carried no descriptor, more than one, or one that is not a listening Unix
     /// stream socket.
     #[error("the hand-over carried {0}")]
     BadDescriptor(&'static str),
-    /// The hand-over socket belongs to another user.
-    #[error("the hand-over socket is served by uid {peer}, not by this uid {own}")]
+    /// The other end runs as another user.
+    #[error("the other end of the hand-over runs as uid {peer}, not as this uid {own}")]
     ForeignPeer {
         /// The peer's uid.
         peer: u32,
         /// Ours.
         own: u32,
     },
-}
-
-/// What a successor got from [`wait_for_offer`].
-#[derive(Debug)]
-pub enum Waited {
-    /// The serving instance handed its listening socket over; acknowledge it with
-    /// [`Offer::accept`] once it is served.
-    Offer(Offer),
-    /// The serving instance went away (or refused) without handing over.
-    Gone,
-    /// Nobody serves the hand-over socket.
-    Unavailable,
-    /// `token` was cancelled while waiting.
-    Cancelled,
+    /// The other instance took too long.
+    #[error("the other instance did not answer within {ANSWER_TIMEOUT:?}")]
+    Timeout,
 }
 
 /// A received listening socket, not yet acknowledged.
@@ -121,50 +105,86 @@ impl Ack {
     }
 }
 
-/// Connects to the hand-over socket `path` and waits until the instance behind it offers its
-/// listening socket, goes away, or `token` is cancelled. `waiting` runs once the request is
-/// sent (from then on a stopping instance hands the socket to this one).
-pub async fn wait_for_offer(
-    path: &Path,
-    token: &CancellationToken,
-    waiting: impl FnOnce(),
-) -> Waited {
-    let mut stream = match UnixStream::connect(path).await {
+/// A successor waiting for the instance that serves a registration socket to hand it over.
+/// Dropping it removes its hand-over socket.
+#[derive(Debug)]
+pub struct Successor {
+    listener: UnixListener,
+    _guard: plugreg_transport::SocketGuard,
+}
+
+impl Successor {
+    /// Listens on the hand-over socket of `socket`. `Ok(None)` when another successor listens
+    /// there already (it goes first; this one waits its turn).
+    pub fn listen(socket: &Path) -> Result<Option<Successor>, plugreg_transport::Error> {
+        let Some(path) = handover_path(socket) else {
+            return Ok(None);
+        };
+        if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+            return Ok(None);
+        }
+        let (listener, guard) = plugreg_transport::bind(&path)?.into_parts();
+        Ok(Some(Successor {
+            listener,
+            _guard: guard,
+        }))
+    }
+
+    /// Waits for an offer. A connection that offers nothing valid within [`ANSWER_TIMEOUT`] is
+    /// dropped (and said so at debug level), and the wait goes on.
+    pub async fn next_offer(&self) -> Offer {
+        loop {
+            let stream = match self.listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "hand-over socket: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let received = async {
+                check_peer(&stream)?;
+                tokio::time::timeout(ANSWER_TIMEOUT, receive_offer(&stream))
+                    .await
+                    .map_err(|_| HandoverError::Timeout)?
+            };
+            match received.await {
+                Ok(Some((listener, registered))) => {
+                    return Offer {
+                        listener,
+                        registered,
+                        ack: Ack(stream),
+                    };
+                }
+                Ok(None) => tracing::debug!("a hand-over connection closed without an offer"),
+                Err(e) => {
+                    tracing::warn!(error = %plugreg_runtime::report::chain(&e), "refused a hand-over")
+                }
+            }
+        }
+    }
+}
+
+/// Offers `listener` to the successor waiting on the hand-over socket of `socket`, if one
+/// does, and waits for its acknowledgement. `Ok(false)` when none waits.
+pub async fn offer(
+    socket: &Path,
+    listener: &OwnedFd,
+    registered: bool,
+) -> Result<bool, HandoverError> {
+    let Some(path) = handover_path(socket) else {
+        return Ok(false);
+    };
+    let mut stream = match UnixStream::connect(&path).await {
         Ok(s) => s,
         Err(e) => {
-            tracing::debug!(path = %path.display(), error = %e, "no hand-over socket");
-            return Waited::Unavailable;
+            tracing::debug!(path = %path.display(), error = %e, "no successor waits");
+            return Ok(false);
         }
     };
-    if let Err(e) = check_peer(&stream) {
-        tracing::warn!(path = %path.display(), error = %plugreg_runtime::report::chain(&e), "not waiting for a hand-over");
-        return Waited::Unavailable;
-    }
-    if let Err(e) = stream.write_all(WAIT).await {
-        tracing::debug!(path = %path.display(), error = %e, "the serving instance went away");
-        return Waited::Gone;
-    }
-    waiting();
-    let received = tokio::select! {
-        _ = token.cancelled() => return Waited::Cancelled,
-        r = receive_offer(&stream) => r,
-    };
-    match received {
-        Ok(Some((listener, registered))) => Waited::Offer(Offer {
-            listener,
-            registered,
-            ack: Ack(stream),
-        }),
-        Ok(None) => Waited::Gone,
-        Err(HandoverError::Io(e)) => {
-            tracing::debug!(path = %path.display(), error = %e, "the serving instance went away");
-            Waited::Gone
-        }
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %plugreg_runtime::report::chain(&e), "refused a hand-over");
-            Waited::Gone
-        }
-    }
+    check_peer(&stream)?;
+    send_offer(&mut stream, listener, registered).await?;
+    Ok(true)
 }
 
 /// The peer of a hand-over connection must run as this process's user.
@@ -251,79 +271,12 @@ fn check_listener(fd: &OwnedFd) -> Result<(), HandoverError> {
     Ok(())
 }
 
-/// The successors waiting on a serving instance's hand-over socket. Dropping it stops listening
-/// (and removes the hand-over socket) in the background; [`close`](Self::close) waits for that.
-#[derive(Debug)]
-pub struct Successors {
-    stop: CancellationToken,
-    /// Accepts successors; ends with the list of those waiting.
-    task: Mutex<Option<tokio::task::JoinHandle<Vec<UnixStream>>>>,
-}
-
-impl Drop for Successors {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-impl Successors {
-    /// Listens on the hand-over socket of `socket` (see [`handover_path`]) and keeps each
-    /// successor that says [`WAIT`]. The socket is bound in the background, off the runtime's
-    /// threads: the registration socket is served meanwhile (binding costs a few file-system
-    /// operations, milliseconds on a busy journalled disk). A socket that cannot be bound
-    /// means no hand-over (a debug line). `None` when `socket` has no file name.
-    pub fn listen(socket: &Path) -> Option<Self> {
-        let path = handover_path(socket)?;
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(accept_successors(path, stop.clone()));
-        Some(Successors {
-            stop,
-            task: Mutex::new(Some(task)),
-        })
-    }
-
-    /// Stops listening, then offers `listener` to the successors that connected before, the
-    /// latest first, until one acknowledges. Returns whether one took it.
-    pub async fn hand_over(&self, listener: &OwnedFd, registered: bool) -> bool {
-        let mut waiting = self.stopped().await;
-        while let Some(mut successor) = waiting.pop() {
-            match offer(&mut successor, listener, registered).await {
-                Ok(()) => return true,
-                Err(e) => {
-                    tracing::debug!(error = %e, "a waiting successor did not take the socket; trying the next")
-                }
-            }
-        }
-        false
-    }
-
-    /// Stops listening and removes the hand-over socket; successors still waiting see their
-    /// connection close.
-    pub async fn close(self) {
-        drop(self.stopped().await);
-    }
-
-    /// Stops the accepting task and returns the successors it kept (none the second time).
-    async fn stopped(&self) -> Vec<UnixStream> {
-        self.stop.cancel();
-        let task = self
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match task {
-            Some(task) => task.await.unwrap_or_default(),
-            None => Vec::new(),
-        }
-    }
-}
-
 /// Sends the offer and waits for the acknowledgement.
-async fn offer(
+async fn send_offer(
     successor: &mut UnixStream,
     listener: &OwnedFd,
     registered: bool,
-) -> std::io::Result<()> {
+) -> Result<(), HandoverError> {
     let mut message = *b"plugreg-handover/1 offer ?\n";
     message[OFFER_STATUS_AT] = if registered { b'r' } else { b'-' };
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -340,115 +293,23 @@ async fn offer(
     });
     let sent = tokio::time::timeout(ANSWER_TIMEOUT, send)
         .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        .map_err(|_| HandoverError::Timeout)??;
     // The descriptor went with the first byte; the rest of the line is plain data.
     if sent < message.len() {
         tokio::time::timeout(ANSWER_TIMEOUT, successor.write_all(&message[sent..]))
             .await
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+            .map_err(|_| HandoverError::Timeout)??;
     }
     let mut answer = [0u8; ACK.len()];
     tokio::time::timeout(ANSWER_TIMEOUT, successor.read_exact(&mut answer))
         .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        .map_err(|_| HandoverError::Timeout)??;
     if answer != ACK {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("unexpected answer {:?}", String::from_utf8_lossy(&answer)),
+        return Err(HandoverError::Protocol(
+            String::from_utf8_lossy(&answer).into_owned(),
         ));
     }
     Ok(())
-}
-
-/// Accepts connections on the hand-over socket until `stop`, keeping each that says [`WAIT`] in
-/// time (at most [`MAX_WAITING`], the oldest dropped first). At `stop` it also takes the
-/// connections still in the backlog and waits for their greetings (each within
-/// [`ANSWER_TIMEOUT`]): a successor whose connect succeeded before the stop is not missed.
-/// Returns the successors, the oldest first.
-async fn accept_successors(path: PathBuf, stop: CancellationToken) -> Vec<UnixStream> {
-    let bound = {
-        let path = path.clone();
-        tokio::task::spawn_blocking(move || plugreg_transport::bind(&path)).await
-    };
-    if stop.is_cancelled() {
-        // Stopped while binding: nobody can have waited yet; the socket goes again.
-        return Vec::new();
-    }
-    let (listener, guard): (UnixListener, _) = match bound {
-        Ok(Ok(b)) => b.into_parts(),
-        Ok(Err(e)) => {
-            tracing::debug!(path = %path.display(), error = %plugreg_runtime::report::chain(&e), "no hand-over socket: a successor will replace the registration socket");
-            return Vec::new();
-        }
-        Err(e) => {
-            tracing::debug!(path = %path.display(), error = %e, "no hand-over socket");
-            return Vec::new();
-        }
-    };
-    let mut waiting: Vec<UnixStream> = Vec::new();
-    let keep = |waiting: &mut Vec<UnixStream>, done: Result<Option<UnixStream>, _>| {
-        if let Ok(Some(stream)) = done {
-            if waiting.len() == MAX_WAITING {
-                waiting.remove(0);
-            }
-            waiting.push(stream);
-        }
-    };
-    let mut greeting = tokio::task::JoinSet::new();
-    let mut shortages = 0u32;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            Some(done) = greeting.join_next(), if !greeting.is_empty() => keep(&mut waiting, done),
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    shortages = 0;
-                    if greeting.len() < MAX_WAITING {
-                        greeting.spawn(greeted(stream));
-                    }
-                }
-                Err(e) => {
-                    if !plugreg_runtime::accept::is_shortage(&e) {
-                        tracing::debug!(error = %e, "hand-over socket: accept failed");
-                    }
-                    shortages = shortages.saturating_add(1);
-                    tokio::time::sleep(plugreg_runtime::accept::BACKOFF.delay(shortages)).await;
-                }
-            },
-        }
-    }
-    // Nobody new can connect from here on; the connections made before wait in the backlog.
-    drop(guard);
-    match listener.into_std() {
-        Ok(listener) => {
-            while let Ok((stream, _)) = listener.accept() {
-                if greeting.len() >= MAX_WAITING {
-                    break;
-                }
-                if let Ok(stream) = stream
-                    .set_nonblocking(true)
-                    .and_then(|()| UnixStream::from_std(stream))
-                {
-                    greeting.spawn(greeted(stream));
-                }
-            }
-        }
-        Err(e) => tracing::debug!(error = %e, "hand-over socket: cannot take the backlog"),
-    }
-    while let Some(done) = greeting.join_next().await {
-        keep(&mut waiting, done);
-    }
-    waiting
-}
-
-/// The stream, once it has said [`WAIT`] within [`ANSWER_TIMEOUT`]; `None` otherwise.
-async fn greeted(mut stream: UnixStream) -> Option<UnixStream> {
-    check_peer(&stream).ok()?;
-    let mut hello = [0u8; WAIT.len()];
-    match tokio::time::timeout(ANSWER_TIMEOUT, stream.read_exact(&mut hello)).await {
-        Ok(Ok(_)) if hello == WAIT => Some(stream),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
@@ -464,39 +325,12 @@ mod tests {
         assert_eq!(handover_path(Path::new("/")), None);
     }
 
-    /// A fake serving instance on `path`: accepts one successor, reads its request and sends
-    /// `message` with `fds`.
-    async fn fake_offer(path: &Path, message: &'static [u8], fds: Vec<OwnedFd>) -> Waited {
-        let listener = UnixListener::bind(path).unwrap();
-        let server = tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let mut request = [0u8; WAIT.len()];
-            stream.read_exact(&mut request).await.unwrap();
-            assert_eq!(request, WAIT);
-            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
-            let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-            let mut control = SendAncillaryBuffer::new(&mut space);
-            if !borrowed.is_empty() {
-                assert!(control.push(SendAncillaryMessage::ScmRights(&borrowed)));
-            }
-            stream
-                .async_io(Interest::WRITABLE, || {
-                    Ok(rustix::net::sendmsg(
-                        &stream,
-                        &[IoSlice::new(message)],
-                        &mut control,
-                        SendFlags::NOSIGNAL,
-                    )?)
-                })
-                .await
-                .unwrap();
-            // Keep the connection until the successor has judged the offer.
-            let mut rest = Vec::new();
-            let _ = stream.read_to_end(&mut rest).await;
-        });
-        let waited = wait_for_offer(path, &CancellationToken::new(), || {}).await;
-        server.abort();
-        waited
+    #[test]
+    fn messages_are_single_lines() {
+        for m in [OFFER, ACK] {
+            assert!(m.ends_with(b"\n") && !m[..m.len() - 1].contains(&b'\n'));
+        }
+        assert_eq!(OFFER[OFFER_STATUS_AT], b'?');
     }
 
     fn listening_socket(dir: &Path) -> OwnedFd {
@@ -506,27 +340,63 @@ mod tests {
         OwnedFd::from(l)
     }
 
+    /// A stopping instance that sends `message` with `fds` to the successor of `socket`;
+    /// returns what it reads back until the successor closes the connection.
+    async fn fake_offer(socket: &Path, message: &[u8], fds: Vec<OwnedFd>) -> Vec<u8> {
+        let stream = UnixStream::connect(handover_path(socket).unwrap())
+            .await
+            .unwrap();
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !borrowed.is_empty() {
+            assert!(control.push(SendAncillaryMessage::ScmRights(&borrowed)));
+        }
+        stream
+            .async_io(Interest::WRITABLE, || {
+                Ok(rustix::net::sendmsg(
+                    &stream,
+                    &[IoSlice::new(message)],
+                    &mut control,
+                    SendFlags::NOSIGNAL,
+                )?)
+            })
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let mut stream = stream;
+        let _ = stream.read_to_end(&mut answer).await;
+        answer
+    }
+
     #[tokio::test]
-    async fn a_good_offer_is_taken() {
+    async fn a_good_offer_is_taken_and_acknowledged() {
         let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("p.sock");
+        let successor = Successor::listen(&socket).unwrap().unwrap();
         let fd = listening_socket(dir.path());
-        let w = fake_offer(
-            &dir.path().join("h"),
-            b"plugreg-handover/1 offer r\n",
-            vec![fd],
-        )
-        .await;
-        let Waited::Offer(offer) = w else {
-            panic!("{w:?}")
-        };
-        assert!(offer.registered);
-        assert!(offer.listener.local_addr().unwrap().as_pathname().is_some());
+        let taker = tokio::spawn(async move {
+            let offer = successor.next_offer().await;
+            assert!(offer.registered);
+            assert!(offer.listener.local_addr().unwrap().as_pathname().is_some());
+            offer.ack.send().await.unwrap();
+            drop(successor);
+        });
+        let answer = fake_offer(&socket, b"plugreg-handover/1 offer r\n", vec![fd]).await;
+        assert_eq!(answer, ACK);
+        taker.await.unwrap();
+        assert!(
+            !handover_path(&socket).unwrap().exists(),
+            "the successor removes its socket"
+        );
     }
 
     #[tokio::test]
     async fn offers_that_are_not_one_listening_unix_socket_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("h");
+        let socket = dir.path().join("p.sock");
+        let successor = Successor::listen(&socket).unwrap().unwrap();
+        let waiting = tokio::spawn(async move { successor.next_offer().await });
         let file = OwnedFd::from(std::fs::File::create(dir.path().join("f")).unwrap());
         let (connected, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
         let tcp = OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
@@ -559,66 +429,42 @@ mod tests {
                 vec![listening_socket(dir.path())],
             ),
         ] {
-            let _ = std::fs::remove_file(&path);
-            let w = fake_offer(&path, message, fds).await;
-            assert!(matches!(w, Waited::Gone), "{what}: {w:?}");
+            // Refused: the connection closes without an acknowledgement.
+            let answer = fake_offer(&socket, message, fds).await;
+            assert!(answer.is_empty(), "{what}: {answer:?}");
+            assert!(!waiting.is_finished(), "{what} was taken");
         }
+        waiting.abort();
     }
 
-    /// Connects to the hand-over socket of `socket` once it is bound (in the background).
-    async fn connect_when_bound(socket: &Path) -> UnixStream {
-        let path = handover_path(socket).unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(s) = UnixStream::connect(&path).await {
-                return s;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{path:?} never bound"
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+    #[tokio::test]
+    async fn nobody_waiting_means_no_handover() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = listening_socket(dir.path());
+        assert!(!offer(&dir.path().join("p.sock"), &fd, true).await.unwrap());
     }
 
     #[tokio::test]
     async fn a_successor_that_never_answers_gets_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("p.sock");
-        let successors = Successors::listen(&socket).unwrap();
-        let mut silent = connect_when_bound(&socket).await;
-        silent.write_all(WAIT).await.unwrap();
+        let silent = UnixListener::bind(handover_path(&socket).unwrap()).unwrap();
         let fd = listening_socket(dir.path());
         let started = tokio::time::Instant::now();
-        assert!(!successors.hand_over(&fd, true).await);
+        let (r, accepted) = tokio::join!(offer(&socket, &fd, true), silent.accept());
+        assert!(matches!(r, Err(HandoverError::Timeout)), "{r:?}");
         assert!(started.elapsed() >= ANSWER_TIMEOUT);
-        // It got the offer, but never said it took it.
-        let mut offer = [0u8; OFFER.len()];
-        silent.read_exact(&mut offer).await.unwrap();
-        assert_eq!(&offer, b"plugreg-handover/1 offer r\n");
-        successors.close().await;
-        assert!(!handover_path(&socket).unwrap().exists());
+        drop(accepted);
     }
 
     #[tokio::test]
-    async fn a_connection_that_never_says_wait_is_not_a_successor() {
+    async fn one_successor_listens_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("p.sock");
-        let successors = Successors::listen(&socket).unwrap();
-        let mut rude = connect_when_bound(&socket).await;
-        rude.write_all(b"plugreg-handover/1 WAIT\n").await.unwrap();
-        let fd = listening_socket(dir.path());
-        assert!(!successors.hand_over(&fd, false).await);
-        let mut rest = Vec::new();
-        rude.read_to_end(&mut rest).await.unwrap();
-        assert!(rest.is_empty(), "nothing is offered to it: {rest:?}");
-    }
-
-    #[test]
-    fn messages_are_single_lines() {
-        for m in [WAIT, OFFER, ACK] {
-            assert!(m.ends_with(b"\n") && !m[..m.len() - 1].contains(&b'\n'));
-        }
-        assert_eq!(OFFER[OFFER_STATUS_AT], b'?');
+        let first = Successor::listen(&socket).unwrap();
+        assert!(first.is_some());
+        assert!(Successor::listen(&socket).unwrap().is_none());
+        drop(first);
+        assert!(Successor::listen(&socket).unwrap().is_some());
     }
 }

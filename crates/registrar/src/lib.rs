@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use handover::Waited;
 use plugreg_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use plugreg_proto::pluginregistration::{InfoRequest, RegistrationStatusResponse};
 use plugreg_runtime::report;
@@ -190,12 +189,12 @@ impl Registrar {
 /// Serves the router made by `make_router` on `socket` until `token` is cancelled.
 ///
 /// **Starting.** If a live instance serves `socket` already (a DaemonSet surge rollout runs the
-/// old and the new instance at once), this call does not touch it: it waits on that instance's
-/// hand-over socket until the instance stops and passes its listening socket on (see
+/// old and the new instance at once), this call does not touch it: it listens on the hand-over
+/// socket beside it until that instance stops and passes its listening socket on (see
 /// [`handover`]), and serves that from then on. The socket file never changes, so the kubelet
-/// never deregisters the plugin. A live socket whose instance offers no hand-over (Go's
-/// registrar, an older plugreg) is replaced after a second, as before; a stale socket at once.
-/// A file that is not a socket is an error and stays untouched.
+/// never deregisters the plugin. An instance that cannot hand over (Go's registrar, an older
+/// plugreg) is waited for too, until its socket is gone or dead. A stale socket is replaced at
+/// once; a file that is not a socket is an error and stays untouched.
 ///
 /// **Stopping.** When `token` is cancelled, the listening socket goes to a successor waiting
 /// for it, if any, and the file stays; otherwise the socket is removed if it is still the one
@@ -249,27 +248,27 @@ async fn serve_socket(
                 }
             })
         });
-        let successors = handover::Successors::listen(socket);
-        let listener_copy = match &successors {
-            Some(_) => bound
-                .try_clone_listener()
-                .inspect_err(|e| tracing::warn!(error = %e, "cannot hand the registration socket over: no second descriptor"))
-                .ok(),
-            None => None,
-        };
+        let listener_copy = bound
+            .try_clone_listener()
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot hand the registration socket over: no second descriptor"))
+            .ok();
         let keep = bound.keep_file();
         // Runs inside the server, which keeps accepting until it is done: a connection it
         // accepts meanwhile is still served to the end, the successor takes the next ones.
         let shutdown = async {
             vanished.cancelled().await;
-            if !token.is_cancelled() {
+            let Some(listener) = listener_copy.as_ref().filter(|_| token.is_cancelled()) else {
                 return;
-            }
-            if let (Some(successors), Some(listener)) = (&successors, &listener_copy) {
-                let registered = status.is_some_and(|s| s.borrow().is_registered());
-                if successors.hand_over(listener, registered).await {
+            };
+            let registered = status.is_some_and(|s| s.borrow().is_registered());
+            match handover::offer(socket, listener, registered).await {
+                Ok(true) => {
                     keep.keep();
                     tracing::info!(socketPath = %socket.display(), "Handed the registration socket over to the instance that started after this one");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(socketPath = %socket.display(), error = %report::chain(&e), "the instance waiting for the registration socket did not take it")
                 }
             }
         };
@@ -277,9 +276,6 @@ async fn serve_socket(
         vanished.cancel();
         if let Some(w) = watchdog {
             let _ = w.await;
-        }
-        if let Some(s) = successors {
-            s.close().await;
         }
         result.map_err(Error::Serve)?;
         if token.is_cancelled() {
@@ -295,17 +291,11 @@ async fn serve_socket(
 /// Why [`acquire`] is called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Starting up: a stale socket is replaced at once, one of an instance that cannot hand
-    /// over after [`HANDOVER_GRACE`], and a failed bind is an error.
+    /// Starting up: a stale socket is replaced at once, and a failed bind is an error.
     Start,
     /// Our socket left the path while serving: R3's rules, and a failed bind is retried.
     TakeBack,
 }
-
-/// How long a starting instance waits for the hand-over socket of a live instance to appear
-/// (a successor that just took over binds its own a moment later) before it replaces a socket
-/// whose instance cannot hand over.
-const HANDOVER_GRACE: Duration = Duration::from_secs(1);
 
 /// Pause between looks at the path while starting.
 const START_POLL: Duration = Duration::from_millis(100);
@@ -351,11 +341,10 @@ async fn occupant(path: &Path) -> Occupant {
 /// How long a liveness dial of a socket at our path may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Gets a listening socket at `socket` to serve: from the live instance serving it (hand-over),
-/// or by binding it. While taking the path back (R3) the path is bound only once it is empty or
-/// holds a socket that refused two checks in a row (a socket bound by a Go program refuses for
-/// a moment before it listens); a live socket of another instance is left alone. `None` once
-/// `token` is cancelled.
+/// Gets a listening socket at `socket` to serve: from the live instance serving it (a
+/// hand-over), or by binding it once it is empty or dead. While taking the path back (R3) a
+/// socket must refuse two checks in a row (a socket bound by a Go program refuses for a moment
+/// before it listens). `None` once `token` is cancelled.
 async fn acquire(
     socket: &Path,
     phase: Phase,
@@ -363,59 +352,61 @@ async fn acquire(
     token: &CancellationToken,
     status: Option<&watch::Sender<Status>>,
 ) -> Result<Option<plugreg_transport::BoundSocket>, Error> {
-    let handover_socket = handover::handover_path(socket);
+    let pause = match phase {
+        Phase::Start => START_POLL,
+        Phase::TakeBack => period,
+    };
     let mut refused: Option<(u64, u64)> = None;
-    let mut yielded = false;
-    let mut waiting = false;
-    let mut no_handover_since: Option<tokio::time::Instant> = None;
+    let mut successor: Option<handover::Successor> = None;
+    let mut announced = false;
     loop {
         if token.is_cancelled() {
             return Ok(None);
         }
-        let now = occupant(socket).await;
-        let bind = match now {
+        let bind = match occupant(socket).await {
             Occupant::Live => {
                 refused = None;
-                let mut offered = false;
-                if let Some(h) = &handover_socket {
-                    let announce = || {
-                        if !waiting {
-                            tracing::info!(socketPath = %socket.display(), "Registration socket is served by another instance; waiting for it to hand the socket over");
-                        }
-                        waiting = true;
-                    };
-                    match handover::wait_for_offer(h, token, announce).await {
-                        Waited::Offer(offer) => {
-                            offered = true;
-                            if let Some(b) = take_over(offer, socket, status).await {
-                                return Ok(Some(b));
-                            }
-                        }
-                        Waited::Cancelled => return Ok(None),
-                        Waited::Gone => offered = true,
-                        Waited::Unavailable => {}
-                    }
-                }
-                if offered {
-                    no_handover_since = None;
-                    false
-                } else {
-                    let since = *no_handover_since.get_or_insert_with(tokio::time::Instant::now);
-                    match phase {
-                        Phase::Start if since.elapsed() >= HANDOVER_GRACE => {
-                            tracing::info!(socketPath = %socket.display(), "Registration socket is served by an instance that cannot hand it over; replacing it");
-                            true
-                        }
-                        Phase::Start => false,
-                        Phase::TakeBack => {
-                            if !yielded {
-                                tracing::warn!(socketPath = %socket.display(), "registration socket was replaced by another live instance; leaving it to that instance");
-                                yielded = true;
-                            }
-                            false
+                if successor.is_none() {
+                    match handover::Successor::listen(socket) {
+                        Ok(s) => successor = s,
+                        Err(e) => {
+                            tracing::warn!(socketPath = %socket.display(), error = %report::chain(&e), "cannot listen for a hand-over")
                         }
                     }
                 }
+                if !announced {
+                    if phase == Phase::TakeBack {
+                        tracing::warn!(socketPath = %socket.display(), "registration socket was replaced by another live instance; leaving it to that instance");
+                    }
+                    if successor.is_some() {
+                        tracing::info!(socketPath = %socket.display(), "Registration socket is served by another instance; waiting for it to hand the socket over");
+                    } else {
+                        tracing::info!(socketPath = %socket.display(), "Registration socket is served by another instance; waiting for it to go");
+                    }
+                    announced = true;
+                }
+                if let Some(s) = &successor {
+                    // The offer is awaited across the looks at the path, never dropped midway.
+                    let mut next = std::pin::pin!(s.next_offer());
+                    loop {
+                        tokio::select! {
+                            _ = token.cancelled() => return Ok(None),
+                            offer = &mut next => {
+                                if let Some(b) = take_over(offer, socket, status).await {
+                                    return Ok(Some(b));
+                                }
+                                break;
+                            }
+                            _ = tokio::time::sleep(pause) => {
+                                if occupant(socket).await != Occupant::Live {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
+                false
             }
             Occupant::Nobody => {
                 if phase == Phase::TakeBack {
@@ -442,6 +433,8 @@ async fn acquire(
             }
         };
         if bind {
+            // Our hand-over socket goes before we take the path: nobody is to offer us anything.
+            successor = None;
             match plugreg_transport::bind(socket) {
                 Ok(b) => return Ok(Some(b)),
                 Err(e) if phase == Phase::Start => return Err(Error::Bind(e)),
@@ -450,10 +443,6 @@ async fn acquire(
                 }
             }
         }
-        let pause = match phase {
-            Phase::Start => START_POLL,
-            Phase::TakeBack => period,
-        };
         tokio::select! {
             _ = token.cancelled() => return Ok(None),
             _ = tokio::time::sleep(pause) => {}

@@ -188,36 +188,37 @@ type Running = (
     tokio::task::JoinHandle<Result<(), plugreg_registrar::Error>>,
 );
 
-/// Connections made to the hand-over socket of `socket` (`.<name>` beside it) that are still
-/// open, from the kernel's table of Unix sockets (`/proc/net/unix`): each one is a successor
-/// waiting, accepted or still in the backlog.
-fn successors_connected(socket: &std::path::Path) -> usize {
-    // The kernel shows the address a socket was bound at: the hand-over socket `.<name>` is
-    // bound under its hidden name `..<name>~` and linked into place.
+/// Whether a successor listens on the hand-over socket of `socket` (`.<name>` beside it): a
+/// listening socket bound at its address in the kernel's table of Unix sockets
+/// (`/proc/net/unix`), seen without connecting to it. The hand-over socket is bound in its
+/// staging directory `..<name>~` and renamed into place, and the kernel shows that address.
+fn successor_listening(socket: &std::path::Path) -> bool {
     let name = socket.file_name().unwrap().to_string_lossy();
-    let handover = format!("{}/..{name}~", socket.parent().unwrap().display());
+    let handover = format!("{}/..{name}~/.s", socket.parent().unwrap().display());
     let table = std::fs::read_to_string("/proc/net/unix").expect("/proc/net/unix");
-    table
-        .lines()
-        .skip(1)
-        .filter(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            // Num RefCount Protocol Flags Type St Inode Path; Flags 00010000: listening.
-            fields.len() == 8 && fields[3] != "00010000" && fields[7] == handover
-        })
-        .count()
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // Num RefCount Protocol Flags Type St Inode Path; Flags 00010000: listening.
+        fields.len() == 8 && fields[3] == "00010000" && fields[7] == handover
+    })
 }
 
-async fn wait_for_successors(socket: &std::path::Path, n: usize) {
+async fn wait_for_successor(socket: &std::path::Path) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while successors_connected(socket) < n {
+    while !successor_listening(socket) || !handover_file(socket).exists() {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{n} successors never connected to the hand-over socket of {socket:?}:\n{}",
-            std::fs::read_to_string("/proc/net/unix").unwrap_or_default()
+            "no successor ever listened for the hand-over of {socket:?}"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+fn handover_file(socket: &std::path::Path) -> std::path::PathBuf {
+    socket.with_file_name(format!(
+        ".{}",
+        socket.file_name().unwrap().to_string_lossy()
+    ))
 }
 
 /// An older instance ("old", accepted by the kubelet) and a newer one ("new") on one path, the
@@ -239,7 +240,7 @@ async fn old_and_new(
         .unwrap();
     let new_registrar = Registrar::new(named("new"));
     let new = start_registrar(&new_registrar, path, period);
-    wait_for_successors(path, 1).await;
+    wait_for_successor(path).await;
     (old, new, old_registrar, new_registrar)
 }
 
@@ -322,41 +323,51 @@ async fn the_older_instance_keeps_serving_when_the_newer_stops_first() {
     assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
 }
 
+/// Three instances in a row: the third waits its turn while the second waits for the first;
+/// each stop hands the same socket on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_successor_that_went_away_is_skipped_for_the_next() {
+async fn successors_wait_their_turn_and_the_socket_passes_down_the_line() {
     const PERIOD: Duration = Duration::from_millis(20);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p-reg.sock");
-    let ((old_token, old_task), (first_token, first_task), _, _) = old_and_new(&path, PERIOD).await;
+    let ((old_token, old_task), (new_token, new_task), _, _) = old_and_new(&path, PERIOD).await;
     let socket = inode(&path);
-    let gone = Registrar::new(named("gone"));
-    let (gone_token, gone_task) = start_registrar(&gone, &path, PERIOD);
-    wait_for_successors(&path, 2).await;
-    gone_token.cancel();
-    gone_task.await.unwrap().unwrap();
+    let third = Registrar::new(named("third"));
+    let (third_token, third_task) = start_registrar(&third, &path, PERIOD);
     old_token.cancel();
     old_task.await.unwrap().unwrap();
-    assert_eq!(answers(&path).await, "new");
-    assert_eq!(inode(&path), socket);
-    first_token.cancel();
-    first_task.await.unwrap().unwrap();
-    assert!(!path.exists());
+    wait_for_answer(&path, "new").await;
+    // The second serves now; the third listens for its hand-over in turn.
+    wait_for_successor(&path).await;
+    new_token.cancel();
+    new_task.await.unwrap().unwrap();
+    wait_for_answer(&path, "third").await;
+    assert_eq!(inode(&path), socket, "the socket file changed");
+    third_token.cancel();
+    third_task.await.unwrap().unwrap();
+    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
 }
 
-/// A live socket whose instance offers no hand-over (Go's registrar, an older plugreg) is
-/// replaced, as before, once a second has shown that none will appear.
+/// A live socket of a program that cannot hand over (Go's registrar, an older plugreg) is never
+/// replaced: the new instance waits until it is dead or gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_live_socket_without_a_handover_is_replaced_after_a_grace() {
+async fn a_live_socket_of_another_program_is_waited_for_until_it_dies() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p-reg.sock");
     let other = tokio::net::UnixListener::bind(&path).unwrap();
     let theirs = inode(&path);
-    let started = tokio::time::Instant::now();
+    // A second link keeps their inode from being reused for ours.
+    std::fs::hard_link(&path, dir.path().join("held")).unwrap();
     let (token, task) = start("me", &path, Duration::from_millis(20));
-    wait_for_answer(&path, "me").await;
-    assert!(started.elapsed() >= Duration::from_secs(1));
-    assert_ne!(inode(&path), theirs);
+    wait_for_successor(&path).await;
+    assert_eq!(inode(&path), theirs, "a live socket was replaced");
     drop(other);
+    wait_for_answer(&path, "me").await;
+    assert_ne!(inode(&path), theirs);
+    assert!(
+        !handover_file(&path).exists(),
+        "the hand-over socket goes once it serves"
+    );
     token.cancel();
     task.await.unwrap().unwrap();
     assert!(!path.exists());
@@ -373,6 +384,8 @@ async fn a_dead_socket_at_the_path_is_replaced() {
     std::fs::remove_file(&path).unwrap();
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
     let dead = inode(&path).unwrap();
+    // A second link keeps the dead socket's inode from being reused for the new one.
+    std::fs::hard_link(&path, dir.path().join("held")).unwrap();
     wait_for_answer(&path, "me").await;
     assert_ne!(inode(&path), Some(dead));
     token.cancel();

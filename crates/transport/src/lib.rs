@@ -3,23 +3,26 @@
 //!
 //! Binding removes a stale socket at the path, refuses to touch a file that is not a socket, and
 //! makes the socket connectable by its owner only (mode 0700, as upstream's umask 0077 gives,
-//! set before `bind`, so never wider). The socket is bound under a hidden name beside the final
-//! path, `.<name>~`, listens, and is then linked to the final path, so it appears there already
-//! listening: a watcher that dials it on sight is never refused.
+//! set on the socket before `bind`, so never wider). The socket is bound in a hidden staging
+//! directory beside the final path, listens, and is then renamed into place, so it appears at
+//! its final path already listening: a watcher that dials it on sight is never refused.
 //!
-//! Why a link and not a rename: the kubelet's plugin watcher stats every file created in the
-//! registry directory before it ignores names that start with `.`, and when a rename had
-//! already moved the hidden file away it logged "Error when handling create event ... stat file
-//! .../.<pid>-<n>~ failed". The hidden name now stays, another name of the same socket, until
-//! the socket is dropped: whenever the watcher stats it, it is there, and ignored. (A
-//! dot-directory to bind in would also hide it from a running kubelet, but every kubelet started
-//! while such a directory exists watches it, so it would have to be made afresh for each bind: a
-//! journalled `mkdir` more per registration.)
+//! Why a directory: the kubelet's plugin watcher stats every file created in the registry
+//! directory before it ignores names that start with `.`, and when a rename had already moved a
+//! hidden temporary socket away it logged "Error when handling create event ... stat file
+//! .../.<pid>-<n>~ failed". It does not look into a dot-directory created while it runs (it
+//! ignores that directory's own creation, which it can stat because the directory stays), but
+//! it does watch every directory, dot-named or not, that exists when it starts. So the staging
+//! directory is made afresh for each bind (never one a kubelet may have started to watch), and
+//! it stays, empty, until the socket is dropped (so the kubelet's stat of its creation always
+//! finds it). Keeping a hidden second name of the socket instead would spare the `mkdir`, but
+//! leave a live registration socket under a dot-name, which a kubelet that dials every socket
+//! it finds (as upstream once proposed, kubernetes#129799) would register twice.
 
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -281,8 +284,8 @@ impl BoundSocket {
 pub struct KeepFile(Arc<AtomicBool>);
 
 impl KeepFile {
-    /// From now on, dropping the socket leaves its file in place (its hidden name still
-    /// goes): another process serves the socket.
+    /// From now on, dropping the socket leaves its file in place (its staging directory
+    /// still goes): another process serves the socket.
     pub fn keep(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
@@ -313,25 +316,23 @@ impl SocketIdentity {
 }
 
 /// Removes a socket file on drop if it is still the one that was bound (same device and inode)
-/// and it was not [kept](KeepFile), and the hidden name it was bound under.
+/// and it was not [kept](KeepFile), and the hidden staging directory it was bound in.
 #[derive(Debug)]
 pub struct SocketGuard {
     socket: SocketIdentity,
-    /// The hidden name beside it (another link to the same socket).
-    staged: Option<SocketIdentity>,
+    staging: Option<SocketIdentity>,
     keep: Arc<AtomicBool>,
 }
 
 impl SocketGuard {
-    fn new(path: &Path, meta: &std::fs::Metadata, staged: Option<PathBuf>) -> Self {
-        let identity = |path: &Path| SocketIdentity {
-            path: path.to_owned(),
-            dev: meta.dev(),
-            ino: meta.ino(),
-        };
+    fn new(path: &Path, meta: &std::fs::Metadata, staging: Option<SocketIdentity>) -> Self {
         SocketGuard {
-            socket: identity(path),
-            staged: staged.as_deref().map(identity),
+            socket: SocketIdentity {
+                path: path.to_owned(),
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+            staging,
             keep: Arc::default(),
         }
     }
@@ -350,23 +351,68 @@ impl Drop for SocketGuard {
         {
             tracing::warn!(path = %self.socket.path.display(), error = %e, "failed to remove socket");
         }
-        // Only our link: a later bind of the same path may have made a new one of that name.
-        if let Some(staged) = &self.staged
-            && staged.is_in_place()
-            && let Err(e) = std::fs::remove_file(&staged.path)
+        // Only the directory this bind made: a later bind of the same path may have made a new
+        // one under the same name.
+        if let Some(staging) = &self.staging
+            && staging.is_in_place()
+            && let Err(e) = std::fs::remove_dir(&staging.path)
         {
-            tracing::debug!(path = %staged.path.display(), error = %e, "failed to remove the hidden name of a socket");
+            tracing::debug!(path = %staging.path.display(), error = %e, "failed to remove the staging directory");
         }
     }
 }
 
-/// The hidden name beside `path` a socket is bound under: `.<name>~`.
-fn staged_path(path: &Path) -> Option<PathBuf> {
-    let mut hidden = std::ffi::OsString::from(".");
-    hidden.push(path.file_name()?);
-    hidden.push("~");
-    let staged = path.with_file_name(hidden);
-    (staged.as_os_str().len() <= MAX_SOCKET_PATH).then_some(staged)
+/// The socket's name inside its staging directory: a dot-name too, so that a kubelet which does
+/// watch the directory (one started while it existed) ignores it.
+const STAGED_NAME: &str = ".s";
+
+/// Most attempts at a free staging directory name.
+const STAGING_ATTEMPTS: u32 = 8;
+
+/// Makes the staging directory for a socket named `name` in `dir`: `.<name>~`, made afresh (an
+/// empty one of that name is removed first), or `.<name>~<random>` when that name is in use.
+/// Mode 0700. `None` when the staged socket's path would not fit in `sun_path`.
+fn make_staging_dir(dir: &Path, name: &std::ffi::OsStr) -> io::Result<Option<SocketIdentity>> {
+    let mut base = std::ffi::OsString::from(".");
+    base.push(name);
+    base.push("~");
+    let mut builder = std::fs::DirBuilder::new();
+    builder.mode(0o700);
+    for attempt in 0..STAGING_ATTEMPTS {
+        let mut staging_name = base.clone();
+        if attempt > 0 {
+            let suffix = plugreg_runtime::backoff::random_u64() as u32;
+            staging_name.push(format!("{suffix:08x}"));
+        }
+        let staging = dir.join(&staging_name);
+        if staging.join(STAGED_NAME).as_os_str().len() > MAX_SOCKET_PATH {
+            return Ok(None);
+        }
+        if attempt == 0 {
+            match std::fs::remove_dir(&staging) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                // Not empty (in use by another bind) or not a directory: another name.
+                Err(_) => continue,
+            }
+        }
+        match builder.create(&staging) {
+            Ok(()) => {
+                let meta = std::fs::symlink_metadata(&staging)?;
+                return Ok(Some(SocketIdentity {
+                    path: staging,
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                }));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        "no free name for a staging directory",
+    ))
 }
 
 /// A listening Unix socket bound at `path`, connectable by its owner only from the start: the
@@ -390,8 +436,8 @@ fn listen_private(path: &Path) -> io::Result<OwnedFd> {
 const LISTEN_BACKLOG: i32 = 1024;
 
 /// Binds a private, listening Unix socket at `path`: checks the length, removes a stale socket,
-/// refuses a non-socket, binds under the hidden name `.<name>~` beside it (mode 0700 from the
-/// start) and links it into place (see the module docs). Must be called inside a tokio
+/// refuses a non-socket, binds in a fresh hidden staging directory beside it (mode 0700 from the
+/// start) and renames it into place (see the module docs). Must be called inside a tokio
 /// runtime.
 pub fn bind(path: &Path) -> Result<BoundSocket> {
     check_path_len(path)?;
@@ -400,25 +446,31 @@ pub fn bind(path: &Path) -> Result<BoundSocket> {
         path: path.to_owned(),
         source,
     };
-    // A hidden name left by an instance that died, or by one bound at this path before, goes:
-    // the socket at `path` (if any) is being replaced anyway. Something else there means the
-    // socket is bound in place.
-    let staged = staged_path(path).filter(|s| remove_stale_socket(s).is_ok());
-    let fd = match &staged {
-        Some(staged) => {
-            let placed = listen_private(staged).and_then(|fd| {
-                std::fs::hard_link(staged, path)?;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let staging = match path.file_name() {
+        Some(name) => make_staging_dir(dir, name).map_err(listen_err)?,
+        None => None,
+    };
+    let fd = match &staging {
+        Some(staging) => {
+            let temp = staging.path.join(STAGED_NAME);
+            let placed = listen_private(&temp).and_then(|fd| {
+                std::fs::rename(&temp, path)?;
                 Ok(fd)
             });
             match placed {
                 Ok(fd) => fd,
                 Err(e) => {
-                    let _ = std::fs::remove_file(staged);
+                    let _ = std::fs::remove_file(&temp);
+                    let _ = std::fs::remove_dir(&staging.path);
                     return Err(listen_err(e));
                 }
             }
         }
-        // Only the final name fits (or the hidden one is taken): bound in place, which a
+        // The directory is so long that only the final name fits: bound in place, which a
         // watcher may see a moment before it listens.
         None => listen_private(path).map_err(listen_err)?,
     };
@@ -427,7 +479,7 @@ pub fn bind(path: &Path) -> Result<BoundSocket> {
     let meta = std::fs::symlink_metadata(path).map_err(listen_err)?;
     Ok(BoundSocket {
         listener,
-        guard: SocketGuard::new(path, &meta, staged),
+        guard: SocketGuard::new(path, &meta, staging),
     })
 }
 

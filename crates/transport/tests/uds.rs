@@ -51,9 +51,9 @@ async fn serves_dials_and_removes_socket_on_shutdown() {
         0o700,
         "owner-only socket"
     );
-    // Beside it only its hidden name, the same socket, until the socket goes.
+    // Beside it only its hidden staging directory, empty, until the socket goes.
     assert_eq!(entries(dir.path()), ["e.sock", ".e.sock~"]);
-    assert_eq!(inode(&dir.path().join(".e.sock~")), inode(&path));
+    assert_eq!(entries(&dir.path().join(".e.sock~")), Vec::<String>::new());
 
     for addr in [
         path.display().to_string(),
@@ -91,44 +91,50 @@ fn inode(path: &std::path::Path) -> u64 {
     std::fs::symlink_metadata(path).unwrap().ino()
 }
 
-/// The hidden name is another link to the listening socket, made before the final name, and
-/// private from the start; one left by an instance that died is replaced.
+/// A kubelet that started while a staging directory existed watches it; binding again must not
+/// create the socket in that directory but in a new one.
 #[tokio::test]
-async fn the_hidden_name_is_the_same_private_socket_and_a_stale_one_is_replaced() {
+async fn each_bind_stages_in_a_fresh_private_directory() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f.sock");
-    let hidden = dir.path().join(".f.sock~");
-    drop(std::os::unix::net::UnixListener::bind(&hidden).unwrap());
-    let stale = inode(&hidden);
-    // A second link keeps the stale inode from being reused for the new socket.
-    let held = dir.path().join("held");
-    std::fs::hard_link(&hidden, &held).unwrap();
+    let staging = dir.path().join(".f.sock~");
+    std::fs::create_dir(&staging).unwrap();
+    // Held open, the old directory's inode cannot be reused for the new one.
+    let held = std::fs::File::open(&staging).unwrap();
+    let old = inode(&staging);
     let socket = bind(&path).unwrap();
-    assert_ne!(inode(&hidden), stale);
-    assert_eq!(inode(&hidden), inode(&path));
-    let meta = std::fs::symlink_metadata(&hidden).unwrap();
-    assert!(meta.file_type().is_socket());
+    assert_ne!(
+        inode(&staging),
+        old,
+        "an old empty staging directory is replaced"
+    );
+    let meta = std::fs::symlink_metadata(&staging).unwrap();
+    assert!(meta.is_dir());
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
-    connect_path(&hidden, Duration::from_secs(5)).await.unwrap();
     drop(socket);
-    std::fs::remove_file(held).unwrap();
+    drop(held);
     assert!(entries(dir.path()).is_empty());
 }
 
 #[tokio::test]
-async fn a_file_under_the_hidden_name_is_left_alone_and_the_socket_bound_in_place() {
+async fn a_staging_name_in_use_is_left_alone_and_another_is_taken() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("g.sock");
-    let hidden = dir.path().join(".g.sock~");
-    std::fs::write(&hidden, b"x").unwrap();
+    // Someone else's (or a busy) directory, and a file, under the names binding would use.
+    let busy = dir.path().join(".g.sock~");
+    std::fs::create_dir(&busy).unwrap();
+    std::fs::write(busy.join("keep"), b"x").unwrap();
     let socket = bind(&path).unwrap();
-    assert_eq!(entries(dir.path()), ["g.sock", ".g.sock~"]);
-    let meta = std::fs::symlink_metadata(&path).unwrap();
-    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    let names = entries(dir.path());
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(
+        names[2].starts_with(".g.sock~") && names[2].len() == ".g.sock~".len() + 8,
+        "{names:?}"
+    );
     connect_path(&path, Duration::from_secs(5)).await.unwrap();
     drop(socket);
     assert_eq!(entries(dir.path()), [".g.sock~"]);
-    assert_eq!(std::fs::read(&hidden).unwrap(), b"x");
+    assert_eq!(std::fs::read(busy.join("keep")).unwrap(), b"x");
 }
 
 #[tokio::test]
