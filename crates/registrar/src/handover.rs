@@ -130,7 +130,7 @@ impl Successor {
         }))
     }
 
-    /// Waits for an offer. A connection that offers nothing valid within [`ANSWER_TIMEOUT`] is
+    /// Waits for an offer. A connection that offers nothing valid within two seconds is
     /// dropped (and said so at debug level), and the wait goes on.
     pub async fn next_offer(&self) -> Offer {
         loop {

@@ -164,7 +164,7 @@ impl Registrar {
         .await
     }
 
-    /// The free [`serve_router`](crate::serve_router) for a router that serves this registrar,
+    /// The free [`crate::serve_router`] for a router that serves this registrar,
     /// with the kubelet's verdict carried across a hand-over: the instance that stops tells its
     /// successor whether the kubelet had accepted the plugin, and the successor's
     /// [`status`](Self::status) starts from that.

@@ -10,7 +10,7 @@
 //! Why a directory: the kubelet's plugin watcher stats every file created in the registry
 //! directory before it ignores names that start with `.`, and when a rename had already moved a
 //! hidden temporary socket away it logged "Error when handling create event ... stat file
-//! .../.<pid>-<n>~ failed". It does not look into a dot-directory created while it runs (it
+//! `.../.<pid>-<n>~` failed". It does not look into a dot-directory created while it runs (it
 //! ignores that directory's own creation, which it can stat because the directory stays), but
 //! it does watch every directory, dot-named or not, that exists when it starts. So the staging
 //! directory is made afresh for each bind (never one a kubelet may have started to watch), and
