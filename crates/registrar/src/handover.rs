@@ -188,14 +188,15 @@ pub async fn offer(
 }
 
 /// The peer of a hand-over connection must run as this process's user.
+///
+/// Only the uid is read. Two containers of a surge rollout run in sibling PID namespaces, where
+/// the kernel reports the peer's pid as 0; rustix's `socket_peercred` refuses a zero pid (its
+/// `Pid` is non-zero), tokio's `peer_cred` reports it as absent.
 fn check_peer(stream: &UnixStream) -> Result<(), HandoverError> {
-    let peer = rustix::net::sockopt::socket_peercred(stream).map_err(std::io::Error::from)?;
-    let own = rustix::process::geteuid();
-    if peer.uid != own {
-        return Err(HandoverError::ForeignPeer {
-            peer: peer.uid.as_raw(),
-            own: own.as_raw(),
-        });
+    let peer = stream.peer_cred()?.uid();
+    let own = rustix::process::geteuid().as_raw();
+    if peer != own {
+        return Err(HandoverError::ForeignPeer { peer, own });
     }
     Ok(())
 }
