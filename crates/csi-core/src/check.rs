@@ -14,6 +14,27 @@
 //! as the spec makes the CO do, and hands the publish_context to the node calls. The
 //! missing-argument probes use the real volume's id, so only the argument under test is
 //! missing: the spec does not order "argument missing" before "volume unknown".
+//!
+//! Every call is made as the kubelet (`pkg/volume/csi`, v1.20 to v1.36) makes it, so that only
+//! a wrong driver fails:
+//! * the paths are the kubelet's ([`KubeletLayout`]) under the check's directory;
+//! * before NodeStageVolume the staging directory exists (`MountDevice` makes it, mode 0750, and
+//!   writes `vol_data.json` above it, whether or not the driver stages), and before
+//!   NodePublishVolume the target's parent exists (`SetUp` makes it, with its `vol_data.json`);
+//!   the target itself is the driver's to make. The error-code probes get such paths too: a
+//!   driver may look at the paths before the volume (csi-test's mock and csi-driver-host-path
+//!   do), and the kubelet never sends a staging path that does not exist;
+//! * after NodeUnpublishVolume the target, its `vol_data.json` and its parent are removed, after
+//!   NodeUnstageVolume (or without STAGE_UNSTAGE_VOLUME, at the same point) the staging directory
+//!   and its parent (`removeMountDir`); a target still mounted then fails the step;
+//! * NodeStageVolume and NodeUnstageVolume only with STAGE_UNSTAGE_VOLUME (publish then gets no
+//!   staging path), NodeGetVolumeStats only with GET_VOLUME_STATS and with the target as
+//!   volume_path and no staging path, NodeExpandVolume only with EXPAND_VOLUME, with the target
+//!   and (when staging) the staging path;
+//! * a ReadWriteOnce volume is SINGLE_NODE_MULTI_WRITER for a driver whose Node (for node calls)
+//!   or Controller (for CreateVolume and ControllerPublishVolume, as the provisioner and attacher
+//!   map it) advertises SINGLE_NODE_MULTI_WRITER, SINGLE_NODE_WRITER otherwise; no
+//!   volume_mount_group (a pod without fsGroup).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -32,8 +53,15 @@ use serde::Serialize;
 use tonic::Code;
 
 use crate::client::{CallError, Connection, Retry};
-use crate::layout::KubeletLayout;
-use crate::node::{NodeCapability, VolumeSpec};
+use crate::layout::{KubeletLayout, make_volume_dir, remove_mount_dir};
+use crate::node::{AccessMode, NodeCapability, VolumeSpec};
+
+/// The pod and volume names of the check's publish paths.
+const CHECK_POD: &str = "plugreg-check-pod";
+const CHECK_VOLUME: &str = "plugreg-check-volume";
+const PROBE_POD: &str = "plugreg-check-probe-pod";
+/// The node name written into `vol_data.json`, as the kubelet writes its own.
+const CHECK_NODE: &str = "plugreg-check";
 
 /// What the check runs against.
 #[derive(Debug, Clone)]
@@ -228,6 +256,7 @@ pub async fn run(opts: &CheckOptions) -> Report {
         controller: None,
         create: false,
         publish: false,
+        controller_multi_writer: false,
         opts,
         node_caps: Vec::new(),
         node_id: None,
@@ -241,13 +270,13 @@ pub async fn run(opts: &CheckOptions) -> Report {
         Some((spec, _)) => checker.controller_publish(&mut report, spec).await,
         None => false,
     };
+    let driver = path_driver_name(report.driver.as_deref());
     checker
-        .required_codes(&mut report, volume.as_ref().map(|(s, _)| s))
+        .required_codes(&mut report, volume.as_ref().map(|(s, _)| s), &driver)
         .await;
     if let Some((spec, created)) = volume {
         if published {
-            let driver = report.driver.clone().unwrap_or_default();
-            checker.sequence(&mut report, &spec, driver).await;
+            checker.sequence(&mut report, &spec, &driver).await;
             checker.controller_unpublish(&mut report, &spec).await;
         } else {
             report.skip(
@@ -259,7 +288,45 @@ pub async fn run(opts: &CheckOptions) -> Report {
             checker.delete(&mut report, &spec.volume_id).await;
         }
     }
+    remove_empty_parents(&opts.root, &driver);
     report
+}
+
+/// The driver name for paths: a driver with an invalid name already failed GetPluginInfo, and
+/// its paths still need one.
+fn path_driver_name(name: Option<&str>) -> String {
+    match name {
+        Some(n) if crate::name::check_driver_name(n).is_ok() => n.to_owned(),
+        _ => "unnamed.driver".into(),
+    }
+}
+
+/// The directories above the volumes' own, which the kubelet keeps for the node's life (the
+/// driver's directory) or removes with the pod: gone once empty, so the check leaves its
+/// directory as it found it.
+fn remove_empty_parents(root: &Path, driver: &str) {
+    let csi = root.join("plugins/kubernetes.io/csi");
+    let mut dirs = vec![
+        csi.join(driver),
+        csi,
+        root.join("plugins/kubernetes.io"),
+        root.join("plugins"),
+    ];
+    for pod in [CHECK_POD, PROBE_POD] {
+        let pod = root.join("pods").join(pod);
+        dirs.splice(
+            0..0,
+            [
+                pod.join("volumes/kubernetes.io~csi"),
+                pod.join("volumes"),
+                pod,
+            ],
+        );
+    }
+    dirs.push(root.join("pods"));
+    for d in dirs {
+        let _ = std::fs::remove_dir(d);
+    }
 }
 
 struct Checker<'a> {
@@ -271,20 +338,45 @@ struct Checker<'a> {
     create: bool,
     /// The Controller offers PUBLISH_UNPUBLISH_VOLUME.
     publish: bool,
+    /// The Controller offers SINGLE_NODE_MULTI_WRITER.
+    controller_multi_writer: bool,
     opts: &'a CheckOptions,
     node_caps: Vec<i32>,
     /// NodeGetInfo's node_id, when valid.
     node_id: Option<String>,
 }
 
-/// A capability for the unknown-volume and missing-argument probes.
-fn probe_capability() -> VolumeCapability {
-    VolumeSpec::new("x").capability(false)
+/// A ReadWriteOnce volume's capability as the kubelet (`multi_writer`: the Node advertises
+/// SINGLE_NODE_MULTI_WRITER) or the provisioner and attacher (the Controller does) send it.
+fn rwo_capability(multi_writer: bool) -> VolumeCapability {
+    let mut spec = VolumeSpec::new("x");
+    spec.access_mode = rwo_mode(multi_writer);
+    spec.capability(false)
+}
+
+fn rwo_mode(multi_writer: bool) -> AccessMode {
+    if multi_writer {
+        AccessMode::SingleNodeMultiWriter
+    } else {
+        AccessMode::SingleNodeWriter
+    }
 }
 
 impl Checker<'_> {
     fn has(&self, c: NodeCapability) -> bool {
         self.node_caps.contains(&(c as i32))
+    }
+
+    /// The capability of the node calls for the volume `spec`.
+    fn node_capability(&self, spec: &VolumeSpec) -> VolumeCapability {
+        let mut spec = spec.clone();
+        spec.access_mode = rwo_mode(self.has(NodeCapability::SingleNodeMultiWriter));
+        spec.capability(false)
+    }
+
+    /// The capability of the probes' node calls.
+    fn probe_capability(&self) -> VolumeCapability {
+        rwo_capability(self.has(NodeCapability::SingleNodeMultiWriter))
     }
 
     async fn identity(&mut self, report: &mut Report) {
@@ -435,6 +527,7 @@ impl Checker<'_> {
             };
             self.create = has(Type::CreateDeleteVolume);
             self.publish = has(Type::PublishUnpublishVolume);
+            self.controller_multi_writer = has(Type::SingleNodeMultiWriter);
             let names: Vec<&str> = [Type::CreateDeleteVolume, Type::PublishUnpublishVolume]
                 .into_iter()
                 .filter(|&t| has(t))
@@ -482,7 +575,7 @@ impl Checker<'_> {
                 required_bytes: self.opts.capacity_bytes,
                 limit_bytes: 0,
             }),
-            volume_capabilities: vec![probe_capability()],
+            volume_capabilities: vec![rwo_capability(self.controller_multi_writer)],
             ..Default::default()
         };
         let ctl = c.controller();
@@ -535,10 +628,12 @@ impl Checker<'_> {
             );
             return false;
         };
+        let mut controller_spec = spec.clone();
+        controller_spec.access_mode = rwo_mode(self.controller_multi_writer);
         let msg = ControllerPublishVolumeRequest {
             volume_id: spec.volume_id.clone(),
             node_id,
-            volume_capability: Some(spec.capability(false)),
+            volume_capability: Some(controller_spec.capability(false)),
             readonly: false,
             volume_context: spec.volume_context.clone().into_iter().collect(),
             ..Default::default()
@@ -588,18 +683,40 @@ impl Checker<'_> {
         }
     }
 
+    /// The kubelet's directories for a probe or the sequence: `dirs` made as `MountDevice`
+    /// and `SetUp` make them (see [`make_volume_dir`]); a failure is a failed step.
+    fn make_dirs(report: &mut Report, dirs: &[(&Path, Vec<(&str, &str)>)]) -> bool {
+        for (dir, data) in dirs {
+            if let Err(e) = make_volume_dir(dir, data) {
+                report.push(
+                    format!("create {}", dir.display()),
+                    Outcome::Fail,
+                    None,
+                    e.to_string(),
+                );
+                return false;
+            }
+        }
+        true
+    }
+
     /// The codes the spec requires for missing arguments and unknown volumes. The
     /// missing-argument probes name `volume` (only the argument under test is missing); without
     /// a volume they name an unknown one and also accept NOT_FOUND, since the spec does not
-    /// say which check a driver makes first.
-    async fn required_codes(&mut self, report: &mut Report, volume: Option<&VolumeSpec>) {
+    /// say which check a driver makes first. The paths are the kubelet's for the volume named,
+    /// made as the kubelet makes them, and removed after.
+    async fn required_codes(
+        &mut self,
+        report: &mut Report,
+        volume: Option<&VolumeSpec>,
+        driver: &str,
+    ) {
         let node = self.conn.node();
         let c = &self.conn;
-        let dir = &self.opts.root;
-        let path = s(&dir.join("nonexistent"));
+        let layout = KubeletLayout::new(&self.opts.root);
         let unknown = format!("plugreg-check-unknown-{}", unique());
         let stages = self.has(NodeCapability::StageUnstageVolume);
-        let cap = Some(probe_capability());
+        let cap = Some(self.probe_capability());
         let (real, missing_codes, suffix): (String, &[Code], &str) = match volume {
             Some(v) => (v.volume_id.clone(), &[Code::InvalidArgument], ""),
             None => (
@@ -608,6 +725,45 @@ impl Checker<'_> {
                 " (unknown volume: NOT_FOUND accepted)",
             ),
         };
+        let paths = layout
+            .staging_path(driver, &real)
+            .and_then(|r| Ok((r, layout.staging_path(driver, &unknown)?)))
+            .and_then(|(r, u)| Ok((r, u, layout.publish_path(PROBE_POD, CHECK_VOLUME)?)));
+        let (real_staging, unknown_staging, target) = match paths {
+            Ok(p) => p,
+            Err(e) => {
+                report.push("paths", Outcome::Fail, None, e.to_string());
+                return;
+            }
+        };
+        let target_dir = target.parent().unwrap_or(&target).to_owned();
+        if !Self::make_dirs(
+            report,
+            &[
+                (
+                    &real_staging,
+                    vec![("driverName", driver), ("volumeHandle", &real)],
+                ),
+                (
+                    &unknown_staging,
+                    vec![("driverName", driver), ("volumeHandle", &unknown)],
+                ),
+                (
+                    &target_dir,
+                    vec![
+                        ("driverName", driver),
+                        ("nodeName", CHECK_NODE),
+                        ("specVolID", CHECK_VOLUME),
+                        ("volumeHandle", &unknown),
+                        ("volumeLifecycleMode", "Persistent"),
+                    ],
+                ),
+            ],
+        ) {
+            return;
+        }
+        let real_staging = s(&real_staging);
+        let unknown_staging = s(&unknown_staging);
         let publish_context: HashMap<String, String> = volume
             .map_or(&self.opts.publish_context, |v| &v.publish_context)
             .clone()
@@ -647,7 +803,7 @@ impl Checker<'_> {
                 call!(
                     "NodeStageVolume",
                     node_stage_volume,
-                    stage("", &path, cap.clone())
+                    stage("", &real_staging, cap.clone())
                 ),
             );
             missing!(
@@ -663,7 +819,7 @@ impl Checker<'_> {
                 call!(
                     "NodeStageVolume",
                     node_stage_volume,
-                    stage(&real, &path, None)
+                    stage(&real, &real_staging, None)
                 )
             );
             report.expect_code(
@@ -672,7 +828,7 @@ impl Checker<'_> {
                 call!(
                     "NodeStageVolume",
                     node_stage_volume,
-                    stage(&unknown, &path, cap.clone())
+                    stage(&unknown, &unknown_staging, cap.clone())
                 ),
             );
             let unstage = |volume_id: &str, staging: &str| NodeUnstageVolumeRequest {
@@ -682,7 +838,11 @@ impl Checker<'_> {
             report.expect_code(
                 "NodeUnstageVolume without volume_id",
                 Code::InvalidArgument,
-                call!("NodeUnstageVolume", node_unstage_volume, unstage("", &path)),
+                call!(
+                    "NodeUnstageVolume",
+                    node_unstage_volume,
+                    unstage("", &real_staging)
+                ),
             );
             missing!(
                 "NodeUnstageVolume without staging_target_path",
@@ -694,7 +854,7 @@ impl Checker<'_> {
                 call!(
                     "NodeUnstageVolume",
                     node_unstage_volume,
-                    unstage(&unknown, &path)
+                    unstage(&unknown, &unknown_staging)
                 ),
             );
         } else {
@@ -704,18 +864,31 @@ impl Checker<'_> {
             );
         }
 
-        let staging = if stages { path.clone() } else { String::new() };
+        // The staging path of the volume named, as the kubelet sends it (only when staging).
+        let staging_of = |volume_id: &str| {
+            if !stages {
+                String::new()
+            } else if volume_id == unknown {
+                unknown_staging.clone()
+            } else {
+                real_staging.clone()
+            }
+        };
         let publish = |volume_id: &str, target: &str, cap: Option<VolumeCapability>| {
             NodePublishVolumeRequest {
                 volume_id: volume_id.to_owned(),
-                staging_target_path: staging.clone(),
+                staging_target_path: staging_of(if volume_id.is_empty() {
+                    &real
+                } else {
+                    volume_id
+                }),
                 target_path: target.to_owned(),
                 volume_capability: cap,
                 publish_context: publish_context.clone(),
                 ..Default::default()
             }
         };
-        let target = s(&dir.join("nonexistent-target"));
+        let target = s(&target);
         report.expect_code(
             "NodePublishVolume without volume_id",
             Code::InvalidArgument,
@@ -781,6 +954,18 @@ impl Checker<'_> {
             ),
         );
 
+        // The kubelet asks for stats and expansion of a published volume: its target exists.
+        let stats_or_expand =
+            self.has(NodeCapability::GetVolumeStats) || self.has(NodeCapability::ExpandVolume);
+        if stats_or_expand && let Err(e) = std::fs::create_dir_all(&target) {
+            report.push(
+                format!("create {target}"),
+                Outcome::Fail,
+                None,
+                e.to_string(),
+            );
+            return;
+        }
         if self.has(NodeCapability::GetVolumeStats) {
             let stats = |volume_id: &str, p: &str| NodeGetVolumeStatsRequest {
                 volume_id: volume_id.to_owned(),
@@ -820,6 +1005,7 @@ impl Checker<'_> {
             let expand = |volume_id: &str, p: &str| NodeExpandVolumeRequest {
                 volume_id: volume_id.to_owned(),
                 volume_path: p.to_owned(),
+                staging_target_path: staging_of(volume_id),
                 ..Default::default()
             };
             report.expect_code(
@@ -843,27 +1029,31 @@ impl Checker<'_> {
         } else {
             report.skip("NodeExpandVolume error codes", "no EXPAND_VOLUME");
         }
+        // As the kubelet after TearDown and UnmountDevice; a probe that a driver wrongly
+        // obeyed may leave something mounted, which then stays (and shows as a failed step).
+        for dir in [&target, &unknown_staging, &real_staging] {
+            let dir = Path::new(dir);
+            if let Err(e) = remove_mount_dir(dir) {
+                report.push(
+                    format!("remove {}", dir.display()),
+                    Outcome::Fail,
+                    None,
+                    format!("{e}: a probe left something there"),
+                );
+            }
+        }
     }
 
     /// Stage, publish, stats, expand, unpublish, unstage, each repeated where the spec wants
-    /// idempotency, on the kubelet's paths under the check's directory.
-    async fn sequence(&mut self, report: &mut Report, spec: &VolumeSpec, driver: String) {
+    /// idempotency, on the kubelet's paths under the check's directory, with the kubelet's
+    /// directories made before and removed after.
+    async fn sequence(&mut self, report: &mut Report, spec: &VolumeSpec, driver: &str) {
         let layout = KubeletLayout::new(&self.opts.root);
         let stages = self.has(NodeCapability::StageUnstageVolume);
-        // A driver with an invalid name already failed GetPluginInfo; paths still need a name.
-        let driver = if crate::name::check_driver_name(&driver).is_ok() {
-            driver
-        } else {
-            "unnamed.driver".into()
-        };
-        let staging = match layout.staging_path(&driver, &spec.volume_id) {
-            Ok(p) => p,
-            Err(e) => {
-                report.push("paths", Outcome::Fail, None, e.to_string());
-                return;
-            }
-        };
-        let target = match layout.publish_path("plugreg-check-pod", "plugreg-check-volume") {
+        let paths = layout
+            .staging_path(driver, &spec.volume_id)
+            .and_then(|st| Ok((st, layout.publish_path(CHECK_POD, CHECK_VOLUME)?)));
+        let (staging, target) = match paths {
             Ok(p) => p,
             Err(e) => {
                 report.push("paths", Outcome::Fail, None, e.to_string());
@@ -872,7 +1062,7 @@ impl Checker<'_> {
         };
         let node = self.conn.node();
         let c = &self.conn;
-        let cap = Some(spec.capability(false));
+        let cap = Some(self.node_capability(spec));
         let ctx: HashMap<String, String> = spec.volume_context.clone().into_iter().collect();
         let publish_ctx: HashMap<String, String> =
             spec.publish_context.clone().into_iter().collect();
@@ -886,21 +1076,28 @@ impl Checker<'_> {
                 .await
             }};
         }
-        let mkdir = |report: &mut Report, p: &Path| -> bool {
-            match std::fs::create_dir_all(p) {
-                Ok(()) => true,
-                Err(e) => {
-                    report.push(
-                        format!("create {}", p.display()),
-                        Outcome::Fail,
-                        None,
-                        e.to_string(),
-                    );
-                    false
-                }
+        // The kubelet's clean-up after NodeUnpublishVolume and NodeUnstageVolume.
+        let clean = |report: &mut Report, after: &str, dir: &Path| {
+            if let Err(e) = remove_mount_dir(dir) {
+                report.push(
+                    format!("remove {} after {after}", dir.display()),
+                    Outcome::Fail,
+                    None,
+                    format!("{e}: the driver left it mounted or not empty"),
+                );
             }
         };
 
+        // MountDevice: the staging directory, whether or not the driver stages.
+        if !Self::make_dirs(
+            report,
+            &[(
+                &staging,
+                vec![("driverName", driver), ("volumeHandle", &spec.volume_id)],
+            )],
+        ) {
+            return;
+        }
         let stage_msg = NodeStageVolumeRequest {
             volume_id: spec.volume_id.clone(),
             staging_target_path: s(&staging),
@@ -910,9 +1107,6 @@ impl Checker<'_> {
             ..Default::default()
         };
         if stages {
-            if !mkdir(report, &staging) {
-                return;
-            }
             report.expect_ok(
                 "NodeStageVolume",
                 call!("NodeStageVolume", node_stage_volume, stage_msg.clone()),
@@ -925,9 +1119,21 @@ impl Checker<'_> {
             report.skip("NodeStageVolume", "no STAGE_UNSTAGE_VOLUME");
         }
 
-        if let Some(parent) = target.parent()
-            && !mkdir(report, parent)
-        {
+        // SetUp: the target's parent; the target is the driver's to make.
+        let target_dir = target.parent().unwrap_or(&target).to_owned();
+        if !Self::make_dirs(
+            report,
+            &[(
+                &target_dir,
+                vec![
+                    ("driverName", driver),
+                    ("nodeName", CHECK_NODE),
+                    ("specVolID", CHECK_VOLUME),
+                    ("volumeHandle", &spec.volume_id),
+                    ("volumeLifecycleMode", "Persistent"),
+                ],
+            )],
+        ) {
             return;
         }
         let publish_msg = NodePublishVolumeRequest {
@@ -965,10 +1171,11 @@ impl Checker<'_> {
         );
 
         if self.has(NodeCapability::GetVolumeStats) {
+            // The kubelet's volume metrics: the target, no staging path.
             let msg = NodeGetVolumeStatsRequest {
                 volume_id: spec.volume_id.clone(),
                 volume_path: s(&target),
-                staging_target_path: if stages { s(&staging) } else { String::new() },
+                staging_target_path: String::new(),
             };
             if let Some(stats) = report.expect_ok(
                 "NodeGetVolumeStats",
@@ -1035,6 +1242,7 @@ impl Checker<'_> {
             "NodeUnpublishVolume repeated",
             call!("NodeUnpublishVolume", node_unpublish_volume, unpublish_msg),
         );
+        clean(report, "NodeUnpublishVolume", &target);
         if stages {
             let msg = NodeUnstageVolumeRequest {
                 volume_id: spec.volume_id.clone(),
@@ -1051,6 +1259,7 @@ impl Checker<'_> {
         } else {
             report.skip("NodeUnstageVolume", "no STAGE_UNSTAGE_VOLUME");
         }
+        clean(report, "NodeUnstageVolume", &staging);
     }
 
     async fn delete(&mut self, report: &mut Report, volume_id: &str) {

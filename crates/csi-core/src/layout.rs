@@ -133,9 +133,116 @@ impl KubeletLayout {
     }
 }
 
+/// The kubelet's volume metadata file, in the directory above a staging path or a target.
+pub const VOL_DATA_FILE: &str = "vol_data.json";
+
+/// Mode of the directories the kubelet makes for a volume.
+pub const DIR_MODE: u32 = 0o750;
+
+/// What the kubelet does before NodeStageVolume (`MountDevice`) or NodePublishVolume (`SetUp`):
+/// makes `dir` with its missing parents (mode 0750), then writes [`VOL_DATA_FILE`] with `data`
+/// in the directory above it. For staging, `dir` is the staging path itself (made whether or
+/// not the driver stages); for publishing it is the target's parent (the driver makes the
+/// target).
+pub fn make_volume_dir(dir: &Path, data: &[(&str, &str)]) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)?;
+    let meta_dir = if dir.ends_with("globalmount") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
+    let mut json = String::from("{");
+    for (i, (k, v)) in data.iter().enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        json.push_str(&json_string(k));
+        json.push(':');
+        json.push_str(&json_string(v));
+    }
+    json.push('}');
+    std::fs::write(meta_dir.join(VOL_DATA_FILE), json)
+}
+
+/// What the kubelet does after NodeUnpublishVolume (`TearDown`) or NodeUnstageVolume
+/// (`UnmountDevice`), its `removeMountDir`: removes `mount_path`, then [`VOL_DATA_FILE`] and the
+/// directory above it (if empty). A missing path is fine; one still mounted (EBUSY) or holding
+/// files is an error, and then nothing else is removed.
+pub fn remove_mount_dir(mount_path: &Path) -> std::io::Result<()> {
+    use std::io::ErrorKind;
+    match std::fs::remove_dir(mount_path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    if let Some(dir) = mount_path.parent() {
+        match std::fs::remove_file(dir.join(VOL_DATA_FILE)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// `s` as a JSON string.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_dirs_come_and_go_as_the_kubelets() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let l = KubeletLayout::new(tmp.path());
+        let staging = l.staging_path("d.example", "h\"1\n").unwrap();
+        make_volume_dir(
+            &staging,
+            &[("driverName", "d.example"), ("volumeHandle", "h\"1\n")],
+        )
+        .unwrap();
+        let meta = std::fs::metadata(&staging).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o750);
+        assert_eq!(
+            std::fs::read_to_string(staging.parent().unwrap().join(VOL_DATA_FILE)).unwrap(),
+            r#"{"driverName":"d.example","volumeHandle":"h\"1\u000a"}"#
+        );
+        let target = l.publish_path("pod", "vol").unwrap();
+        make_volume_dir(target.parent().unwrap(), &[("specVolID", "vol")]).unwrap();
+        assert!(!target.exists(), "the driver makes the target");
+        assert!(target.parent().unwrap().join(VOL_DATA_FILE).exists());
+        std::fs::create_dir(&target).unwrap();
+        remove_mount_dir(&target).unwrap();
+        assert!(!target.parent().unwrap().exists());
+        remove_mount_dir(&staging).unwrap();
+        assert!(!staging.parent().unwrap().exists());
+        // Again: nothing left is fine.
+        remove_mount_dir(&staging).unwrap();
+    }
 
     #[test]
     fn paths_follow_the_kubelet() {

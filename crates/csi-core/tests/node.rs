@@ -1,7 +1,6 @@
-//! The node client against the CSI test driver on a real Unix socket, with real bind mounts
-//! when the tests run as root (they do here; otherwise the driver makes plain directories and
-//! the mount assertions are skipped, saying so). A guard unmounts whatever is left under a
-//! test's temp dir, even when the test fails.
+//! The node client against the CSI test driver on a real Unix socket, with real bind mounts:
+//! the tests that check mounts need root (CI runs as root) and fail, saying so, without it. A
+//! guard unmounts whatever is left under a test's temp dir, even when the test fails.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -58,8 +57,14 @@ impl Drop for MountGuard {
     }
 }
 
-fn root() -> bool {
-    rustix::process::geteuid().is_root()
+/// Real bind mounts need root; a test that checks them fails without it rather than pass
+/// without checking.
+fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test checks real bind mounts and needs root (CI runs the suite as root); \
+         run it as root"
+    );
 }
 
 async fn driver(dir: &Path, config: DriverConfig) -> RunningDriver {
@@ -99,6 +104,7 @@ fn quick_retry() -> Retry {
 
 #[tokio::test]
 async fn every_call_with_real_mounts_and_idempotent_repeats() {
+    require_root();
     let g = MountGuard::new();
     let d = driver(
         g.path(),
@@ -129,23 +135,19 @@ async fn every_call_with_real_mounts_and_idempotent_repeats() {
     assert_eq!(d.calls().count(Method::NodeStageVolume), 2);
     assert_eq!(d.calls().count(Method::NodePublishVolume), 2);
     assert!(paths.target.is_dir());
-    if root() {
-        assert!(is_mounted(&staging), "staging is a bind mount");
-        assert!(is_mounted(&paths.target), "target is a bind mount");
-        assert_eq!(
-            mounts_under(&paths.target).len(),
-            1,
-            "a repeat mounts nothing twice"
-        );
-        // What the pod writes lands in the volume.
-        std::fs::write(paths.target.join("hello"), b"hi").unwrap();
-        assert_eq!(
-            std::fs::read(g.path().join("data/vol-a/hello")).unwrap(),
-            b"hi"
-        );
-    } else {
-        eprintln!("not root: the driver made directories, mount assertions skipped");
-    }
+    assert!(is_mounted(&staging), "staging is a bind mount");
+    assert!(is_mounted(&paths.target), "target is a bind mount");
+    assert_eq!(
+        mounts_under(&paths.target).len(),
+        1,
+        "a repeat mounts nothing twice"
+    );
+    // What the pod writes lands in the volume.
+    std::fs::write(paths.target.join("hello"), b"hi").unwrap();
+    assert_eq!(
+        std::fs::read(g.path().join("data/vol-a/hello")).unwrap(),
+        b"hi"
+    );
 
     let stats = c
         .stats("vol-a", &paths.target, Some(&staging))
@@ -175,10 +177,7 @@ async fn every_call_with_real_mounts_and_idempotent_repeats() {
 
 #[tokio::test]
 async fn readonly_publish_is_read_only() {
-    if !root() {
-        eprintln!("not root: no bind mounts, nothing to check");
-        return;
-    }
+    require_root();
     let g = MountGuard::new();
     let d = driver(g.path(), DriverConfig::default()).await;
     let c = client(&d, NodeClient::TIMEOUT, Retry::ONCE).await;
@@ -209,6 +208,7 @@ async fn readonly_publish_is_read_only() {
 
 #[tokio::test]
 async fn capabilities_decide_what_is_called() {
+    require_root();
     let g = MountGuard::new();
     // No node capabilities: no stage, no stats, no expand.
     let d = driver(g.path(), DriverConfig::default()).await;
@@ -230,12 +230,10 @@ async fn capabilities_decide_what_is_called() {
         Step::Skipped
     );
     c.mount(&spec, &paths).await.unwrap();
-    if root() {
-        assert!(
-            is_mounted(&paths.target),
-            "published straight from the volume"
-        );
-    }
+    assert!(
+        is_mounted(&paths.target),
+        "published straight from the volume"
+    );
     let err = c.stats("vol-a", &paths.target, None).await.unwrap_err();
     assert!(
         matches!(
@@ -525,6 +523,94 @@ async fn check_passes_on_the_test_driver() {
         d.stop().await.unwrap();
         assert!(mounts_under(g.path()).is_empty());
     }
+}
+
+/// csi-test's mock driver and csi-driver-host-path look at the paths the kubelet provides
+/// before they look up the volume: a staging path that does not exist, or a target whose parent
+/// does not exist, is INTERNAL, even for an unknown volume. The kubelet creates the staging
+/// directory and the target's parent before NodeStageVolume and NodePublishVolume; so does the
+/// check, in every step, so that such a driver passes.
+#[tokio::test]
+async fn check_passes_on_a_driver_that_checks_paths_first() {
+    for (controller, caps) in [(true, caps_all()), (false, Vec::new())] {
+        let g = MountGuard::new();
+        let d = driver(
+            g.path(),
+            DriverConfig {
+                node_capabilities: caps.clone(),
+                controller,
+                controller_publish: controller,
+                strict_paths: true,
+                ..DriverConfig::default()
+            },
+        )
+        .await;
+        let options = check_options(&g, &d, Some("vol-a"));
+        let report = check::run(&options).await;
+        let failed: Vec<_> = report.failures().collect();
+        assert!(failed.is_empty(), "controller {controller}: {failed:#?}");
+        assert!(report.passed());
+        // The kubelet's clean-up: every directory it made is gone again.
+        let left: Vec<_> = walk(&options.root);
+        assert!(left.is_empty(), "left under the kubelet root: {left:?}");
+        d.stop().await.unwrap();
+        assert!(mounts_under(g.path()).is_empty());
+    }
+}
+
+/// Every file and directory under `dir`, recursively.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A wrong driver still fails, and the kubelet's own steps show where: one whose
+/// NodeUnpublishVolume always fails leaves the target mounted, so the kubelet's clean-up
+/// cannot remove it, and NodeUnstageVolume of a volume still published fails.
+#[tokio::test]
+async fn check_fails_a_driver_that_never_unpublishes() {
+    require_root();
+    let g = MountGuard::new();
+    let d = driver(
+        g.path(),
+        DriverConfig {
+            node_capabilities: caps_all(),
+            controller: true,
+            strict_paths: true,
+            faults: [(
+                Method::NodeUnpublishVolume,
+                Fault {
+                    error: Some(Failure::new(Code::Internal, "injected")),
+                    ..Fault::default()
+                },
+            )]
+            .into(),
+            ..DriverConfig::default()
+        },
+    )
+    .await;
+    let report = check::run(&check_options(&g, &d, Some("vol-a"))).await;
+    assert!(!report.passed());
+    let failed: Vec<&str> = report.failures().map(|s| s.step.as_str()).collect();
+    assert!(failed.contains(&"NodeUnpublishVolume"), "{failed:?}");
+    assert!(
+        failed
+            .iter()
+            .any(|s| s.starts_with("remove ") && s.ends_with("mount after NodeUnpublishVolume")),
+        "{failed:?}"
+    );
+    assert!(failed.contains(&"NodeUnstageVolume"), "{failed:?}");
+    d.stop().await.unwrap();
 }
 
 #[tokio::test]

@@ -407,6 +407,12 @@ pub struct DriverConfig {
     /// also advertise PUBLISH_UNPUBLISH_VOLUME and serve ControllerPublishVolume (publish_context
     /// `{"device": "/dev/plugreg-test"}`) and ControllerUnpublishVolume.
     pub controller_publish: bool,
+    /// Check the paths the CO must provide before anything else about the volume, as csi-test's
+    /// mock driver and csi-driver-host-path do: NodeStageVolume with a staging_target_path that
+    /// does not exist, and NodePublishVolume with a target_path whose parent does not exist or
+    /// (when staging) a staging_target_path that does not exist, are INTERNAL, even for an
+    /// unknown volume. Without it the volume is looked up first.
+    pub strict_paths: bool,
     /// Volumes that exist from the start (pre-provisioned), by id; see [`valid_volume_id`].
     pub volumes: Vec<String>,
     /// Where volumes live (`<dir>/<volume id>`); `None`: `<socket>.volumes` beside the socket.
@@ -445,6 +451,7 @@ impl Default for DriverConfig {
             faults: BTreeMap::new(),
             controller: false,
             controller_publish: false,
+            strict_paths: false,
             volumes: Vec::new(),
             data_dir: None,
             persistent: false,

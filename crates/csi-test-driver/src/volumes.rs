@@ -183,6 +183,17 @@ impl Driver {
         Ok(())
     }
 
+    /// With `strict_paths`, `path` must exist, as the mock driver checks before the volume.
+    fn require_existing(&self, path: &Path, what: &str) -> Result<(), Status> {
+        if self.config.strict_paths && !path.exists() {
+            return Err(Status::internal(format!(
+                "{what} {} does not exist",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+
     fn volume_dir(&self, id: &str) -> Result<PathBuf, Status> {
         let dir = self.data_dir.join(id);
         std::fs::create_dir_all(&dir).map_err(|e| internal("cannot create", &dir, e))?;
@@ -368,6 +379,7 @@ impl Node for Driver {
         let path = required_path(&r.staging_target_path, "staging_target_path")?;
         let cap = capability(r.volume_capability.as_ref(), "volume_capability")?;
         self.require_device(&r.publish_context)?;
+        self.require_existing(&path, "staging target path")?;
         let dir = {
             let state = self.lock_with(id);
             let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
@@ -473,6 +485,12 @@ impl Node for Driver {
             None
         };
         self.require_device(&r.publish_context)?;
+        if let Some(parent) = target.parent() {
+            self.require_existing(parent, "the parent of target path")?;
+        }
+        if let Some(p) = &staging_path {
+            self.require_existing(p, "staging target path")?;
+        }
         let source = {
             let state = self.lock_with(id);
             let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;

@@ -321,3 +321,85 @@ async fn binary_reports_events_and_removes_its_socket_on_sigterm() {
         assert!(!path.exists(), "{signal:?} removes the socket");
     }
 }
+
+/// `strict_paths` looks at the paths the CO provides before the volume, as csi-test's mock
+/// driver does: a staging path that does not exist, or a target whose parent does not exist,
+/// is INTERNAL even for an unknown volume; with the paths in place the volume decides.
+#[tokio::test]
+async fn strict_paths_refuse_missing_paths_before_the_volume() {
+    use plugreg_proto::csi::v1::{
+        NodePublishVolumeRequest, NodeStageVolumeRequest, VolumeCapability, volume_capability,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cap = Some(VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Mount(Default::default())),
+        access_mode: Some(volume_capability::AccessMode {
+            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    });
+    let missing = dir.path().join("missing");
+    let existing = dir.path().join("staging");
+    std::fs::create_dir(&existing).unwrap();
+    for strict in [true, false] {
+        let path = dir.path().join(format!("csi-{strict}.sock"));
+        let driver = start(
+            DriverConfig {
+                node_capabilities: vec![NodeCapability::StageUnstageVolume],
+                strict_paths: strict,
+                data_dir: Some(dir.path().join("data")),
+                ..DriverConfig::default()
+            },
+            &path,
+        )
+        .await
+        .unwrap();
+        let mut node = NodeClient::new(channel(&path).await);
+        let stage = |p: &Path| NodeStageVolumeRequest {
+            volume_id: "unknown".into(),
+            staging_target_path: p.display().to_string(),
+            volume_capability: cap.clone(),
+            ..Default::default()
+        };
+        let publish = |target: &Path, staging: &Path| NodePublishVolumeRequest {
+            volume_id: "unknown".into(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: cap.clone(),
+            ..Default::default()
+        };
+        fn code<T>(r: Result<T, tonic::Status>) -> Code {
+            r.map(drop).unwrap_err().code()
+        }
+        let missing_path = if strict {
+            Code::Internal
+        } else {
+            Code::NotFound
+        };
+        assert_eq!(
+            code(node.node_stage_volume(stage(&missing)).await),
+            missing_path
+        );
+        assert_eq!(
+            code(node.node_stage_volume(stage(&existing)).await),
+            Code::NotFound
+        );
+        let target_in_missing = missing.join("mount");
+        let target = dir.path().join("mount");
+        assert_eq!(
+            code(
+                node.node_publish_volume(publish(&target_in_missing, &existing))
+                    .await
+            ),
+            missing_path
+        );
+        assert_eq!(
+            code(node.node_publish_volume(publish(&target, &missing)).await),
+            missing_path
+        );
+        assert_eq!(
+            code(node.node_publish_volume(publish(&target, &existing)).await),
+            Code::NotFound
+        );
+        driver.stop().await.unwrap();
+    }
+}

@@ -7,6 +7,8 @@
 //! * [`names`]: driver name (the rule is `plugreg-csi-core`'s) and endpoint checks.
 //! * [`nodeinfo`]: [`DriverNodeInfo`] and the pure merge logic (nodeid annotation, topology
 //!   labels, CSINode driver list).
+//! * [`noderestriction`]: the labels a kubelet may set on its Node (NodeRestriction's rule),
+//!   checked before any write.
 //! * [`sink`]: where node information goes: `KubeSink` (Node + CSINode; cargo feature `kube`)
 //!   or [`FileSink`].
 //! * [`client`]: calls to a CSI driver's Identity and Node services.
@@ -36,6 +38,7 @@ pub mod client;
 pub mod handler;
 pub mod names;
 pub mod nodeinfo;
+pub mod noderestriction;
 pub mod report;
 pub mod sink;
 

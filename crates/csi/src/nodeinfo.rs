@@ -41,6 +41,13 @@ pub enum MergeError {
     /// The new annotation value could not be encoded.
     #[error("failed to encode the {NODE_ID_ANNOTATION} annotation")]
     AnnotationEncode(#[source] serde_json::Error),
+    /// The driver's topology would add labels a kubelet may not set on its own Node
+    /// ([`crate::noderestriction`]); worded as the API server's NodeRestriction refuses them.
+    #[error("is not allowed to modify labels: {}", keys.join(", "))]
+    ForbiddenLabels {
+        /// The refused keys, sorted.
+        keys: Vec<String>,
+    },
     /// The driver reports a topology value different from the Node's label of the same key.
     #[error(
         "detected topology value collision: driver reported {key:?}:{reported:?} but existing label is {key:?}:{existing:?}"
@@ -189,6 +196,10 @@ pub fn topology_labels_to_add(
 
 /// The Node change that publishes `info`, given the Node's current annotations and labels, and
 /// how to undo it. An empty patch means the Node is already up to date.
+///
+/// Labels a kubelet may not set ([`crate::noderestriction`]) refuse the whole change: a label
+/// the Node already carries with the same value is no change and passes, as with the API
+/// server's NodeRestriction.
 pub fn plan_publish(
     annotations: &BTreeMap<String, String>,
     labels: &BTreeMap<String, String>,
@@ -197,6 +208,10 @@ pub fn plan_publish(
     let current = annotations.get(NODE_ID_ANNOTATION).map(String::as_str);
     let previous_node_id = parse_node_ids(current)?.remove(&info.driver);
     let added = topology_labels_to_add(labels, &info.topology)?;
+    let keys = crate::noderestriction::forbidden(added.keys().map(String::as_str));
+    if !keys.is_empty() {
+        return Err(MergeError::ForbiddenLabels { keys });
+    }
     let annotation = if previous_node_id.as_deref() == Some(info.node_id.as_str()) {
         None
     } else {
@@ -480,6 +495,39 @@ mod tests {
         let a = map(&[(NODE_ID_ANNOTATION, r#"{"d":"third"}"#)]);
         let l = map(&[("k", "other")]);
         assert!(plan_undo(&a, &l, "d", &undo).unwrap().is_empty());
+    }
+
+    #[test]
+    fn labels_a_kubelet_may_not_set_plan_nothing() {
+        let i = info(
+            "d",
+            "n",
+            &[
+                ("node-role.kubernetes.io/control-plane", "x"),
+                ("node-restriction.kubernetes.io/pwn", "y"),
+                ("topology.example.com/zone", "z"),
+            ],
+            0,
+        );
+        let err = plan_publish(&BTreeMap::new(), &BTreeMap::new(), &i).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "is not allowed to modify labels: node-restriction.kubernetes.io/pwn, \
+             node-role.kubernetes.io/control-plane"
+        );
+        // Already on the Node with that value: no change, nothing to refuse (as NodeRestriction).
+        let labels = map(&[
+            ("node-role.kubernetes.io/control-plane", "x"),
+            ("node-restriction.kubernetes.io/pwn", "y"),
+        ]);
+        let (patch, _) = plan_publish(&BTreeMap::new(), &labels, &i).unwrap();
+        assert_eq!(
+            patch.labels,
+            BTreeMap::from([("topology.example.com/zone".to_owned(), Some("z".to_owned()))])
+        );
+        // The kubelet's own labels pass.
+        let ok = info("d", "n", &[("topology.kubernetes.io/zone", "z1")], 0);
+        assert!(plan_publish(&BTreeMap::new(), &BTreeMap::new(), &ok).is_ok());
     }
 
     #[test]

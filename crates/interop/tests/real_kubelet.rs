@@ -530,3 +530,195 @@ for_each_kube_version! {
         kubelet.terminate().unwrap();
     }
 }
+
+/// Waits for one `call` per name in `names` (in any order; other names' lines are skipped).
+async fn each_of(kubelet: &mut RealPluginManager, call: HandlerCall, names: &[String]) {
+    let mut missing: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    while !missing.is_empty() {
+        let e = kubelet
+            .next_any(call, WAIT)
+            .await
+            .unwrap_or_else(|e| panic!("{call:?} of {missing:?}: {e}"));
+        missing.remove(e.name.as_str());
+    }
+}
+
+for_each_kube_version! {
+    /// The kubelet stats every file created in its registry directory before it ignores
+    /// dot-names: a socket bound under a hidden name and renamed into place before the kubelet
+    /// got to it made it log "Error when handling create event ... stat file ... failed".
+    /// Plugins bind in a hidden directory instead, afresh each time, also when a restarted
+    /// kubelet watches the directories it found (hidden ones included).
+    async fn registrations_leave_no_error_in_the_real_kubelets_log(k: KubeVersion) {
+        const PLUGINS: usize = 20;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let names: Vec<String> = (0..PLUGINS).map(|i| format!("example.com/quiet{i}")).collect();
+        let token = CancellationToken::new();
+        let mut tasks = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let registrar = Registrar::new(PluginInfo {
+                r#type: "DevicePlugin".into(),
+                name: name.clone(),
+                endpoint: tmp.path().join(format!("dp{i}.sock")).display().to_string(),
+                supported_versions: vec!["v1beta1".into()],
+            });
+            let socket = dir.join(format!("quiet{i}.sock"));
+            let options = ServeOptions {
+                recreate_check: Some(Duration::from_millis(50)),
+            };
+            let t = token.clone();
+            tasks.push(tokio::spawn(async move { registrar.serve(&socket, options, t).await }));
+        }
+        each_of(&mut kubelet, HandlerCall::Register, &names).await;
+
+        // A kubelet started now watches every directory it finds. Each socket, deleted, is
+        // bound again by its registrar and registered again.
+        kubelet.process().stop(WAIT).await.unwrap();
+        let mut errors = kubelet.process().klog_errors();
+        let mut kubelet = self::kubelet(k, &dir, PluginManagerOptions::default()).await;
+        each_of(&mut kubelet, HandlerCall::Register, &names).await;
+        for i in 0..PLUGINS {
+            std::fs::remove_file(dir.join(format!("quiet{i}.sock"))).unwrap();
+        }
+        each_of(&mut kubelet, HandlerCall::Deregister, &names).await;
+        each_of(&mut kubelet, HandlerCall::Register, &names).await;
+
+        token.cancel();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        each_of(&mut kubelet, HandlerCall::Deregister, &names).await;
+        kubelet.process().stop(WAIT).await.unwrap();
+        errors.extend(kubelet.process().klog_errors());
+        assert!(
+            errors.is_empty(),
+            "the real kubelet {k} logged {} errors:\n{}",
+            errors.len(),
+            errors.join("\n")
+        );
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "left in the registry directory: {left:?}");
+    }
+}
+
+/// Our `csi-node-driver-registrar` as a process logging JSON lines to stderr.
+fn sidecar(label: &str, csi: &Path, registry: &Path, host_path: &str) -> PeerProcess {
+    let mut cmd = std::process::Command::new(workspace_bin("csi-node-driver-registrar"));
+    cmd.args([
+        format!("--csi-address={}", csi.display()),
+        format!("--kubelet-registration-path={host_path}"),
+        format!("--plugin-registration-path={}", registry.display()),
+        "--logging-format=json".into(),
+        "-v=2".into(),
+    ]);
+    PeerProcess::spawn_command(label, cmd, plugreg_testpeers::LinesFrom::Stderr).unwrap()
+}
+
+fn msg_is(text: &'static str) -> impl FnMut(&serde_json::Value) -> bool {
+    move |v| v.get("msg").and_then(serde_json::Value::as_str) == Some(text)
+}
+
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).unwrap().ino()
+}
+
+for_each_kube_version! {
+    /// A DaemonSet surge rollout of the node plugin: the old and the new
+    /// csi-node-driver-registrar of one driver run at once, then the old pod is stopped with
+    /// SIGTERM. The kubelet deregisters a plugin whenever its socket is removed or created
+    /// again; the old instance hands its listening socket to the new one instead, so the real
+    /// kubelet never calls DeRegisterPlugin, and the new instance is the one that answers.
+    async fn a_surge_rollout_of_the_sidecar_never_deregisters_the_driver(k: KubeVersion) {
+        const NAME: &str = "csi.surge.plugreg.io";
+        let host_path = "/var/lib/kubelet/plugins/csi.surge.plugreg.io/csi.sock";
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("plugins_registry");
+        let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let csi_sock = tmp.path().join("csi.sock");
+        let driver = plugreg_csi_test_driver::start(
+            plugreg_csi_test_driver::DriverConfig {
+                name: NAME.into(),
+                ..Default::default()
+            },
+            &csi_sock,
+        )
+        .await
+        .unwrap();
+        let socket = dir.join(format!("{NAME}-reg.sock"));
+
+        let mut old = sidecar("old registrar", &csi_sock, &dir, host_path);
+        kubelet.next(HandlerCall::Register, NAME, WAIT).await.expect("registered by the old");
+        old.next_matching(msg_is("Received NotifyRegistrationStatus call"), WAIT)
+            .await
+            .unwrap();
+        let before = inode(&socket);
+
+        let mut new = sidecar("new registrar", &csi_sock, &dir, host_path);
+        new.next_matching(
+            msg_is("Registration socket is served by another instance; waiting for it to hand the socket over"),
+            WAIT,
+        )
+        .await
+        .unwrap();
+        // The old pod is deleted: SIGTERM.
+        old.terminate().unwrap();
+        assert!(old.wait_exit(WAIT).await.unwrap().success(), "{}", old.stderr_tail());
+        new.next_matching(msg_is("Took the registration socket over from the previous instance"), WAIT)
+            .await
+            .unwrap();
+        assert_eq!(inode(&socket), before, "the socket file changed");
+
+        // A plugin registered now: the kubelet handles its socket after anything the hand-over
+        // could have caused.
+        let token = CancellationToken::new();
+        let marker = Registrar::new(PluginInfo {
+            r#type: "DevicePlugin".into(),
+            name: "example.com/after-the-rollout".into(),
+            endpoint: tmp.path().join("dp.sock").display().to_string(),
+            supported_versions: vec!["v1beta1".into()],
+        });
+        tokio::spawn({
+            let (s, t) = (dir.join("marker.sock"), token.clone());
+            async move { marker.serve(&s, ServeOptions::default(), t).await }
+        });
+        kubelet
+            .next(HandlerCall::Register, "example.com/after-the-rollout", WAIT)
+            .await
+            .unwrap();
+        // Everything this kubelet printed, to the end.
+        kubelet.process().stop(WAIT).await.unwrap();
+        kubelet.process().lines().collect_for(WAIT).await;
+        let deregistrations: Vec<&String> = kubelet
+            .process()
+            .lines()
+            .seen()
+            .iter()
+            .filter(|l| l.contains("\"DeRegisterPlugin\"") || l.contains("\"deregister\""))
+            .collect();
+        assert!(
+            deregistrations.is_empty(),
+            "the real kubelet {k} dropped the driver: {deregistrations:?}"
+        );
+
+        // A kubelet restarted now registers the driver through the new instance: it answers
+        // GetInfo and hears the verdict.
+        let mut kubelet = self::kubelet(k, &dir, PluginManagerOptions::default()).await;
+        let r = kubelet.next(HandlerCall::Register, NAME, WAIT).await.unwrap();
+        assert_eq!(r.endpoint.as_deref(), Some(host_path));
+        new.next_matching(msg_is("Received NotifyRegistrationStatus call"), WAIT)
+            .await
+            .unwrap();
+
+        // The new pod deleted too, with no successor: the socket goes and the driver with it.
+        new.terminate().unwrap();
+        assert!(new.wait_exit(WAIT).await.unwrap().success(), "{}", new.stderr_tail());
+        assert!(!socket.exists());
+        kubelet.next(HandlerCall::Deregister, NAME, WAIT).await.unwrap();
+        token.cancel();
+        kubelet.terminate().unwrap();
+        let _ = driver.stop().await;
+    }
+}

@@ -235,7 +235,7 @@ pub(crate) fn render_metrics(driver_name: &str, registrar: &Registrar) -> String
     family(
         "csi_node_driver_registrar_registered",
         "gauge",
-        "Whether the kubelet has confirmed the registration: 1 after NotifyRegistrationStatus(true), 0 before it or after a rejection.",
+        "Whether the kubelet has confirmed the registration: 1 after NotifyRegistrationStatus(true) (to this instance, or to the one that handed it the socket), 0 before it or after a rejection.",
         &[(label.clone(), u8::from(status.is_registered()).to_string())],
     );
     family(

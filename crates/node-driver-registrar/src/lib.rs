@@ -7,8 +7,9 @@
 //! `CSIPlugin`/name/`--kubelet-registration-path`/`["1.0.0"]`, and wait for the kubelet's
 //! verdict. Where plugreg does better (decisions R1-R5): GetPluginInfo is retried within the
 //! connect window, the name is validated before it becomes a path, the socket is re-created if
-//! it vanishes or dies (but left to a newer live instance during a rolling update) and removed
-//! on every exit path, `/healthz` never takes longer than `--timeout`, concurrent probes share
+//! it vanishes or dies, a surge rollout hands the listening socket from the old instance to the
+//! new one (the kubelet never sees the socket change, so it never drops the driver), the socket
+//! is removed on every other exit path, `/healthz` never takes longer than `--timeout`, concurrent probes share
 //! one check, and `/metrics` shows the kubelet's verdict.
 //!
 //! ```no_run
@@ -401,8 +402,8 @@ impl Sidecar {
             h.abort();
         }
         if result.is_ok() {
-            // The server removes only the socket it created: one still at the path belongs to
-            // the instance that took it over (a rolling update).
+            // The server removes only the socket it created, and not one it handed over: one
+            // still at the path is served by another instance now (a rolling update).
             if plugreg_transport::path_kind(&socket).ok()
                 == Some(plugreg_transport::PathKind::Socket)
             {
@@ -442,16 +443,7 @@ fn spawn_registration(
     let options = ServeOptions {
         recreate_check: Some(config.socket_check_period).filter(|p| !p.is_zero()),
     };
-    tokio::spawn(async move {
-        let r = registrar.clone();
-        plugreg_registrar::serve_router(
-            &socket,
-            move || plugreg_transport::server().add_service(r.service()),
-            options,
-            token,
-        )
-        .await
-    })
+    tokio::spawn(async move { registrar.serve(&socket, options, token).await })
 }
 
 /// Waits until the server task has bound `socket`; returns the task's result if it ended

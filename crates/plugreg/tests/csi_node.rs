@@ -1,8 +1,7 @@
 //! `plugreg csi stage|publish|...|mount|unmount|check` as real processes against the
-//! `csi-test-driver` binary, also a real process, with real bind mounts (the tests run as root
-//! here; without root the driver makes plain directories and the mount assertions are
-//! skipped, saying so). A guard unmounts whatever is left under a test's temp dir, even when
-//! the test fails.
+//! `csi-test-driver` binary, also a real process, with real bind mounts: the tests that check
+//! mounts need root (CI runs as root) and fail, saying so, without it. A guard unmounts
+//! whatever is left under a test's temp dir, even when the test fails.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -42,8 +41,14 @@ fn is_mounted(p: &Path) -> bool {
     mounts_under(p).iter().any(|m| m == p)
 }
 
-fn root() -> bool {
-    rustix::process::geteuid().is_root()
+/// Real bind mounts need root; a test that checks them fails without it rather than pass
+/// without checking.
+fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test checks real bind mounts and needs root (CI runs the suite as root); \
+         run it as root"
+    );
 }
 
 /// A temp dir under /tmp whose mounts are detached on drop (deepest first).
@@ -166,6 +171,7 @@ const ALL_CAPS: [&str; 6] = [
 
 #[test]
 fn single_calls_and_the_mount_sequence_really_mount() {
+    require_root();
     let g = MountGuard::new();
     let d = Driver::start(g.path(), &ALL_CAPS);
 
@@ -191,18 +197,16 @@ fn single_calls_and_the_mount_sequence_really_mount() {
         g.path()
             .join("kubelet/pods/plugreg/volumes/kubernetes.io~csi/vol-1/mount")
     );
-    if root() {
-        assert!(
-            is_mounted(&staging) && is_mounted(&target),
-            "{:?}",
-            mounts_under(g.path())
-        );
-        std::fs::write(target.join("f"), b"data").unwrap();
-        assert_eq!(
-            std::fs::read(g.path().join("csi.sock.volumes/vol-1/f")).unwrap(),
-            b"data"
-        );
-    }
+    assert!(
+        is_mounted(&staging) && is_mounted(&target),
+        "{:?}",
+        mounts_under(g.path())
+    );
+    std::fs::write(target.join("f"), b"data").unwrap();
+    assert_eq!(
+        std::fs::read(g.path().join("csi.sock.volumes/vol-1/f")).unwrap(),
+        b"data"
+    );
 
     let out = run(&mut volume_cmd("stats", &d, &g));
     assert!(out.status.success(), "{out:?}");
@@ -231,9 +235,7 @@ fn single_calls_and_the_mount_sequence_really_mount() {
             "{text}"
         );
     }
-    if root() {
-        assert!(is_mounted(&staging) && is_mounted(&target));
-    }
+    assert!(is_mounted(&staging) && is_mounted(&target));
     let out = run(&mut volume_cmd("unstage", &d, &g));
     assert!(!out.status.success(), "unstage while published must fail");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -379,6 +381,29 @@ fn check_passes_on_the_test_driver() {
     assert_eq!(code, Some(1));
     assert_eq!(step(&report, "volume")["outcome"], "fail");
     assert!(mounts_under(g.path()).is_empty() && mounts_under(g2.path()).is_empty());
+}
+
+/// A driver that, like csi-test's mock driver (issue 17: the check failed it), refuses a
+/// staging path that does not exist before it looks up the volume: the check makes the
+/// kubelet's directories before every call, so the driver passes.
+#[test]
+fn check_passes_a_driver_that_checks_paths_first() {
+    let g = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.extend(["--controller", "--controller-publish", "--strict-paths"]);
+    let d = Driver::start(g.path(), &args);
+    let (code, report) = check(&d, g.path(), &[]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(
+        step(&report, "NodeStageVolume of an unknown volume")["code"],
+        "NOT_FOUND"
+    );
+    assert_eq!(
+        step(&report, "NodePublishVolume of an unknown volume")["code"],
+        "NOT_FOUND"
+    );
+    drop(d);
+    assert!(mounts_under(g.path()).is_empty());
 }
 
 /// A Controller with PUBLISH_UNPUBLISH_VOLUME whose node, like csi-test's mock driver, needs

@@ -20,6 +20,8 @@
 //! # }
 //! ```
 
+pub mod handover;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +29,7 @@ use std::time::{Duration, SystemTime};
 
 use plugreg_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use plugreg_proto::pluginregistration::{InfoRequest, RegistrationStatusResponse};
+use plugreg_runtime::report;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Router;
@@ -152,7 +155,7 @@ impl Registrar {
         token: CancellationToken,
     ) -> Result<(), Error> {
         let this = self.clone();
-        serve_router(
+        self.serve_router(
             socket,
             move || plugreg_transport::server().add_service(this.service()),
             options,
@@ -160,25 +163,68 @@ impl Registrar {
         )
         .await
     }
+
+    /// The free [`crate::serve_router`] for a router that serves this registrar,
+    /// with the kubelet's verdict carried across a hand-over: the instance that stops tells its
+    /// successor whether the kubelet had accepted the plugin, and the successor's
+    /// [`status`](Self::status) starts from that.
+    pub async fn serve_router(
+        &self,
+        socket: &Path,
+        make_router: impl FnMut() -> Router,
+        options: ServeOptions,
+        token: CancellationToken,
+    ) -> Result<(), Error> {
+        serve_socket(
+            socket,
+            make_router,
+            options,
+            token,
+            Some(&self.inner.status),
+        )
+        .await
+    }
 }
 
-/// Serves the router made by `make_router` on `socket` until `token` is cancelled, then removes
-/// the socket if it is still the one this call created. A socket already at the path when the
-/// call starts (a stale one, or an older instance's) is replaced: the newest instance takes the
-/// path. A file that is not a socket is an error and stays untouched.
+/// Serves the router made by `make_router` on `socket` until `token` is cancelled.
 ///
-/// While serving, the socket is checked every [`ServeOptions::recreate_check`] (R3). If the path
-/// is empty, or holds a socket nobody listens on, it is created again and a fresh router is served
-/// on it. If another live socket took the path over (a newer instance of the same plugin during a
-/// rolling update), this call leaves it alone and stops serving, and keeps watching: it takes the
-/// path back only once that socket is gone or dead. It never removes a socket it did not create.
+/// **Starting.** If a live instance serves `socket` already (a DaemonSet surge rollout runs the
+/// old and the new instance at once), this call does not touch it: it listens on the hand-over
+/// socket beside it until that instance stops and passes its listening socket on (see
+/// [`handover`]), and serves that from then on. The socket file never changes, so the kubelet
+/// never deregisters the plugin. An instance that cannot hand over (Go's registrar, an older
+/// plugreg) is waited for too, until its socket is gone or dead. A stale socket is replaced at
+/// once; a file that is not a socket is an error and stays untouched.
+///
+/// **Stopping.** When `token` is cancelled, the listening socket goes to a successor waiting
+/// for it, if any, and the file stays; otherwise the socket is removed if it is still the one
+/// this call served.
+///
+/// **While serving** the socket is checked every [`ServeOptions::recreate_check`] (R3). If the
+/// path is empty, or holds a socket nobody listens on, it is created again and a fresh router is
+/// served on it. If another live socket took the path over, this call leaves it alone and stops
+/// serving, and keeps watching: it waits for that instance's hand-over, or takes the path back
+/// once that socket is gone or dead. It never removes a socket it did not create.
 pub async fn serve_router(
+    socket: &Path,
+    make_router: impl FnMut() -> Router,
+    options: ServeOptions,
+    token: CancellationToken,
+) -> Result<(), Error> {
+    serve_socket(socket, make_router, options, token, None).await
+}
+
+async fn serve_socket(
     socket: &Path,
     mut make_router: impl FnMut() -> Router,
     options: ServeOptions,
     token: CancellationToken,
+    status: Option<&watch::Sender<Status>>,
 ) -> Result<(), Error> {
-    let mut bound = plugreg_transport::bind(socket).map_err(Error::Bind)?;
+    let period = options.recreate_check.unwrap_or(Duration::from_secs(1));
+    let Some(mut bound) = acquire(socket, Phase::Start, period, &token, status).await? else {
+        return Ok(());
+    };
     loop {
         tracing::info!(socketPath = %socket.display(), "Registration Server started");
         let identity = bound.identity();
@@ -202,9 +248,31 @@ pub async fn serve_router(
                 }
             })
         });
-        let result =
-            plugreg_transport::serve(make_router(), bound, vanished.clone().cancelled_owned())
-                .await;
+        let listener_copy = bound
+            .try_clone_listener()
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot hand the registration socket over: no second descriptor"))
+            .ok();
+        let keep = bound.keep_file();
+        // Runs inside the server, which keeps accepting until it is done: a connection it
+        // accepts meanwhile is still served to the end, the successor takes the next ones.
+        let shutdown = async {
+            vanished.cancelled().await;
+            let Some(listener) = listener_copy.as_ref().filter(|_| token.is_cancelled()) else {
+                return;
+            };
+            let registered = status.is_some_and(|s| s.borrow().is_registered());
+            match handover::offer(socket, listener, registered).await {
+                Ok(true) => {
+                    keep.keep();
+                    tracing::info!(socketPath = %socket.display(), "Handed the registration socket over to the instance that started after this one");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(socketPath = %socket.display(), error = %report::chain(&e), "the instance waiting for the registration socket did not take it")
+                }
+            }
+        };
+        let result = plugreg_transport::serve(make_router(), bound, shutdown).await;
         vanished.cancel();
         if let Some(w) = watchdog {
             let _ = w.await;
@@ -213,13 +281,24 @@ pub async fn serve_router(
         if token.is_cancelled() {
             return Ok(());
         }
-        let period = options.recreate_check.unwrap_or(Duration::from_secs(1));
-        match take_back(socket, period, &token).await {
+        match acquire(socket, Phase::TakeBack, period, &token, status).await? {
             Some(b) => bound = b,
             None => return Ok(()),
         }
     }
 }
+
+/// Why [`acquire`] is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Starting up: a stale socket is replaced at once, and a failed bind is an error.
+    Start,
+    /// Our socket left the path while serving: R3's rules, and a failed bind is retried.
+    TakeBack,
+}
+
+/// Pause between looks at the path while starting.
+const START_POLL: Duration = Duration::from_millis(100);
 
 /// Who holds a socket path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,24 +341,80 @@ async fn occupant(path: &Path) -> Occupant {
 /// How long a liveness dial of a socket at our path may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// After our socket left the path: waits until the path is empty, or holds a socket that refused
-/// two checks in a row (a socket bound by a Go program refuses for a moment before it listens),
-/// and binds it again. A live socket of another instance is left alone. `None` once `token` is
-/// cancelled.
-async fn take_back(
+/// Gets a listening socket at `socket` to serve: from the live instance serving it (a
+/// hand-over), or by binding it once it is empty or dead. While taking the path back (R3) a
+/// socket must refuse two checks in a row (a socket bound by a Go program refuses for a moment
+/// before it listens). `None` once `token` is cancelled.
+async fn acquire(
     socket: &Path,
+    phase: Phase,
     period: Duration,
     token: &CancellationToken,
-) -> Option<plugreg_transport::BoundSocket> {
+    status: Option<&watch::Sender<Status>>,
+) -> Result<Option<plugreg_transport::BoundSocket>, Error> {
+    let pause = match phase {
+        Phase::Start => START_POLL,
+        Phase::TakeBack => period,
+    };
     let mut refused: Option<(u64, u64)> = None;
-    let mut yielded = false;
+    let mut successor: Option<handover::Successor> = None;
+    let mut announced = false;
     loop {
-        let now = occupant(socket).await;
-        let bind = match now {
+        if token.is_cancelled() {
+            return Ok(None);
+        }
+        let bind = match occupant(socket).await {
+            Occupant::Live => {
+                refused = None;
+                if successor.is_none() {
+                    match handover::Successor::listen(socket) {
+                        Ok(s) => successor = s,
+                        Err(e) => {
+                            tracing::warn!(socketPath = %socket.display(), error = %report::chain(&e), "cannot listen for a hand-over")
+                        }
+                    }
+                }
+                if !announced {
+                    if phase == Phase::TakeBack {
+                        tracing::warn!(socketPath = %socket.display(), "registration socket was replaced by another live instance; leaving it to that instance");
+                    }
+                    if successor.is_some() {
+                        tracing::info!(socketPath = %socket.display(), "Registration socket is served by another instance; waiting for it to hand the socket over");
+                    } else {
+                        tracing::info!(socketPath = %socket.display(), "Registration socket is served by another instance; waiting for it to go");
+                    }
+                    announced = true;
+                }
+                if let Some(s) = &successor {
+                    // The offer is awaited across the looks at the path, never dropped midway.
+                    let mut next = std::pin::pin!(s.next_offer());
+                    loop {
+                        tokio::select! {
+                            _ = token.cancelled() => return Ok(None),
+                            offer = &mut next => {
+                                if let Some(b) = take_over(offer, socket, status).await {
+                                    return Ok(Some(b));
+                                }
+                                break;
+                            }
+                            _ = tokio::time::sleep(pause) => {
+                                if occupant(socket).await != Occupant::Live {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
+                false
+            }
             Occupant::Nobody => {
-                tracing::warn!(socketPath = %socket.display(), "registration socket disappeared; re-creating it");
+                if phase == Phase::TakeBack {
+                    tracing::warn!(socketPath = %socket.display(), "registration socket disappeared; re-creating it");
+                }
                 true
             }
+            Occupant::Refusing(..) if phase == Phase::Start => true,
             Occupant::Refusing(dev, ino) if refused == Some((dev, ino)) => {
                 tracing::warn!(socketPath = %socket.display(), "registration socket is stale (nobody listens on it); re-creating it");
                 true
@@ -288,36 +423,65 @@ async fn take_back(
                 refused = Some((dev, ino));
                 false
             }
-            Occupant::Live => {
-                if !yielded {
-                    tracing::warn!(socketPath = %socket.display(), "registration socket was replaced by another live instance; leaving it to that instance");
-                    yielded = true;
-                }
-                refused = None;
-                false
-            }
             Occupant::NotASocket => {
                 refused = None;
                 true
             }
             Occupant::Unknown => {
                 refused = None;
-                false
+                phase == Phase::Start
             }
         };
         if bind {
+            // Our hand-over socket goes before we take the path: nobody is to offer us anything.
+            successor = None;
             match plugreg_transport::bind(socket) {
-                Ok(b) => return Some(b),
+                Ok(b) => return Ok(Some(b)),
+                Err(e) if phase == Phase::Start => return Err(Error::Bind(e)),
                 Err(e) => {
                     tracing::warn!(socketPath = %socket.display(), error = %e, "cannot re-create the registration socket yet")
                 }
             }
         }
         tokio::select! {
-            _ = token.cancelled() => return None,
-            _ = tokio::time::sleep(period) => {}
+            _ = token.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(pause) => {}
         }
     }
+}
+
+/// Serves the socket a previous instance handed over, tells it so, and starts from its verdict.
+async fn take_over(
+    offer: handover::Offer,
+    socket: &Path,
+    status: Option<&watch::Sender<Status>>,
+) -> Option<plugreg_transport::BoundSocket> {
+    let handover::Offer {
+        listener,
+        registered,
+        ack,
+    } = offer;
+    let bound = match plugreg_transport::BoundSocket::adopt(listener, socket) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(socketPath = %socket.display(), error = %report::chain(&e), "cannot serve the registration socket handed over");
+            return None;
+        }
+    };
+    if let Err(e) = ack.send().await {
+        // It may remove the socket now; the check (R3) puts it back.
+        tracing::warn!(socketPath = %socket.display(), error = %e, "the previous instance did not hear that this one took the registration socket over");
+    }
+    if registered && let Some(status) = status {
+        status.send_modify(|s| {
+            s.last = Some(RegistrationStatus {
+                plugin_registered: true,
+                error: String::new(),
+            });
+        });
+    }
+    tracing::info!(socketPath = %socket.display(), registered, "Took the registration socket over from the previous instance");
+    Some(bound)
 }
 
 #[tonic::async_trait]

@@ -38,6 +38,8 @@ const LOG_TAIL_BYTES: u64 = 6000;
 #[derive(Debug)]
 pub struct ApiServer {
     version: KubeVersion,
+    /// Kubeconfig files of the node identities, by node name.
+    node_kubeconfigs: Vec<(String, PathBuf)>,
     etcd: Option<Child>,
     apiserver: Option<Child>,
     url: String,
@@ -48,6 +50,16 @@ pub struct ApiServer {
     log: PathBuf,
     // Dropped last (fields drop in declaration order, after Drop::drop).
     dir: TempDir,
+}
+
+/// How [`ApiServer::start_with`] sets the API server up.
+#[derive(Debug, Clone, Default)]
+pub struct ApiServerOptions {
+    /// Node names that get a kubelet's identity (user `system:node:<name>`, group
+    /// `system:nodes`, a static token; see [`ApiServer::node_kubeconfig`]). When any is given,
+    /// authorization is `Node,RBAC` and the NodeRestriction admission is on, as in a kubeadm
+    /// cluster.
+    pub nodes: Vec<String>,
 }
 
 impl ApiServer {
@@ -62,6 +74,14 @@ impl ApiServer {
     ///
     /// Fails with [`Error::MissingPeer`] if the peers are not built.
     pub async fn start_version(version: KubeVersion) -> Result<ApiServer, Error> {
+        Self::start_with(version, &ApiServerOptions::default()).await
+    }
+
+    /// [`start_version`](Self::start_version) with `options`.
+    pub async fn start_with(
+        version: KubeVersion,
+        options: &ApiServerOptions,
+    ) -> Result<ApiServer, Error> {
         let etcd_bin = peer(ETCD)?;
         let apiserver_bin = peer(version.apiserver_peer())?;
         let dir = tempfile::Builder::new()
@@ -72,15 +92,25 @@ impl ApiServer {
         let pki = make_pki(&d)?;
         let token = new_token();
         let token_file = d.join("tokens.csv");
-        write_file(
-            &token_file,
-            &format!("{token},plugreg-admin,plugreg-admin-uid,\"system:masters\"\n"),
-        )?;
+        let mut tokens = format!("{token},plugreg-admin,plugreg-admin-uid,\"system:masters\"\n");
+        let mut node_tokens = Vec::new();
+        for node in &options.nodes {
+            let t = new_token();
+            tokens.push_str(&format!(
+                "{t},system:node:{node},plugreg-node-{node},\"system:nodes\"\n"
+            ));
+            node_tokens.push((node.clone(), t));
+        }
+        write_file(&token_file, &tokens)?;
 
         let etcd_log = d.join("etcd.log");
         let etcd = start_etcd(&etcd_bin, &d, &etcd_log).await?;
         let mut server = ApiServer {
             version,
+            node_kubeconfigs: node_tokens
+                .iter()
+                .map(|(n, _)| (n.clone(), d.join(format!("kubeconfig-node-{n}"))))
+                .collect(),
             etcd: Some(etcd.child),
             apiserver: None,
             url: String::new(),
@@ -108,6 +138,7 @@ impl ApiServer {
                     &token_file,
                     etcd.client_port,
                     port,
+                    !options.nodes.is_empty(),
                 ))
                 .stdin(Stdio::null())
                 .stdout(log)
@@ -116,7 +147,10 @@ impl ApiServer {
                 .map_err(|e| Error::io(format!("spawning {}", apiserver_bin.display()), e))?;
             server.apiserver = Some(child);
             server.url = format!("https://127.0.0.1:{port}");
-            server.write_kubeconfig()?;
+            server.write_kubeconfig(&server.kubeconfig, "plugreg-admin", &server.token)?;
+            for ((node, token), (_, path)) in node_tokens.iter().zip(&server.node_kubeconfigs) {
+                server.write_kubeconfig(path, &format!("system:node:{node}"), token)?;
+            }
             match server.wait_ready().await {
                 Ok(()) => return Ok(server),
                 Err(e) => {
@@ -188,6 +222,26 @@ impl ApiServer {
         &self.kubeconfig
     }
 
+    /// A kubeconfig file of the kubelet identity of `node` (user `system:node:<node>`, group
+    /// `system:nodes`), if it was asked for in [`ApiServerOptions::nodes`].
+    pub fn node_kubeconfig(&self, node: &str) -> Option<&Path> {
+        self.node_kubeconfigs
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, p)| p.as_path())
+    }
+
+    /// A client with the kubelet identity of `node` (see [`node_kubeconfig`](Self::node_kubeconfig)).
+    pub async fn node_client(&self, node: &str) -> Result<kube::Client, Error> {
+        let path = self.node_kubeconfig(node).ok_or_else(|| {
+            Error::io(
+                format!("no identity for node {node:?}"),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        })?;
+        client_from(path).await
+    }
+
     /// The PEM file of the CA that signed the server certificate.
     pub fn ca_cert_path(&self) -> &Path {
         &self.ca_cert
@@ -236,15 +290,10 @@ impl ApiServer {
 
     /// A client for the admin user, built from [`kubeconfig_path`](Self::kubeconfig_path).
     pub async fn client(&self) -> Result<kube::Client, Error> {
-        let kc = Kubeconfig::read_from(&self.kubeconfig)?;
-        let mut config =
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-        config.connect_timeout = Some(Duration::from_secs(5));
-        config.read_timeout = Some(Duration::from_secs(30));
-        Ok(kube::Client::try_from(config)?)
+        client_from(&self.kubeconfig).await
     }
 
-    fn write_kubeconfig(&self) -> Result<(), Error> {
+    fn write_kubeconfig(&self, path: &Path, user: &str, token: &str) -> Result<(), Error> {
         let kc = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Config",
@@ -255,14 +304,14 @@ impl ApiServer {
                     "certificate-authority": self.ca_cert,
                 },
             }],
-            "users": [{ "name": "plugreg-admin", "user": { "token": self.token } }],
+            "users": [{ "name": user, "user": { "token": token } }],
             "contexts": [{
                 "name": "plugreg-test",
-                "context": { "cluster": "plugreg-test", "user": "plugreg-admin" },
+                "context": { "cluster": "plugreg-test", "user": user },
             }],
             "current-context": "plugreg-test",
         });
-        write_file(&self.kubeconfig, &format!("{kc:#}\n"))
+        write_file(path, &format!("{kc:#}\n"))
     }
 
     async fn wait_ready(&mut self) -> Result<(), Error> {
@@ -317,6 +366,15 @@ impl Drop for ApiServer {
             let _ = child.wait();
         }
     }
+}
+
+async fn client_from(kubeconfig: &Path) -> Result<kube::Client, Error> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(Duration::from_secs(30));
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// One readiness probe: `/readyz` is `ok`, the `default` namespace exists,
@@ -433,6 +491,7 @@ fn apiserver_args(
     token_file: &Path,
     etcd_port: u16,
     port: u16,
+    node_restriction: bool,
 ) -> Vec<String> {
     let mut args = vec![
         format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
@@ -457,6 +516,15 @@ fn apiserver_args(
         // As kubeadm and kind set it: CSI node plugins run privileged.
         "--allow-privileged=true".to_owned(),
     ];
+    if node_restriction {
+        for a in args
+            .iter_mut()
+            .filter(|a| *a == "--authorization-mode=RBAC")
+        {
+            *a = "--authorization-mode=Node,RBAC".to_owned();
+        }
+        args.push("--enable-admission-plugins=NodeRestriction".to_owned());
+    }
     // 1.20 still has an insecure HTTP port unless told not to; 1.24 removed the flag.
     if version == KubeVersion::V1_20_2 {
         args.push("--insecure-port=0".to_owned());

@@ -255,6 +255,22 @@ impl RealPluginManager {
         })
     }
 
+    /// Waits at most `timeout` for the next `call`, for any plugin.
+    pub async fn next_any(
+        &mut self,
+        call: HandlerCall,
+        timeout: Duration,
+    ) -> Result<HandlerEvent, Error> {
+        let v = self
+            .process
+            .next_event(call.event(self.version), timeout)
+            .await?;
+        parse_handler_event(self.version, call, v).map_err(|reason| Error::BadLine {
+            peer: self.process.label().to_owned(),
+            reason,
+        })
+    }
+
     /// The error text the harness's handler returns for a name in
     /// [`PluginManagerOptions::fail_validate`].
     pub fn validate_error(&self, name: &str) -> String {

@@ -37,7 +37,7 @@ mod peers;
 mod process;
 mod scheduler;
 
-pub use apiserver::ApiServer;
+pub use apiserver::{ApiServer, ApiServerOptions};
 pub use controller_manager::{
     ControllerManager, VOLUME_CONTROLLERS, VOLUME_CONTROLLERS_V1_20, volume_controllers,
 };
@@ -51,5 +51,7 @@ pub use peers::{
     APISERVER, CONTROLLER_MANAGER, ETCD, EXAMPLE_PLUGIN, KUBELET, PEERS_DIR_ENV,
     PLUGIN_MANAGER_HARNESS, SCHEDULER, peer, peers_dir,
 };
-pub use process::{JsonLines, LinesFrom, PEER_LOG_ENV, PeerProcess, event_is, event_named};
+pub use process::{
+    JsonLines, LinesFrom, PEER_LOG_ENV, PeerProcess, event_is, event_named, is_klog_error,
+};
 pub use scheduler::Scheduler;

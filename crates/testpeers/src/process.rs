@@ -17,6 +17,8 @@ use crate::peers::peer;
 
 /// How many stderr lines a peer keeps for error messages.
 const STDERR_KEEP: usize = 200;
+/// How many klog error lines (see [`PeerProcess::klog_errors`]) a peer keeps.
+const KLOG_ERRORS_KEEP: usize = 1000;
 /// Set this environment variable (to anything) to echo every peer's stdout
 /// and stderr lines on the test's stderr, prefixed with the peer's label.
 pub const PEER_LOG_ENV: &str = "PLUGREG_PEER_LOG";
@@ -257,6 +259,16 @@ pub struct PeerProcess {
     child: Child,
     lines: JsonLines,
     stderr: Tail,
+    klog_errors: Tail,
+    /// Reads the stream that is not the JSON lines; ends when the process has closed it.
+    other_reader: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Whether `line` is a klog error line: `E` then the date (`MMDD`) and a space, as
+/// `E1125 14:12:10.045010 ...`.
+pub fn is_klog_error(line: &str) -> bool {
+    let b = line.as_bytes();
+    b.len() > 5 && b[0] == b'E' && b[1..5].iter().all(u8::is_ascii_digit) && b[5] == b' '
 }
 
 impl PeerProcess {
@@ -298,8 +310,10 @@ impl PeerProcess {
             LinesFrom::Stderr => (stderr, stdout),
         };
         let tail: Tail = Arc::new(Mutex::new(VecDeque::new()));
-        {
+        let klog_errors: Tail = Arc::new(Mutex::new(VecDeque::new()));
+        let other_reader = {
             let tail = Arc::clone(&tail);
+            let errors = Arc::clone(&klog_errors);
             let echo = echo_enabled().then(|| label.to_owned());
             std::thread::spawn(move || {
                 for line in BufReader::new(other).lines() {
@@ -307,20 +321,28 @@ impl PeerProcess {
                     if let Some(l) = &echo {
                         eprintln!("[{l}] {line}");
                     }
+                    if is_klog_error(&line) {
+                        let mut e = errors.lock().unwrap_or_else(|e| e.into_inner());
+                        if e.len() < KLOG_ERRORS_KEEP {
+                            e.push_back(line.clone());
+                        }
+                    }
                     let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
                     if t.len() == STDERR_KEEP {
                         t.pop_front();
                     }
                     t.push_back(line);
                 }
-            });
-        }
+            })
+        };
         let lines = JsonLines::from_reader(label, lines_src).with_stderr(Arc::clone(&tail));
         Ok(PeerProcess {
             label: label.to_owned(),
             child,
             lines,
             stderr: tail,
+            klog_errors,
+            other_reader: Some(other_reader),
         })
     }
 
@@ -375,6 +397,28 @@ impl PeerProcess {
     /// The last lines the peer wrote to stderr.
     pub fn stderr_tail(&self) -> String {
         tail_text(&self.stderr)
+    }
+
+    /// Every klog error line (`E` + date, see [`is_klog_error`]) the peer has written to its
+    /// log stream so far (the first 1,000), in order. Lines still in the pipe are not here yet:
+    /// [`stop`](Self::stop) first to see them all.
+    pub fn klog_errors(&self) -> Vec<String> {
+        let e = self.klog_errors.lock().unwrap_or_else(|e| e.into_inner());
+        e.iter().cloned().collect()
+    }
+
+    /// Sends SIGTERM, waits at most `timeout` for the process to exit, then until everything it
+    /// wrote to its log stream has been read (so [`klog_errors`](Self::klog_errors) and
+    /// [`stderr_tail`](Self::stderr_tail) are complete).
+    pub async fn stop(&mut self, timeout: Duration) -> Result<ExitStatus, Error> {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.terminate()?;
+        }
+        let status = self.wait_exit(timeout).await?;
+        if let Some(reader) = self.other_reader.take() {
+            let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+        }
+        Ok(status)
     }
 
     /// Sends SIGTERM.

@@ -2,19 +2,31 @@
 //! place it dials one ([`connect`]).
 //!
 //! Binding removes a stale socket at the path, refuses to touch a file that is not a socket, and
-//! makes the socket connectable by its owner only (mode 0700, as upstream's umask 0077 gives).
-//! The socket is bound under a hidden temporary name in the same directory, made private, and
-//! then renamed into place, so it appears at its final path already listening and already
-//! private: a watcher that dials it on sight is never refused, and nobody else can connect in
-//! between.
+//! makes the socket connectable by its owner only (mode 0700, as upstream's umask 0077 gives,
+//! set on the socket before `bind`, so never wider). The socket is bound in a hidden staging
+//! directory beside the final path, listens, and is then renamed into place, so it appears at
+//! its final path already listening: a watcher that dials it on sight is never refused.
+//!
+//! Why a directory: the kubelet's plugin watcher stats every file created in the registry
+//! directory before it ignores names that start with `.`, and when a rename had already moved a
+//! hidden temporary socket away it logged "Error when handling create event ... stat file
+//! `.../.<pid>-<n>~` failed". It does not look into a dot-directory created while it runs (it
+//! ignores that directory's own creation, which it can stat because the directory stays), but
+//! it does watch every directory, dot-named or not, that exists when it starts. So the staging
+//! directory is made afresh for each bind (never one a kubelet may have started to watch), and
+//! it stays, empty, until the socket is dropped (so the kubelet's stat of its creation always
+//! finds it). Keeping a hidden second name of the socket instead would spare the `mkdir`, but
+//! leave a live registration socket under a dot-name, which a kubelet that dials every socket
+//! it finds (as upstream once proposed, kubernetes#129799) would register twice.
 
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -207,7 +219,8 @@ pub fn remove_stale_socket(path: &Path) -> Result<()> {
 }
 
 /// A listening socket that plugreg owns. Dropping it removes the socket file, but only while the
-/// file at the path is still this socket (someone may have replaced it since).
+/// file at the path is still this socket (someone may have replaced it since), and unless
+/// [`KeepFile::keep`] said another process serves it now.
 #[derive(Debug)]
 pub struct BoundSocket {
     listener: UnixListener,
@@ -217,17 +230,64 @@ pub struct BoundSocket {
 impl BoundSocket {
     /// The path the socket is reachable at.
     pub fn path(&self) -> &Path {
-        &self.guard.0.path
+        &self.guard.socket.path
     }
 
     /// Which file this socket is, to check later whether it is still in place.
     pub fn identity(&self) -> SocketIdentity {
-        self.guard.0.clone()
+        self.guard.socket.clone()
     }
 
     /// Splits into the listener and the guard that removes the socket when dropped.
     pub fn into_parts(self) -> (UnixListener, SocketGuard) {
         (self.listener, self.guard)
+    }
+
+    /// A handle that, once [`kept`](KeepFile::keep), stops the socket file from being removed
+    /// when this socket (or its guard) is dropped: for handing the listener to another process.
+    pub fn keep_file(&self) -> KeepFile {
+        KeepFile(self.guard.keep.clone())
+    }
+
+    /// A second descriptor of the listening socket (`dup`), e.g. to pass to another process.
+    /// Connections then queue once and go to whichever holder accepts first.
+    pub fn try_clone_listener(&self) -> io::Result<OwnedFd> {
+        self.listener.as_fd().try_clone_to_owned()
+    }
+
+    /// Takes over a listening socket that another process bound at `path` and passed on (see
+    /// [`try_clone_listener`](Self::try_clone_listener)). Dropping the result removes the
+    /// socket file at `path` if it is still the one there now. Must be called inside a tokio
+    /// runtime.
+    pub fn adopt(listener: std::os::unix::net::UnixListener, path: &Path) -> Result<BoundSocket> {
+        let listen_err = |source| Error::Listen {
+            path: path.to_owned(),
+            source,
+        };
+        listener.set_nonblocking(true).map_err(listen_err)?;
+        let listener = UnixListener::from_std(listener).map_err(listen_err)?;
+        let meta = std::fs::symlink_metadata(path).map_err(listen_err)?;
+        if !meta.file_type().is_socket() {
+            return Err(Error::NotASocket {
+                path: path.to_owned(),
+            });
+        }
+        Ok(BoundSocket {
+            listener,
+            guard: SocketGuard::new(path, &meta, None),
+        })
+    }
+}
+
+/// Tells a [`BoundSocket`]'s guard to leave the socket file in place when it is dropped.
+#[derive(Debug, Clone)]
+pub struct KeepFile(Arc<AtomicBool>);
+
+impl KeepFile {
+    /// From now on, dropping the socket leaves its file in place (its staging directory
+    /// still goes): another process serves the socket.
+    pub fn keep(&self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 
@@ -255,32 +315,130 @@ impl SocketIdentity {
     }
 }
 
-/// Removes a socket file on drop if it is still the one that was bound (same device and inode).
+/// Removes a socket file on drop if it is still the one that was bound (same device and inode)
+/// and it was not [kept](KeepFile), and the hidden staging directory it was bound in.
 #[derive(Debug)]
-pub struct SocketGuard(SocketIdentity);
+pub struct SocketGuard {
+    socket: SocketIdentity,
+    staging: Option<SocketIdentity>,
+    keep: Arc<AtomicBool>,
+}
 
 impl SocketGuard {
+    fn new(path: &Path, meta: &std::fs::Metadata, staging: Option<SocketIdentity>) -> Self {
+        SocketGuard {
+            socket: SocketIdentity {
+                path: path.to_owned(),
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+            staging,
+            keep: Arc::default(),
+        }
+    }
+
     /// The socket path.
     pub fn path(&self) -> &Path {
-        &self.0.path
+        &self.socket.path
     }
 }
 
 impl Drop for SocketGuard {
     fn drop(&mut self) {
-        if self.0.is_in_place()
-            && let Err(e) = std::fs::remove_file(&self.0.path)
+        if !self.keep.load(Ordering::SeqCst)
+            && self.socket.is_in_place()
+            && let Err(e) = std::fs::remove_file(&self.socket.path)
         {
-            tracing::warn!(path = %self.0.path.display(), error = %e, "failed to remove socket");
+            tracing::warn!(path = %self.socket.path.display(), error = %e, "failed to remove socket");
+        }
+        // Only the directory this bind made: a later bind of the same path may have made a new
+        // one under the same name.
+        if let Some(staging) = &self.staging
+            && staging.is_in_place()
+            && let Err(e) = std::fs::remove_dir(&staging.path)
+        {
+            tracing::debug!(path = %staging.path.display(), error = %e, "failed to remove the staging directory");
         }
     }
 }
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+/// The socket's name inside its staging directory: a dot-name too, so that a kubelet which does
+/// watch the directory (one started while it existed) ignores it.
+const STAGED_NAME: &str = ".s";
+
+/// Most attempts at a free staging directory name.
+const STAGING_ATTEMPTS: u32 = 8;
+
+/// Makes the staging directory for a socket named `name` in `dir`: `.<name>~`, made afresh (an
+/// empty one of that name is removed first), or `.<name>~<random>` when that name is in use.
+/// Mode 0700. `None` when the staged socket's path would not fit in `sun_path`.
+fn make_staging_dir(dir: &Path, name: &std::ffi::OsStr) -> io::Result<Option<SocketIdentity>> {
+    let mut base = std::ffi::OsString::from(".");
+    base.push(name);
+    base.push("~");
+    let mut builder = std::fs::DirBuilder::new();
+    builder.mode(0o700);
+    for attempt in 0..STAGING_ATTEMPTS {
+        let mut staging_name = base.clone();
+        if attempt > 0 {
+            let suffix = plugreg_runtime::backoff::random_u64() as u32;
+            staging_name.push(format!("{suffix:08x}"));
+        }
+        let staging = dir.join(&staging_name);
+        if staging.join(STAGED_NAME).as_os_str().len() > MAX_SOCKET_PATH {
+            return Ok(None);
+        }
+        if attempt == 0 {
+            match std::fs::remove_dir(&staging) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                // Not empty (in use by another bind) or not a directory: another name.
+                Err(_) => continue,
+            }
+        }
+        match builder.create(&staging) {
+            Ok(()) => {
+                let meta = std::fs::symlink_metadata(&staging)?;
+                return Ok(Some(SocketIdentity {
+                    path: staging,
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                }));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        "no free name for a staging directory",
+    ))
+}
+
+/// A listening Unix socket bound at `path`, connectable by its owner only from the start: the
+/// mode is set on the socket before `bind` (Linux gives the file the socket's mode, less the
+/// umask), so there is no moment in which others could connect.
+fn listen_private(path: &Path) -> io::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(SOCKET_MODE))?;
+    rustix::net::bind(&fd, &SocketAddrUnix::new(path)?)?;
+    rustix::net::listen(&fd, LISTEN_BACKLOG)?;
+    Ok(fd)
+}
+
+/// The listen backlog of every socket plugreg binds (tokio's default).
+const LISTEN_BACKLOG: i32 = 1024;
 
 /// Binds a private, listening Unix socket at `path`: checks the length, removes a stale socket,
-/// refuses a non-socket, binds under a hidden temporary name, sets mode 0700 and renames it into
-/// place. Must be called inside a tokio runtime.
+/// refuses a non-socket, binds in a fresh hidden staging directory beside it (mode 0700 from the
+/// start) and renames it into place (see the module docs). Must be called inside a tokio
+/// runtime.
 pub fn bind(path: &Path) -> Result<BoundSocket> {
     check_path_len(path)?;
     remove_stale_socket(path)?;
@@ -292,34 +450,36 @@ pub fn bind(path: &Path) -> Result<BoundSocket> {
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!(".{}-{n}~", std::process::id()));
-    let listener = if temp.as_os_str().len() <= MAX_SOCKET_PATH {
-        let _ = std::fs::remove_file(&temp);
-        let listener = UnixListener::bind(&temp).map_err(listen_err)?;
-        let placed = std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(SOCKET_MODE))
-            .and_then(|()| std::fs::rename(&temp, path));
-        if let Err(e) = placed {
-            let _ = std::fs::remove_file(&temp);
-            return Err(listen_err(e));
-        }
-        listener
-    } else {
-        // The directory is so long that only the final name fits: bind in place and narrow
-        // the mode right after (a short window in which the mode is the umask's).
-        let listener = UnixListener::bind(path).map_err(listen_err)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-            .map_err(listen_err)?;
-        listener
+    let staging = match path.file_name() {
+        Some(name) => make_staging_dir(dir, name).map_err(listen_err)?,
+        None => None,
     };
+    let fd = match &staging {
+        Some(staging) => {
+            let temp = staging.path.join(STAGED_NAME);
+            let placed = listen_private(&temp).and_then(|fd| {
+                std::fs::rename(&temp, path)?;
+                Ok(fd)
+            });
+            match placed {
+                Ok(fd) => fd,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&temp);
+                    let _ = std::fs::remove_dir(&staging.path);
+                    return Err(listen_err(e));
+                }
+            }
+        }
+        // The directory is so long that only the final name fits: bound in place, which a
+        // watcher may see a moment before it listens.
+        None => listen_private(path).map_err(listen_err)?,
+    };
+    let listener = std::os::unix::net::UnixListener::from(fd);
+    let listener = UnixListener::from_std(listener).map_err(listen_err)?;
     let meta = std::fs::symlink_metadata(path).map_err(listen_err)?;
     Ok(BoundSocket {
         listener,
-        guard: SocketGuard(SocketIdentity {
-            path: path.to_owned(),
-            dev: meta.dev(),
-            ino: meta.ino(),
-        }),
+        guard: SocketGuard::new(path, &meta, staging),
     })
 }
 

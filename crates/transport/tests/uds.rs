@@ -51,8 +51,9 @@ async fn serves_dials_and_removes_socket_on_shutdown() {
         0o700,
         "owner-only socket"
     );
-    // No temporary file is left beside it.
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    // Beside it only its hidden staging directory, empty, until the socket goes.
+    assert_eq!(entries(dir.path()), ["e.sock", ".e.sock~"]);
+    assert_eq!(entries(&dir.path().join(".e.sock~")), Vec::<String>::new());
 
     for addr in [
         path.display().to_string(),
@@ -72,6 +73,104 @@ async fn serves_dials_and_removes_socket_on_shutdown() {
     token.cancel();
     task.await.unwrap();
     assert!(!path.exists(), "socket removed on shutdown");
+    assert!(entries(dir.path()).is_empty(), "{:?}", entries(dir.path()));
+}
+
+/// Names in `dir`, the socket first, then the rest sorted.
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort_by_key(|n| (n.starts_with('.'), n.clone()));
+    v
+}
+
+fn inode(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).unwrap().ino()
+}
+
+/// A kubelet that started while a staging directory existed watches it; binding again must not
+/// create the socket in that directory but in a new one.
+#[tokio::test]
+async fn each_bind_stages_in_a_fresh_private_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.sock");
+    let staging = dir.path().join(".f.sock~");
+    std::fs::create_dir(&staging).unwrap();
+    // Held open, the old directory's inode cannot be reused for the new one.
+    let held = std::fs::File::open(&staging).unwrap();
+    let old = inode(&staging);
+    let socket = bind(&path).unwrap();
+    assert_ne!(
+        inode(&staging),
+        old,
+        "an old empty staging directory is replaced"
+    );
+    let meta = std::fs::symlink_metadata(&staging).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    drop(socket);
+    drop(held);
+    assert!(entries(dir.path()).is_empty());
+}
+
+#[tokio::test]
+async fn a_staging_name_in_use_is_left_alone_and_another_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.sock");
+    // Someone else's (or a busy) directory, and a file, under the names binding would use.
+    let busy = dir.path().join(".g.sock~");
+    std::fs::create_dir(&busy).unwrap();
+    std::fs::write(busy.join("keep"), b"x").unwrap();
+    let socket = bind(&path).unwrap();
+    let names = entries(dir.path());
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(
+        names[2].starts_with(".g.sock~") && names[2].len() == ".g.sock~".len() + 8,
+        "{names:?}"
+    );
+    connect_path(&path, Duration::from_secs(5)).await.unwrap();
+    drop(socket);
+    assert_eq!(entries(dir.path()), [".g.sock~"]);
+    assert_eq!(std::fs::read(busy.join("keep")).unwrap(), b"x");
+}
+
+#[tokio::test]
+async fn a_kept_socket_file_stays_when_dropped_and_an_adopted_one_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.sock");
+    let first = bind(&path).unwrap();
+    let dup = first.try_clone_listener().unwrap();
+    first.keep_file().keep();
+    drop(first);
+    assert!(path.exists(), "a kept socket file stays");
+    assert_eq!(
+        entries(dir.path()),
+        ["k.sock"],
+        "its staging directory goes"
+    );
+    // The duplicate descriptor still listens behind the same file.
+    let adopted =
+        plugreg_transport::BoundSocket::adopt(std::os::unix::net::UnixListener::from(dup), &path)
+            .unwrap();
+    let token = CancellationToken::new();
+    let t = token.clone();
+    let router = server().add_service(ExampleServer::new(Echo));
+    let task = tokio::spawn(async move { serve(router, adopted, t.cancelled_owned()).await });
+    let ch = connect_path(&path, Duration::from_secs(5)).await.unwrap();
+    let reply = ExampleClient::new(ch)
+        .get_example_info(ExampleRequest {
+            request: "adopted".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.into_inner().error, "adopted");
+    token.cancel();
+    task.await.unwrap().unwrap();
+    assert!(!path.exists(), "the adopter removes the socket it served");
 }
 
 #[tokio::test]

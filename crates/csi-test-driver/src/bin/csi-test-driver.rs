@@ -84,6 +84,11 @@ struct Args {
     /// ControllerPublishVolume (which returns it) and ControllerUnpublishVolume.
     #[arg(long)]
     controller_publish: bool,
+    /// Check the paths the CO must provide before the volume, as csi-test's mock driver and
+    /// csi-driver-host-path do: a staging_target_path that does not exist, or a target_path whose
+    /// parent does not exist, is INTERNAL.
+    #[arg(long)]
+    strict_paths: bool,
     /// A pre-provisioned volume id (repeatable).
     #[arg(long = "volume", value_name = "ID", value_parser = parse_volume_id)]
     volumes: Vec<String>,
@@ -148,6 +153,7 @@ impl Args {
             node_capabilities: self.node_capabilities.clone(),
             controller: self.controller,
             controller_publish: self.controller_publish,
+            strict_paths: self.strict_paths,
             volumes: self.volumes.clone(),
             data_dir: self.data_dir.clone(),
             persistent: self.persistent,

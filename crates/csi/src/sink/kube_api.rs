@@ -12,7 +12,8 @@
 //!   entry in place, so a changed entry is removed by one update and added by the next.
 //!
 //! A publish whose CSINode write fails puts back the entry it took out and undoes its Node
-//! change, so nothing stays half-written.
+//! change, so nothing stays half-written. Topology labels a kubelet may not set on its Node
+//! ([`crate::noderestriction`]) fail the publish before anything is written.
 //! Server-side apply is deliberately not used (see `spec/rust-ecosystem.md` §2.4).
 
 use std::collections::BTreeMap;
@@ -99,6 +100,16 @@ pub enum WriteError {
     /// The merge rules refused the change (annotation unparsable, topology collision).
     #[error(transparent)]
     Merge(#[from] MergeError),
+    /// The change would set labels the kubelet may not set on its Node; worded as the API
+    /// server's NodeRestriction admission refuses the kubelet's request.
+    #[error("nodes {name:?} is forbidden")]
+    Forbidden {
+        /// Node name.
+        name: String,
+        /// Which labels.
+        #[source]
+        source: MergeError,
+    },
     /// The Node has no uid to point the CSINode's owner reference at.
     #[error("Node {name:?} has no uid")]
     NoUid {
@@ -259,7 +270,14 @@ impl KubeSink {
             let (patch, extra) = plan(
                 meta.annotations.as_ref().unwrap_or(&empty),
                 meta.labels.as_ref().unwrap_or(&empty),
-            )?;
+            )
+            .map_err(|e| match e {
+                e @ MergeError::ForbiddenLabels { .. } => WriteError::Forbidden {
+                    name: name.clone(),
+                    source: e,
+                },
+                e => WriteError::Merge(e),
+            })?;
             let uid = meta.uid.clone();
             if patch.is_empty() {
                 return Ok((extra, uid));

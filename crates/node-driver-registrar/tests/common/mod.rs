@@ -38,6 +38,8 @@ pub struct Proc {
     child: Child,
     lines: mpsc::Receiver<String>,
     all: Arc<Mutex<Vec<String>>>,
+    /// Reads stderr; ends once the process has exited and its last line is read.
+    reader: Option<std::thread::JoinHandle<()>>,
     pub started: Instant,
 }
 
@@ -55,7 +57,7 @@ impl Proc {
         let (tx, lines) = mpsc::channel();
         let all = Arc::new(Mutex::new(Vec::new()));
         let keep = all.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 keep.lock().unwrap().push(line.clone());
@@ -66,6 +68,7 @@ impl Proc {
             child,
             lines,
             all,
+            reader: Some(reader),
             started,
         }
     }
@@ -135,11 +138,14 @@ impl Proc {
         }
     }
 
-    /// Waits for the exit and returns its code, asserting it within `within`.
+    /// Waits for the exit and returns its code, asserting it within `within`; by then every
+    /// line the process logged is in [`log`](Self::log).
     pub fn exit_code(&mut self, within: Duration) -> i32 {
         let status = self.wait_exit(within);
-        // Give the reader thread a moment to drain the last lines.
-        std::thread::sleep(Duration::from_millis(20));
+        // The pipe closed with the process: the reader ends after the last line.
+        if let Some(reader) = self.reader.take() {
+            reader.join().expect("the stderr reader panicked");
+        }
         status.code().unwrap_or(-1)
     }
 
