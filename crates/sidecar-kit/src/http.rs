@@ -535,14 +535,18 @@ async fn serve_io<I, H, F>(
             Ok::<_, Infallible>(response)
         }
     });
-    let connection = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEAD)
-        .keep_alive(false)
-        // A client that shuts its sending side after the request still gets the answer.
-        .half_close(true)
-        .serve_connection(TokioIo::new(Prefixed::new(head, io)), service);
+    // Boxed: hyper's connection state is several KiB, and held inline it would size the task
+    // of every connection, also those still waiting for (or never sending) their head.
+    let connection = Box::pin(
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_buf_size(MAX_HEAD)
+            .keep_alive(false)
+            // A client that shuts its sending side after the request still gets the answer.
+            .half_close(true)
+            .serve_connection(TokioIo::new(Prefixed::new(head, io)), service),
+    );
     match tokio::time::timeout(handler_limit + WRITE_SLACK, connection).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::trace!(err = %e, "HTTP connection ended with an error"),
