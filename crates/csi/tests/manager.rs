@@ -304,6 +304,34 @@ async fn a_driver_hanging_on_many_sockets_does_not_delay_another() {
     hang.stop().await.unwrap();
 }
 
+/// Issue 17, finding 8: a registration whose plugin already has another operation running
+/// leaves the shared slots as soon as GetInfo names the plugin, not after the slow threshold
+/// (10 min here, so only that rule can free a slot): the hanging driver's sixteen sockets never
+/// hold the four shared slots, and another driver registers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn siblings_of_a_running_registration_leave_the_shared_slots_at_once() {
+    let s = setup_with(Duration::from_secs(600), |c| {
+        c.max_concurrent_operations = 4;
+        c.slow_operation_after = Duration::from_secs(600);
+    })
+    .await;
+    let (hang, hanging) = hanging_driver(&s, 16).await;
+    // More of the hanging driver's registrations run than there are shared slots.
+    wait_for_hanging(&s, &hang, 8).await;
+    let good = driver(&s.csi_sock, DriverConfig::default()).await;
+    let r = register(&s);
+    wait(&r, |st| st.is_registered()).await;
+    for h in &hanging {
+        assert_eq!(
+            h.status().borrow().notifications(),
+            0,
+            "a hanging registration ended"
+        );
+    }
+    good.stop().await.unwrap();
+    hang.stop().await.unwrap();
+}
+
 /// Issue 17, finding 8: when the slow lane is full, the plugin holding the most slow
 /// registrations gives one up, not the plugin that is merely slow: a driver whose NodeGetInfo
 /// takes 2 s registers while another's hangs on 16 sockets and a slow lane of 4.

@@ -136,6 +136,8 @@ impl HandlerTimeouts {
 pub struct Progress {
     step: AtomicUsize,
     plugin: OnceLock<(String, String)>,
+    /// Told the operation's task id once GetInfo named the plugin (the runner's channel).
+    identified: Option<tokio::sync::mpsc::UnboundedSender<tokio::task::Id>>,
 }
 
 impl Progress {
@@ -154,8 +156,23 @@ impl Progress {
         self.plugin.get()
     }
 
+    /// Progress that tells `identified` the operation's task id once GetInfo named the plugin.
+    pub(crate) fn telling(identified: tokio::sync::mpsc::UnboundedSender<tokio::task::Id>) -> Self {
+        Progress {
+            identified: Some(identified),
+            ..Progress::default()
+        }
+    }
+
     pub(crate) fn set_plugin(&self, plugin_type: &str, name: &str) {
-        let _ = self.plugin.set((plugin_type.to_owned(), name.to_owned()));
+        if self
+            .plugin
+            .set((plugin_type.to_owned(), name.to_owned()))
+            .is_ok()
+            && let (Some(tx), Some(id)) = (&self.identified, tokio::task::try_id())
+        {
+            let _ = tx.send(id);
+        }
     }
 }
 

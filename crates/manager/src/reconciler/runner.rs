@@ -11,6 +11,12 @@
 //! cancelled (rolled back and retried with back-off), so one plugin's many sockets only crowd
 //! out that plugin. Deregistrations are never cancelled (the handler must hear of them); one
 //! that finds the slow lane full of them keeps its slot.
+//!
+//! A registration whose plugin (named by GetInfo, a few milliseconds in) already has another
+//! operation running does not wait the 250 ms: it leaves the shared slots at once. Such a
+//! registration mostly waits for its sibling (the CSI handler calls one driver's NodeGetInfo at
+//! a time), and a driver with a thousand sockets would otherwise hold every shared slot for
+//! 250 ms each, turn after turn, while other plugins queue behind it for seconds.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -112,10 +118,14 @@ pub(crate) struct Runner {
     slow_timers: DelayQueue<Id>,
     /// Sockets with an operation running: upstream's per-socket mutual exclusion.
     busy: HashSet<PathBuf>,
+    /// Registrations tell their task id here once GetInfo named their plugin.
+    identified_tx: tokio::sync::mpsc::UnboundedSender<Id>,
+    identified_rx: tokio::sync::mpsc::UnboundedReceiver<Id>,
 }
 
 impl Runner {
     pub(crate) fn new(lanes: Lanes, handlers: HandlerRegistry, timeouts: Timeouts) -> Self {
+        let (identified_tx, identified_rx) = tokio::sync::mpsc::unbounded_channel();
         Runner {
             lanes: Lanes {
                 cap: lanes.cap.max(1),
@@ -129,6 +139,8 @@ impl Runner {
             slow: 0,
             slow_timers: DelayQueue::new(),
             busy: HashSet::new(),
+            identified_tx,
+            identified_rx,
         }
     }
 
@@ -150,7 +162,7 @@ impl Runner {
         }
         let handlers = self.handlers.clone();
         let timeouts = self.timeouts.clone();
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(Progress::telling(self.identified_tx.clone()));
         let cancel = CancellationToken::new();
         let span = tracing::info_span!("register", socket = %path.display());
         let task = {
@@ -251,6 +263,11 @@ impl Runner {
                         return Event::SlotFreed;
                     }
                 }
+                Some(id) = self.identified_rx.recv() => {
+                    if self.identified(id) {
+                        return Event::SlotFreed;
+                    }
+                }
                 else => return std::future::pending().await,
             }
         }
@@ -282,6 +299,38 @@ impl Runner {
             Ok(outcome) => outcome,
             Err(e) => reaped(op.running, &e),
         })
+    }
+
+    /// Registration `id` learnt its plugin: it leaves the shared slots at once when another
+    /// operation of the same plugin runs. True when a shared slot was freed.
+    fn identified(&mut self, id: Id) -> bool {
+        let Some(op) = self.running.get(&id) else {
+            return false;
+        };
+        let (Some(key), Some(Some(plugin))) = (op.slow_timer, op.cancellable_as()) else {
+            return false;
+        };
+        let sibling = self.running.iter().any(|(other, o)| {
+            *other != id && o.cancellable_as().flatten().is_some_and(|p| p == plugin)
+        });
+        if !sibling {
+            return false;
+        }
+        self.slow_timers.remove(&key);
+        if let Some(op) = self.running.get(&id) {
+            let (Running::Register { path, .. } | Running::Deregister { path, .. }) = &op.running;
+            tracing::debug!(socket = %path.display(), "another operation of this plugin runs; this one leaves the shared slots");
+        }
+        if self.turn_slow(id) {
+            return true;
+        }
+        // The slow lane is full of operations that cannot give way: keep the slot, and turn
+        // slow later as any operation does.
+        let key = self.slow_timers.insert(id, self.lanes.slow_after);
+        if let Some(op) = self.running.get_mut(&id) {
+            op.slow_timer = Some(key);
+        }
+        false
     }
 
     /// Moves operation `id` from the shared slots to the slow lane, cancelling another slow
