@@ -10,7 +10,7 @@ use std::fmt;
 
 /// Why a quantity string is not a byte count.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum QuantityError {
+pub enum QuantityError {
     /// Not the quantity grammar (apimachinery's `ErrFormatWrong` / `ErrSuffix`).
     Format,
     /// Negative (a storage request cannot be).
@@ -31,6 +31,8 @@ impl fmt::Display for QuantityError {
         })
     }
 }
+
+impl std::error::Error for QuantityError {}
 
 enum Suffix {
     /// Times 2^(10 * n).
@@ -71,7 +73,7 @@ fn suffix(s: &str) -> Option<Suffix> {
 
 /// The number of bytes in `s`, rounded up to a whole byte (`"1Gi"` -> 2^30, `"100m"` -> 1,
 /// `"1.5k"` -> 1500). Like apimachinery, an empty number reads as zero (`"Ki"`, `"."`).
-pub(crate) fn parse_bytes(s: &str) -> Result<i64, QuantityError> {
+pub fn parse_bytes(s: &str) -> Result<i64, QuantityError> {
     if s.is_empty() {
         return Err(QuantityError::Format);
     }
@@ -165,7 +167,7 @@ fn binary(int_part: &str, frac_part: &str, shift: u32) -> Result<i64, QuantityEr
 /// `n` bytes as apimachinery prints `NewQuantity(n, BinarySI)`: below 1024 in decimal SI
 /// (`"0"`, `"500"`, `"1k"`), otherwise the largest power of 1024 that divides it exactly
 /// (`"1Gi"`, `"1536Mi"`, `"1500"`). Either form parses back to exactly `n`.
-pub(crate) fn format_binary_si(n: i64) -> String {
+pub fn format_binary_si(n: i64) -> String {
     let abs = n.unsigned_abs();
     let sign = if n < 0 { "-" } else { "" };
     if abs < 1024 {
