@@ -92,6 +92,15 @@ pub fn parse_bytes(s: &str) -> Result<i64, QuantityError> {
         None => ("", rest),
     };
     let suffix = suffix(suffix_str).ok_or(QuantityError::Format)?;
+    // A number without a digit is zero, except where apimachinery takes its slow path (suffixes
+    // past 2^40, exponents below -9): there the number text itself must parse, and "", "+" or
+    // "." do not.
+    if int_part.is_empty()
+        && frac_part.is_empty()
+        && matches!(suffix, Suffix::Binary(5..) | Suffix::Decimal(..-9))
+    {
+        return Err(QuantityError::Format);
+    }
 
     // Significant digits: leading zeros of the integer and trailing zeros of the fraction
     // change nothing.
@@ -230,6 +239,11 @@ mod tests {
             ("007", 7),
             ("1.G", 1_000_000_000),
             ("Ki", 0), // apimachinery reads an empty number as zero
+            ("+.Ti", 0),
+            ("-n", 0),
+            (".e-9", 0),
+            ("0e-10", 0),
+            ("0.Ei", 0),
             ("0.000Gi", 0),
             ("9223372036854775807", i64::MAX),
             ("7Ei", 7 << 60),
@@ -244,6 +258,9 @@ mod tests {
     fn rejects_bad_grammar_negatives_and_overflow() {
         for bad in [
             "", "1KiB", "1 Gi", "1e", "e", "1ee3", "1x", "1..5", "1Gi1", "0x10", "1e3.5",
+            // No digit where apimachinery must parse the number text (checked against its
+            // ParseQuantity): Pi and Ei, exponents below -9.
+            "Ei", "+Pi", ".Ei", "-.Pi", "e-10", "+.e-20",
         ] {
             assert_eq!(parse_bytes(bad), Err(QuantityError::Format), "{bad:?}");
         }
