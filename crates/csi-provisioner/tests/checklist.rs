@@ -230,6 +230,34 @@ async fn strict_topology_outside_the_allowed_topologies_fails() {
     assert_eq!(env.calls.count(Method::CreateVolume), 0);
 }
 
+/// allowedTopologies of 64 expressions of two values each, which the API server accepts, are
+/// 2^64 terms: upstream (and plugreg before the bound) runs out of memory expanding them. Now
+/// the attempt fails with a ProvisioningFailed event naming the bound, and no CreateVolume.
+#[tokio::test]
+async fn allowed_topologies_past_the_bound_fail_with_an_event() {
+    let env = Env::new(KubeVersion::V1_36_2, topology_driver("z1")).await;
+    two_zones(&env).await;
+    let expressions: Vec<serde_json::Value> = (0..64)
+        .map(|i| json!({"key": format!("{}/k{i}", env.name), "values": ["a", "b"]}))
+        .collect();
+    let class = env
+        .class(
+            "",
+            json!({"allowedTopologies": [{"matchLabelExpressions": expressions}]}),
+        )
+        .await;
+    let _p = env.provisioner(&["--retry-interval-start=100ms"]);
+    env.claim("data", &class, "1Mi", json!({})).await;
+    let msg = env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
+    assert_eq!(
+        msg,
+        format!(
+            "failed to provision volume with StorageClass \"{class}\": error generating accessibility requirements: allowedTopologies expands to more than 16384 topology segments (each term is the product of its matchLabelExpressions' values: 3 expressions of 2 values are 8 combinations of 3 segments); list fewer values or expressions"
+        )
+    );
+    assert_eq!(env.calls.count(Method::CreateVolume), 0);
+}
+
 /// A selected node without a CSINode: the attempt reschedules, i.e. the selected-node
 /// annotation is removed so that the scheduler picks again; no CreateVolume.
 #[tokio::test]

@@ -14,7 +14,7 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct CachedPv {
     /// The metadata (annotations trimmed to the ones read, see the controller's watch).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub metadata: ObjectMeta,
     /// What the spec says that matters here.
     #[serde(default)]
@@ -44,10 +44,10 @@ pub struct CachedPvSpec {
 #[serde(rename_all = "camelCase")]
 pub struct CachedCsi {
     /// The driver name.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub driver: String,
     /// The volume ID DeleteVolume gets.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub volume_handle: String,
 }
 
@@ -57,6 +57,16 @@ pub struct CachedPvStatus {
     /// `Pending`, `Available`, `Bound`, `Released` or `Failed`.
     #[serde(default)]
     pub phase: Option<String>,
+}
+
+/// `null` reads as the default, as k8s-openapi reads every field of the full object: whatever
+/// the full `PersistentVolume` reads, this type reads too.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 impl kube::Resource for CachedPv {
@@ -120,5 +130,19 @@ mod tests {
         assert_eq!(v.status.unwrap().phase.as_deref(), Some("Bound"));
         let full = std::mem::size_of::<k8s_openapi::api::core::v1::PersistentVolume>();
         assert!(std::mem::size_of::<CachedPv>() * 5 < full);
+    }
+
+    /// Found by the `claim_fields` property: `null` metadata or CSI driver read as a full PV
+    /// (k8s-openapi reads `null` as the default) but not as a cached one.
+    #[test]
+    fn reads_nulls_as_the_full_type_does() {
+        let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": null,
+            "spec": {"csi": {"driver": null, "volumeHandle": null}}});
+        let full: k8s_openapi::api::core::v1::PersistentVolume =
+            serde_json::from_value(pv.clone()).unwrap();
+        let cached: CachedPv = serde_json::from_value(pv).unwrap();
+        assert_eq!(cached.metadata, full.metadata);
+        let csi = cached.spec.unwrap().csi.unwrap();
+        assert_eq!((csi.driver.as_str(), csi.volume_handle.as_str()), ("", ""));
     }
 }

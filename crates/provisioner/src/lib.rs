@@ -8,6 +8,7 @@
 //! - [`csi`]: the driver's Identity and Controller calls with `--timeout`, the start-up order;
 //! - [`request`], [`secrets`], [`topology`]: the CreateVolumeRequest, pure;
 //! - [`pv`]: the PersistentVolume made from a created volume, pure;
+//! - [`quantity`]: Kubernetes resource quantities as byte counts, both ways;
 //! - [`classify`]: what a failed call means (final, background, reschedule);
 //! - [`ratelimit`]: the client-side QPS/burst limit of the Kubernetes client;
 //! - [`events`]: Kubernetes events with client-go's naming and aggregation;
@@ -33,7 +34,7 @@ pub mod inflight;
 pub mod leader;
 pub mod metrics;
 pub mod pv;
-mod quantity;
+pub mod quantity;
 mod queue;
 pub mod ratelimit;
 pub mod record;

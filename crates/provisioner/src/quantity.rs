@@ -10,7 +10,7 @@ use std::fmt;
 
 /// Why a quantity string is not a byte count.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum QuantityError {
+pub enum QuantityError {
     /// Not the quantity grammar (apimachinery's `ErrFormatWrong` / `ErrSuffix`).
     Format,
     /// Negative (a storage request cannot be).
@@ -31,6 +31,8 @@ impl fmt::Display for QuantityError {
         })
     }
 }
+
+impl std::error::Error for QuantityError {}
 
 enum Suffix {
     /// Times 2^(10 * n).
@@ -71,7 +73,7 @@ fn suffix(s: &str) -> Option<Suffix> {
 
 /// The number of bytes in `s`, rounded up to a whole byte (`"1Gi"` -> 2^30, `"100m"` -> 1,
 /// `"1.5k"` -> 1500). Like apimachinery, an empty number reads as zero (`"Ki"`, `"."`).
-pub(crate) fn parse_bytes(s: &str) -> Result<i64, QuantityError> {
+pub fn parse_bytes(s: &str) -> Result<i64, QuantityError> {
     if s.is_empty() {
         return Err(QuantityError::Format);
     }
@@ -90,6 +92,15 @@ pub(crate) fn parse_bytes(s: &str) -> Result<i64, QuantityError> {
         None => ("", rest),
     };
     let suffix = suffix(suffix_str).ok_or(QuantityError::Format)?;
+    // A number without a digit is zero, except where apimachinery takes its slow path (suffixes
+    // past 2^40, exponents below -9): there the number text itself must parse, and "", "+" or
+    // "." do not.
+    if int_part.is_empty()
+        && frac_part.is_empty()
+        && matches!(suffix, Suffix::Binary(5..) | Suffix::Decimal(..-9))
+    {
+        return Err(QuantityError::Format);
+    }
 
     // Significant digits: leading zeros of the integer and trailing zeros of the fraction
     // change nothing.
@@ -165,7 +176,7 @@ fn binary(int_part: &str, frac_part: &str, shift: u32) -> Result<i64, QuantityEr
 /// `n` bytes as apimachinery prints `NewQuantity(n, BinarySI)`: below 1024 in decimal SI
 /// (`"0"`, `"500"`, `"1k"`), otherwise the largest power of 1024 that divides it exactly
 /// (`"1Gi"`, `"1536Mi"`, `"1500"`). Either form parses back to exactly `n`.
-pub(crate) fn format_binary_si(n: i64) -> String {
+pub fn format_binary_si(n: i64) -> String {
     let abs = n.unsigned_abs();
     let sign = if n < 0 { "-" } else { "" };
     if abs < 1024 {
@@ -228,6 +239,11 @@ mod tests {
             ("007", 7),
             ("1.G", 1_000_000_000),
             ("Ki", 0), // apimachinery reads an empty number as zero
+            ("+.Ti", 0),
+            ("-n", 0),
+            (".e-9", 0),
+            ("0e-10", 0),
+            ("0.Ei", 0),
             ("0.000Gi", 0),
             ("9223372036854775807", i64::MAX),
             ("7Ei", 7 << 60),
@@ -242,6 +258,9 @@ mod tests {
     fn rejects_bad_grammar_negatives_and_overflow() {
         for bad in [
             "", "1KiB", "1 Gi", "1e", "e", "1ee3", "1x", "1..5", "1Gi1", "0x10", "1e3.5",
+            // No digit where apimachinery must parse the number text (checked against its
+            // ParseQuantity): Pi and Ei, exponents below -9.
+            "Ei", "+Pi", ".Ei", "-.Pi", "e-10", "+.e-20",
         ] {
             assert_eq!(parse_bytes(bad), Err(QuantityError::Format), "{bad:?}");
         }

@@ -119,9 +119,56 @@ fn node_term(node: &Node, keys: &[String]) -> Option<Term> {
     Some(Term::new(segments))
 }
 
+/// The most topology segments (key-value pairs, summed over all terms) `allowedTopologies` may
+/// expand to. Each selector term expands to the product of its expressions' value counts, so a
+/// few dozen expressions of two values each would be more terms than memory holds (upstream
+/// tries, and runs out of memory). Real classes list a few zones or racks; 16,384 segments of
+/// typical length keep the requisite and preferred lists of a CreateVolume near 1 MiB, well
+/// inside a driver's default 4 MiB message limit.
+pub const MAX_ALLOWED_SEGMENTS: usize = 16_384;
+
+/// `allowedTopologies` expands to more than [`MAX_ALLOWED_SEGMENTS`] segments.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "allowedTopologies expands to more than {MAX_ALLOWED_SEGMENTS} topology segments (each term is the product of its matchLabelExpressions' values: 3 expressions of 2 values are 8 combinations of 3 segments); list fewer values or expressions"
+)]
+pub struct TooManySegments;
+
+/// How many segments [`flatten`] would make, computed with checked arithmetic and nothing
+/// allocated, or [`TooManySegments`] past the bound.
+fn flattened_segments(allowed: &[TopologySelectorTerm]) -> Result<usize, TooManySegments> {
+    let mut total: usize = 0;
+    for selector in allowed {
+        // The terms so far of this selector: how many, and how many segments each.
+        let (mut count, mut width) = (0usize, 0usize);
+        for expr in selector.match_label_expressions.iter().flatten() {
+            let values = expr.values.len();
+            if values == 0 {
+                // No values: no terms, and the next expression starts afresh (as upstream).
+                (count, width) = (0, 0);
+            } else if count == 0 {
+                (count, width) = (values, 1);
+            } else {
+                count = count.checked_mul(values).ok_or(TooManySegments)?;
+                width += 1;
+            }
+            if count.saturating_mul(width) > MAX_ALLOWED_SEGMENTS {
+                return Err(TooManySegments);
+            }
+        }
+        total = total
+            .checked_add(count * width)
+            .filter(|t| *t <= MAX_ALLOWED_SEGMENTS)
+            .ok_or(TooManySegments)?;
+    }
+    Ok(total)
+}
+
 /// `allowedTopologies` distributed into terms: per selector term, the cartesian product of its
-/// expressions' values (in upstream's order: later expressions vary slowest).
-fn flatten(allowed: &[TopologySelectorTerm]) -> Vec<Term> {
+/// expressions' values (in upstream's order: later expressions vary slowest), or
+/// [`TooManySegments`] before anything is allocated.
+fn flatten(allowed: &[TopologySelectorTerm]) -> Result<Vec<Term>, TooManySegments> {
+    flattened_segments(allowed)?;
     let mut out = Vec::new();
     for selector in allowed {
         let mut terms: Vec<Vec<(String, String)>> = Vec::new();
@@ -142,7 +189,7 @@ fn flatten(allowed: &[TopologySelectorTerm]) -> Vec<Term> {
         }
         out.extend(terms.into_iter().map(Term::new));
     }
-    out
+    Ok(out)
 }
 
 /// 32-bit FNV-1 (multiply, then xor; not FNV-1a), as Go's `hash/fnv.New32`.
@@ -235,7 +282,7 @@ pub fn requirements(
             })?;
         if strict {
             if !allowed.is_empty() {
-                let flat = flatten(allowed);
+                let flat = flatten(allowed).map_err(|e| no_change(e.to_string()))?;
                 if !flat.iter().any(|t| t.subset_of(&selected_term)) {
                     return Err(no_change(format!(
                         "selected node '{}' topology '{}' is not in allowed topologies: {}",
@@ -252,7 +299,7 @@ pub fn requirements(
     // 2. The requisite terms.
     if requisite.is_empty() {
         if !allowed.is_empty() {
-            requisite = flatten(allowed);
+            requisite = flatten(allowed).map_err(|e| no_change(e.to_string()))?;
         } else {
             if selected_node.is_none() && !immediate {
                 return Ok(None);
@@ -759,6 +806,88 @@ pub(crate) mod tests {
     fn allowed_terms_without_values_mean_no_requirement() {
         let empty = class(&[&[("zone", &[])]]);
         assert_eq!(req("c", None, &empty, false, true, &zones()).unwrap(), None);
+    }
+
+    /// A class whose one selector term has `exprs` expressions of `values` values each.
+    fn product_class(exprs: usize, values: usize) -> StorageClass {
+        StorageClass {
+            provisioner: DRIVER.into(),
+            allowed_topologies: Some(vec![TopologySelectorTerm {
+                match_label_expressions: Some(
+                    (0..exprs)
+                        .map(|e| TopologySelectorLabelRequirement {
+                            key: format!("example.com/k{e}"),
+                            values: (0..values).map(|v| format!("v{v}")).collect(),
+                        })
+                        .collect(),
+                ),
+            }]),
+            ..Default::default()
+        }
+    }
+
+    /// 64 expressions of 2 values are 2^64 terms: refused with a clear error before anything is
+    /// allocated, on every path that expands allowedTopologies (immediate binding, late
+    /// binding, strict).
+    #[test]
+    fn a_cartesian_product_past_the_bound_is_refused() {
+        let huge = product_class(64, 2);
+        let cluster =
+            Cluster::default().with_node("n1", &[("example.com/k0", "v0")], &["example.com/k0"]);
+        let want = format!(
+            "error generating accessibility requirements: allowedTopologies expands to more than {MAX_ALLOWED_SEGMENTS} topology segments (each term is the product of its matchLabelExpressions' values: 3 expressions of 2 values are 8 combinations of 3 segments); list fewer values or expressions"
+        );
+        for (node, strict) in [(None, false), (Some("n1"), false), (Some("n1"), true)] {
+            let e = req("c", node, &huge, strict, true, &cluster).unwrap_err();
+            assert_eq!(
+                (e.state, e.message.as_str()),
+                (State::NoChange, want.as_str())
+            );
+        }
+        // usize overflow of the count itself.
+        assert_eq!(
+            flatten(&product_class(200, 3).allowed_topologies.unwrap()),
+            Err(TooManySegments)
+        );
+    }
+
+    #[test]
+    fn the_bound_counts_segments_of_every_term() {
+        let allowed = |c: StorageClass| c.allowed_topologies.unwrap();
+        // One expression: one segment per value.
+        assert_eq!(
+            flattened_segments(&allowed(product_class(1, MAX_ALLOWED_SEGMENTS))),
+            Ok(MAX_ALLOWED_SEGMENTS)
+        );
+        assert_eq!(
+            flattened_segments(&allowed(product_class(1, MAX_ALLOWED_SEGMENTS + 1))),
+            Err(TooManySegments)
+        );
+        // 64 x 64 = 4096 terms of 2 segments; 2^14 terms of 14 segments are past the bound.
+        assert_eq!(
+            flattened_segments(&allowed(product_class(2, 1 << 6))),
+            Ok((1 << 12) * 2)
+        );
+        assert_eq!(
+            flattened_segments(&allowed(product_class(14, 2))),
+            Err(TooManySegments)
+        );
+        assert_eq!(
+            flattened_segments(&allowed(product_class(10, 2))),
+            Ok(1024 * 10)
+        );
+        // Terms add up across selector terms.
+        let mut two = allowed(product_class(1, MAX_ALLOWED_SEGMENTS / 2));
+        two.extend(two.clone());
+        assert_eq!(flattened_segments(&two), Ok(MAX_ALLOWED_SEGMENTS));
+        two.extend(allowed(product_class(1, 1)));
+        assert_eq!(flattened_segments(&two), Err(TooManySegments));
+        // The count matches what flatten makes.
+        for (e, v) in [(1, 3), (3, 2), (4, 5), (0, 0), (2, 0)] {
+            let a = allowed(product_class(e, v));
+            let made: usize = flatten(&a).unwrap().iter().map(|t| t.0.len()).sum();
+            assert_eq!(flattened_segments(&a), Ok(made), "{e} x {v}");
+        }
     }
 
     #[test]
