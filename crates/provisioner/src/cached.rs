@@ -17,7 +17,7 @@
 //!   again ([`CachedClaim::claim`]), microseconds against the writes it then makes.
 //!
 //! Writes never come from these copies: a claim is changed by a read-modify-write of its
-//! whole JSON (so fields this build does not know survive), a PV by a patch.
+//! whole JSON (so fields this build does not know survive), a PV's finalizer by a patch.
 
 use std::borrow::Cow;
 

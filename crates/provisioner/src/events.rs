@@ -39,8 +39,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Events waiting to be written at most; more are dropped. client-go keeps 1000; events here
 /// wait behind the writes that bind claims (they share one rate limit at lower priority), so a
-/// burst of claims at `--kube-api-qps 5` queues two events per claim: 8192 (a few MiB at most)
-/// keeps a burst of 4,000 claims without a drop.
+/// burst of claims at `--kube-api-qps 5` queues two events per claim: 8192 (about 2.5 MiB when
+/// full, packed) keeps a burst of 4,000 claims without a drop.
 pub const QUEUE_BOUND: usize = 8192;
 /// Observed events (and spam buckets) remembered, least recently used first out (client-go's
 /// `maxLruCacheEntries`).
