@@ -352,6 +352,9 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
     // The provisioner's resident memory, sampled, to tell when its peak came.
     let peak = std::sync::Arc::new(std::sync::Mutex::new((0u64, Duration::ZERO, 0u64)));
     let start = Instant::now();
+    // The marks are taken while the claims are still being created.
+    let handed = tokio::spawn(async move { marks(&mut handed_rx, claims, start).await });
+    let pv_marks = tokio::spawn(async move { marks(&mut pv_rx, claims, start).await });
     let sampler = tokio::spawn({
         let peak = std::sync::Arc::clone(&peak);
         async move {
@@ -384,8 +387,7 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
         .collect::<Vec<()>>()
         .await;
     let claims_created = start.elapsed();
-    let handed = tokio::spawn(async move { marks(&mut handed_rx, claims, start).await });
-    let pv_marks = marks(&mut pv_rx, claims, start).await;
+    let pv_marks = pv_marks.await.unwrap_or([claims_created; 4]);
     let pvs_done = pv_marks[3];
     let cpu_to_pvs = (
         cpu_seconds(pid) - cpu_before.0,
