@@ -1,27 +1,261 @@
-//! What the watch cache keeps of a PersistentVolume: only what the decisions read.
+//! What the watch caches keep of claims and PersistentVolumes: only what the decisions read.
 //!
-//! k8s-openapi's `PersistentVolume` holds every volume source inline (about 3.4 KiB before a
-//! single string), and a cluster has as many PVs as claims; this type deserialises only the
-//! fields the controller reads (serde skips the others), a seventh of that.
+//! A cluster has as many of both as it has volumes, and a claim waits in the cache far longer
+//! than it is read (10,000 claims created at once wait minutes for kube-controller-manager to
+//! bind them).
+//!
+//! - [`CachedPv`]: k8s-openapi's `PersistentVolume` holds every volume source inline (about
+//!   3.4 KiB before a single string); this type deserialises only the fields the controller
+//!   reads (serde skips the others), a seventh of that. The annotations read (who provisioned
+//!   it, its deletion secret) are kept outside the metadata: a `BTreeMap` of one entry costs a
+//!   whole node (over 500 bytes).
+//! - [`CachedClaim`]: a claim's decisions read much of it (its spec makes the CreateVolume
+//!   request; any annotation may name a secret), but typed it costs about 3 KiB of heap, most
+//!   of it `BTreeMap` nodes of one or two entries and `None` fields. The cache keeps its
+//!   identity typed (what the cache and the watch need) and the rest, trimmed to what the
+//!   decisions read ([`trim_claim`]), as compact JSON: a few hundred bytes. A sync decodes it
+//!   again ([`CachedClaim::claim`]), microseconds against the writes it then makes.
+//!
+//! Writes never come from these copies: a claim is changed by a read-modify-write of its
+//! whole JSON (so fields this build does not know survive), a PV's finalizer by a patch.
 
 use std::borrow::Cow;
 
-use k8s_openapi::ClusterResourceScope;
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Deserialize;
+use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
+use serde::{Deserialize, Serialize};
 
-/// A PersistentVolume as cached: metadata, and the parts of spec and status that decide.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+use crate::{decide, request};
+
+/// kubectl's copy of the applied object: large, and read by no decision.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// A claim as cached: its identity typed, the rest as compact JSON (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CachedClaim {
+    /// Name, namespace, UID and resourceVersion only.
+    pub metadata: ObjectMeta,
+    /// The trimmed rest of the claim ([`Rest`]), JSON-encoded.
+    rest: Box<str>,
+}
+
+/// What a cached claim keeps besides its identity.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Rest {
+    #[serde(default, skip_serializing_if = "is_empty_meta")]
+    metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    spec: Option<PersistentVolumeClaimSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    status: Option<PersistentVolumeClaimStatus>,
+}
+
+fn is_empty_meta(m: &ObjectMeta) -> bool {
+    *m == ObjectMeta::default()
+}
+
+impl CachedClaim {
+    /// The cached form of `claim`, trimmed to what the decisions read ([`trim_claim`]).
+    pub fn new(mut claim: PersistentVolumeClaim) -> Self {
+        trim_claim(&mut claim);
+        let m = &mut claim.metadata;
+        let metadata = ObjectMeta {
+            name: m.name.take(),
+            namespace: m.namespace.take(),
+            uid: m.uid.take(),
+            resource_version: m.resource_version.take(),
+            ..ObjectMeta::default()
+        };
+        let rest = Rest {
+            metadata: ObjectMeta {
+                annotations: m.annotations.take(),
+                finalizers: m.finalizers.take(),
+                deletion_timestamp: m.deletion_timestamp.take(),
+                ..ObjectMeta::default()
+            },
+            spec: claim.spec,
+            status: claim.status,
+        };
+        // Serialising these types into a string cannot fail (no maps with non-string keys).
+        let rest = serde_json::to_string(&rest).unwrap_or_default();
+        CachedClaim {
+            metadata,
+            rest: rest.into_boxed_str(),
+        }
+    }
+
+    /// The claim as the decisions read it (trimmed, see [`trim_claim`]).
+    pub fn claim(&self) -> PersistentVolumeClaim {
+        // Written by `new` from the same types: it decodes.
+        let rest: Rest = serde_json::from_str(&self.rest).unwrap_or_default();
+        let mut metadata = rest.metadata;
+        metadata.name.clone_from(&self.metadata.name);
+        metadata.namespace.clone_from(&self.metadata.namespace);
+        metadata.uid.clone_from(&self.metadata.uid);
+        metadata
+            .resource_version
+            .clone_from(&self.metadata.resource_version);
+        PersistentVolumeClaim {
+            metadata,
+            spec: rest.spec,
+            status: rest.status,
+        }
+    }
+
+    /// The bytes the rest of the claim takes (for tests and sizing).
+    pub fn rest_len(&self) -> usize {
+        self.rest.len()
+    }
+}
+
+impl<'de> Deserialize<'de> for CachedClaim {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        PersistentVolumeClaim::deserialize(d).map(CachedClaim::new)
+    }
+}
+
+impl kube::Resource for CachedClaim {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "PersistentVolumeClaim".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "persistentvolumeclaims".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// A claim as the decisions read it: no labels, no owner references, no managed fields, no
+/// kubectl copy, no finalizer but a previous version's, only the phase of its status. A Bound claim (without a previous version's
+/// intent) needs nothing more than its identity, volume and class: a later change comes as a
+/// new object anyway.
+pub fn trim_claim(c: &mut PersistentVolumeClaim) {
+    let bound = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        && !decide::has_legacy_intent(c);
+    let m = &mut c.metadata;
+    *m = ObjectMeta {
+        name: m.name.take(),
+        namespace: m.namespace.take(),
+        uid: m.uid.take(),
+        resource_version: m.resource_version.take(),
+        annotations: m.annotations.take(),
+        // Only a previous version's finalizer is read (and released by a read-modify-write).
+        finalizers: m
+            .finalizers
+            .take()
+            .map(|f| {
+                f.into_iter()
+                    .filter(|f| f == decide::LEGACY_FINALIZER)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|f| !f.is_empty()),
+        deletion_timestamp: m.deletion_timestamp.take(),
+        ..ObjectMeta::default()
+    };
+    if let Some(a) = &mut m.annotations {
+        if bound {
+            a.retain(|k, _| k == request::ANN_BETA_STORAGE_CLASS);
+        } else {
+            a.remove(LAST_APPLIED);
+        }
+        if a.is_empty() {
+            m.annotations = None;
+        }
+    }
+    if bound && let Some(spec) = &mut c.spec {
+        *spec = PersistentVolumeClaimSpec {
+            volume_name: spec.volume_name.take(),
+            storage_class_name: spec.storage_class_name.take(),
+            ..Default::default()
+        };
+    }
+    if let Some(s) = &mut c.status {
+        *s = PersistentVolumeClaimStatus {
+            phase: s.phase.take(),
+            ..Default::default()
+        };
+    }
+}
+
+/// A PersistentVolume as cached: its identity, finalizers and deletion time, the annotations
+/// read, and the parts of spec and status that decide.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CachedPv {
-    /// The metadata (annotations trimmed to the ones read, see the controller's watch).
-    #[serde(default, deserialize_with = "null_as_default")]
+    /// Name, UID, resourceVersion, finalizers and deletionTimestamp only.
     pub metadata: ObjectMeta,
     /// What the spec says that matters here.
-    #[serde(default)]
     pub spec: Option<CachedPvSpec>,
     /// The phase.
-    #[serde(default)]
     pub status: Option<CachedPvStatus>,
+    /// Its `pv.kubernetes.io/provisioned-by` annotation.
+    pub provisioned_by: Option<Box<str>>,
+    /// The name and namespace of its deletion secret (the provisioner's annotations), when
+    /// both are set and not empty.
+    pub deletion_secret: Option<Box<(String, String)>>,
+}
+
+/// A PV as it comes from the API server, of which [`CachedPv`] keeps a part.
+#[derive(Deserialize)]
+struct WirePv {
+    #[serde(default, deserialize_with = "null_as_default")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<CachedPvSpec>,
+    #[serde(default)]
+    status: Option<CachedPvStatus>,
+}
+
+impl<'de> Deserialize<'de> for CachedPv {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let WirePv {
+            metadata: mut m,
+            spec,
+            status,
+        } = WirePv::deserialize(d)?;
+        let mut annotations = m.annotations.take().unwrap_or_default();
+        let deletion_secret = match (
+            annotations.remove(crate::pv::ANN_DELETION_SECRET_NAME),
+            annotations.remove(crate::pv::ANN_DELETION_SECRET_NAMESPACE),
+        ) {
+            (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => Some(Box::new((n, ns))),
+            _ => None,
+        };
+        Ok(CachedPv {
+            metadata: ObjectMeta {
+                name: m.name.take(),
+                uid: m.uid.take(),
+                resource_version: m.resource_version.take(),
+                finalizers: m.finalizers.take(),
+                deletion_timestamp: m.deletion_timestamp.take(),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status,
+            provisioned_by: annotations
+                .remove(crate::pv::ANN_PROVISIONED_BY)
+                .map(String::into_boxed_str),
+            deletion_secret,
+        })
+    }
 }
 
 /// The parts of `spec` the controller reads.
@@ -106,7 +340,9 @@ mod tests {
     fn reads_only_what_decides_and_is_small() {
         let v: CachedPv = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": "pv", "uid": "u", "finalizers": ["f"]},
+            "metadata": {"name": "pv", "uid": "u", "finalizers": ["f"], "labels": {"a": "b"},
+                "annotations": {crate::pv::ANN_PROVISIONED_BY: "d", "pv.kubernetes.io/bound-by-controller": "yes",
+                    crate::pv::ANN_DELETION_SECRET_NAME: "s", crate::pv::ANN_DELETION_SECRET_NAMESPACE: "n"}},
             "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
                 "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
                 "claimRef": {"name": "data"}, "nodeAffinity": {"required": {"nodeSelectorTerms": []}},
@@ -116,6 +352,13 @@ mod tests {
         .unwrap();
         assert_eq!(v.name_any(), "pv");
         assert_eq!(v.finalizers(), ["f"]);
+        assert_eq!(v.metadata.labels, None);
+        assert_eq!(v.metadata.annotations, None);
+        assert_eq!(v.provisioned_by.as_deref(), Some("d"));
+        assert_eq!(
+            v.deletion_secret.as_deref(),
+            Some(&("s".to_owned(), "n".to_owned()))
+        );
         let spec = v.spec.as_ref().unwrap();
         assert_eq!(
             spec.persistent_volume_reclaim_policy.as_deref(),
@@ -128,6 +371,11 @@ mod tests {
             ("d", "h")
         );
         assert_eq!(v.status.unwrap().phase.as_deref(), Some("Bound"));
+        // A deletion secret needs both its name and its namespace.
+        let half: CachedPv = serde_json::from_value(json!({"metadata": {"name": "pv",
+            "annotations": {crate::pv::ANN_DELETION_SECRET_NAME: "s", crate::pv::ANN_DELETION_SECRET_NAMESPACE: ""}}}))
+        .unwrap();
+        assert_eq!((half.deletion_secret, half.provisioned_by), (None, None));
         let full = std::mem::size_of::<k8s_openapi::api::core::v1::PersistentVolume>();
         assert!(std::mem::size_of::<CachedPv>() * 5 < full);
     }
@@ -144,5 +392,58 @@ mod tests {
         assert_eq!(cached.metadata, full.metadata);
         let csi = cached.spec.unwrap().csi.unwrap();
         assert_eq!((csi.driver.as_str(), csi.volume_handle.as_str()), ("", ""));
+    }
+
+    #[test]
+    fn a_cached_claim_reads_back_as_trimmed() {
+        let wire = json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {
+                "name": "data", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+                "creationTimestamp": "2026-11-25T10:00:00Z", "labels": {"app": "x"},
+                "annotations": {LAST_APPLIED: "{...}", "volume.kubernetes.io/selected-node": "n1",
+                    "volume.kubernetes.io/storage-provisioner": "d"},
+                "finalizers": ["kubernetes.io/pvc-protection", decide::LEGACY_FINALIZER],
+                "deletionTimestamp": "2026-11-25T10:01:00Z",
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}],
+            },
+            "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}, "volumeMode": "Filesystem",
+                "dataSourceRef": {"kind": "Snap", "name": "s", "apiGroup": "g"},
+                "someFutureField": {"x": 1}},
+            "status": {"phase": "Pending", "conditions": [{"type": "Resizing", "status": "True"}]},
+        });
+        let cached: CachedClaim = serde_json::from_value(wire.clone()).unwrap();
+        assert_eq!(
+            (
+                cached.metadata.name.as_deref(),
+                cached.metadata.namespace.as_deref()
+            ),
+            (Some("data"), Some("ns"))
+        );
+        assert_eq!(cached.resource_version().as_deref(), Some("7"));
+        let mut want: PersistentVolumeClaim = serde_json::from_value(wire).unwrap();
+        trim_claim(&mut want);
+        let got = cached.claim();
+        assert_eq!(got, want);
+        assert_eq!(got.uid().as_deref(), Some("u"));
+        assert_eq!(got.finalizers(), [decide::LEGACY_FINALIZER]);
+        assert!(got.metadata.deletion_timestamp.is_some());
+        assert_eq!(got.metadata.creation_timestamp, None);
+        assert_eq!(
+            got.annotations().keys().collect::<Vec<_>>(),
+            [
+                "volume.kubernetes.io/selected-node",
+                "volume.kubernetes.io/storage-provisioner"
+            ]
+        );
+        let spec = got.spec.unwrap();
+        assert_eq!(spec.data_source_ref.unwrap().name, "s");
+        assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
+        // The rest is a few hundred bytes of JSON, not kilobytes of typed fields.
+        assert!(cached.rest_len() < 512, "{}", cached.rest_len());
+        assert!(
+            std::mem::size_of::<CachedClaim>() * 2 < std::mem::size_of::<PersistentVolumeClaim>()
+        );
     }
 }

@@ -38,16 +38,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cached::CachedPv;
+use crate::cached::{CachedClaim, CachedPv};
 use crate::classify::{ProvisionError, State};
 use crate::csi::{Capabilities, Driver};
 use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
 use crate::events::{EventType, Recorder};
 use crate::inflight::InFlight;
 use crate::metrics::Metrics;
-use crate::pv::{
-    ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, FINALIZER as PV_FINALIZER,
-};
+use crate::pv::FINALIZER as PV_FINALIZER;
 use crate::queue::WorkQueue;
 use crate::record::{Entry, Journal, RecordError};
 use crate::request::{self, ANN_SELECTED_NODE, RequestOptions};
@@ -61,8 +59,6 @@ const LOAD_BACKOFF: plugreg_runtime::backoff::Backoff =
     plugreg_runtime::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 /// How often CreateVolume's cleanup DeleteVolume is tried within one `--timeout`.
 const CLEANUP_ATTEMPTS: usize = 5;
-/// kubectl's copy of the applied object: large, and read by no decision.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// The reason of the event on a claim whose in-flight volume is deleted again.
 pub const CANCELLED_REASON: &str = "ProvisioningCancelled";
 
@@ -161,7 +157,7 @@ enum ActError {
 struct Requeue;
 
 struct Caches {
-    claims: Store<PersistentVolumeClaim>,
+    claims: Store<CachedClaim>,
     volumes: Store<CachedPv>,
     classes: Store<StorageClass>,
     nodes: Option<Store<Node>>,
@@ -188,7 +184,7 @@ struct Controller {
     cfg: Config,
     clients: Clients,
     caches: Caches,
-    claims: Arc<WorkQueue<ObjectRef<PersistentVolumeClaim>>>,
+    claims: Arc<WorkQueue<ObjectRef<CachedClaim>>>,
     volumes: Arc<WorkQueue<String>>,
     records: Arc<WorkQueue<String>>,
     inflight: Arc<InFlight>,
@@ -202,7 +198,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
     let metrics = Arc::clone(&clients.metrics);
-    let claims_q: Arc<WorkQueue<ObjectRef<PersistentVolumeClaim>>> = WorkQueue::new(
+    let claims_q: Arc<WorkQueue<ObjectRef<CachedClaim>>> = WorkQueue::new(
         "claims",
         cfg.retry_start,
         cfg.retry_max,
@@ -241,11 +237,12 @@ pub async fn run(
         Arc::clone(&records_q),
         Arc::clone(&inflight),
     );
-    let claims = watch::<PersistentVolumeClaim>(
+    // Trimmed as they are decoded (`CachedClaim`'s deserialiser).
+    let claims = watch::<CachedClaim>(
         &client,
         &shutdown,
         &mut ready,
-        trim_claim,
+        |_| {},
         move |c, deleted| {
             if deleted {
                 // A deleted claim's recorded volume is finished by the record's worker.
@@ -262,7 +259,7 @@ pub async fn run(
         &client,
         &shutdown,
         &mut ready,
-        trim_volume,
+        |_| {},
         move |v, deleted| {
             if !deleted {
                 q.add(v.name_any());
@@ -495,55 +492,6 @@ where
     reader
 }
 
-/// A claim as the decisions read it: no labels, no owner references, no kubectl copy, only the
-/// phase of its status. A Bound claim (without a previous version's intent) needs nothing
-/// more than its identity, volume and class: a later change comes as a new object anyway.
-fn trim_claim(c: &mut PersistentVolumeClaim) {
-    let bound = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-        && !decide::has_legacy_intent(c);
-    let m = &mut c.metadata;
-    m.labels = None;
-    m.owner_references = None;
-    if let Some(a) = &mut m.annotations {
-        if bound {
-            a.retain(|k, _| k == request::ANN_BETA_STORAGE_CLASS);
-        } else {
-            a.remove(LAST_APPLIED);
-        }
-        if a.is_empty() {
-            m.annotations = None;
-        }
-    }
-    if bound && let Some(spec) = &mut c.spec {
-        *spec = k8s_openapi::api::core::v1::PersistentVolumeClaimSpec {
-            volume_name: spec.volume_name.take(),
-            storage_class_name: spec.storage_class_name.take(),
-            ..Default::default()
-        };
-    }
-    if let Some(s) = &mut c.status {
-        *s = k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
-            phase: s.phase.take(),
-            ..Default::default()
-        };
-    }
-}
-
-/// A PV as the decisions read it ([`CachedPv`] deserialises only those fields): who
-/// provisioned it and its deletion secret are the only annotations kept.
-fn trim_volume(v: &mut CachedPv) {
-    let m = &mut v.metadata;
-    m.labels = None;
-    m.owner_references = None;
-    if let Some(a) = &mut m.annotations {
-        a.retain(|k, _| {
-            k == pv::ANN_PROVISIONED_BY
-                || k == ANN_DELETION_SECRET_NAME
-                || k == ANN_DELETION_SECRET_NAMESPACE
-        });
-    }
-}
-
 /// A Node as topology reads it: its name and labels.
 fn trim_node(n: &mut Node) {
     n.metadata.annotations = None;
@@ -565,6 +513,11 @@ fn trim_attachment(a: &mut VolumeAttachment) {
     a.metadata.annotations = None;
     a.metadata.labels = None;
     a.status = None;
+}
+
+/// The work queue's key of `claim`.
+fn claim_key(claim: &PersistentVolumeClaim) -> ObjectRef<CachedClaim> {
+    ObjectRef::new(&claim.name_any()).within(&claim.namespace().unwrap_or_default())
 }
 
 fn volume_ref(v: &CachedPv) -> ObjectReference {
@@ -613,12 +566,14 @@ impl Controller {
         self.clients.events.event(obj, t, reason, msg);
     }
 
-    async fn sync_claim(&self, key: &ObjectRef<PersistentVolumeClaim>) -> Result<(), Requeue> {
-        let Some(claim) = self.caches.claims.get(key) else {
+    async fn sync_claim(&self, key: &ObjectRef<CachedClaim>) -> Result<(), Requeue> {
+        let Some(cached) = self.caches.claims.get(key) else {
             // A deleted claim's recorded volume went to the record's worker with the deletion.
             debug!(claim = %key, "claim in work queue no longer exists");
             return Ok(());
         };
+        let claim = cached.claim();
+        drop(cached);
         let now = Instant::now();
         let uid = claim.uid().unwrap_or_default();
         let version = claim.resource_version().unwrap_or_default();
@@ -1133,7 +1088,7 @@ impl Controller {
             );
             self.records.add(volume.to_owned());
         } else {
-            self.claims.add(ObjectRef::from_obj(claim));
+            self.claims.add(claim_key(claim));
         }
         Ok(())
     }
@@ -1149,7 +1104,7 @@ impl Controller {
             return Err(Requeue);
         };
         let key = ObjectRef::new(&v.entry.claim).within(&v.entry.namespace);
-        let claim = self.caches.claims.get(&key);
+        let claim = self.caches.claims.get(&key).map(|c| c.claim());
         let class_cached = claim.as_ref().is_some_and(|c| {
             self.caches
                 .classes
@@ -1158,7 +1113,7 @@ impl Controller {
         });
         let view = decide::RecordView {
             volume: &v,
-            claim: claim.as_deref(),
+            claim: claim.as_ref(),
             class_cached,
             pv_cached: self.caches.volumes.get(&ObjectRef::new(volume)).is_some(),
         };
@@ -1312,14 +1267,8 @@ impl Controller {
             return Err(ActError::InvalidPv);
         };
         self.check_capabilities().map_err(ActError::Capabilities)?;
-        let ann = v.annotations();
         let mut secrets = HashMap::new();
-        if let (Some(n), Some(ns)) = (
-            ann.get(ANN_DELETION_SECRET_NAME),
-            ann.get(ANN_DELETION_SECRET_NAMESPACE),
-        ) && !n.is_empty()
-            && !ns.is_empty()
-        {
+        if let Some((n, ns)) = v.deletion_secret.as_deref() {
             let r = secrets::SecretRef {
                 name: n.clone(),
                 namespace: ns.clone(),
@@ -1375,6 +1324,7 @@ fn remove_key(map: &mut serde_json::Value, key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cached::{LAST_APPLIED, trim_claim};
 
     #[test]
     fn caches_keep_only_what_decisions_read() {
@@ -1395,7 +1345,8 @@ mod tests {
             c.annotations().keys().collect::<Vec<_>>(),
             ["volume.kubernetes.io/selected-node"]
         );
-        assert_eq!(c.finalizers(), ["kubernetes.io/pvc-protection"]);
+        // Only a previous version's finalizer is read.
+        assert!(c.finalizers().is_empty());
         let s = c.status.unwrap();
         assert_eq!(s.phase.as_deref(), Some("Pending"));
         assert_eq!(s.conditions, None);
@@ -1432,16 +1383,6 @@ mod tests {
         trim_claim(&mut l);
         assert!(decide::has_legacy_intent(&l));
         assert!(l.spec.unwrap().access_modes.is_some());
-
-        let mut v: CachedPv = serde_json::from_value(json!({
-            "metadata": {"name": "pv", "labels": {"a": "b"}, "annotations": {
-                pv::ANN_PROVISIONED_BY: "d", ANN_DELETION_SECRET_NAME: "s",
-                ANN_DELETION_SECRET_NAMESPACE: "n", "pv.kubernetes.io/bound-by-controller": "yes"}},
-        }))
-        .unwrap();
-        trim_volume(&mut v);
-        assert_eq!(v.annotations().len(), 3);
-        assert_eq!(v.metadata.labels, None);
 
         let mut n: CSINode = serde_json::from_value(json!({
             "metadata": {"name": "n1"},

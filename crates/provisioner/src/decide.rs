@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use crate::cached::CachedPv;
 use crate::classify::ProvisionError;
 use crate::inflight::{Deleted, Phase, Volume};
-use crate::pv::{ANN_PROVISIONED_BY, FINALIZER as PV_FINALIZER};
+use crate::pv::FINALIZER as PV_FINALIZER;
 use crate::request::{self, DataSource};
 
 /// The annotation of plugreg versions before the Lease record: the claim's volume name while
@@ -281,7 +281,7 @@ pub enum VolumeAction {
 /// The PV's next step.
 pub fn volume(v: &VolumeView<'_>) -> VolumeAction {
     let pv = v.pv;
-    let ours = match pv.annotations().get(ANN_PROVISIONED_BY) {
+    let ours = match pv.provisioned_by.as_deref() {
         Some(p) => p == v.driver,
         None => pv
             .spec
@@ -328,6 +328,7 @@ pub fn volume(v: &VolumeView<'_>) -> VolumeAction {
 mod tests {
     use super::*;
     use crate::classify::State;
+    use crate::pv::ANN_PROVISIONED_BY;
     use crate::record::{Entry, Template};
     use crate::request::tests::{claim_with, class};
     use crate::topology::tests::DRIVER;
@@ -880,17 +881,14 @@ mod tests {
             ("bound with finalizer", pv(finalizer), None, Nothing),
             (
                 "another driver's",
-                pv(|v| {
-                    v.annotations_mut()
-                        .insert(ANN_PROVISIONED_BY.into(), "other".into());
-                }),
+                pv(|v| v.provisioned_by = Some("other".into())),
                 None,
                 Nothing,
             ),
             (
                 "static PV of our driver",
                 pv(|v| {
-                    v.annotations_mut().clear();
+                    v.provisioned_by = None;
                     phase(v, "Released");
                     finalizer(v);
                 }),

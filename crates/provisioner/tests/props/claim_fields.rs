@@ -481,7 +481,38 @@ fn check_pv(u: &mut Unstructured, json: &Value) -> Result<()> {
         let cached = cached.as_ref().unwrap_or_else(|e| {
             panic!("the cached form reads what the full type reads: {e}: {json}")
         });
-        assert_eq!(cached.metadata, full.metadata);
+        // The cached metadata keeps name, UID, resourceVersion, finalizers and
+        // deletionTimestamp; of the annotations, the provisioner's own become fields.
+        let m = &full.metadata;
+        assert_eq!(
+            (
+                &cached.metadata.name,
+                &cached.metadata.uid,
+                &cached.metadata.resource_version,
+                &cached.metadata.finalizers,
+                &cached.metadata.deletion_timestamp
+            ),
+            (
+                &m.name,
+                &m.uid,
+                &m.resource_version,
+                &m.finalizers,
+                &m.deletion_timestamp
+            )
+        );
+        let annotation = |k: &str| m.annotations.as_ref().and_then(|a| a.get(k)).cloned();
+        assert_eq!(
+            cached.provisioned_by.as_deref(),
+            annotation(plugreg_provisioner::pv::ANN_PROVISIONED_BY).as_deref()
+        );
+        let secret = match (
+            annotation(plugreg_provisioner::pv::ANN_DELETION_SECRET_NAME),
+            annotation(plugreg_provisioner::pv::ANN_DELETION_SECRET_NAMESPACE),
+        ) {
+            (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => Some((n, ns)),
+            _ => None,
+        };
+        assert_eq!(cached.deletion_secret.as_deref().cloned(), secret);
         let spec = full.spec.unwrap_or_default();
         let cspec = cached.spec.clone().unwrap_or_default();
         assert_eq!(
