@@ -278,6 +278,26 @@ async fn wait_for_hanging(s: &Setup, driver: &RunningDriver, at_least: usize) {
     }
 }
 
+/// A well-behaved driver registers while every registration of the hanging driver still runs.
+async fn another_driver_registers_while_they_hang(
+    s: &Setup,
+    hang: RunningDriver,
+    hanging: &[Registrar],
+) {
+    let good = driver(&s.csi_sock, DriverConfig::default()).await;
+    let r = register(s);
+    wait(&r, |st| st.is_registered()).await;
+    for h in hanging {
+        assert_eq!(
+            h.status().borrow().notifications(),
+            0,
+            "a hanging registration ended"
+        );
+    }
+    good.stop().await.unwrap();
+    hang.stop().await.unwrap();
+}
+
 /// Issue 17, finding 8: a driver whose NodeGetInfo hangs on many sockets fills every shared
 /// operation slot (4 here, 64 by default), each for up to its NodeGetInfo limit (10 min here, 2
 /// min by default). Another driver still registers at once, while those calls still hang.
@@ -290,18 +310,7 @@ async fn a_driver_hanging_on_many_sockets_does_not_delay_another() {
     let (hang, hanging) = hanging_driver(&s, 16).await;
     // Every shared slot is taken by a registration of the hanging driver.
     wait_for_hanging(&s, &hang, 4).await;
-    let good = driver(&s.csi_sock, DriverConfig::default()).await;
-    let r = register(&s);
-    wait(&r, |st| st.is_registered()).await;
-    for h in &hanging {
-        assert_eq!(
-            h.status().borrow().notifications(),
-            0,
-            "a hanging registration ended"
-        );
-    }
-    good.stop().await.unwrap();
-    hang.stop().await.unwrap();
+    another_driver_registers_while_they_hang(&s, hang, &hanging).await;
 }
 
 /// Issue 17, finding 8: a registration whose plugin already has another operation running
@@ -318,18 +327,7 @@ async fn siblings_of_a_running_registration_leave_the_shared_slots_at_once() {
     let (hang, hanging) = hanging_driver(&s, 16).await;
     // More of the hanging driver's registrations run than there are shared slots.
     wait_for_hanging(&s, &hang, 8).await;
-    let good = driver(&s.csi_sock, DriverConfig::default()).await;
-    let r = register(&s);
-    wait(&r, |st| st.is_registered()).await;
-    for h in &hanging {
-        assert_eq!(
-            h.status().borrow().notifications(),
-            0,
-            "a hanging registration ended"
-        );
-    }
-    good.stop().await.unwrap();
-    hang.stop().await.unwrap();
+    another_driver_registers_while_they_hang(&s, hang, &hanging).await;
 }
 
 /// Issue 17, finding 8: when the slow lane is full, the plugin holding the most slow
