@@ -597,9 +597,15 @@ async fn the_recorded_name_wins_over_a_changed_prefix_v1_36_2() {
 
 /// An upgrade from a plugreg that wrote its intent on the claim (annotation and finalizer
 /// `volume.plugreg.io/provisioning`): a live claim is finished under the intent's name and
-/// released; a deleted claim whose StorageClass is gone and whose provisioner annotation
-/// names another driver is released too (it used to hang forever, and with it its namespace),
-/// its volume finished with the recorded name and deleted, and an event says so.
+/// released. Two deleted claims are released too (they used to hang forever, and with them
+/// their namespace), each volume finished with the recorded name and deleted, and an event
+/// says so: one whose StorageClass is gone (the annotation still names the driver), one whose
+/// provisioner annotation was changed to another name (the class still names the driver).
+///
+/// Every other test's provisioner watches these claims too and must leave them alone: the
+/// intent's key is the same for every plugreg driver, and a provisioner that took another
+/// driver's intent sent its CreateVolume to the wrong driver (seen in CI as a stray
+/// CreateVolume in a concurrent test).
 async fn old_intents(version: KubeVersion) {
     let env = Env::new(version, |_| {}).await;
     let class = env.class("", json!({"reclaimPolicy": "Delete"})).await;
@@ -612,11 +618,20 @@ async fn old_intents(version: KubeVersion) {
     };
     let live_name = format!("legacy-{}-live", env.ns);
     let gone_name = format!("legacy-{}-gone", env.ns);
+    let moved_name = format!("legacy-{}-moved", env.ns);
     env.claim("live", &class, "1Mi", intent(&live_name)).await;
     env.claim("gone", &doomed_class, "1Mi", intent(&gone_name))
         .await;
+    env.claim("moved", &class, "1Mi", intent(&moved_name)).await;
+    // What KCM writes on a claim of an external provisioner's class, set here so that the
+    // class's deletion cannot win the race against it.
     env.patch_claim(
         "gone",
+        json!({"metadata": {"annotations": {"volume.kubernetes.io/storage-provisioner": env.name}}}),
+    )
+    .await;
+    env.patch_claim(
+        "moved",
         json!({"metadata": {"annotations": {"volume.kubernetes.io/storage-provisioner": "someone-else"}}}),
     )
     .await;
@@ -626,10 +641,10 @@ async fn old_intents(version: KubeVersion) {
         .delete(&doomed_class, &DeleteParams::default())
         .await
         .unwrap();
-    env.api::<PersistentVolumeClaim>()
-        .delete("gone", &DeleteParams::default())
-        .await
-        .unwrap();
+    let api = env.api::<PersistentVolumeClaim>();
+    for name in ["gone", "moved"] {
+        api.delete(name, &DeleteParams::default()).await.unwrap();
+    }
     let _p = env.provisioner(&[]);
 
     let live = env.wait_bound("live").await;
@@ -642,27 +657,33 @@ async fn old_intents(version: KubeVersion) {
     })
     .await;
 
-    let api = env.api::<PersistentVolumeClaim>();
-    poll("deleted claim released", || async {
-        matches!(api.get_opt("gone").await, Ok(None)).then_some(())
+    // The test driver's ids are not the names: two DeleteVolumes for the two intents.
+    poll("DeleteVolume of both old intents' volumes", || async {
+        (env.calls.delete_requests().len() >= 2).then_some(())
     })
     .await;
-    poll("DeleteVolume of the old intent's volume", || async {
-        (!env.calls.delete_requests().is_empty()).then_some(())
-    })
-    .await;
-    assert!(
-        env.calls
-            .create_requests()
-            .iter()
-            .any(|r| r.name == gone_name)
-    );
-    let msg = env
-        .wait_event(&env.ns, "gone", "ProvisioningCancelled")
+    for (claim, volume) in [("gone", &gone_name), ("moved", &moved_name)] {
+        poll("deleted claim released", || async {
+            matches!(api.get_opt(claim).await, Ok(None)).then_some(())
+        })
         .await;
-    assert!(msg.contains(&gone_name), "{msg}");
+        assert!(
+            env.calls
+                .create_requests()
+                .iter()
+                .any(|r| &r.name == volume)
+        );
+        let msg = env
+            .wait_event(&env.ns, claim, "ProvisioningCancelled")
+            .await;
+        assert!(msg.contains(volume.as_str()), "{msg}");
+        assert!(env.volumes().get_opt(volume).await.unwrap().is_none());
+    }
+    // Only this test's intents reached this test's driver.
+    for r in env.calls.create_requests() {
+        assert!(r.name.contains(&env.ns), "{}", r.name);
+    }
     env.wait_record_empty().await;
-    assert!(env.volumes().get_opt(&gone_name).await.unwrap().is_none());
 }
 
 #[tokio::test]

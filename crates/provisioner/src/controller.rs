@@ -583,10 +583,30 @@ impl Controller {
         let opts = &self.cfg.request;
         let name =
             request::volume_name(&opts.volume_name_prefix, opts.volume_name_uuid_length, &uid);
+        // Only a previous version's intent on a claim neither the annotation nor the class
+        // gives to this driver needs the scan of the classes.
+        let named_has_class = decide::has_legacy_intent(&claim) && class.is_none() && {
+            let named = request::storage_provisioner(&claim);
+            named.is_some_and(|n| {
+                n != self.cfg.driver
+                    && self
+                        .caches
+                        .classes
+                        .state()
+                        .iter()
+                        .any(|c| c.provisioner == n)
+            })
+        };
+        let legacy_ours =
+            decide::legacy_intent_of(&claim, class.as_deref(), &self.cfg.driver, named_has_class);
         let volume = record
             .as_ref()
             .map(|r| r.entry.volume.clone())
-            .or_else(|| decide::legacy_volume(&claim).map(str::to_owned))
+            .or_else(|| {
+                legacy_ours
+                    .then(|| decide::legacy_volume(&claim).map(str::to_owned))
+                    .flatten()
+            })
             .or_else(|| name.clone().ok());
         let pv_cached = volume
             .as_ref()
@@ -604,6 +624,7 @@ impl Controller {
             pv_cached,
             infeasible,
             stale: self.inflight.stale(&uid, &version, now),
+            named_has_class,
         };
         let action = decide::claim(&view);
         debug!(claim = %key, ?action, "claim synced");

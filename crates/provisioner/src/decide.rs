@@ -25,10 +25,43 @@ pub const LEGACY_INTENT: &str = "volume.plugreg.io/provisioning";
 /// The finalizer that went with [`LEGACY_INTENT`].
 pub const LEGACY_FINALIZER: &str = "volume.plugreg.io/provisioning";
 
-/// Whether the claim still carries an intent of a previous plugreg version.
+/// Whether the claim still carries an intent of a previous plugreg version (of any driver:
+/// the key is the same for every plugreg provisioner; see [`legacy_intent_of`]).
 pub fn has_legacy_intent(c: &PersistentVolumeClaim) -> bool {
     c.annotations().contains_key(LEGACY_INTENT)
         || c.finalizers().iter().any(|f| f == LEGACY_FINALIZER)
+}
+
+/// Whether the claim carries an intent that a previous version of *this* driver's provisioner
+/// wrote. Every plugreg provisioner used the same annotation, so the key alone does not say
+/// whose it is. An intent was only written on a claim whose storage-provisioner annotation and
+/// StorageClass both named the driver, so:
+/// - the annotation names this driver: ours;
+/// - else the claim's class (cached) decides: ours when its provisioner is this driver (the
+///   annotation was changed since);
+/// - else, with the class gone too, the intent is an orphan only if no cached StorageClass
+///   belongs to the provisioner the annotation names (`named_has_class`): then nobody else will
+///   take it, and this provisioner finishes it rather than let the claim hang. Otherwise it is
+///   that provisioner's.
+///
+/// Adopting another driver's intent would send CreateVolume and DeleteVolume to the wrong
+/// driver and release the finalizer before the right one recorded its volume.
+pub fn legacy_intent_of(
+    c: &PersistentVolumeClaim,
+    class: Option<&StorageClass>,
+    driver: &str,
+    named_has_class: bool,
+) -> bool {
+    if !has_legacy_intent(c) {
+        return false;
+    }
+    if request::storage_provisioner(c) == Some(driver) {
+        return true;
+    }
+    match class {
+        Some(class) => class.provisioner == driver,
+        None => !named_has_class,
+    }
 }
 
 /// The volume name of a previous version's intent.
@@ -58,6 +91,9 @@ pub struct ClaimView<'a> {
     pub infeasible: bool,
     /// Whether the cached claim predates this process's reschedule of it.
     pub stale: bool,
+    /// Whether a cached StorageClass belongs to the provisioner the claim's annotation names
+    /// (read for a previous version's intent only: see [`legacy_intent_of`]).
+    pub named_has_class: bool,
 }
 
 /// What the claim's worker does.
@@ -96,7 +132,7 @@ pub fn claim(v: &ClaimView<'_>) -> ClaimAction {
         return ClaimAction::WaitForCache;
     }
     let deleting = c.metadata.deletion_timestamp.is_some();
-    let legacy = has_legacy_intent(c);
+    let legacy = legacy_intent_of(c, v.class, v.driver, v.named_has_class);
     let bound_to = c
         .spec
         .as_ref()
@@ -389,6 +425,19 @@ mod tests {
         });
     }
 
+    /// The claim's storage-provisioner annotation names another driver.
+    fn other(c: &mut PersistentVolumeClaim) {
+        c.annotations_mut()
+            .insert(request::ANN_STORAGE_PROVISIONER.into(), "other".into());
+    }
+
+    fn other_class() -> StorageClass {
+        StorageClass {
+            provisioner: "other".into(),
+            ..class()
+        }
+    }
+
     fn legacy(c: &mut PersistentVolumeClaim, v: &str) {
         c.annotations_mut().insert(LEGACY_INTENT.into(), v.into());
         c.finalizers_mut().push(LEGACY_FINALIZER.into());
@@ -403,6 +452,7 @@ mod tests {
         pv_cached: bool,
         infeasible: bool,
         stale: bool,
+        named_has_class: bool,
         want: ClaimAction,
     }
 
@@ -417,8 +467,13 @@ mod tests {
                 pv_cached: false,
                 infeasible: false,
                 stale: false,
+                named_has_class: false,
                 want,
             }
+        }
+        fn named_has_class(mut self) -> Self {
+            self.named_has_class = true;
+            self
         }
         fn record(mut self, v: Volume) -> Self {
             self.record = Some(v);
@@ -622,14 +677,65 @@ mod tests {
             )
             .no_class(),
             Case::new(
-                "an intent of another provisioner's claim is still ours",
+                "an intent whose annotation changed is still ours by its class",
                 pvc(|c| {
                     legacy(c, "old-1");
-                    c.annotations_mut()
-                        .insert(request::ANN_STORAGE_PROVISIONER.into(), "other".into());
+                    other(c);
                 }),
                 ClaimAction::AdoptLegacy("old-1".into()),
             ),
+            Case::new(
+                "an intent on another driver's claim is that driver's",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    other(c);
+                }),
+                ClaimAction::Nothing,
+            )
+            .class(other_class()),
+            Case::new(
+                "an intent on another driver's deleted claim is that driver's",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    other(c);
+                    deleting(c);
+                }),
+                ClaimAction::Nothing,
+            )
+            .class(other_class()),
+            Case::new(
+                "an intent on another driver's bound claim is that driver's to release",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    other(c);
+                    c.spec.get_or_insert_with(Default::default).volume_name =
+                        Some("old-1".into());
+                    c.status.get_or_insert_with(Default::default).phase = Some("Bound".into());
+                }),
+                ClaimAction::Nothing,
+            )
+            .class(other_class()),
+            Case::new(
+                "an intent without its class, named for a provisioner with classes, is its",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    other(c);
+                    deleting(c);
+                }),
+                ClaimAction::Nothing,
+            )
+            .no_class()
+            .named_has_class(),
+            Case::new(
+                "an orphaned intent (annotation changed, class gone) is finished here",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    other(c);
+                    deleting(c);
+                }),
+                ClaimAction::AdoptLegacy("old-1".into()),
+            )
+            .no_class(),
             Case::new(
                 "an intent whose PV exists waits for Bound",
                 pvc(|c| legacy(c, "old-1")),
@@ -669,6 +775,7 @@ mod tests {
                 pv_cached: case.pv_cached,
                 infeasible: case.infeasible,
                 stale: case.stale,
+                named_has_class: case.named_has_class,
             };
             assert_eq!(super::claim(&view), case.want, "{}", case.what);
         }
@@ -696,6 +803,7 @@ mod tests {
             pv_cached: false,
             infeasible: false,
             stale: false,
+            named_has_class: false,
         };
         assert_eq!(super::claim(&view), ClaimAction::Nothing);
         let _ = State::Final;
