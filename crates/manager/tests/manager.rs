@@ -749,3 +749,52 @@ async fn health_reports_a_stopped_watcher() {
     let why = h.manager.health().unwrap_err();
     assert!(why.contains("plugin watcher stopped"), "{why}");
 }
+
+#[tokio::test]
+async fn a_plugin_created_after_a_burst_does_not_wait_for_the_whole_burst() {
+    // Issue 17 finding 8: a driver with many sockets queues them all at once; a plugin created
+    // just after must not wait for every one of them. One slot and 20 ms per registration make
+    // the queue visible: in order, the late plugin would come after all 60.
+    const BURST: usize = 60;
+    let h = Harness::start_with(|c| c.max_concurrent_operations = 1).await;
+    *h.recorder.validate_delay.lock().unwrap() = Duration::from_millis(20);
+    let mut events = h.manager.subscribe();
+    let mut burst = Vec::new();
+    for i in 0..BURST {
+        burst.push(
+            Plugin::device(
+                &h.root.join(format!("burst-{i}.sock")),
+                &format!("example.com/burst{i}"),
+            )
+            .await,
+        );
+    }
+    let registered_before = h
+        .manager
+        .snapshot()
+        .iter()
+        .filter(|r| r.state == PluginState::Registered)
+        .count();
+    assert!(
+        registered_before < BURST / 2,
+        "the burst was not queued: {registered_before} of {BURST} registered before the late plugin"
+    );
+    let late_sock = h.root.join("late.sock");
+    let late = Plugin::device(&late_sock, "example.com/late").await;
+    late.wait_registered().await;
+    // Burst registrations that came before the late plugin's, and of those, the ones that
+    // came after it was created.
+    let mut burst_before_late: usize = 0;
+    loop {
+        match events.recv().await.unwrap() {
+            ManagerEvent::Registered { socket, .. } if socket == late_sock => break,
+            ManagerEvent::Registered { .. } => burst_before_late += 1,
+            _ => {}
+        }
+    }
+    let burst_after = burst_before_late.saturating_sub(registered_before);
+    assert!(
+        burst_after <= 4,
+        "the late plugin waited for {burst_after} registrations of the burst queued before it"
+    );
+}
