@@ -154,6 +154,16 @@ enum Hidden {
     /// Ordinary plugins registering while a CSI driver whose NodeGetInfo hangs is registered
     /// through many sockets.
     Hol(hol::HolArgs),
+    /// The hanging CSI driver of `hol`, with its registration sockets.
+    #[command(hide = true)]
+    HangDriver {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        work: PathBuf,
+        #[arg(long)]
+        sockets: usize,
+    },
     /// Run the plugin manager library with an accept-all BenchPlugin handler.
     #[command(hide = true)]
     Manager {
@@ -177,6 +187,7 @@ fn main() -> anyhow::Result<()> {
         Some(Hidden::Soak(args)) => soak::main(args),
         Some(Hidden::Http(args)) => crowd::main(args),
         Some(Hidden::Hol(args)) => hol::main(args),
+        Some(Hidden::HangDriver { dir, work, sockets }) => hol::hang_driver(&dir, &work, sockets),
         Some(Hidden::Manager {
             registry_dir,
             max_concurrent_operations,

@@ -192,6 +192,10 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
         .await
         .context("cannot start the plugin manager")?;
     let classic = devices.start_classic(&args.device, &token)?;
+    // RSS follows the live heap, not the highest peak of work so far (issue 17, finding 12).
+    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(
+        std::time::Duration::from_secs(10),
+    ));
 
     let http = match args.http_endpoint {
         Some(addr) => {
@@ -228,6 +232,7 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
         }
     }
     token.cancel();
+    trim.abort();
     // Bounded drain: the reconciler abandons operations in flight; plugin sockets stay.
     devices.stop();
     let drain = async {

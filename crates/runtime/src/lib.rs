@@ -5,13 +5,15 @@
 //! * [`signal`]: SIGTERM / SIGINT (and SIGHUP for daemons) as one awaitable stream;
 //! * [`prom`]: the Prometheus text format of every `/metrics` endpoint (label escaping, Go's
 //!   number format, a fixed-bucket histogram);
-//! * [`report`]: an error and its causes as one line, gRPC statuses worded as grpc-go words them.
+//! * [`report`]: an error and its causes as one line, gRPC statuses worded as grpc-go words them;
+//! * [`memory`]: freed heap pages given back to the kernel, for daemons.
 //!
-//! It depends on tokio and tonic only, so the registrar side can use it without pulling in
-//! inotify or kube.
+//! It depends on tokio, tonic and libc only, so the registrar side can use it without pulling
+//! in inotify or kube.
 
 pub mod accept;
 pub mod backoff;
+pub mod memory;
 pub mod prom;
 pub mod report;
 pub mod signal;
