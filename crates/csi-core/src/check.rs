@@ -41,12 +41,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plugreg_proto::csi::v1::{
-    CapacityRange, ControllerGetCapabilitiesRequest, ControllerPublishVolumeRequest,
-    ControllerUnpublishVolumeRequest, CreateVolumeRequest, DeleteVolumeRequest,
-    GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeExpandVolumeRequest,
-    NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodeGetVolumeStatsRequest,
+    CapacityRange, ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest,
+    CreateVolumeRequest, DeleteVolumeRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
-    NodeUnstageVolumeRequest, ProbeRequest, VolumeCapability, controller_service_capability,
+    NodeUnstageVolumeRequest, VolumeCapability, controller_service_capability,
     node_service_capability, plugin_capability, volume_usage,
 };
 use serde::Serialize;
@@ -381,13 +379,7 @@ impl Checker<'_> {
 
     async fn identity(&mut self, report: &mut Report) {
         let c = &self.conn;
-        let id = c.identity();
-        let r = c
-            .call("Probe", &ProbeRequest {}, |r| {
-                let mut id = id.clone();
-                async move { id.probe(r).await }
-            })
-            .await;
+        let r = c.probe().await;
         if let Some(p) = report.expect_ok("Probe", r)
             && p.ready == Some(false)
         {
@@ -395,12 +387,7 @@ impl Checker<'_> {
             last.outcome = Outcome::Fail;
             last.detail = "ready is false: the driver is still starting".into();
         }
-        let r = c
-            .call("GetPluginInfo", &GetPluginInfoRequest {}, |r| {
-                let mut id = id.clone();
-                async move { id.get_plugin_info(r).await }
-            })
-            .await;
+        let r = c.get_plugin_info().await;
         if let Some(info) = report.expect_ok("GetPluginInfo", r) {
             let last = report.steps.last_mut().expect("just pushed");
             if let Err(e) = crate::name::check_driver_name(&info.name) {
@@ -414,16 +401,7 @@ impl Checker<'_> {
                 report.driver = Some(info.name);
             }
         }
-        let r = c
-            .call(
-                "GetPluginCapabilities",
-                &GetPluginCapabilitiesRequest {},
-                |r| {
-                    let mut id = id.clone();
-                    async move { id.get_plugin_capabilities(r).await }
-                },
-            )
-            .await;
+        let r = c.get_plugin_capabilities().await;
         if let Some(caps) = report.expect_ok("GetPluginCapabilities", r) {
             let controller = caps.capabilities.iter().any(|c| {
                 matches!(&c.r#type, Some(plugin_capability::Type::Service(s))
@@ -437,13 +415,7 @@ impl Checker<'_> {
 
     async fn node_info(&mut self, report: &mut Report) {
         let c = &self.conn;
-        let node = c.node();
-        let r = c
-            .call("NodeGetCapabilities", &NodeGetCapabilitiesRequest {}, |r| {
-                let mut n = node.clone();
-                async move { n.node_get_capabilities(r).await }
-            })
-            .await;
+        let r = c.node_get_capabilities().await;
         if let Some(caps) = report.expect_ok("NodeGetCapabilities", r) {
             self.node_caps = caps
                 .capabilities
@@ -464,12 +436,7 @@ impl Checker<'_> {
                 .collect();
             report.steps.last_mut().expect("just pushed").detail = names.join(", ");
         }
-        let r = c
-            .call("NodeGetInfo", &NodeGetInfoRequest {}, |r| {
-                let mut n = node.clone();
-                async move { n.node_get_info(r).await }
-            })
-            .await;
+        let r = c.node_get_info().await;
         if let Some(info) = report.expect_ok("NodeGetInfo", r) {
             let last = report.steps.last_mut().expect("just pushed");
             if info.node_id.is_empty() || info.node_id.len() > 256 {
@@ -506,17 +473,7 @@ impl Checker<'_> {
             );
             return;
         };
-        let ctl = c.controller();
-        let r = c
-            .call(
-                "ControllerGetCapabilities",
-                &ControllerGetCapabilitiesRequest {},
-                |r| {
-                    let mut ctl = ctl.clone();
-                    async move { ctl.controller_get_capabilities(r).await }
-                },
-            )
-            .await;
+        let r = c.controller_get_capabilities().await;
         if let Some(caps) = report.expect_ok("ControllerGetCapabilities", r) {
             use controller_service_capability::rpc::Type;
             let has = |t: Type| {
@@ -578,13 +535,7 @@ impl Checker<'_> {
             volume_capabilities: vec![rwo_capability(self.controller_multi_writer)],
             ..Default::default()
         };
-        let ctl = c.controller();
-        let call = || {
-            c.call("CreateVolume", &msg, |r| {
-                let mut ctl = ctl.clone();
-                async move { ctl.create_volume(r).await }
-            })
-        };
+        let call = || c.create_volume(&msg);
         let first = report.expect_ok("CreateVolume", call().await)?;
         let Some(vol) = first.volume.filter(|v| !v.volume_id.is_empty()) else {
             let last = report.steps.last_mut().expect("just pushed");
@@ -1264,18 +1215,12 @@ impl Checker<'_> {
 
     async fn delete(&mut self, report: &mut Report, volume_id: &str) {
         let Some(c) = &self.controller else { return };
-        let ctl = c.controller();
         let msg = DeleteVolumeRequest {
             volume_id: volume_id.to_owned(),
             ..Default::default()
         };
         for step in ["DeleteVolume", "DeleteVolume repeated"] {
-            let r = c
-                .call("DeleteVolume", &msg, |r| {
-                    let mut ctl = ctl.clone();
-                    async move { ctl.delete_volume(r).await }
-                })
-                .await;
+            let r = c.delete_volume(&msg).await;
             report.expect_ok(step, r);
         }
     }

@@ -1,6 +1,8 @@
-//! One connection to a CSI driver and the calls on it: each call bounded by a timeout (the
-//! kubelet's 2 minutes for node calls by default), retried on transient failures under a
-//! [`Retry`] policy, its failure kept as a typed [`CallError`] with the gRPC status.
+//! The one client of a CSI driver, for every plugreg program that calls one (the kubelet-side
+//! handler, the node client, `plugreg csi`, the driver check, the provisioner): a connection
+//! with each call bounded by a timeout (the kubelet's 2 minutes for node calls by default),
+//! retried on transient failures under a [`Retry`] policy, its failure kept as a typed
+//! [`CallError`] with the gRPC status.
 //!
 //! Retrying relies on the driver's idempotency, which the CSI spec requires of every stage,
 //! publish, unpublish, unstage, expand, CreateVolume and DeleteVolume call: a repeat of a call
@@ -12,8 +14,14 @@ use std::time::Duration;
 use plugreg_proto::csi::v1::controller_client::ControllerClient;
 use plugreg_proto::csi::v1::identity_client::IdentityClient;
 use plugreg_proto::csi::v1::node_client::NodeClient as NodeStub;
+use plugreg_proto::csi::v1::{
+    ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse, CreateVolumeRequest,
+    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, GetPluginCapabilitiesRequest,
+    GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse,
+    NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
+    NodeGetInfoResponse, ProbeRequest, ProbeResponse,
+};
 use plugreg_runtime::backoff::Backoff;
-use plugreg_transport::MAX_MESSAGE_SIZE;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -32,8 +40,9 @@ pub enum CallError {
         #[source]
         source: plugreg_transport::Error,
     },
-    /// The driver did not answer in time (on the last attempt).
-    #[error("{method} did not answer within {}", humantime_like(*.timeout))]
+    /// The driver did not answer in time (on the last attempt): the deadline passed on this
+    /// side (a DEADLINE_EXCEEDED the driver answered before it is [`CallError::Rpc`]).
+    #[error("{method} did not answer within {}", humantime::format_duration(*.timeout))]
     Timeout {
         /// The RPC, e.g. `NodeStageVolume`.
         method: &'static str,
@@ -64,10 +73,6 @@ pub enum CallError {
     },
 }
 
-fn humantime_like(d: Duration) -> String {
-    format!("{d:?}")
-}
-
 impl CallError {
     /// The gRPC status the driver answered with, if it answered.
     pub fn status(&self) -> Option<&tonic::Status> {
@@ -87,7 +92,25 @@ impl CallError {
             CallError::NotSupported { .. } => None,
         }
     }
+
+    /// The failure as the gRPC status grpc-go's client reports for it: the driver's status;
+    /// DEADLINE_EXCEEDED with Go's context text for a timeout; UNAVAILABLE for a failed dial;
+    /// FAILED_PRECONDITION for a call not made. The status keeps its source, so a failure of
+    /// the transport stays recognisable (see `tonic::Status::source`).
+    pub fn to_status(&self) -> tonic::Status {
+        match self {
+            CallError::Rpc { status, .. } => status.clone(),
+            CallError::Timeout { .. } => tonic::Status::deadline_exceeded(DEADLINE_TEXT),
+            CallError::Dial { source, .. } => {
+                tonic::Status::unavailable(plugreg_runtime::report::chain(source))
+            }
+            CallError::NotSupported { .. } => tonic::Status::failed_precondition(self.to_string()),
+        }
+    }
 }
+
+/// What Go's context says when a deadline passes, the text of a timed-out call's status.
+pub const DEADLINE_TEXT: &str = "context deadline exceeded";
 
 /// Which failures are retried, how often, and how long to wait in between.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -151,7 +174,19 @@ impl Connection {
                 endpoint: endpoint.to_owned(),
                 source,
             })?;
-        Ok(Self {
+        Ok(Self::from_channel(channel, endpoint, call_timeout, retry))
+    }
+
+    /// Calls over a channel already dialed to `endpoint` (e.g. by
+    /// [`plugreg_transport::connect_watched`], for a caller that watches the connection), each
+    /// within `call_timeout` and retried under `retry`.
+    pub fn from_channel(
+        channel: Channel,
+        endpoint: &str,
+        call_timeout: Duration,
+        retry: Retry,
+    ) -> Self {
+        Self {
             channel,
             endpoint: endpoint.to_owned(),
             timeout: call_timeout,
@@ -159,7 +194,7 @@ impl Connection {
                 attempts: retry.attempts.max(1),
                 ..retry
             },
-        })
+        }
     }
 
     /// The endpoint dialed.
@@ -193,23 +228,115 @@ impl Connection {
 
     /// The Identity service stub.
     pub fn identity(&self) -> IdentityClient<Channel> {
-        IdentityClient::new(self.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+        plugreg_transport::client!(IdentityClient, self.channel.clone())
     }
 
     /// The Node service stub.
     pub fn node(&self) -> NodeStub<Channel> {
-        NodeStub::new(self.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+        plugreg_transport::client!(NodeStub, self.channel.clone())
     }
 
     /// The Controller service stub.
     pub fn controller(&self) -> ControllerClient<Channel> {
-        ControllerClient::new(self.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+        plugreg_transport::client!(ControllerClient, self.channel.clone())
+    }
+
+    /// `Identity/Probe`.
+    pub async fn probe(&self) -> Result<ProbeResponse, CallError> {
+        let id = self.identity();
+        self.call("Probe", &ProbeRequest {}, |r| {
+            let mut id = id.clone();
+            async move { id.probe(r).await }
+        })
+        .await
+    }
+
+    /// `Identity/GetPluginInfo`.
+    pub async fn get_plugin_info(&self) -> Result<GetPluginInfoResponse, CallError> {
+        let id = self.identity();
+        self.call("GetPluginInfo", &GetPluginInfoRequest {}, |r| {
+            let mut id = id.clone();
+            async move { id.get_plugin_info(r).await }
+        })
+        .await
+    }
+
+    /// `Identity/GetPluginCapabilities`.
+    pub async fn get_plugin_capabilities(
+        &self,
+    ) -> Result<GetPluginCapabilitiesResponse, CallError> {
+        let id = self.identity();
+        self.call(
+            "GetPluginCapabilities",
+            &GetPluginCapabilitiesRequest {},
+            |r| {
+                let mut id = id.clone();
+                async move { id.get_plugin_capabilities(r).await }
+            },
+        )
+        .await
+    }
+
+    /// `Node/NodeGetInfo`.
+    pub async fn node_get_info(&self) -> Result<NodeGetInfoResponse, CallError> {
+        let node = self.node();
+        self.call("NodeGetInfo", &NodeGetInfoRequest {}, |r| {
+            let mut n = node.clone();
+            async move { n.node_get_info(r).await }
+        })
+        .await
+    }
+
+    /// `Node/NodeGetCapabilities`.
+    pub async fn node_get_capabilities(&self) -> Result<NodeGetCapabilitiesResponse, CallError> {
+        let node = self.node();
+        self.call("NodeGetCapabilities", &NodeGetCapabilitiesRequest {}, |r| {
+            let mut n = node.clone();
+            async move { n.node_get_capabilities(r).await }
+        })
+        .await
+    }
+
+    /// `Controller/ControllerGetCapabilities`.
+    pub async fn controller_get_capabilities(
+        &self,
+    ) -> Result<ControllerGetCapabilitiesResponse, CallError> {
+        let ctl = self.controller();
+        self.call(
+            "ControllerGetCapabilities",
+            &ControllerGetCapabilitiesRequest {},
+            |r| {
+                let mut c = ctl.clone();
+                async move { c.controller_get_capabilities(r).await }
+            },
+        )
+        .await
+    }
+
+    /// `Controller/CreateVolume`.
+    pub async fn create_volume(
+        &self,
+        msg: &CreateVolumeRequest,
+    ) -> Result<CreateVolumeResponse, CallError> {
+        let ctl = self.controller();
+        self.call("CreateVolume", msg, |r| {
+            let mut c = ctl.clone();
+            async move { c.create_volume(r).await }
+        })
+        .await
+    }
+
+    /// `Controller/DeleteVolume`.
+    pub async fn delete_volume(
+        &self,
+        msg: &DeleteVolumeRequest,
+    ) -> Result<DeleteVolumeResponse, CallError> {
+        let ctl = self.controller();
+        self.call("DeleteVolume", msg, |r| {
+            let mut c = ctl.clone();
+            async move { c.delete_volume(r).await }
+        })
+        .await
     }
 
     /// Makes the call `make(request)` under the timeout and the retry policy. `msg` is cloned
@@ -262,12 +389,13 @@ impl Connection {
     }
 }
 
-/// Whether `status` says the call's deadline passed: the driver's DEADLINE_EXCEEDED, or tonic's
-/// own enforcement of the `grpc-timeout` we set. tonic reports the latter as CANCELLED
-/// ("Timeout expired") without a source, racing our timer for the same deadline, so a
-/// CANCELLED once the deadline is `over` counts as the timeout too.
+/// Whether `status` says the call's deadline passed on this side: tonic's own enforcement of
+/// the `grpc-timeout` we set, or a DEADLINE_EXCEEDED or CANCELLED once the deadline is `over`.
+/// tonic reports its enforcement as CANCELLED ("Timeout expired"), sometimes without a source,
+/// racing our timer for the same deadline. A DEADLINE_EXCEEDED the driver answers before the
+/// deadline is the driver's answer, kept with its own text.
 pub fn deadline_passed(status: &tonic::Status, over: bool) -> bool {
-    if status.code() == Code::DeadlineExceeded || (over && status.code() == Code::Cancelled) {
+    if over && matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled) {
         return true;
     }
     let mut source = std::error::Error::source(status);

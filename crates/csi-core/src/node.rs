@@ -15,10 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plugreg_proto::csi::v1::{
-    CapacityRange, NodeExpandVolumeRequest, NodeGetCapabilitiesRequest, NodeGetVolumeStatsRequest,
-    NodeGetVolumeStatsResponse, NodePublishVolumeRequest, NodeStageVolumeRequest,
-    NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
-    node_service_capability, volume_capability,
+    CapacityRange, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
+    NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
+    NodeUnstageVolumeRequest, VolumeCapability, node_service_capability, volume_capability,
 };
 
 use crate::client::{CallError, Connection, NODE_TIMEOUT, Retry};
@@ -223,13 +222,7 @@ impl NodeClient {
 
     /// A client on an existing connection (asks NodeGetCapabilities).
     pub async fn from_connection(conn: Connection) -> Result<Self, NodeError> {
-        let node = conn.node();
-        let r = conn
-            .call("NodeGetCapabilities", &NodeGetCapabilitiesRequest {}, |r| {
-                let mut n = node.clone();
-                async move { n.node_get_capabilities(r).await }
-            })
-            .await?;
+        let r = conn.node_get_capabilities().await?;
         let listed = r
             .capabilities
             .iter()

@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use plugreg_handler_api::{HandlerError, PluginHandler, async_trait};
 
-use crate::client::{self, CallError};
+use plugreg_csi_core::client::{CallError, Connection, Retry};
+use plugreg_proto::csi::v1::NodeGetInfoResponse;
+
 use crate::names::{self, NameError};
 use crate::nodeinfo::DriverNodeInfo;
 use crate::report::{self, Reported};
@@ -216,7 +218,7 @@ impl CsiHandler {
         versions: &[String],
     ) -> Result<(), CsiError> {
         let highest = self.check("RegisterPlugin", name, endpoint, versions)?;
-        let reply = client::node_get_info(endpoint, self.node_get_info_timeout)
+        let reply = node_get_info(endpoint, self.node_get_info_timeout)
             .await
             .map_err(|source| CsiError::NodeGetInfo {
                 name: name.to_owned(),
@@ -356,6 +358,27 @@ impl PluginHandler for CsiHandler {
         self.deregister_locked(name, endpoint).await;
         drop(guard);
         self.release_name_lock(name, lock);
+    }
+}
+
+/// Dials `endpoint` and calls NodeGetInfo once, the dial and the call sharing `timeout`.
+async fn node_get_info(
+    endpoint: &str,
+    timeout: Duration,
+) -> Result<NodeGetInfoResponse, CallError> {
+    let work = async {
+        Connection::connect(endpoint, timeout, timeout, Retry::ONCE)
+            .await?
+            .node_get_info()
+            .await
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(CallError::Timeout {
+            method: "NodeGetInfo",
+            timeout,
+            attempts: 1,
+        }),
     }
 }
 

@@ -11,7 +11,6 @@
 //!   checked before any write.
 //! * [`sink`]: where node information goes: `KubeSink` (Node + CSINode; cargo feature `kube`)
 //!   or [`FileSink`].
-//! * [`client`]: calls to a CSI driver's Identity and Node services.
 //! * [`report`]: one-line error text for plugins and operators.
 //!
 //! Cargo feature `kube` (off by default) adds the Kubernetes API sink and with it the `kube`
@@ -34,7 +33,6 @@
 //! # }
 //! ```
 
-pub mod client;
 pub mod handler;
 pub mod names;
 pub mod nodeinfo;

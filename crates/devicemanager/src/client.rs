@@ -62,8 +62,7 @@ pub(crate) async fn connect(path: &Path, cfg: &ClientConfig) -> Result<Connected
     let channel = plugreg_transport::connect_path(path, cfg.dial_timeout)
         .await
         .map_err(ConnectError::Dial)?;
-    let mut client = DevicePluginClient::new(channel)
-        .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+    let mut client = plugreg_transport::client!(DevicePluginClient, channel);
     // Bounded here, not through grpc-timeout: the plugin's own deadline would race ours and
     // make the error text depend on who fired first.
     let options = match tokio::time::timeout(

@@ -350,8 +350,7 @@ impl<L: DeviceLogic + ?Sized> DevicePlugin<L> {
         let conn = plugreg_transport::connect_direct(kubelet_sock, Duration::from_secs(10))
             .await
             .map_err(|e| plugreg_runtime::report::chain(&e))?;
-        let origin = tonic::codegen::http::Uri::from_static(plugreg_transport::ORIGIN);
-        let mut client = RegistrationClient::with_origin(conn, origin);
+        let mut client = plugreg_transport::client!(RegistrationClient, conn);
         let req = RegisterRequest {
             version: VERSION.to_owned(),
             endpoint,

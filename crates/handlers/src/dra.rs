@@ -3,7 +3,8 @@
 //! instance's connection, follows its device health stream, and calls NodePrepareResources /
 //! NodeUnprepareResources on the newest connected instance with a 45 s limit.
 //!
-//! Each instance has a supervisor task that holds one HTTP/2 connection to the DRA socket: the
+//! Each instance has a supervisor task that holds one HTTP/2 connection to the DRA socket
+//! (`plugreg_transport::connect_direct_driven`, whose driver ends with the connection): the
 //! instance is connected while that connection lives, and a lost connection is dialled again at
 //! once (then with gRPC's back-off, 1 s x1.6 up to 120 s), so a dead socket is noticed without a
 //! call. A call waits while the first dial is in flight and fails at once (Unavailable) while the
@@ -15,14 +16,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use plugreg_handler_api::{HandlerError, PluginHandler, async_trait};
 use plugreg_proto::dra::{HEALTH_V1ALPHA1_SERVICE, V1_SERVICE, V1BETA1_SERVICE};
 use plugreg_proto::dra::{health_v1alpha1 as health, v1, v1beta1};
 use plugreg_runtime::backoff::Backoff;
+use plugreg_transport::Connection;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Uri;
 use tonic::{Code, Status};
 
 /// The services the kubelet (and plugreg) can call, in the kubelet's order.
@@ -134,55 +134,13 @@ pub fn choose_service(
         })
 }
 
-/// A live HTTP/2 connection to a DRA socket, usable by the generated clients.
-#[derive(Debug, Clone)]
-pub struct DraConnection {
-    send: hyper::client::conn::http2::SendRequest<tonic::body::Body>,
-}
-
-impl tower::Service<http::Request<tonic::body::Body>> for DraConnection {
-    type Response = http::Response<hyper::body::Incoming>;
-    type Error = hyper::Error;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
-    >;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.send.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        Box::pin(self.send.send_request(req))
-    }
-}
-
-/// Dials `path`; the returned future completes when the connection ends.
-pub async fn dial(
-    path: &std::path::Path,
-) -> std::io::Result<(DraConnection, impl Future<Output = ()> + Send + 'static)> {
-    let stream = tokio::net::UnixStream::connect(path).await?;
-    let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .handshake::<_, tonic::body::Body>(TokioIo::new(stream))
-        .await
-        .map_err(std::io::Error::other)?;
-    let ended = async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "DRA connection ended");
-        }
-    };
-    Ok((DraConnection { send }, ended))
-}
-
 /// An instance's connection state.
 #[derive(Debug, Clone)]
 enum Link {
     /// The first dial is in flight.
     Connecting,
     /// Connected.
-    Ready(DraConnection),
+    Ready(Connection),
     /// The last dial failed or the connection ended; being retried.
     Down(String),
 }
@@ -332,7 +290,7 @@ impl DraHandler {
     async fn connection(
         inst: &Instance,
         deadline: tokio::time::Instant,
-    ) -> Result<DraConnection, Status> {
+    ) -> Result<Connection, Status> {
         let mut link = inst.link.clone();
         let wait = link.wait_for(|l| !matches!(l, Link::Connecting));
         let l = match tokio::time::timeout_at(deadline, wait).await {
@@ -363,8 +321,8 @@ impl DraHandler {
         e.1 += took.as_secs_f64();
     }
 
-    /// Runs `call` on the driver's serving instance (its service, its connection, the gRPC
-    /// origin) within the call timeout, and counts it under `method`.
+    /// Runs `call` on the driver's serving instance (its service, its connection) within the
+    /// call timeout, and counts it under `method`.
     async fn on_serving<T, F, Fut>(
         &self,
         driver: &str,
@@ -372,7 +330,7 @@ impl DraHandler {
         call: F,
     ) -> Result<T, Status>
     where
-        F: FnOnce(DraService, DraConnection, Uri) -> Fut,
+        F: FnOnce(DraService, Connection) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let inst = self
@@ -382,12 +340,7 @@ impl DraHandler {
         let deadline = tokio::time::Instant::now() + self.call_timeout;
         let call = async {
             let conn = Self::connection(&inst, deadline).await?;
-            call(
-                inst.service,
-                conn,
-                Uri::from_static(plugreg_transport::ORIGIN),
-            )
-            .await
+            call(inst.service, conn).await
         };
         let result = match tokio::time::timeout_at(deadline, call).await {
             Ok(r) => r,
@@ -411,31 +364,27 @@ impl DraHandler {
         driver: &str,
         claims: Vec<v1::Claim>,
     ) -> Result<v1::NodePrepareResourcesResponse, Status> {
-        self.on_serving(
-            driver,
-            "NodePrepareResources",
-            |service, conn, origin| async move {
-                match service {
-                    DraService::V1 => {
-                        let mut c =
-                            v1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
-                                .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
-                        let req = self.request(v1::NodePrepareResourcesRequest { claims });
-                        c.node_prepare_resources(req).await.map(|r| r.into_inner())
-                    }
-                    DraService::V1beta1 => {
-                        let mut c =
-                            v1beta1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
-                                .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
-                        let claims = claims.into_iter().map(claim_to_v1beta1).collect();
-                        let req = self.request(v1beta1::NodePrepareResourcesRequest { claims });
-                        c.node_prepare_resources(req)
-                            .await
-                            .map(|r| prepare_to_v1(r.into_inner()))
-                    }
+        self.on_serving(driver, "NodePrepareResources", |service, conn| async move {
+            match service {
+                DraService::V1 => {
+                    let mut c =
+                        plugreg_transport::client!(v1::dra_plugin_client::DraPluginClient, conn);
+                    let req = self.request(v1::NodePrepareResourcesRequest { claims });
+                    c.node_prepare_resources(req).await.map(|r| r.into_inner())
                 }
-            },
-        )
+                DraService::V1beta1 => {
+                    let mut c = plugreg_transport::client!(
+                        v1beta1::dra_plugin_client::DraPluginClient,
+                        conn
+                    );
+                    let claims = claims.into_iter().map(claim_to_v1beta1).collect();
+                    let req = self.request(v1beta1::NodePrepareResourcesRequest { claims });
+                    c.node_prepare_resources(req)
+                        .await
+                        .map(|r| prepare_to_v1(r.into_inner()))
+                }
+            }
+        })
         .await
     }
 
@@ -448,21 +397,23 @@ impl DraHandler {
         self.on_serving(
             driver,
             "NodeUnprepareResources",
-            |service, conn, origin| async move {
+            |service, conn| async move {
                 match service {
                     DraService::V1 => {
-                        let mut c =
-                            v1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
-                                .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+                        let mut c = plugreg_transport::client!(
+                            v1::dra_plugin_client::DraPluginClient,
+                            conn
+                        );
                         let req = self.request(v1::NodeUnprepareResourcesRequest { claims });
                         c.node_unprepare_resources(req)
                             .await
                             .map(|r| r.into_inner())
                     }
                     DraService::V1beta1 => {
-                        let mut c =
-                            v1beta1::dra_plugin_client::DraPluginClient::with_origin(conn, origin)
-                                .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+                        let mut c = plugreg_transport::client!(
+                            v1beta1::dra_plugin_client::DraPluginClient,
+                            conn
+                        );
                         let claims = claims.into_iter().map(claim_to_v1beta1).collect();
                         let req = self.request(v1beta1::NodeUnprepareResourcesRequest { claims });
                         c.node_unprepare_resources(req).await.map(|r| {
@@ -636,24 +587,30 @@ async fn supervise(path: PathBuf, link: watch::Sender<Link>, cancel: Cancellatio
     loop {
         let dialled = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = tokio::time::timeout(DIAL_TIMEOUT, dial(&path)) => r,
+            r = plugreg_transport::connect_direct_driven(&path, DIAL_TIMEOUT) => r,
         };
         match dialled {
-            Ok(Ok((conn, ended))) => {
+            Ok((conn, ended)) => {
                 failures = 0;
                 link.send_replace(Link::Ready(conn));
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = ended => {}
                 }
+                tracing::debug!(path = %path.display(), "DRA connection ended");
                 link.send_replace(Link::Down("connection closed".into()));
                 continue;
             }
-            Ok(Err(e)) => {
-                link.send_replace(Link::Down(e.to_string()));
-            }
-            Err(_) => {
+            Err(plugreg_transport::Error::ConnectTimeout { .. }) => {
                 link.send_replace(Link::Down(format!("dial timed out after {DIAL_TIMEOUT:?}")));
+            }
+            // The socket's own error, as a gRPC client reports it (the path is in the text
+            // around it already).
+            Err(plugreg_transport::Error::Dial { source, .. }) => {
+                link.send_replace(Link::Down(source.to_string()));
+            }
+            Err(e) => {
+                link.send_replace(Link::Down(e.to_string()));
             }
         }
         failures = failures.saturating_add(1);
@@ -683,11 +640,10 @@ async fn watch_health(
                 Err(_) => return,
             }
         };
-        let mut client = health::dra_resource_health_client::DraResourceHealthClient::with_origin(
-            conn,
-            Uri::from_static(plugreg_transport::ORIGIN),
-        )
-        .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+        let mut client = plugreg_transport::client!(
+            health::dra_resource_health_client::DraResourceHealthClient,
+            conn
+        );
         let run = async {
             let mut stream = client
                 .node_watch_resources(health::NodeWatchResourcesRequest {})

@@ -12,8 +12,8 @@ mod example;
 mod record;
 
 pub use dra::{
-    DRA_CALL_TIMEOUT, DRA_SERVICES, DeviceDetails, DraConnection, DraDetails, DraError, DraHandler,
-    DraService, choose_service, dial as dra_dial,
+    DRA_CALL_TIMEOUT, DRA_SERVICES, DeviceDetails, DraDetails, DraError, DraHandler, DraService,
+    choose_service,
 };
 pub use example::{EXAMPLE_PLUGIN, ExampleHandler};
 pub use record::RecordHandler;

@@ -25,11 +25,10 @@ use plugreg_proto::csi::v1::identity_client::IdentityClient;
 use plugreg_proto::csi::v1::{GetPluginInfoRequest, ProbeRequest};
 use plugreg_runtime::report;
 use plugreg_sidecar_kit::http::{NOT_FOUND_BODY, SharedCheck, text_response};
-use plugreg_transport::{Connection, MAX_MESSAGE_SIZE};
+use plugreg_transport::Connection;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::codegen::http::Uri;
 
 use crate::metrics::{Metrics, UNKNOWN_DRIVER};
 
@@ -263,9 +262,7 @@ impl Prober {
 }
 
 fn identity_client(connection: Connection) -> IdentityClient<Connection> {
-    IdentityClient::with_origin(connection, Uri::from_static(plugreg_transport::ORIGIN))
-        .max_decoding_message_size(MAX_MESSAGE_SIZE)
-        .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    plugreg_transport::client!(IdentityClient, connection)
 }
 
 /// Dials `socket` until it answers or `deadline` passes (as a blocking gRPC dial does: a driver

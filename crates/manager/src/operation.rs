@@ -19,7 +19,6 @@ use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
 use plugreg_runtime::report;
 use plugreg_transport::Connection;
-use plugreg_transport::MAX_MESSAGE_SIZE;
 
 use crate::handler::HandlerRegistry;
 
@@ -255,10 +254,7 @@ pub fn check_info(info: &PluginInfo) -> Result<(), String> {
 }
 
 fn client(conn: Connection) -> RegistrationClient<Connection> {
-    let origin = tonic::codegen::http::Uri::from_static(plugreg_transport::ORIGIN);
-    RegistrationClient::with_origin(conn, origin)
-        .max_decoding_message_size(MAX_MESSAGE_SIZE)
-        .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    plugreg_transport::client!(RegistrationClient, conn)
 }
 
 /// Sends `NotifyRegistrationStatus`; with a non-empty `error` the result is that error (or

@@ -22,7 +22,7 @@ use plugreg_proto::pluginregistration::InfoRequest;
 use plugreg_proto::pluginregistration::registration_client::RegistrationClient;
 use plugreg_registrar::Registrar;
 use plugreg_sidecar_kit::http::{NOT_FOUND_BODY, SharedCheck, text_response};
-use plugreg_transport::{MAX_MESSAGE_SIZE, PathKind};
+use plugreg_transport::PathKind;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -191,7 +191,7 @@ async fn check(diagnostics: &Diagnostics) -> Verdict {
             );
         }
     };
-    let mut client = RegistrationClient::new(channel).max_decoding_message_size(MAX_MESSAGE_SIZE);
+    let mut client = plugreg_transport::client!(RegistrationClient, channel);
     let info = tokio::time::timeout_at(deadline, client.get_info(InfoRequest {})).await;
     let err = match info {
         Ok(Ok(info)) => {

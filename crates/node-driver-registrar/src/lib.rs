@@ -40,7 +40,6 @@ use plugreg_proto::csi::v1::identity_client::IdentityClient;
 use plugreg_registrar::{PluginInfo, Registrar, ServeOptions};
 use plugreg_runtime::Backoff;
 use plugreg_runtime::report;
-use plugreg_transport::MAX_MESSAGE_SIZE;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -559,9 +558,7 @@ async fn driver_name(
     window_end: Instant,
     token: &CancellationToken,
 ) -> Result<Option<String>, RunError> {
-    let mut client = IdentityClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_SIZE)
-        .max_encoding_message_size(MAX_MESSAGE_SIZE);
+    let mut client = plugreg_transport::client!(IdentityClient, channel);
     let mut attempt = 0u32;
     loop {
         attempt += 1;

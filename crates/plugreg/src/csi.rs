@@ -8,8 +8,8 @@
 //! * `check`: the driver check for driver authors (exit 0 only when every step passed).
 //!
 //! Output is a table for people or `--output json` for scripts. `main` mounts [`CsiCommand`] as
-//! a subcommand and calls [`run`]. The identity calls are `plugreg_csi::client`'s, the volume
-//! calls `plugreg_csi_core::node`'s.
+//! a subcommand and calls [`run`]. The identity calls are `plugreg_csi_core::client`'s, the
+//! volume calls `plugreg_csi_core::node`'s.
 
 pub mod volume;
 
@@ -25,7 +25,7 @@ use serde::Serialize;
 
 pub use crate::ops::Output;
 
-use plugreg_csi::client::{CallError, CsiClient};
+use plugreg_csi_core::client::{CallError, Connection, Retry};
 
 /// The `plugreg csi` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -195,18 +195,27 @@ impl CliError {
                 timeout,
             },
             CallError::Dial { source, .. } => CliError::Dial { endpoint, source },
-            CallError::Timeout { method, timeout } => CliError::Timeout {
+            CallError::Timeout {
+                method, timeout, ..
+            } => CliError::Timeout {
                 endpoint,
                 method,
                 timeout,
             },
-            CallError::Rpc { method, status } if status.code() == tonic::Code::Unimplemented => {
+            CallError::Rpc { method, status, .. }
+                if status.code() == tonic::Code::Unimplemented =>
+            {
                 CliError::NotCsi { endpoint, method }
             }
-            CallError::Rpc { method, status } => CliError::Rpc {
+            CallError::Rpc { method, status, .. } => CliError::Rpc {
                 endpoint,
                 method,
                 status,
+            },
+            // A call skipped for a capability the driver lacks (the volume calls).
+            e @ CallError::NotSupported { .. } => CliError::Node {
+                endpoint,
+                error: e.into(),
             },
         }
     }
@@ -375,9 +384,9 @@ fn check_socket(endpoint: &str) -> Result<(), CliError> {
 }
 
 /// Checks that a socket is at the endpoint, then dials it.
-async fn connect(t: &Target) -> Result<CsiClient, CliError> {
+async fn connect(t: &Target) -> Result<Connection, CliError> {
     check_socket(&t.endpoint)?;
-    CsiClient::connect(&t.endpoint, t.timeout)
+    Connection::connect(&t.endpoint, t.timeout, t.timeout, Retry::ONCE)
         .await
         .map_err(|e| CliError::from_call(&t.endpoint, e))
 }

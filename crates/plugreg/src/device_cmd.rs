@@ -99,8 +99,7 @@ impl Plugin {
         let channel = plugreg_transport::connect(&target.endpoint, target.timeout)
             .await
             .with_context(|| format!("cannot connect to device plugin {}", target.endpoint))?;
-        let mut client = DevicePluginClient::new(channel)
-            .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+        let mut client = plugreg_transport::client!(DevicePluginClient, channel);
         let options = call(
             target,
             "GetDevicePluginOptions",

@@ -354,15 +354,13 @@ fn table<const N: usize>(out: &mut impl Write, lines: &[[String; N]]) -> std::io
 async fn health_cmd(t: Target, out: &mut impl Write) -> anyhow::Result<()> {
     let path = plugreg_transport::parse_address(&t.endpoint)?;
     let answer = tokio::time::timeout(t.timeout, async {
-        let (conn, ended) = plugreg_handlers::dra_dial(&path)
+        let conn = plugreg_transport::connect_direct(&path, t.timeout)
             .await
             .with_context(|| format!("cannot connect to {}", path.display()))?;
-        tokio::spawn(ended);
-        let mut client = health::dra_resource_health_client::DraResourceHealthClient::with_origin(
-            conn,
-            tonic::transport::Uri::from_static(plugreg_transport::ORIGIN),
-        )
-        .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE);
+        let mut client = plugreg_transport::client!(
+            health::dra_resource_health_client::DraResourceHealthClient,
+            conn
+        );
         let mut stream = client
             .node_watch_resources(health::NodeWatchResourcesRequest {})
             .await

@@ -76,8 +76,7 @@ impl From<PluginInfo> for Info {
 pub async fn get_info(socket: &Path, timeout: Duration) -> anyhow::Result<PluginInfo> {
     let call = async {
         let channel = plugreg_transport::connect_path(socket, timeout).await?;
-        let info = RegistrationClient::new(channel)
-            .max_decoding_message_size(plugreg_transport::MAX_MESSAGE_SIZE)
+        let info = plugreg_transport::client!(RegistrationClient, channel)
             .get_info(InfoRequest {})
             .await
             .context("GetInfo failed")?
@@ -191,7 +190,14 @@ pub async fn inspect(args: SocketArgs, out: &mut dyn std::io::Write) -> anyhow::
             i.endpoint.clone()
         };
         csi_driver = Some(
-            match plugreg_csi::client::CsiClient::connect(&ep, args.timeout).await {
+            match plugreg_csi_core::Connection::connect(
+                &ep,
+                args.timeout,
+                args.timeout,
+                plugreg_csi_core::Retry::ONCE,
+            )
+            .await
+            {
                 Ok(c) => match c.get_plugin_info().await {
                     Ok(r) => {
                         serde_json::json!({"endpoint": ep, "name": r.name, "vendor_version": r.vendor_version})

@@ -811,8 +811,8 @@ impl Controller {
             self.cfg.request.topology && request::selected_node(claim).is_some();
         let response = match self.clients.driver.create_volume(request.clone()).await {
             Ok(r) => r,
-            Err(status) => {
-                let e = ProvisionError::from_create_volume(&status, reschedule_possible);
+            Err(err) => {
+                let e = ProvisionError::from_create_volume(&err.to_status(), reschedule_possible);
                 match e.state {
                     State::Background => self.inflight.mark_ambiguous(volume),
                     State::Reschedule => {
@@ -957,7 +957,7 @@ impl Controller {
                 .await
             {
                 Ok(()) => return Ok(()),
-                Err(s) => last = s,
+                Err(e) => last = e.to_status(),
             }
         }
         Err(last)
@@ -1176,7 +1176,7 @@ impl Controller {
             .driver
             .create_volume(request)
             .await
-            .map_err(ActError::Driver)?;
+            .map_err(|e| ActError::Driver(e.to_status()))?;
         let id = created
             .volume
             .map(|v| v.volume_id)
@@ -1186,7 +1186,7 @@ impl Controller {
             .driver
             .delete_volume(&id, secrets)
             .await
-            .map_err(ActError::Driver)?;
+            .map_err(|e| ActError::Driver(e.to_status()))?;
         self.drop_record(&e.volume);
         let why = if claim_exists {
             "its claim does not need it any more"
@@ -1312,7 +1312,7 @@ impl Controller {
             .driver
             .delete_volume(&csi.volume_handle, secrets)
             .await
-            .map_err(ActError::Driver)?;
+            .map_err(|e| ActError::Driver(e.to_status()))?;
         self.inflight.set_deleted(&uid, false, Instant::now());
         let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
         // The answer is the PV itself while finalizers hold it: no need to read it again.

@@ -3,9 +3,10 @@
 //! capabilities, and the two Controller calls the provisioner makes (CreateVolume,
 //! DeleteVolume).
 //!
-//! Every call carries the `--timeout` deadline (as `grpc-timeout` and as a local timer) and is
-//! reported to [`Metrics::csi_call`]; messages are bounded to
-//! [`MAX_MESSAGE_SIZE`](plugreg_transport::MAX_MESSAGE_SIZE) both ways.
+//! The calls are `plugreg_csi_core`'s client's: each carries the `--timeout` deadline (as
+//! `grpc-timeout` and as a local timer), is made once (the controller retries on its own terms)
+//! and fails with its [`CallError`]; here each is also reported to [`Metrics::csi_call`].
+//! Messages are bounded to [`MAX_MESSAGE_SIZE`](plugreg_transport::MAX_MESSAGE_SIZE) both ways.
 //!
 //! Connection loss: upstream exits 1 once the driver connection is lost after start-up. Here
 //! [`connect_watched`] hands back a [`ConnectionLost`] that resolves when the transport under the
@@ -16,27 +17,18 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use plugreg_proto::csi::v1::controller_client::ControllerClient;
-use plugreg_proto::csi::v1::identity_client::IdentityClient;
+use plugreg_csi_core::client::{CallError, Connection, Retry};
 use plugreg_proto::csi::v1::{
-    ControllerGetCapabilitiesRequest, CreateVolumeRequest, CreateVolumeResponse,
-    DeleteVolumeRequest, GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest,
-    controller_service_capability, plugin_capability,
+    CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, controller_service_capability,
+    plugin_capability,
 };
 use plugreg_runtime::report;
-use plugreg_transport::MAX_MESSAGE_SIZE;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::UnixStream;
 use tokio::time::{Instant, MissedTickBehavior};
-use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint, Uri};
-use tonic::{Code, Status};
+use tonic::Code;
+use tonic::transport::Channel;
 
 use crate::metrics::Metrics;
 
@@ -92,8 +84,8 @@ pub enum CsiError {
     #[error("CSI driver probe failed: {0}")]
     Probe(String),
     /// A call failed (its gRPC status, worded as grpc-go words it).
-    #[error("{}", report::grpc(.0))]
-    Call(Status),
+    #[error("{}", report::grpc(&.0.to_status()))]
+    Call(CallError),
     /// GetPluginInfo answered an empty name.
     #[error("driver name is empty")]
     EmptyName,
@@ -122,20 +114,7 @@ pub struct Capabilities {
 
 /// Resolves once the transport under a channel from [`connect_watched`] has ended. Cheap to
 /// clone.
-#[derive(Debug, Clone, Default)]
-pub struct ConnectionLost(CancellationToken);
-
-impl ConnectionLost {
-    /// Waits until the connection is lost.
-    pub async fn wait(&self) {
-        self.0.cancelled().await;
-    }
-
-    /// Whether the connection has been lost.
-    pub fn is_lost(&self) -> bool {
-        self.0.is_cancelled()
-    }
-}
+pub type ConnectionLost = plugreg_transport::Closed;
 
 /// A channel to the driver and its loss signal.
 #[derive(Debug, Clone)]
@@ -180,11 +159,15 @@ pub async fn connect_watched(address: &str, window: Duration) -> Result<Connecte
     loop {
         let attempt_start = Instant::now();
         let remaining = deadline.saturating_duration_since(attempt_start);
-        // A fresh signal per attempt: a stream dropped by a failed handshake must not count
-        // as the loss of the connection that succeeds later.
-        let lost = ConnectionLost::default();
-        let last = match dial(&path, remaining.min(RETRY_INTERVAL), &lost).await {
-            Ok(channel) => return Ok(Connected { channel, lost }),
+        // Each attempt has a signal of its own: a stream dropped by a failed handshake does not
+        // count as the loss of the connection that succeeds later.
+        let last = match dial(&path, remaining.min(RETRY_INTERVAL)).await {
+            Ok(w) => {
+                return Ok(Connected {
+                    channel: w.channel,
+                    lost: w.closed,
+                });
+            }
             Err(e) => e,
         };
         tracing::debug!(target: "plugreg_provisioner::v4", address = %shown, err = %last, "CSI driver not reachable yet");
@@ -211,93 +194,21 @@ pub async fn connect_watched(address: &str, window: Duration) -> Result<Connecte
     }
 }
 
-/// One dial: a tonic channel whose connector wraps each stream so that its end fires `lost`.
-/// (plugreg_transport's dialer has no loss signal; this is the same dial with one.)
-async fn dial(path: &Path, timeout: Duration, lost: &ConnectionLost) -> Result<Channel, String> {
+/// One dial within `timeout`, its failure worded as the log line wants it (Go's context text
+/// for a timeout).
+async fn dial(path: &Path, timeout: Duration) -> Result<plugreg_transport::WatchedChannel, String> {
     if timeout.is_zero() {
-        return Err("context deadline exceeded".into());
+        return Err(plugreg_csi_core::client::DEADLINE_TEXT.into());
     }
-    let endpoint = Endpoint::from_static("http://[::]:0")
-        .connect_timeout(timeout)
-        .tcp_nodelay(true);
-    let dial_path = path.to_owned();
-    let token = lost.0.clone();
-    let connector = tower::service_fn(move |_: Uri| {
-        let p = dial_path.clone();
-        let token = token.clone();
-        async move {
-            let stream = UnixStream::connect(p).await?;
-            Ok::<_, io::Error>(TokioIo::new(Watched { stream, token }))
-        }
-    });
-    match tokio::time::timeout(timeout, endpoint.connect_with_connector(connector)).await {
-        Ok(Ok(channel)) => Ok(channel),
-        Ok(Err(e)) => Err(report::chain(&e)),
-        Err(_) => Err("context deadline exceeded".into()),
-    }
-}
-
-/// A Unix stream that cancels `token` when a read sees its end (EOF or an error) or when the
-/// connection is dropped (after a GOAWAY the client side may close first, never reading EOF).
-#[derive(Debug)]
-struct Watched {
-    stream: UnixStream,
-    token: CancellationToken,
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        self.token.cancel();
-    }
-}
-
-impl AsyncRead for Watched {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let wanted = buf.remaining() > 0;
-        let this = &mut *self;
-        let result = Pin::new(&mut this.stream).poll_read(cx, buf);
-        match &result {
-            Poll::Ready(Ok(())) if wanted && buf.filled().len() == before => this.token.cancel(),
-            Poll::Ready(Err(_)) => this.token.cancel(),
-            _ => {}
-        }
-        result
-    }
-}
-
-impl AsyncWrite for Watched {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
+    plugreg_transport::connect_path_watched(path, timeout)
+        .await
+        .map_err(|e| match e {
+            plugreg_transport::Error::Connect { source, .. } => report::chain(&source),
+            plugreg_transport::Error::ConnectTimeout { .. } => {
+                plugreg_csi_core::client::DEADLINE_TEXT.into()
+            }
+            other => report::chain(&other),
+        })
 }
 
 /// What upstream's `ExitOnConnectionLoss` does, minus the exit: writes [`LOST_MESSAGE`] to
@@ -329,45 +240,25 @@ pub async fn exit_on_connection_loss(lost: ConnectionLost) -> i32 {
     1
 }
 
-fn identity(ch: &Channel) -> IdentityClient<Channel> {
-    IdentityClient::new(ch.clone())
-        .max_decoding_message_size(MAX_MESSAGE_SIZE)
-        .max_encoding_message_size(MAX_MESSAGE_SIZE)
-}
-
-fn controller(ch: &Channel) -> ControllerClient<Channel> {
-    ControllerClient::new(ch.clone())
-        .max_decoding_message_size(MAX_MESSAGE_SIZE)
-        .max_encoding_message_size(MAX_MESSAGE_SIZE)
-}
-
-/// A request carrying the deadline to the driver (`grpc-timeout`).
-fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    request
-}
-
-/// Runs one call within `timeout` (an expiry is DeadlineExceeded, worded as Go's context) and
-/// reports it to `metrics` under `method`.
+/// Runs one call and reports it to `metrics` under `method` (its gRPC path).
 async fn timed<T>(
     metrics: &Metrics,
     method: &str,
-    timeout: Duration,
-    call: impl Future<Output = Result<tonic::Response<T>, Status>>,
-) -> Result<T, Status> {
+    call: impl Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
     let started = Instant::now();
-    let expired = || Status::deadline_exceeded("context deadline exceeded");
-    let result = match tokio::time::timeout(timeout, call).await {
-        // tonic's own grpc-timeout timer may win the race and answer CANCELLED; Go's context
-        // says DeadlineExceeded, and the classification (§11) depends on it.
-        Ok(Err(s)) if s.code() == Code::Cancelled && started.elapsed() >= timeout => Err(expired()),
-        Ok(r) => r.map(tonic::Response::into_inner),
-        Err(_) => Err(expired()),
-    };
-    let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
-    metrics.csi_call(method, Some(code), started.elapsed());
+    let result = call.await;
+    let code = result
+        .as_ref()
+        .map_or_else(CallError::code, |_| Some(Code::Ok));
+    metrics.csi_call(method, code, started.elapsed());
     result
+}
+
+/// The driver's calls over `ch`, each within `timeout` and made once.
+fn connection(ch: &Channel, timeout: Duration) -> Connection {
+    // The address is the channel's; the calls do not need it.
+    Connection::from_channel(ch.clone(), "", timeout, Retry::ONCE)
 }
 
 /// Probes the driver until it is ready (§2 step 11): a Probe about every second, each within
@@ -381,23 +272,16 @@ pub async fn probe_forever(
     let mut ticker = tokio::time::interval(RETRY_INTERVAL);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     ticker.tick().await; // the first tick is immediate
-    let mut client = identity(ch);
+    let conn = connection(ch, timeout);
     loop {
         tracing::info!("Probing CSI driver for readiness");
-        let answer = timed(
-            metrics,
-            PROBE,
-            timeout,
-            client.probe(request(ProbeRequest {}, timeout)),
-        )
-        .await;
-        match answer {
+        match timed(metrics, PROBE, conn.probe()).await {
             Ok(response) if response.ready != Some(false) => return Ok(()),
             Ok(_) => tracing::info!("CSI driver is not ready"),
-            Err(status) if status.code() == Code::DeadlineExceeded => {
+            Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
                 tracing::info!("CSI driver probe timed out")
             }
-            Err(status) => return Err(CsiError::Probe(report::grpc(&status))),
+            Err(e) => return Err(CsiError::Probe(report::grpc(&e.to_status()))),
         }
         ticker.tick().await;
     }
@@ -407,8 +291,7 @@ pub async fn probe_forever(
 /// metrics. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Driver {
-    channel: Channel,
-    timeout: Duration,
+    conn: Connection,
     metrics: Arc<Metrics>,
 }
 
@@ -416,27 +299,21 @@ impl Driver {
     /// Calls over `ch`, each within `timeout`, reported to `metrics`.
     pub fn new(ch: Channel, timeout: Duration, metrics: Arc<Metrics>) -> Self {
         Self {
-            channel: ch,
-            timeout,
+            conn: connection(&ch, timeout),
             metrics,
         }
     }
 
     /// The `--timeout` deadline of every call.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.conn.timeout()
     }
 
     /// GetPluginInfo: the driver name (the provisioner name); an empty one is an error.
     pub async fn plugin_info(&self) -> Result<String, CsiError> {
-        let info = timed(
-            &self.metrics,
-            GET_PLUGIN_INFO,
-            self.timeout,
-            identity(&self.channel).get_plugin_info(request(GetPluginInfoRequest {}, self.timeout)),
-        )
-        .await
-        .map_err(CsiError::Call)?;
+        let info = timed(&self.metrics, GET_PLUGIN_INFO, self.conn.get_plugin_info())
+            .await
+            .map_err(CsiError::Call)?;
         if info.name.is_empty() {
             return Err(CsiError::EmptyName);
         }
@@ -448,20 +325,14 @@ impl Driver {
         let plugin = timed(
             &self.metrics,
             GET_PLUGIN_CAPABILITIES,
-            self.timeout,
-            identity(&self.channel)
-                .get_plugin_capabilities(request(GetPluginCapabilitiesRequest {}, self.timeout)),
+            self.conn.get_plugin_capabilities(),
         )
         .await
         .map_err(CsiError::Call)?;
         let ctrl = timed(
             &self.metrics,
             CONTROLLER_GET_CAPABILITIES,
-            self.timeout,
-            controller(&self.channel).controller_get_capabilities(request(
-                ControllerGetCapabilitiesRequest {},
-                self.timeout,
-            )),
+            self.conn.controller_get_capabilities(),
         )
         .await
         .map_err(CsiError::Call)?;
@@ -498,14 +369,8 @@ impl Driver {
     pub async fn create_volume(
         &self,
         req: CreateVolumeRequest,
-    ) -> Result<CreateVolumeResponse, Status> {
-        timed(
-            &self.metrics,
-            CREATE_VOLUME,
-            self.timeout,
-            controller(&self.channel).create_volume(request(req, self.timeout)),
-        )
-        .await
+    ) -> Result<CreateVolumeResponse, CallError> {
+        timed(&self.metrics, CREATE_VOLUME, self.conn.create_volume(&req)).await
     }
 
     /// DeleteVolume within the timeout.
@@ -513,19 +378,14 @@ impl Driver {
         &self,
         volume_id: &str,
         secrets: HashMap<String, String>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), CallError> {
         let req = DeleteVolumeRequest {
             volume_id: volume_id.to_owned(),
             secrets,
         };
-        timed(
-            &self.metrics,
-            DELETE_VOLUME,
-            self.timeout,
-            controller(&self.channel).delete_volume(request(req, self.timeout)),
-        )
-        .await
-        .map(drop)
+        timed(&self.metrics, DELETE_VOLUME, self.conn.delete_volume(&req))
+            .await
+            .map(drop)
     }
 }
 
@@ -660,7 +520,7 @@ mod tests {
             })
             .await
             .unwrap_err();
-        assert_eq!(err.code(), Code::DeadlineExceeded);
+        assert_eq!(err.code(), Some(Code::DeadlineExceeded));
     }
 
     #[tokio::test]
@@ -827,7 +687,7 @@ mod tests {
             .unwrap();
         let d = Driver::new(connected.channel.clone(), Duration::from_secs(5), metrics());
         d.plugin_info().await.unwrap();
-        assert!(!connected.lost.is_lost());
+        assert!(!connected.lost.is_closed());
         driver.stop().await.unwrap();
         tokio::time::timeout(Duration::from_secs(10), connected.lost.wait())
             .await

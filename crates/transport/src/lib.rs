@@ -1,5 +1,11 @@
 //! gRPC over Unix-domain sockets: the one place plugreg binds a socket ([`bind`]) and the one
-//! place it dials one ([`connect`]).
+//! place it dials one ([`connect`], [`connect_direct`]), with the same timeouts and message caps
+//! everywhere ([`client!`] builds a generated client with them).
+//!
+//! A caller that must notice when the connection ends gets a signal with it:
+//! [`connect_watched`] gives a channel and a [`Closed`] that fires when the channel's connection
+//! ends; [`connect_direct_driven`] gives a bare HTTP/2 connection and the future that drives it,
+//! which completes when the connection ends.
 //!
 //! Binding removes a stale socket at the path, refuses to touch a file that is not a socket, and
 //! makes the socket connectable by its owner only (mode 0700, as upstream's umask 0077 gives,
@@ -600,15 +606,66 @@ pub async fn connect(address: &str, timeout: Duration) -> Result<Channel> {
 
 /// Dials the gRPC server on the Unix socket at `path`, connecting eagerly within `timeout`.
 pub async fn connect_path(path: &Path, timeout: Duration) -> Result<Channel> {
+    connect_path_watched(path, timeout).await.map(|w| w.channel)
+}
+
+/// A channel from [`connect_watched`] and the signal of its connection's end.
+#[derive(Debug, Clone)]
+pub struct WatchedChannel {
+    /// The gRPC channel. It dials the socket again by itself after a loss; `closed` still
+    /// reports the first loss.
+    pub channel: Channel,
+    /// Fires when the connection the channel was opened with ends.
+    pub closed: Closed,
+}
+
+/// Fires once a connection has ended: the peer closed it, it failed, or this side dropped it.
+/// Cheap to clone; every clone sees the same end. The default one never fires.
+#[derive(Debug, Clone, Default)]
+pub struct Closed(tokio_util::sync::CancellationToken);
+
+impl Closed {
+    /// Waits until the connection has ended.
+    pub async fn wait(&self) {
+        self.0.cancelled().await;
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.0.is_cancelled()
+    }
+}
+
+/// [`connect`], plus a signal that fires when the connection ends later (for a sidecar that
+/// exits once its driver goes away).
+pub async fn connect_watched(address: &str, timeout: Duration) -> Result<WatchedChannel> {
+    let path = parse_address(address)?;
+    connect_path_watched(&path, timeout).await
+}
+
+/// [`connect_path`], plus a signal that fires when the connection ends later.
+pub async fn connect_path_watched(path: &Path, timeout: Duration) -> Result<WatchedChannel> {
     check_path_len(path)?;
-    let endpoint = endpoint(path, timeout);
+    // The URI is never resolved: the connector dials the socket path.
+    let endpoint = Endpoint::from_static("http://[::]:0")
+        .connect_timeout(timeout)
+        .tcp_nodelay(true);
+    let closed = Closed::default();
     let dial_path = path.to_owned();
+    let token = closed.0.clone();
     let connector = tower::service_fn(move |_: Uri| {
         let p = dial_path.clone();
-        async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(p).await?)) }
+        let token = token.clone();
+        async move {
+            let stream = UnixStream::connect(p).await?;
+            Ok::<_, io::Error>(TokioIo::new(WatchedStream { stream, token }))
+        }
     });
-    match tokio::time::timeout(timeout, endpoint.connect_with_connector(connector)).await {
-        Ok(Ok(channel)) => Ok(channel),
+    // The one place a tonic channel is dialed (the workspace lint forbids it elsewhere).
+    #[allow(clippy::disallowed_methods)]
+    let connecting = endpoint.connect_with_connector(connector);
+    match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(channel)) => Ok(WatchedChannel { channel, closed }),
         Ok(Err(source)) => Err(Error::Connect {
             path: path.to_owned(),
             source,
@@ -620,8 +677,71 @@ pub async fn connect_path(path: &Path, timeout: Duration) -> Result<Channel> {
     }
 }
 
-/// A bare HTTP/2 connection to a Unix socket, usable by any generated gRPC client (through
-/// `Client::with_origin(conn, Uri::from_static("http://localhost"))`).
+/// A Unix stream that cancels `token` when a read sees its end (EOF or an error) or when it is
+/// dropped (after a GOAWAY the client side may close first, never reading EOF).
+#[derive(Debug)]
+struct WatchedStream {
+    stream: UnixStream,
+    token: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for WatchedStream {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+impl tokio::io::AsyncRead for WatchedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let wanted = buf.remaining() > 0;
+        let this = &mut *self;
+        let result = Pin::new(&mut this.stream).poll_read(cx, buf);
+        match &result {
+            Poll::Ready(Ok(())) if wanted && buf.filled().len() == before => this.token.cancel(),
+            Poll::Ready(Err(_)) => this.token.cancel(),
+            _ => {}
+        }
+        result
+    }
+}
+
+impl tokio::io::AsyncWrite for WatchedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// A bare HTTP/2 connection to a Unix socket, usable by any generated gRPC client (see
+/// [`client!`]).
 ///
 /// Cheaper than a [`Channel`] for one-shot exchanges such as a registration attempt: no buffer
 /// task, no reconnect layer. Deadlines are the caller's. Dropping every clone closes the
@@ -631,25 +751,76 @@ pub struct Connection {
     send: hyper::client::conn::http2::SendRequest<tonic::body::Body>,
 }
 
-/// The origin to give a generated client used over a [`Connection`].
+/// The origin to give a generated client used over a [`Connection`] (or a [`Channel`], which
+/// puts its own in place).
 pub const ORIGIN: &str = "http://localhost";
 
+/// [`ORIGIN`] as a URI.
+pub fn origin() -> Uri {
+    Uri::from_static(ORIGIN)
+}
+
+/// A generated gRPC client over `$conn` (a [`Connection`] or a [`Channel`]) with plugreg's
+/// origin and message caps ([`MAX_MESSAGE_SIZE`] both ways):
+/// `plugreg_transport::client!(IdentityClient, channel)`.
+#[macro_export]
+macro_rules! client {
+    ($($client:ident)::+, $conn:expr $(,)?) => {
+        $($client)::+::with_origin($conn, $crate::origin())
+            .max_decoding_message_size($crate::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size($crate::MAX_MESSAGE_SIZE)
+    };
+}
+
 /// Connects to the Unix socket at `path` and completes the HTTP/2 handshake, within `timeout`.
+/// The connection runs in a task of its own until every clone is dropped or the peer ends it.
 pub async fn connect_direct(path: &Path, timeout: Duration) -> Result<Connection> {
+    let (connection, driver) = connect_direct_driven(path, timeout).await?;
+    tokio::spawn(driver);
+    Ok(connection)
+}
+
+/// Drives a connection from [`connect_direct_driven`]: completes when the connection has ended
+/// (the peer closed it, or it failed). Dropping it closes the connection at once.
+#[must_use = "the connection makes no progress unless its driver is awaited or spawned"]
+pub struct ConnectionDriver(Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl std::fmt::Debug for ConnectionDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectionDriver")
+    }
+}
+
+impl Future for ConnectionDriver {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+/// [`connect_direct`], but the caller drives the connection: awaiting the [`ConnectionDriver`]
+/// is how it learns that the connection ended, and dropping it closes the connection.
+pub async fn connect_direct_driven(
+    path: &Path,
+    timeout: Duration,
+) -> Result<(Connection, ConnectionDriver)> {
     check_path_len(path)?;
     let dial = async {
         let stream = UnixStream::connect(path).await?;
-        let (send, conn) =
+        // The one place a bare HTTP/2 connection is dialed (the workspace lint forbids it
+        // elsewhere).
+        #[allow(clippy::disallowed_methods)]
+        let handshake =
             hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                .handshake::<_, tonic::body::Body>(TokioIo::new(stream))
-                .await
-                .map_err(io::Error::other)?;
-        tokio::spawn(async move {
+                .handshake::<_, tonic::body::Body>(TokioIo::new(stream));
+        let (send, conn) = handshake.await.map_err(io::Error::other)?;
+        let driver = ConnectionDriver(Box::pin(async move {
             if let Err(e) = conn.await {
                 tracing::trace!(error = %e, "HTTP/2 connection ended");
             }
-        });
-        Ok::<_, io::Error>(Connection { send })
+        }));
+        Ok::<_, io::Error>((Connection { send }, driver))
     };
     match tokio::time::timeout(timeout, dial).await {
         Ok(Ok(c)) => Ok(c),
@@ -680,13 +851,6 @@ impl tower::Service<http::Request<tonic::body::Body>> for Connection {
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         Box::pin(self.send.send_request(req))
     }
-}
-
-fn endpoint(_path: &Path, timeout: Duration) -> Endpoint {
-    // The URI is never resolved: the connector dials the socket path.
-    Endpoint::from_static("http://[::]:0")
-        .connect_timeout(timeout)
-        .tcp_nodelay(true)
 }
 
 #[cfg(test)]

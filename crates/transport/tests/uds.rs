@@ -6,7 +6,10 @@ use std::time::Duration;
 use plugreg_proto::example::v1beta1::example_client::ExampleClient;
 use plugreg_proto::example::v1beta1::example_server::{Example, ExampleServer};
 use plugreg_proto::example::v1beta1::{ExampleRequest, ExampleResponse};
-use plugreg_transport::{Error, bind, connect, connect_path, serve, serve_with_limit, server};
+use plugreg_transport::{
+    Error, bind, connect, connect_direct_driven, connect_path, connect_watched, serve,
+    serve_with_limit, server,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -74,6 +77,61 @@ async fn serves_dials_and_removes_socket_on_shutdown() {
     task.await.unwrap();
     assert!(!path.exists(), "socket removed on shutdown");
     assert!(entries(dir.path()).is_empty(), "{:?}", entries(dir.path()));
+}
+
+#[tokio::test]
+async fn a_watched_channel_signals_when_its_server_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.sock");
+    let (token, task) = start(&path);
+    let watched = connect_watched(path.to_str().unwrap(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut client = plugreg_transport::client!(ExampleClient, watched.channel.clone());
+    let reply = client
+        .get_example_info(ExampleRequest {
+            request: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.into_inner().error, "hi");
+    assert!(!watched.closed.is_closed(), "the connection is alive");
+
+    token.cancel();
+    task.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), watched.closed.wait())
+        .await
+        .expect("the end of the connection is signalled");
+    assert!(watched.closed.is_closed());
+}
+
+#[tokio::test]
+async fn a_driven_connection_ends_its_driver_when_its_server_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.sock");
+    let (token, task) = start(&path);
+    let (conn, driver) = connect_direct_driven(&path, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let driving = tokio::spawn(driver);
+    let mut client = plugreg_transport::client!(ExampleClient, conn);
+    let reply = client
+        .get_example_info(ExampleRequest {
+            request: "direct".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.into_inner().error, "direct");
+    assert!(!driving.is_finished(), "the connection is alive");
+
+    token.cancel();
+    task.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), driving)
+        .await
+        .expect("the driver completes when the connection ends")
+        .unwrap();
 }
 
 /// Names in `dir`, the socket first, then the rest sorted.
