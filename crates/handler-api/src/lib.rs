@@ -14,6 +14,10 @@ use std::sync::Arc;
 
 pub use async_trait::async_trait;
 
+mod record;
+
+pub use record::RecordHandler;
+
 /// A handler's reason for refusing a plugin; its `Display` text is sent to the plugin inside
 /// `RegistrationStatus.error`.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;

@@ -8,7 +8,7 @@
 //! * `check`: the driver check for driver authors (exit 0 only when every step passed).
 //!
 //! Output is a table for people or `--output json` for scripts. `main` mounts [`CsiCommand`] as
-//! a subcommand and calls [`run`]. The identity calls are `plugreg_csi::client`'s, the volume
+//! a subcommand and calls [`run`]. The identity calls are `plugreg_handler_csi::client`'s, the volume
 //! calls `plugreg_csi_core::node`'s.
 
 pub mod volume;
@@ -25,7 +25,7 @@ use serde::Serialize;
 
 pub use crate::ops::Output;
 
-use plugreg_csi::client::{CallError, CsiClient};
+use plugreg_handler_csi::client::{CallError, CsiClient};
 
 /// The `plugreg csi` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use plugreg_handlers::{EXAMPLE_PLUGIN, ExampleHandler, RecordHandler};
+use plugreg_handler_api::RecordHandler;
+use plugreg_handler_example::{EXAMPLE_PLUGIN, ExampleHandler};
 use plugreg_manager::{
     DEFAULT_REGISTRY_DIR, HandlerRegistry, LivenessConfig, ManagerConfig, PluginManager,
 };
@@ -109,7 +110,7 @@ impl ManagerArgs {
         c.handler_timeout = self.handler_timeout;
         // CSI's register waits for NodeGetInfo (2 min by default): give it that and a margin.
         c.handler_timeouts.insert(
-            plugreg_csi::PLUGIN_TYPE.to_owned(),
+            plugreg_handler_csi::PLUGIN_TYPE.to_owned(),
             self.csi_node_get_info_timeout
                 .saturating_add(CSI_HANDLER_MARGIN),
         );
@@ -143,21 +144,21 @@ impl ManagerArgs {
                     t,
                     Arc::new(ExampleHandler::new(self.example_versions.clone())),
                 );
-            } else if t == plugreg_devicemanager::PLUGIN_TYPE {
+            } else if t == plugreg_handler_device::PLUGIN_TYPE {
                 handlers.insert(t, devices.handler());
-            } else if t == plugreg_csi::PLUGIN_TYPE
+            } else if t == plugreg_handler_csi::PLUGIN_TYPE
                 && let Some(sink) = self.csi_sink()
             {
-                let cfg = plugreg_csi::CsiHandlerConfig {
+                let cfg = plugreg_handler_csi::CsiHandlerConfig {
                     node_get_info_timeout: self.csi_node_get_info_timeout,
                     sink,
                 };
-                let h = plugreg_csi::CsiHandler::from_config(&cfg)
+                let h = plugreg_handler_csi::CsiHandler::from_config(&cfg)
                     .await
                     .context("cannot set up the CSI node-info sink")?;
                 handlers.insert(t, Arc::new(h));
             } else {
-                if t == plugreg_csi::PLUGIN_TYPE {
+                if t == plugreg_handler_csi::PLUGIN_TYPE {
                     tracing::warn!(
                         "no --node-info-file or --node-name: CSI drivers are accepted and recorded, not published"
                     );
@@ -168,13 +169,13 @@ impl ManagerArgs {
         Ok(handlers)
     }
 
-    fn csi_sink(&self) -> Option<plugreg_csi::SinkConfig> {
+    fn csi_sink(&self) -> Option<plugreg_handler_csi::SinkConfig> {
         if let Some(f) = &self.node_info_file {
-            return Some(plugreg_csi::SinkConfig::File(f.clone()));
+            return Some(plugreg_handler_csi::SinkConfig::File(f.clone()));
         }
         self.node_name
             .as_ref()
-            .map(|n| plugreg_csi::SinkConfig::Kube {
+            .map(|n| plugreg_handler_csi::SinkConfig::Kube {
                 kubeconfig: self.kubeconfig.clone(),
                 node_name: n.clone(),
             })

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use plugreg_example_plugin::{ExampleConfig, ExamplePlugin};
-use plugreg_handlers::{EXAMPLE_PLUGIN, ExampleHandler};
+use plugreg_handler_example::{EXAMPLE_PLUGIN, ExampleHandler};
 use plugreg_manager::{HandlerRegistry, ManagerConfig, ManagerEvent, PluginManager, PluginState};
 use plugreg_registrar::Status;
 use tokio::sync::broadcast;
@@ -39,7 +39,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
 
     // 1. The kubelet side.
     let devices = crate::device_demo::devices();
-    let dra_handler = plugreg_handlers::DraHandler::new();
+    let dra_handler = plugreg_handler_dra::DraHandler::new();
     let handlers = HandlerRegistry::new()
         .with(
             EXAMPLE_PLUGIN,
@@ -51,11 +51,13 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
         .with("DevicePlugin", devices.handler())
         .with("DRAPlugin", Arc::new(dra_handler.clone()))
         .with(
-            plugreg_csi::PLUGIN_TYPE,
+            plugreg_handler_csi::PLUGIN_TYPE,
             Arc::new(
-                plugreg_csi::CsiHandler::from_config(&plugreg_csi::CsiHandlerConfig::new(
-                    plugreg_csi::SinkConfig::File(node_info.clone()),
-                ))
+                plugreg_handler_csi::CsiHandler::from_config(
+                    &plugreg_handler_csi::CsiHandlerConfig::new(
+                        plugreg_handler_csi::SinkConfig::File(node_info.clone()),
+                    ),
+                )
                 .await?,
             ),
         );

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use plugreg_devicemanager::{
+use plugreg_handler_device::{
     ClassicRegistration, ClientConfig, DevicePluginHandler, EndpointInfo, Inventory, RegisteredVia,
 };
 use serde_json::{Value, json};
@@ -105,7 +105,7 @@ impl Devices {
     pub fn decorate(&self, entries: &mut Vec<Value>) {
         let endpoints = self.inventory.snapshot();
         for e in entries.iter_mut() {
-            if e["type"] != plugreg_devicemanager::PLUGIN_TYPE {
+            if e["type"] != plugreg_handler_device::PLUGIN_TYPE {
                 continue;
             }
             let endpoint = e["endpoint"].as_str().unwrap_or_default();
@@ -123,7 +123,7 @@ impl Devices {
         {
             entries.push(json!({
                 "socket": info.endpoint,
-                "type": plugreg_devicemanager::PLUGIN_TYPE,
+                "type": plugreg_handler_device::PLUGIN_TYPE,
                 "name": info.resource,
                 "endpoint": info.endpoint,
                 "versions": [plugreg_proto::deviceplugin::v1beta1::VERSION],

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use plugreg_devicemanager::{EndpointInfo, Health};
 use plugreg_deviceplugin::{DevicePlugin, PluginConfig};
 use plugreg_example_device_plugin::Widgets;
+use plugreg_handler_device::{EndpointInfo, Health};
 use tokio_util::sync::CancellationToken;
 
 use crate::device::{DeviceArgs, Devices};

@@ -1,7 +1,7 @@
 //! `plugreg dra ...`: call a DRA driver on its socket as the kubelet would (D11).
 //!
 //! * `prepare` / `unprepare`: NodePrepareResources / NodeUnprepareResources through the
-//!   manager's own DRA client (`plugreg_handlers::DraHandler`), with the kubelet's answer checks;
+//!   manager's own DRA client (`plugreg_handler_dra::DraHandler`), with the kubelet's answer checks;
 //! * `health`: the first NodeWatchResources answer (`v1alpha1.DRAResourceHealth`).
 //!
 //! Output is a table, or `-o json`.
@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use plugreg_handlers::DraHandler;
+use plugreg_handler_dra::DraHandler;
 use plugreg_manager::{PluginHandler, PluginRecord};
 use plugreg_proto::dra::health_v1alpha1 as health;
 use plugreg_proto::dra::v1;
@@ -354,7 +354,7 @@ fn table<const N: usize>(out: &mut impl Write, lines: &[[String; N]]) -> std::io
 async fn health_cmd(t: Target, out: &mut impl Write) -> anyhow::Result<()> {
     let path = plugreg_transport::parse_address(&t.endpoint)?;
     let answer = tokio::time::timeout(t.timeout, async {
-        let (conn, ended) = plugreg_handlers::dra_dial(&path)
+        let (conn, ended) = plugreg_handler_dra::dra_dial(&path)
             .await
             .with_context(|| format!("cannot connect to {}", path.display()))?;
         tokio::spawn(ended);

@@ -183,7 +183,7 @@ pub async fn inspect(args: SocketArgs, out: &mut dyn std::io::Write) -> anyhow::
     if let Some(i) = d
         .info
         .as_ref()
-        .filter(|i| i.plugin_type == plugreg_csi::PLUGIN_TYPE)
+        .filter(|i| i.plugin_type == plugreg_handler_csi::PLUGIN_TYPE)
     {
         let ep = if i.endpoint.is_empty() {
             socket.display().to_string()
@@ -191,7 +191,7 @@ pub async fn inspect(args: SocketArgs, out: &mut dyn std::io::Write) -> anyhow::
             i.endpoint.clone()
         };
         csi_driver = Some(
-            match plugreg_csi::client::CsiClient::connect(&ep, args.timeout).await {
+            match plugreg_handler_csi::client::CsiClient::connect(&ep, args.timeout).await {
                 Ok(c) => match c.get_plugin_info().await {
                     Ok(r) => {
                         serde_json::json!({"endpoint": ep, "name": r.name, "vendor_version": r.vendor_version})

@@ -237,7 +237,7 @@ async fn a_stale_socket_cannot_be_connected() {
         .unwrap_err();
     assert!(matches!(err, CliError::Dial { .. }), "{err:?}");
     assert!(
-        plugreg_csi::report::chain(&err).contains("cannot connect to unix://"),
+        plugreg_handler_csi::report::chain(&err).contains("cannot connect to unix://"),
         "{err}"
     );
 }

@@ -10,7 +10,7 @@ use plugreg_dra::{
     Claim, Config, DeviceHealth, DeviceIdentifier, Driver, DriverError, HealthStatus,
     PrepareResult, async_trait,
 };
-use plugreg_handlers::DraHandler;
+use plugreg_handler_dra::DraHandler;
 use plugreg_manager::{HandlerRegistry, ManagerConfig, PluginHandler, PluginManager};
 use plugreg_proto::pluginregistration::PluginInfo;
 use tokio::sync::watch;

@@ -1,7 +1,7 @@
 //! Benchmark: DRA NodePrepareResources + NodeUnprepareResources round trips through the
 //! manager's DRA client (`DraHandler`) against a plugreg-dra driver on a real Unix socket.
 //!
-//! `cargo run --release -p plugreg-handlers --example dra_roundtrip -- [ROUNDS]` prints p50, p99
+//! `cargo run --release -p plugreg-handler-dra --example dra_roundtrip -- [ROUNDS]` prints p50, p99
 //! and max in microseconds.
 
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use plugreg_dra::{Claim, Driver, DriverError, PrepareResult, async_trait};
 use plugreg_handler_api::PluginHandler;
-use plugreg_handlers::DraHandler;
+use plugreg_handler_dra::DraHandler;
 
 /// Answers one device per claim.
 struct Driver1;

@@ -21,9 +21,9 @@
 //! [`PLUGIN_TYPE`]:
 //!
 //! ```no_run
-//! # async fn wire() -> Result<(), plugreg_csi::SinkError> {
+//! # async fn wire() -> Result<(), plugreg_handler_csi::SinkError> {
 //! use std::sync::Arc;
-//! use plugreg_csi::{CsiHandler, CsiHandlerConfig, SinkConfig, PLUGIN_TYPE};
+//! use plugreg_handler_csi::{CsiHandler, CsiHandlerConfig, SinkConfig, PLUGIN_TYPE};
 //! use plugreg_handler_api::HandlerRegistry;
 //!
 //! let cfg = CsiHandlerConfig::new(SinkConfig::File("/run/plugreg/node-info.json".into()));

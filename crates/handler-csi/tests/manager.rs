@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use plugreg_csi::{CsiHandler, FileSink, PLUGIN_TYPE};
 use plugreg_csi_test_driver::{DriverConfig, Fault, Method, RunningDriver};
+use plugreg_handler_csi::{CsiHandler, FileSink, PLUGIN_TYPE};
 use plugreg_manager::{HandlerRegistry, ManagerConfig, PluginManager, PluginState};
 use plugreg_registrar::{PluginInfo, Registrar, ServeOptions, Status};
 use tokio_util::sync::CancellationToken;

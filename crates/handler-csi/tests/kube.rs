@@ -14,9 +14,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, VolumeNodeResources};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use plugreg_csi::{CsiHandler, KubeSink, NODE_ID_ANNOTATION};
 use plugreg_csi_test_driver::{DriverConfig, RunningDriver, start};
 use plugreg_handler_api::PluginHandler;
+use plugreg_handler_csi::{CsiHandler, KubeSink, NODE_ID_ANNOTATION};
 use plugreg_testpeers::ApiServer;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -452,7 +452,7 @@ async fn a_failed_csinode_write_undoes_the_node_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_lose_no_entry() {
-    use plugreg_csi::{DriverNodeInfo, NodeInfoSink};
+    use plugreg_handler_csi::{DriverNodeInfo, NodeInfoSink};
     let env = Env::new("csi-concurrent", &[]).await;
     // One sink per writer, as separate processes would be: only the API server orders them.
     // Each writer writes each object once, so one conflicts at most 3 times: within the 5

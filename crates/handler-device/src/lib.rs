@@ -8,9 +8,8 @@
 //!
 //! Each plugin socket gets one client: dial (10 s), GetDevicePluginOptions, then one ListAndWatch
 //! stream whose every answer replaces that socket's device list. A broken stream marks the
-//! socket's devices unhealthy and re-dials with back-off. A crate of its own (not in
-//! `plugreg-handlers`) because it is more than a handler: it serves kubelet.sock too, and owns
-//! the inventory both ways in share.
+//! socket's devices unhealthy and re-dials with back-off. Besides the handler, the crate
+//! serves kubelet.sock and owns the inventory both ways share.
 
 mod classic;
 mod client;

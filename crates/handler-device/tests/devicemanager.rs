@@ -6,10 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use plugreg_devicemanager::{
-    ClassicRegistration, ClientConfig, DevicePluginHandler, EndpointInfo, Health, Inventory,
-    RegisteredVia,
-};
 use plugreg_deviceplugin::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use plugreg_deviceplugin::api::registration_client::RegistrationClient;
 use plugreg_deviceplugin::api::{
@@ -19,6 +15,10 @@ use plugreg_deviceplugin::api::{
 };
 use plugreg_deviceplugin::{DevicePlugin as Plugin, Event, PluginConfig};
 use plugreg_example_device_plugin::Widgets;
+use plugreg_handler_device::{
+    ClassicRegistration, ClientConfig, DevicePluginHandler, EndpointInfo, Health, Inventory,
+    RegisteredVia,
+};
 use plugreg_manager::{HandlerRegistry, ManagerConfig, PluginManager};
 use plugreg_registrar::{PluginInfo, Registrar};
 use plugreg_runtime::Backoff;

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use plugreg_csi::sink::{FileSink, NodeInfoFile};
-use plugreg_csi::{CsiHandler, NODE_ID_ANNOTATION};
 use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, RunningDriver, start};
 use plugreg_handler_api::PluginHandler;
+use plugreg_handler_csi::sink::{FileSink, NodeInfoFile};
+use plugreg_handler_csi::{CsiHandler, NODE_ID_ANNOTATION};
 
 const DRIVER: &str = "csi.plugreg.test";
 

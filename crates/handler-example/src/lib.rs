@@ -1,4 +1,7 @@
-//! The example handler.
+//! The kubelet side of upstream's example plugin: [`ExampleHandler`], the handler for type
+//! [`EXAMPLE_PLUGIN`], as upstream's plugin-manager tests use it. It accepts plugins whose versions
+//! are exactly its configured list and, on register, calls `GetExampleInfo` on every example
+//! service version the plugin advertises. For tests and demos.
 
 use std::time::Duration;
 

@@ -1,10 +1,10 @@
-//! The handlers inside a real manager, against the real example plugin.
+//! The example handler inside a real manager, against the real example plugin.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use plugreg_example_plugin::{ExampleConfig, ExamplePlugin};
-use plugreg_handlers::{EXAMPLE_PLUGIN, ExampleHandler, RecordHandler};
+use plugreg_handler_example::{EXAMPLE_PLUGIN, ExampleHandler};
 use plugreg_manager::{HandlerRegistry, ManagerConfig, PluginHandler, PluginManager};
 use tokio_util::sync::CancellationToken;
 
@@ -83,15 +83,4 @@ async fn example_handler_register_fails_when_a_service_is_missing() {
         "{err}"
     );
     token.cancel();
-}
-
-#[tokio::test]
-async fn record_handler_forgets_only_the_current_endpoint() {
-    let h = RecordHandler::new();
-    h.register("d", "/old", &[]).await.unwrap();
-    h.register("d", "/new", &[]).await.unwrap();
-    h.deregister("d", "/old").await;
-    assert_eq!(h.registered().get("d").map(String::as_str), Some("/new"));
-    h.deregister("d", "/new").await;
-    assert!(h.registered().is_empty());
 }

@@ -1,9 +1,9 @@
-//! The accept-and-record handler.
+//! The accept-and-record handler: what a plugin type without a handler of its own gets.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use plugreg_handler_api::{HandlerError, PluginHandler, async_trait};
+use crate::{HandlerError, PluginHandler, async_trait};
 
 /// Accepts every plugin and remembers which endpoint each name is registered at.
 #[derive(Debug, Default)]
