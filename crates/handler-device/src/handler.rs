@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use plugreg_handler_api::{HandlerError, PluginHandler, async_trait};
 use plugreg_proto::deviceplugin::v1beta1::VERSION;
+use serde_json::{Value, json};
 
 use crate::client::{self, ClientConfig, ConnectError};
-use crate::inventory::{Inventory, RegisteredVia};
+use crate::inventory::{EndpointInfo, Inventory, RegisteredVia};
 use crate::resource::is_extended_resource_name;
 
 /// Why the handler refused or failed a plugin; the texts are the kubelet's.
@@ -108,6 +109,59 @@ impl PluginHandler for DevicePluginHandler {
             tracing::info!(resource = name, endpoint, "device plugin deregistered");
         }
     }
+
+    /// The plugin's endpoint as the inventory holds it (registered through the plugin manager).
+    fn plugin_details(&self, _name: &str, endpoint: &str) -> Option<Value> {
+        let path = plugreg_transport::parse_address(endpoint).ok()?;
+        self.inventory
+            .snapshot()
+            .iter()
+            .find(|x| x.registered_via == RegisteredVia::PluginsRegistry && x.endpoint == path)
+            .map(details)
+    }
+
+    /// One entry per plugin registered through kubelet.sock (the classic way), which the
+    /// plugin manager never sees.
+    fn unlisted_plugins(&self) -> Vec<Value> {
+        self.inventory
+            .snapshot()
+            .iter()
+            .filter(|x| x.registered_via == RegisteredVia::KubeletSock)
+            .map(|info| {
+                json!({
+                    "socket": info.endpoint,
+                    "type": crate::PLUGIN_TYPE,
+                    "name": info.resource,
+                    "endpoint": info.endpoint,
+                    "versions": [VERSION],
+                    "state": if info.connected { "registered" } else { "failed" },
+                    "desired": true,
+                    "last_error": info.last_error,
+                    "registered_at": humantime::format_rfc3339_nanos(info.registered_at).to_string(),
+                    "details": details(info),
+                })
+            })
+            .collect()
+    }
+
+    /// The inventory's Prometheus text: devices by resource and health, endpoints, classic
+    /// Register calls.
+    fn write_metrics(&self, out: &mut String) {
+        out.push_str(&self.inventory.render_metrics());
+    }
+}
+
+/// The `details` object of a device plugin in `/plugins` (D11).
+fn details(info: &EndpointInfo) -> Value {
+    json!({
+        "resource": info.resource,
+        "registered_via": info.registered_via,
+        "connected": info.connected,
+        "options": info.options,
+        "devices": info.devices,
+        "updates": info.updates,
+        "last_error": info.last_error,
+    })
 }
 
 #[cfg(test)]

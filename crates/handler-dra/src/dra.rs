@@ -828,6 +828,16 @@ impl PluginHandler for DraHandler {
             }
         }
     }
+
+    /// The instance's service, connection, whether it is the one serving, its device health.
+    fn plugin_details(&self, name: &str, endpoint: &str) -> Option<serde_json::Value> {
+        serde_json::to_value(self.details(name, endpoint)?).ok()
+    }
+
+    /// Calls by driver, method and result; instances by connection state.
+    fn write_metrics(&self, out: &mut String) {
+        out.push_str(&self.render_metrics());
+    }
 }
 
 #[cfg(test)]

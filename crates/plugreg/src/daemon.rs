@@ -138,7 +138,7 @@ impl ManagerArgs {
                 continue;
             }
             if t == plugreg_proto::pluginregistration::DRA_PLUGIN {
-                handlers.insert(t, Arc::new(crate::dra::daemon_handler().clone()));
+                handlers.insert(t, Arc::new(plugreg_handler_dra::DraHandler::new()));
             } else if t == EXAMPLE_PLUGIN {
                 handlers.insert(
                     t,
@@ -169,6 +169,18 @@ impl ManagerArgs {
         Ok(handlers)
     }
 
+    /// Refuses `--device-plugin-dir` without the `DevicePlugin` type: that type's handler keeps
+    /// (and reports) the devices of plugins registered either way.
+    fn check_device_plugin_dir(&self, handlers: &HandlerRegistry) -> anyhow::Result<()> {
+        let t = plugreg_handler_device::PLUGIN_TYPE;
+        if self.device.device_plugin_dir.is_some() && handlers.get(t).is_none() {
+            anyhow::bail!(
+                "--device-plugin-dir needs {t} in --plugin-types: its handler keeps the devices of plugins registered either way"
+            );
+        }
+        Ok(())
+    }
+
     fn csi_sink(&self) -> Option<plugreg_handler_csi::SinkConfig> {
         if let Some(f) = &self.node_info_file {
             return Some(plugreg_handler_csi::SinkConfig::File(f.clone()));
@@ -189,7 +201,8 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
     let token = CancellationToken::new();
     let devices = crate::device::Devices::new(&args.device);
     let handlers = args.handlers(&devices).await?;
-    let manager = PluginManager::start(args.config(), handlers, token.clone())
+    args.check_device_plugin_dir(&handlers)?;
+    let manager = PluginManager::start(args.config(), handlers.clone(), token.clone())
         .await
         .context("cannot start the plugin manager")?;
     let classic = devices.start_classic(&args.device, &token)?;
@@ -201,7 +214,7 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
             tracing::info!(endpoint = %listener.local_addr()?, "Starting HTTP server");
             let state = AppState {
                 manager: manager.clone(),
-                devices: devices.clone(),
+                handlers,
             };
             let served = serve_http(listener, state, args.http_max_connections, token.clone());
             Some(tokio::spawn(
@@ -249,11 +262,12 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the HTTP routes read.
+/// What the HTTP routes read: the manager's records and metrics, and what each type's handler
+/// reports of its plugins.
 #[derive(Clone)]
 pub struct AppState {
     manager: PluginManager,
-    devices: crate::device::Devices,
+    handlers: HandlerRegistry,
 }
 
 /// The longest an HTTP handler may take (they read memory only; a `/plugins` of 10,000 sockets
@@ -311,17 +325,33 @@ fn healthz(state: &AppState) -> Response<String> {
     }
 }
 
+/// The manager's Prometheus text, then each handler's.
 fn metrics(state: &AppState) -> Response<String> {
     let mut text = state.manager.render_metrics();
-    text.push_str(&state.devices.render_metrics());
-    text.push_str(&crate::dra::daemon_handler().render_metrics());
+    text.push_str(&state.handlers.render_metrics());
     text_response(StatusCode::OK, text)
 }
 
+/// The manager's records, each with the `details` its type's handler gives it (DevicePlugin:
+/// devices; DRAPlugin: instances), then the plugins handlers took in another way.
 fn plugins(state: &AppState) -> Response<String> {
-    // Each type's handler adds its `details` (DevicePlugin: devices; DRAPlugin: instances).
-    let mut entries = crate::dra::plugins_json(&state.manager.snapshot());
-    state.devices.decorate(&mut entries);
+    let mut entries: Vec<serde_json::Value> = state
+        .manager
+        .snapshot()
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            if let Some(d) = state
+                .handlers
+                .plugin_details(&r.plugin_type, &r.name, &r.endpoint)
+                && let Some(obj) = v.as_object_mut()
+            {
+                obj.insert("details".into(), d);
+            }
+            v
+        })
+        .collect();
+    entries.extend(state.handlers.unlisted_plugins());
     let body =
         serde_json::to_string_pretty(&entries).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     let mut response = Response::new(body);
@@ -342,7 +372,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let state = AppState {
             manager,
-            devices: crate::device::Devices::new(&Default::default()),
+            handlers: HandlerRegistry::new(),
         };
         tokio::spawn(serve_http(listener, state, max, CancellationToken::new()));
         addr
@@ -383,6 +413,27 @@ mod tests {
         ]);
         assert_eq!(c.handler_timeout, Duration::from_secs(3));
         assert_eq!(c.handler_timeouts["CSIPlugin"], Duration::from_secs(15));
+    }
+
+    #[tokio::test]
+    async fn the_classic_device_plugin_socket_needs_the_device_plugin_type() {
+        let refused = parse_args(&["--plugin-types", "CSIPlugin", "--device-plugin-dir", "/d"]);
+        let devices = crate::device::Devices::new(&refused.device);
+        let handlers = refused.handlers(&devices).await.unwrap();
+        assert_eq!(
+            refused
+                .check_device_plugin_dir(&handlers)
+                .unwrap_err()
+                .to_string(),
+            "--device-plugin-dir needs DevicePlugin in --plugin-types: its handler keeps the devices of plugins registered either way"
+        );
+        let taken = parse_args(&["--device-plugin-dir", "/d"]);
+        let handlers = taken.handlers(&devices).await.unwrap();
+        taken.check_device_plugin_dir(&handlers).unwrap();
+        let handlers = refused.handlers(&devices).await.unwrap();
+        parse_args(&["--plugin-types", "CSIPlugin"])
+            .check_device_plugin_dir(&handlers)
+            .unwrap();
     }
 
     #[tokio::test]

@@ -1,15 +1,12 @@
 //! `plugreg manager`'s device-plugin side (D9, D11): the `DevicePlugin` handler, the classic
-//! kubelet.sock server (`--device-plugin-dir`), and what `/plugins` and `/metrics` show of them.
+//! kubelet.sock server (`--device-plugin-dir`) and the device inventory both feed.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use plugreg_handler_device::{
-    ClassicRegistration, ClientConfig, DevicePluginHandler, EndpointInfo, Inventory, RegisteredVia,
-};
-use serde_json::{Value, json};
+use plugreg_handler_device::{ClassicRegistration, ClientConfig, DevicePluginHandler, Inventory};
 use tokio_util::sync::CancellationToken;
 
 /// The device-plugin flags of `plugreg manager`.
@@ -99,58 +96,4 @@ impl Devices {
     pub fn stop(&self) {
         self.inventory.clear();
     }
-
-    /// Adds `details` to each registered device plugin of `entries` (the manager's records as
-    /// JSON) and appends one entry per plugin registered through kubelet.sock.
-    pub fn decorate(&self, entries: &mut Vec<Value>) {
-        let endpoints = self.inventory.snapshot();
-        for e in entries.iter_mut() {
-            if e["type"] != plugreg_handler_device::PLUGIN_TYPE {
-                continue;
-            }
-            let endpoint = e["endpoint"].as_str().unwrap_or_default();
-            let found = endpoints.iter().find(|x| {
-                x.registered_via == RegisteredVia::PluginsRegistry
-                    && plugreg_transport::parse_address(endpoint).is_ok_and(|p| p == x.endpoint)
-            });
-            if let Some(info) = found {
-                e["details"] = details(info);
-            }
-        }
-        for info in endpoints
-            .iter()
-            .filter(|x| x.registered_via == RegisteredVia::KubeletSock)
-        {
-            entries.push(json!({
-                "socket": info.endpoint,
-                "type": plugreg_handler_device::PLUGIN_TYPE,
-                "name": info.resource,
-                "endpoint": info.endpoint,
-                "versions": [plugreg_proto::deviceplugin::v1beta1::VERSION],
-                "state": if info.connected { "registered" } else { "failed" },
-                "desired": true,
-                "last_error": info.last_error,
-                "registered_at": humantime::format_rfc3339_nanos(info.registered_at).to_string(),
-                "details": details(info),
-            }));
-        }
-    }
-
-    /// The inventory's Prometheus text.
-    pub fn render_metrics(&self) -> String {
-        self.inventory.render_metrics()
-    }
-}
-
-/// The agreed `details` object of a device plugin.
-fn details(info: &EndpointInfo) -> Value {
-    json!({
-        "resource": info.resource,
-        "registered_via": info.registered_via,
-        "connected": info.connected,
-        "options": info.options,
-        "devices": info.devices,
-        "updates": info.updates,
-        "last_error": info.last_error,
-    })
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use plugreg_handler_dra::DraHandler;
-use plugreg_manager::{PluginHandler, PluginRecord};
+use plugreg_manager::PluginHandler;
 use plugreg_proto::dra::health_v1alpha1 as health;
 use plugreg_proto::dra::v1;
 
@@ -72,33 +72,6 @@ fn parse_claim(s: &str) -> Result<v1::Claim, String> {
         }),
         _ => Err(format!("{s:?} is not NAMESPACE/NAME/UID")),
     }
-}
-
-/// The daemon's DRA handler: one per process (`plugreg manager` runs one manager), reachable
-/// from the HTTP routes without changing their state type.
-pub fn daemon_handler() -> &'static DraHandler {
-    static HANDLER: std::sync::OnceLock<DraHandler> = std::sync::OnceLock::new();
-    HANDLER.get_or_init(DraHandler::new)
-}
-
-/// `/plugins` entries: the records, DRA ones with `details` from the daemon's handler (D11).
-pub fn plugins_json(records: &[PluginRecord]) -> Vec<serde_json::Value> {
-    records
-        .iter()
-        .map(|r| {
-            let mut v = serde_json::to_value(r).unwrap_or_default();
-            if r.plugin_type == plugreg_proto::pluginregistration::DRA_PLUGIN
-                && let Some(d) = daemon_handler().details(&r.name, &r.endpoint)
-                && let Some(obj) = v.as_object_mut()
-            {
-                obj.insert(
-                    "details".into(),
-                    serde_json::to_value(d).unwrap_or_default(),
-                );
-            }
-            v
-        })
-        .collect()
 }
 
 /// `plugreg demo`'s DRA step: the example DRA driver registers in `registry`, and `handler`
