@@ -5,13 +5,15 @@
 //! * [`signal`]: SIGTERM / SIGINT (and SIGHUP for daemons) as one awaitable stream;
 //! * [`prom`]: the Prometheus text format of every `/metrics` endpoint (label escaping, Go's
 //!   number format, a fixed-bucket histogram);
-//! * [`report`]: an error and its causes as one line, gRPC statuses worded as grpc-go words them.
+//! * [`report`]: an error and its causes as one line, gRPC statuses worded as grpc-go words them;
+//! * [`procfs`]: a process's memory and CPU time, and the mount points below a directory.
 //!
 //! It depends on tokio and tonic only, so the registrar side can use it without pulling in
 //! inotify or kube.
 
 pub mod accept;
 pub mod backoff;
+pub mod procfs;
 pub mod prom;
 pub mod report;
 pub mod signal;

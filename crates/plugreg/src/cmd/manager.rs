@@ -1,5 +1,9 @@
 //! `plugreg manager`: the kubelet-side plugin manager as a daemon.
 
+pub mod device;
+#[cfg(feature = "panicking-handler")]
+mod fault;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -94,7 +98,7 @@ pub struct ManagerArgs {
     pub liveness_failures: u32,
     /// Device plugins.
     #[command(flatten)]
-    pub device: crate::device::DeviceArgs,
+    pub device: device::DeviceArgs,
 }
 
 impl ManagerArgs {
@@ -122,10 +126,7 @@ impl ManagerArgs {
     }
 
     /// The handlers for the configured plugin types.
-    pub async fn handlers(
-        &self,
-        devices: &crate::device::Devices,
-    ) -> anyhow::Result<HandlerRegistry> {
+    pub async fn handlers(&self, devices: &device::Devices) -> anyhow::Result<HandlerRegistry> {
         let mut handlers = HandlerRegistry::new();
         for t in &self.plugin_types {
             let t = t.trim();
@@ -133,8 +134,8 @@ impl ManagerArgs {
                 continue;
             }
             #[cfg(feature = "panicking-handler")]
-            if t == crate::fault::PLUGIN_TYPE {
-                handlers.insert(t, Arc::new(crate::fault::PanickingHandler));
+            if t == fault::PLUGIN_TYPE {
+                handlers.insert(t, Arc::new(fault::PanickingHandler));
                 continue;
             }
             if t == plugreg_proto::pluginregistration::DRA_PLUGIN {
@@ -199,7 +200,7 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
     // Installed first: a SIGHUP that arrives once the daemon says it is up must rescan, not kill.
     let mut signals = Signals::with_hangup()?;
     let token = CancellationToken::new();
-    let devices = crate::device::Devices::new(&args.device);
+    let devices = device::Devices::new(&args.device);
     let handlers = args.handlers(&devices).await?;
     args.check_device_plugin_dir(&handlers)?;
     let manager = PluginManager::start(args.config(), handlers.clone(), token.clone())
@@ -418,7 +419,7 @@ mod tests {
     #[tokio::test]
     async fn the_classic_device_plugin_socket_needs_the_device_plugin_type() {
         let refused = parse_args(&["--plugin-types", "CSIPlugin", "--device-plugin-dir", "/d"]);
-        let devices = crate::device::Devices::new(&refused.device);
+        let devices = device::Devices::new(&refused.device);
         let handlers = refused.handlers(&devices).await.unwrap();
         assert_eq!(
             refused

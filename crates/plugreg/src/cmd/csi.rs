@@ -23,7 +23,7 @@ use plugreg_proto::csi::v1::plugin_capability::{self, service, volume_expansion}
 use plugreg_transport::PathKind;
 use serde::Serialize;
 
-pub use crate::ops::Output;
+pub use crate::output::Output;
 
 use plugreg_handler_csi::client::{CallError, CsiClient};
 
@@ -426,16 +426,14 @@ fn list(items: &[String]) -> String {
 }
 
 fn table(out: &mut dyn Write, rows: &[(&str, String)]) -> Result<(), CliError> {
-    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    for (k, v) in rows {
-        writeln!(out, "{k:<width$}  {v}").map_err(CliError::Output)?;
-    }
-    Ok(())
+    crate::output::key_values(out, rows).map_err(CliError::Output)
 }
 
 fn json(out: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError> {
-    serde_json::to_writer_pretty(&mut *out, value).map_err(CliError::Json)?;
-    writeln!(out).map_err(CliError::Output)
+    crate::output::json(out, value).map_err(|e| match e.io_error_kind() {
+        Some(_) => CliError::Output(e.into()),
+        None => CliError::Json(e),
+    })
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! `plugreg demo`: the whole registration story in a temp dir, in a few seconds, with no root
+//! The demo itself: the whole registration story in a temp dir, in a few seconds, with no root
 //! and no cluster.
 
 use std::sync::Arc;
@@ -13,20 +13,12 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::ops::write_table;
+use crate::output::table;
 
 const SOON: Duration = Duration::from_secs(10);
 
-/// Flags of `plugreg demo`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct DemoArgs {
-    /// Keep the temp dir (and print where it is) instead of removing it.
-    #[arg(long)]
-    pub keep: bool,
-}
-
 /// Runs the demo, printing to `out`.
-pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+pub async fn run(args: super::DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let started = Instant::now();
     let tmp = tempfile::Builder::new().prefix("plugreg-demo-").tempdir()?;
     let base = tmp.path().to_owned();
@@ -38,7 +30,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
     writeln!(out, "working in {}\n", base.display())?;
 
     // 1. The kubelet side.
-    let devices = crate::device_demo::devices();
+    let devices = super::device::devices();
     let dra_handler = plugreg_handler_dra::DraHandler::new();
     let handlers = HandlerRegistry::new()
         .with(
@@ -157,7 +149,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
         "   CSI test driver {driver_name} serves {} (node id demo-node-1, zone zone-a, 16 volumes)",
         csi_sock.display()
     )?;
-    let sidecar = crate::sidecar::start(&csi_sock, &registry, token.child_token()).await?;
+    let sidecar = super::sidecar::start(&csi_sock, &registry, token.child_token()).await?;
     let reg_sock = sidecar.socket.clone();
     writeln!(
         out,
@@ -185,7 +177,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
     }
     writeln!(out)?;
 
-    crate::device_demo::step(&devices, &registry, &base, &token, out).await?;
+    super::device::step(&devices, &registry, &base, &token, out).await?;
 
     // 4. A socket removed.
     let (name, _, _, widget, _) = &running[0];
@@ -207,7 +199,7 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
 
     // 4b. A DRA driver: registered, then a claim prepared and unprepared through it.
     writeln!(out, "4b. A DRA driver (plugreg-dra) and a claim:")?;
-    crate::dra::demo_step(
+    super::dra::step(
         &registry,
         &base.join("plugins/gpu.demo.plugreg.io"),
         &dra_handler,
@@ -248,9 +240,9 @@ pub async fn run(args: DemoArgs, out: &mut dyn std::io::Write) -> anyhow::Result
             err,
         ]);
     }
-    let mut table = Vec::new();
-    write_table(&mut table, &rows)?;
-    for line in String::from_utf8_lossy(&table).lines() {
+    let mut printed = Vec::new();
+    table(&mut printed, &rows)?;
+    for line in String::from_utf8_lossy(&printed).lines() {
         writeln!(out, "   {line}")?;
     }
 

@@ -13,14 +13,7 @@ use plugreg_proto::pluginregistration::{InfoRequest, PluginInfo};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-/// Output format of operator commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    /// An aligned table for people.
-    Table,
-    /// JSON for scripts.
-    Json,
-}
+use crate::output::{Output, json, table};
 
 /// Flags shared by the commands that read a registry directory.
 #[derive(Debug, Clone, clap::Args)]
@@ -117,9 +110,9 @@ pub async fn list(args: DirArgs, out: &mut dyn std::io::Write) -> anyhow::Result
     rows.sort_by_key(|(i, _)| *i);
     let rows: Vec<SocketInfo> = rows.into_iter().map(|(_, r)| r).collect();
     match args.output {
-        Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?,
+        Output::Json => json(out, &rows)?,
         Output::Table => {
-            let mut table = vec![
+            let mut lines = vec![
                 ["SOCKET", "TYPE", "NAME", "ENDPOINT", "VERSIONS", "STATUS"]
                     .map(String::from)
                     .to_vec(),
@@ -135,9 +128,9 @@ pub async fn list(args: DirArgs, out: &mut dyn std::io::Write) -> anyhow::Result
                     None => Default::default(),
                 };
                 let status = r.error.clone().unwrap_or_else(|| "ok".into());
-                table.push(vec![r.socket.display().to_string(), t, n, e, v, status]);
+                lines.push(vec![r.socket.display().to_string(), t, n, e, v, status]);
             }
-            write_table(out, &table)?;
+            table(out, &lines)?;
             if rows.is_empty() {
                 writeln!(out, "(no sockets in {})", args.registry_dir.display())?;
             }
@@ -213,7 +206,7 @@ pub async fn inspect(args: SocketArgs, out: &mut dyn std::io::Write) -> anyhow::
         csi_driver,
     };
     match args.output {
-        Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+        Output::Json => json(out, &report)?,
         Output::Table => {
             let mut rows = vec![
                 vec!["socket".into(), report.socket.display().to_string()],
@@ -235,7 +228,7 @@ pub async fn inspect(args: SocketArgs, out: &mut dyn std::io::Write) -> anyhow::
             if let Some(c) = &report.csi_driver {
                 rows.push(vec!["csi driver".into(), c.to_string()]);
             }
-            write_table(out, &rows)?;
+            table(out, &rows)?;
         }
     }
     Ok(())
@@ -325,31 +318,5 @@ pub async fn watch(args: DirArgs, out: &mut dyn std::io::Write) -> anyhow::Resul
     }
     token.cancel();
     let _ = task.await;
-    Ok(())
-}
-
-/// Writes rows as left-aligned columns.
-pub fn write_table(out: &mut dyn std::io::Write, rows: &[Vec<String>]) -> std::io::Result<()> {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for r in rows {
-        let mut line = String::new();
-        for (c, cell) in r.iter().enumerate() {
-            if c + 1 == r.len() {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<w$}  ", w = widths[c]));
-            }
-        }
-        writeln!(out, "{}", line.trim_end())?;
-    }
     Ok(())
 }

@@ -12,7 +12,7 @@ use plugreg_example_device_plugin::Widgets;
 use plugreg_handler_device::{EndpointInfo, Health};
 use tokio_util::sync::CancellationToken;
 
-use crate::device::{DeviceArgs, Devices};
+use crate::cmd::manager::device::{DeviceArgs, Devices};
 
 const SOON: Duration = Duration::from_secs(10);
 

@@ -17,6 +17,7 @@ use plugreg_csi_core::node::{AccessMode, Step};
 use plugreg_csi_core::{KubeletLayout, NodeClient, NodeError, VolumeMode, VolumePaths, VolumeSpec};
 use plugreg_proto::csi::v1::{GetPluginInfoRequest, volume_usage};
 use plugreg_runtime::backoff::Backoff;
+use plugreg_runtime::procfs::mount_points_under;
 use serde::Serialize;
 
 use super::{CliError, Output, json, table};
@@ -617,15 +618,6 @@ impl CheckDir {
         })?;
         Ok(Self { path })
     }
-}
-
-fn mount_points_under(dir: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(p.replace("\\040", " ")))
-        .filter(|p| p.starts_with(dir))
-        .collect()
 }
 
 fn remove_empty_dirs(dir: &Path, mounts: &[PathBuf]) {

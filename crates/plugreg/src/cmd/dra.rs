@@ -15,6 +15,8 @@ use plugreg_manager::PluginHandler;
 use plugreg_proto::dra::health_v1alpha1 as health;
 use plugreg_proto::dra::v1;
 
+use crate::output::{Output, table};
+
 /// The `plugreg dra` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum DraCommand {
@@ -24,15 +26,6 @@ pub enum DraCommand {
     Unprepare(Calls),
     /// Show the driver's device health (first NodeWatchResources answer).
     Health(Target),
-}
-
-/// Output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    /// Aligned columns.
-    Table,
-    /// One JSON object.
-    Json,
 }
 
 /// Which driver, how long, how to print.
@@ -72,103 +65,6 @@ fn parse_claim(s: &str) -> Result<v1::Claim, String> {
         }),
         _ => Err(format!("{s:?} is not NAMESPACE/NAME/UID")),
     }
-}
-
-/// `plugreg demo`'s DRA step: the example DRA driver registers in `registry`, and `handler`
-/// (the manager's DRA handler) prepares and unprepares a claim through it.
-#[cfg(feature = "demo")]
-pub async fn demo_step(
-    registry: &std::path::Path,
-    plugin_dir: &std::path::Path,
-    handler: &DraHandler,
-    token: tokio_util::sync::CancellationToken,
-    out: &mut dyn Write,
-) -> anyhow::Result<()> {
-    let driver_name = "gpu.demo.plugreg.io";
-    let mut config = plugreg_dra::Config::new(driver_name);
-    config.registry_dir = registry.to_owned();
-    config.plugin_dir = plugin_dir.to_owned();
-    std::fs::create_dir_all(plugin_dir)?;
-    let driver = std::sync::Arc::new(plugreg_example_dra_driver::ExampleDriver::new(
-        driver_name,
-        "node-1",
-        2,
-        None,
-    ));
-    let plugin = plugreg_dra::start(driver, config, token).await?;
-    writeln!(
-        out,
-        "   DRA driver {driver_name} advertises {:?}",
-        plugin.registrar().info().supported_versions
-    )?;
-    let mut status = plugin.registrar().status();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        status.wait_for(|s| s.is_registered()),
-    )
-    .await
-    .context("the DRA driver was not registered in time")??;
-    let endpoint = plugin.plugin_socket().display().to_string();
-    let chosen = handler
-        .details(driver_name, &endpoint)
-        .map(|d| d.service)
-        .unwrap_or_default();
-    writeln!(out, "   [registered] {driver_name}: service {chosen}")?;
-    let claim = v1::Claim {
-        namespace: "default".into(),
-        name: "gpu-claim".into(),
-        uid: "0f1e2d3c-demo".into(),
-    };
-    let t0 = std::time::Instant::now();
-    let r = handler
-        .prepare(driver_name, vec![claim.clone()])
-        .await
-        .map_err(|s| {
-            anyhow::anyhow!(
-                "NodePrepareResources: {}",
-                plugreg_runtime::report::grpc(&s)
-            )
-        })?;
-    let took = t0.elapsed();
-    for d in r
-        .claims
-        .get(&claim.uid)
-        .map(|c| c.devices.as_slice())
-        .unwrap_or_default()
-    {
-        writeln!(
-            out,
-            "   [prepared] claim default/gpu-claim -> {}/{} CDI {} ({:.1} ms)",
-            d.pool_name,
-            d.device_name,
-            d.cdi_device_ids.join(","),
-            took.as_secs_f64() * 1e3
-        )?;
-    }
-    let r = handler
-        .unprepare(driver_name, vec![claim.clone()])
-        .await
-        .map_err(|s| {
-            anyhow::anyhow!(
-                "NodeUnprepareResources: {}",
-                plugreg_runtime::report::grpc(&s)
-            )
-        })?;
-    let error = r
-        .claims
-        .get(&claim.uid)
-        .map(|c| c.error.clone())
-        .unwrap_or_default();
-    writeln!(
-        out,
-        "   [unprepared] claim default/gpu-claim{}",
-        if error.is_empty() {
-            String::new()
-        } else {
-            format!(": {error}")
-        }
-    )?;
-    Ok(())
 }
 
 /// The name the CLI registers the endpoint under in its private handler.
@@ -261,7 +157,7 @@ async fn call(c: Calls, prepare: bool, out: &mut impl Write) -> anyhow::Result<(
                 })
                 .collect();
             let v = serde_json::json!({"method": method, "service": c.service, "claims": claims, "errors": problems});
-            writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            crate::output::json(out, &v)?;
         }
         Output::Table => {
             let mut lines = vec![[
@@ -299,27 +195,6 @@ async fn call(c: Calls, prepare: bool, out: &mut impl Write) -> anyhow::Result<(
     }
     if !problems.is_empty() {
         bail!("{}", problems.join("; "));
-    }
-    Ok(())
-}
-
-fn table<const N: usize>(out: &mut impl Write, lines: &[[String; N]]) -> std::io::Result<()> {
-    let mut widths = [0usize; N];
-    for l in lines {
-        for (w, c) in widths.iter_mut().zip(l) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    for l in lines {
-        let mut s = String::new();
-        for (i, (w, c)) in widths.iter().zip(l).enumerate() {
-            if i + 1 == N {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  "));
-            }
-        }
-        writeln!(out, "{}", s.trim_end())?;
     }
     Ok(())
 }
@@ -373,11 +248,7 @@ async fn health_cmd(t: Target, out: &mut impl Write) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
-            writeln!(
-                out,
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({ "devices": devices }))?
-            )?;
+            crate::output::json(out, &serde_json::json!({ "devices": devices }))?;
         }
         Output::Table => {
             let mut lines = vec![[

@@ -19,7 +19,7 @@ use plugreg_proto::deviceplugin::v1beta1::{
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use crate::ops::{Output, write_table};
+use crate::output::{Output, table};
 
 /// The `plugreg device` subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -144,7 +144,7 @@ pub async fn run(command: DeviceCommand, out: &mut dyn Write) -> anyhow::Result<
             let o = p.options;
             match target.output {
                 Output::Json => writeln!(out, "{}", options_json(&o))?,
-                Output::Table => write_table(
+                Output::Table => table(
                     out,
                     &[
                         vec![
@@ -249,7 +249,7 @@ pub async fn run(command: DeviceCommand, out: &mut dyn Write) -> anyhow::Result<
                 Output::Table => {
                     let mut rows = vec![vec!["ID".to_owned()]];
                     rows.extend(ids.into_iter().map(|i| vec![i]));
-                    write_table(out, &rows)?;
+                    table(out, &rows)?;
                 }
             }
         }
@@ -329,7 +329,7 @@ fn print_devices(
                     .unwrap_or_else(|| "-".into());
                 rows.push(vec![d.id.clone(), d.health.clone(), numa]);
             }
-            write_table(out, &rows)
+            table(out, &rows)
         }
     }
 }
@@ -383,7 +383,7 @@ fn print_allocation(
                     .iter()
                     .map(|d| vec!["cdi".into(), d.name.clone()]),
             );
-            write_table(out, &rows)
+            table(out, &rows)
         }
     }
 }
