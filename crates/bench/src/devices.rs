@@ -1,4 +1,4 @@
-//! `plugreg-device-bench`: runs a real `plugreg manager` process and device plugins (the
+//! `plugreg-bench devices`: runs a real `plugreg manager` process and device plugins (the
 //! plugin-side library with the example widgets, in this process, registering through
 //! plugins_registry) and measures:
 //!
@@ -8,23 +8,24 @@
 //!
 //! Prints a Markdown section for BENCHMARKS.md.
 
-use std::io::{Read, Write};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::Parser;
 use plugreg_deviceplugin::{DevicePlugin, PluginConfig};
 use plugreg_example_device_plugin::Widgets;
 use plugreg_testpeers::{LinesFrom, PeerProcess};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-/// Flags.
-#[derive(Debug, Parser)]
-struct Args {
+use crate::stats::Summary;
+
+/// Flags of `plugreg-bench devices`.
+#[derive(Debug, clap::Args)]
+pub struct DevicesArgs {
     /// The plugreg binary (default: beside this one).
     #[arg(long)]
     plugreg: Option<PathBuf>,
@@ -39,41 +40,15 @@ struct Args {
     devices: usize,
 }
 
-fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
-    let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp)?;
-    Ok(resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default())
-}
-
-fn plugins(addr: &str) -> anyhow::Result<Vec<Value>> {
-    let v: Value = serde_json::from_str(&http_get(addr, "/plugins")?)?;
+/// The daemon's `/plugins`.
+fn plugins(addr: SocketAddr) -> anyhow::Result<Vec<Value>> {
+    let (code, body) = crate::http::get(addr, "/plugins", Duration::from_secs(30))?;
+    anyhow::ensure!(code == 200, "/plugins answered {code}");
+    let v: Value = serde_json::from_str(&body)?;
     Ok(v.as_array().cloned().unwrap_or_default())
 }
 
-fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(key)?
-                .trim()
-                .strip_suffix(" kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .with_context(|| format!("no {key} in /proc/{pid}/status"))
-}
-
-async fn manager(bin: &Path, registry: &Path) -> anyhow::Result<(PeerProcess, String)> {
+async fn manager(bin: &Path, registry: &Path) -> anyhow::Result<(PeerProcess, SocketAddr)> {
     let mut cmd = Command::new(bin);
     cmd.args(["manager", "--registry-dir"]).arg(registry).args([
         "--http-endpoint",
@@ -90,7 +65,12 @@ async fn manager(bin: &Path, registry: &Path) -> anyhow::Result<(PeerProcess, St
             Duration::from_secs(30),
         )
         .await?;
-    Ok((m, v["endpoint"].as_str().unwrap_or_default().to_owned()))
+    let addr = v["endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()
+        .context("the manager's HTTP endpoint")?;
+    Ok((m, addr))
 }
 
 fn start_plugin(
@@ -114,25 +94,21 @@ fn start_plugin(
     widgets
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let bin = match args.plugreg {
-        Some(b) => b,
-        None => std::env::current_exe()?
-            .parent()
-            .context("no exe dir")?
-            .join("plugreg"),
-    };
+/// Runs the device-plugin benchmark and prints its Markdown section.
+pub fn main(args: DevicesArgs) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: DevicesArgs) -> anyhow::Result<()> {
+    let bin = crate::daemon_bin(args.plugreg.as_deref())?;
     if !bin.exists() {
         bail!(
             "{} is missing: cargo build --release -p plugreg",
@@ -161,7 +137,7 @@ async fn main() -> anyhow::Result<()> {
         )
     };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while listed(&plugins(&addr)?).is_none() {
+    while listed(&plugins(addr)?).is_none() {
         if Instant::now() > deadline {
             bail!("the device plugin never showed up in /plugins");
         }
@@ -171,12 +147,11 @@ async fn main() -> anyhow::Result<()> {
     for n in 0..args.flips {
         let (_, health) = widgets.flip(n % 8).context("flip")?;
         let t0 = Instant::now();
-        let a = addr.clone();
         let idx = n % 8;
         // Polls /plugins back to back until the device shows the new health.
         let seen = tokio::task::spawn_blocking(move || -> anyhow::Result<Duration> {
             loop {
-                let v = plugins(&a)?;
+                let v = plugins(addr)?;
                 if let Some(h) = listed(&v)
                     && h[idx] == health
                 {
@@ -190,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
         .await??;
         samples.push(seen);
     }
-    samples.sort();
+    let flips = Summary::of(&samples).context("no health flips measured")?;
     token.cancel();
     drop(m);
 
@@ -198,17 +173,16 @@ async fn main() -> anyhow::Result<()> {
     let tmp2 = tempfile::tempdir()?;
     let registry = tmp2.path().join("plugins_registry");
     let (m, addr) = manager(&bin, &registry).await?;
-    let rss_idle = status_kib(m.pid(), "VmRSS:")?;
+    let idle = crate::procfs::memory(&m.pid().to_string())?;
     let token = CancellationToken::new();
     let t0 = Instant::now();
     let _w: Vec<_> = (0..args.plugins)
         .map(|i| start_plugin(tmp2.path(), &registry, i, args.devices, &token))
         .collect();
     let want = args.plugins * args.devices;
-    let a = addr.clone();
     let all_listed = tokio::task::spawn_blocking(move || -> anyhow::Result<Duration> {
         loop {
-            let v = plugins(&a)?;
+            let v = plugins(addr)?;
             let n: usize = v
                 .iter()
                 .filter_map(|e| e["details"]["devices"].as_array())
@@ -224,8 +198,7 @@ async fn main() -> anyhow::Result<()> {
         }
     })
     .await??;
-    let rss = status_kib(m.pid(), "VmRSS:")?;
-    let hwm = status_kib(m.pid(), "VmHWM:")?;
+    let listed_all = crate::procfs::memory(&m.pid().to_string())?;
     token.cancel();
     drop(m);
 
@@ -236,10 +209,10 @@ async fn main() -> anyhow::Result<()> {
     println!("| measure | value |\n|---|---|");
     println!(
         "| health change -> visible in `/plugins` ({} flips, plugin of 8 devices): p50 / p99 / max | {} / {} / {} |",
-        samples.len(),
-        ms(percentile(&samples, 0.5)),
-        ms(percentile(&samples, 0.99)),
-        ms(*samples.last().unwrap_or(&Duration::ZERO))
+        flips.count,
+        ms(flips.p50),
+        ms(flips.p99),
+        ms(flips.max)
     );
     println!(
         "| {} plugins x {} devices started at once -> all {} devices listed healthy in `/plugins` | {:.2} s |",
@@ -251,9 +224,9 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "| manager RSS: idle / with {} devices (VmRSS) / peak (VmHWM) | {:.1} / {:.1} / {:.1} MiB |",
         want,
-        rss_idle as f64 / 1024.0,
-        rss as f64 / 1024.0,
-        hwm as f64 / 1024.0
+        idle.rss_kib as f64 / 1024.0,
+        listed_all.rss_kib as f64 / 1024.0,
+        listed_all.hwm_kib as f64 / 1024.0
     );
     Ok(())
 }
