@@ -82,13 +82,7 @@ struct Run {
 
 /// Runs the benchmark.
 pub fn main(args: HolArgs) -> anyhow::Result<()> {
-    let bin = match &args.manager_bin {
-        Some(b) => b.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("the benchmark binary has no directory")?
-            .join("plugreg"),
-    };
+    let bin = crate::daemon_bin(args.manager_bin.as_deref())?;
     anyhow::ensure!(
         bin.is_file(),
         "no daemon binary at {} (cargo build --release -p plugreg)",

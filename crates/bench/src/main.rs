@@ -11,11 +11,13 @@
 //! cargo build --release -p plugreg -p plugreg-bench && target/release/plugreg-bench --out BENCHMARKS.md
 //! cargo run --release -p plugreg-bench -- soak --out BENCHMARKS.md
 //! cargo run --release -p plugreg-bench -- --quick
+//! cargo build --release -p plugreg -p plugreg-bench && target/release/plugreg-bench devices
 //! ```
 
 mod burst;
 mod child;
 mod crowd;
+mod devices;
 mod farm;
 mod handler;
 mod hol;
@@ -154,6 +156,9 @@ enum Hidden {
     /// Ordinary plugins registering while a CSI driver whose NodeGetInfo hangs is registered
     /// through many sockets.
     Hol(hol::HolArgs),
+    /// Device plugins against the `plugreg manager` daemon: a health change until `/plugins`
+    /// shows it, and 100 plugins of 100 devices until all are listed, with the daemon's RSS.
+    Devices(devices::DevicesArgs),
     /// The hanging CSI driver of `hol`, with its registration sockets.
     #[command(hide = true)]
     HangDriver {
@@ -187,6 +192,7 @@ fn main() -> anyhow::Result<()> {
         Some(Hidden::Soak(args)) => soak::main(args),
         Some(Hidden::Http(args)) => crowd::main(args),
         Some(Hidden::Hol(args)) => hol::main(args),
+        Some(Hidden::Devices(args)) => devices::main(args),
         Some(Hidden::HangDriver { dir, work, sockets }) => hol::hang_driver(&dir, &work, sockets),
         Some(Hidden::Manager {
             registry_dir,
@@ -349,15 +355,20 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     soaked
 }
 
-/// The managers the bursts run against.
-fn managers(args: &RunArgs) -> anyhow::Result<Vec<ManagerKind>> {
-    let bin = match &args.manager_bin {
-        Some(b) => b.clone(),
+/// The `plugreg` daemon binary: `given`, or else `plugreg` beside this benchmark's binary.
+pub(crate) fn daemon_bin(given: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    Ok(match given {
+        Some(b) => b.to_owned(),
         None => std::env::current_exe()?
             .parent()
             .context("the benchmark binary has no directory")?
             .join("plugreg"),
-    };
+    })
+}
+
+/// The managers the bursts run against.
+fn managers(args: &RunArgs) -> anyhow::Result<Vec<ManagerKind>> {
+    let bin = daemon_bin(args.manager_bin.as_deref())?;
     Ok(match args.manager {
         ManagerChoice::Daemon => {
             anyhow::ensure!(bin.is_file(), "no daemon binary at {}", bin.display());

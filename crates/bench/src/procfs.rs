@@ -1,54 +1,11 @@
-//! What the benchmark reads about processes and the machine from `/proc`, and the one place it
-//! raises the open-file limit.
+//! What the benchmark reads about the machine from `/proc`, and the one place it raises the
+//! open-file limit. Processes' memory and CPU time come from `plugreg_runtime::procfs`, the one
+//! reader every crate uses.
 
 use std::io;
 use std::path::Path;
-use std::time::Duration;
 
-/// Memory of a process, from `/proc/<pid>/status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Memory {
-    /// Resident set size now (`VmRSS`), KiB.
-    pub rss_kib: u64,
-    /// Peak resident set size so far (`VmHWM`), KiB.
-    pub hwm_kib: u64,
-}
-
-/// Reads the memory of process `pid` (`"self"` works too).
-pub fn memory(pid: &str) -> io::Result<Memory> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .ok_or_else(|| io::Error::other(format!("no {name} in /proc/{pid}/status")))
-    };
-    Ok(Memory {
-        rss_kib: field("VmRSS:")?,
-        hwm_kib: field("VmHWM:")?,
-    })
-}
-
-/// User plus system CPU time of process `pid` and every thread it ever had (`/proc/<pid>/stat`,
-/// in USER_HZ = 100 ticks per second on every Linux ABI).
-pub fn cpu_time(pid: &str) -> io::Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name may hold spaces; the fields after it are space-separated.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .ok_or_else(|| io::Error::other("malformed stat"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After ")": state is field 3, utime field 14, stime field 15 (1-based, man proc(5)).
-    let ticks = |i: usize| -> io::Result<u64> {
-        fields
-            .get(i - 3)
-            .and_then(|f| f.parse().ok())
-            .ok_or_else(|| io::Error::other("malformed stat"))
-    };
-    Ok(Duration::from_millis((ticks(14)? + ticks(15)?) * 10))
-}
+pub use plugreg_runtime::procfs::{cpu_time, memory};
 
 /// The machine the figures were taken on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,13 +99,6 @@ pub fn raise_nofile(want: u64) -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_own_memory_and_cpu() {
-        let m = memory("self").unwrap();
-        assert!(m.rss_kib > 0 && m.hwm_kib >= m.rss_kib);
-        cpu_time("self").unwrap();
-    }
 
     #[test]
     fn describes_the_machine() {

@@ -563,13 +563,7 @@ impl SoakResult {
 
 /// Runs the soak; writes its block into `--out`; fails when the end state does not hold.
 pub fn main(args: SoakArgs) -> anyhow::Result<()> {
-    let bin = match &args.manager_bin {
-        Some(b) => b.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("the benchmark binary has no directory")?
-            .join("plugreg"),
-    };
+    let bin = crate::daemon_bin(args.manager_bin.as_deref())?;
     anyhow::ensure!(
         bin.is_file(),
         "no daemon binary at {} (cargo build --release -p plugreg)",

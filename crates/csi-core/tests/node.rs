@@ -33,23 +33,15 @@ impl MountGuard {
     }
 }
 
-/// Mount points under `dir`, from /proc/self/mountinfo (field 5).
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(p.replace("\\040", " ")))
-        .filter(|p| p.starts_with(dir))
-        .collect()
-}
-
 fn is_mounted(p: &Path) -> bool {
-    mounts_under(p).iter().any(|m| m == p)
+    plugreg_runtime::procfs::mount_points_under(p)
+        .iter()
+        .any(|m| m == p)
 }
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        let mut left = mounts_under(self.dir.path());
+        let mut left = plugreg_runtime::procfs::mount_points_under(self.dir.path());
         left.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         for m in left {
             let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
@@ -138,7 +130,7 @@ async fn every_call_with_real_mounts_and_idempotent_repeats() {
     assert!(is_mounted(&staging), "staging is a bind mount");
     assert!(is_mounted(&paths.target), "target is a bind mount");
     assert_eq!(
-        mounts_under(&paths.target).len(),
+        plugreg_runtime::procfs::mount_points_under(&paths.target).len(),
         1,
         "a repeat mounts nothing twice"
     );
@@ -168,7 +160,7 @@ async fn every_call_with_real_mounts_and_idempotent_repeats() {
         "the client removed its parent"
     );
     assert!(!staging.exists(), "the client removed the staging dir");
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
     // Repeated: unpublish/unstage of what is gone is OK.
     c.unmount("vol-a", &paths).await.unwrap();
     assert_eq!(d.calls().count(Method::NodeUnstageVolume), 2);
@@ -203,7 +195,7 @@ async fn readonly_publish_is_read_only() {
     let err = c.publish(&spec, None, &paths.target).await.unwrap_err();
     assert_eq!(err.code(), Some(Code::AlreadyExists), "{err:?}");
     c.unmount("vol-a", &paths).await.unwrap();
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 #[tokio::test]
@@ -267,7 +259,7 @@ async fn capabilities_decide_what_is_called() {
     }
     assert_eq!(d.calls().count(Method::NodePublishVolume), 1);
     assert_eq!(d.calls().count(Method::NodeUnpublishVolume), 1);
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 #[tokio::test]
@@ -419,7 +411,7 @@ async fn injected_failures_surface_with_their_code() {
         );
         d.stop().await.unwrap();
         assert!(
-            mounts_under(g.path()).is_empty(),
+            plugreg_runtime::procfs::mount_points_under(g.path()).is_empty(),
             "{}: the driver unmounts on stop",
             case.method
         );
@@ -468,7 +460,7 @@ async fn a_transient_failure_passes_on_the_repeat() {
     c.mount(&spec, &paths).await.unwrap();
     assert_eq!(d.calls().count(Method::NodeStageVolume), 3);
     c.unmount("vol-a", &paths).await.unwrap();
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 fn check_options(g: &MountGuard, d: &RunningDriver, volume: Option<&str>) -> CheckOptions {
@@ -521,7 +513,7 @@ async fn check_passes_on_the_test_driver() {
             assert_eq!(step("NodePublishVolume").unwrap().outcome, Outcome::Pass);
         }
         d.stop().await.unwrap();
-        assert!(mounts_under(g.path()).is_empty());
+        assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
     }
 }
 
@@ -554,7 +546,7 @@ async fn check_passes_on_a_driver_that_checks_paths_first() {
         let left: Vec<_> = walk(&options.root);
         assert!(left.is_empty(), "left under the kubelet root: {left:?}");
         d.stop().await.unwrap();
-        assert!(mounts_under(g.path()).is_empty());
+        assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
     }
 }
 
@@ -671,7 +663,7 @@ async fn check_controller_publishes_around_the_node_calls() {
     assert_eq!(d.calls().count(Method::ControllerPublishVolume), 2);
     assert_eq!(d.calls().count(Method::ControllerUnpublishVolume), 2);
     d.stop().await.unwrap();
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 /// Without a Controller that publishes, `publish_context` supplies what the node calls need.
@@ -708,7 +700,7 @@ async fn check_passes_the_callers_publish_context() {
     let report = check::run(&opts).await;
     assert!(report.passed(), "{report:#?}");
     d.stop().await.unwrap();
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 /// The driver's NodeExpandVolume looks the volume up before it checks volume_path (as
@@ -820,7 +812,7 @@ async fn directory_mode_makes_directories_only() {
         .unwrap();
     c.mount(&spec, &paths).await.unwrap();
     assert!(paths.target.is_dir());
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
     c.unmount("vol-a", &paths).await.unwrap();
     assert!(!paths.target.exists());
 }

@@ -79,14 +79,9 @@ fn bin() -> String {
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_csi-provisioner").to_owned())
 }
 
+/// A kB field of `/proc/<pid>/status` (0 once the process is gone).
 fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    plugreg_runtime::procfs::status_kib(&pid.to_string(), field).unwrap_or(0)
 }
 
 fn free_port() -> u16 {
@@ -149,19 +144,7 @@ fn pids_under(dir: &Path) -> Vec<(u32, String)> {
 
 /// CPU seconds (user and system) `pid` has used so far; 0 once it is gone.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    let ticks = rustix::param::clock_ticks_per_second() as f64;
-    f.iter().sum::<u64>() as f64 / ticks
+    plugreg_runtime::procfs::cpu_time(&pid.to_string()).map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn cpu_of(pids: &[u32]) -> f64 {

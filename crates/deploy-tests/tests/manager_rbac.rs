@@ -3,7 +3,7 @@
 //! * both pass server-side dry-run with every kubectl (`manager-own-node` on v1.36.2 only: it
 //!   needs Kubernetes 1.30);
 //! * the ClusterRole is enough for the CSI handler's writes: the sink of `plugreg manager`
-//!   (`plugreg_csi::KubeSink`) publishes and withdraws a driver with a token of the
+//!   (`plugreg_handler_csi::KubeSink`) publishes and withdraws a driver with a token of the
 //!   ServiceAccount, on v1.20.2 and v1.36.2;
 //! * with the policy (v1.36.2), a token of a pod on node `own` may write Node `own` and its
 //!   CSINode and nothing else, and no label NodeRestriction refuses a kubelet; a token not
@@ -17,8 +17,8 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use plugreg_csi::{DriverNodeInfo, KubeSink, NodeInfoSink};
 use plugreg_deploy_tests::{kubectl_version, kubectls, repo_root};
+use plugreg_handler_csi::{DriverNodeInfo, KubeSink, NodeInfoSink};
 use plugreg_testpeers::{ApiServer, KubeVersion};
 use serde_json::json;
 

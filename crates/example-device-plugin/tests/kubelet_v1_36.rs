@@ -194,7 +194,7 @@ async fn the_kubelets_refusals_read_as_plugregs_handler_words_them() {
         .unwrap();
     let kubelet_text = v["result"].as_str().unwrap().to_owned();
     let ours =
-        plugreg_devicemanager::DevicePluginHandler::new(Default::default(), Default::default())
+        plugreg_handler_device::DevicePluginHandler::new(Default::default(), Default::default())
             .validate("gpu", "/x", &["v1beta1".into()])
             .await
             .unwrap_err()
@@ -224,7 +224,7 @@ async fn the_kubelets_refusals_read_as_plugregs_handler_words_them() {
         .await
         .unwrap();
     let ours =
-        plugreg_devicemanager::DevicePluginHandler::new(Default::default(), Default::default())
+        plugreg_handler_device::DevicePluginHandler::new(Default::default(), Default::default())
             .validate("example.com/old", "/x", &["v1alpha".into(), "v1".into()])
             .await
             .unwrap_err()
@@ -245,14 +245,14 @@ async fn the_kubelets_refusals_read_as_plugregs_handler_words_them() {
         })
         .await
         .unwrap_err();
-    let ours = plugreg_devicemanager::RegisterRefusal::Version("v1".into());
+    let ours = plugreg_handler_device::RegisterRefusal::Version("v1".into());
     assert_eq!(
         (e.code(), e.message()),
         (tonic::Code::Unknown, ours.to_string().as_str())
     );
 
     let v = b.next_event("registration_failed", WAIT).await.unwrap();
-    let ours = plugreg_devicemanager::RegisterRefusal::Name("kubernetes.io/gadget".into());
+    let ours = plugreg_handler_device::RegisterRefusal::Name("kubernetes.io/gadget".into());
     assert_eq!(
         v["error"],
         format!("rpc error: code = Unknown desc = {ours}")

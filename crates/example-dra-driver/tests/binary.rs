@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use plugreg_handler_api::PluginHandler;
-use plugreg_handlers::DraHandler;
+use plugreg_handler_dra::DraHandler;
 use plugreg_proto::dra::v1::Claim;
 
 #[tokio::test]

@@ -2,17 +2,26 @@
 //! [`PluginHandler`] trait, its error type and the [`HandlerRegistry`] of handlers by type.
 //!
 //! A crate of its own so that a handler (CSI, device plugins, DRA, ...) depends on this and not on
-//! the manager: no inotify, no kube, only `async-trait`.
+//! the manager: no inotify, no kube, only `async-trait` and `serde_json`.
 //!
 //! The plugin manager calls, per socket and strictly one at a time: `validate`, then `register`
 //! (only after a successful validate), and `deregister` when the socket goes away or a failed
 //! register is rolled back (D2). Handlers get the plugin's name, its endpoint (the registration
 //! socket itself when the plugin left it empty) and its advertised versions.
+//!
+//! A handler also reports on what it holds: the `details` a plugin's `/plugins` entry carries,
+//! entries for plugins it took in another way (device plugins through `kubelet.sock`), and its
+//! Prometheus text. A daemon gathers these through the [`HandlerRegistry`], so it needs to know
+//! no handler by name.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 pub use async_trait::async_trait;
+
+mod record;
+
+pub use record::RecordHandler;
 
 /// A handler's reason for refusing a plugin; its `Display` text is sent to the plugin inside
 /// `RegistrationStatus.error`.
@@ -40,6 +49,21 @@ pub trait PluginHandler: Send + Sync + 'static {
 
     /// Forgets the plugin registered under `name` at `endpoint`. Makes no call to the plugin.
     async fn deregister(&self, name: &str, endpoint: &str);
+
+    /// What `/plugins` shows of the plugin registered under `name` at `endpoint` beyond the
+    /// manager's record: its `details` object, or `None` when the handler adds nothing.
+    fn plugin_details(&self, _name: &str, _endpoint: &str) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// `/plugins` entries, shaped like the manager's records, for the plugins this handler took
+    /// in without the registry directory (device plugins registered through `kubelet.sock`).
+    fn unlisted_plugins(&self) -> Vec<serde_json::Value> {
+        Vec::new()
+    }
+
+    /// Appends this handler's Prometheus text (`# HELP`, `# TYPE` and samples) to `out`.
+    fn write_metrics(&self, _out: &mut String) {}
 }
 
 /// Handlers by plugin type.
@@ -76,6 +100,46 @@ impl HandlerRegistry {
         let mut t: Vec<&str> = self.handlers.keys().map(String::as_str).collect();
         t.sort_unstable();
         t
+    }
+
+    /// Every handler once (one registered for several types too), in the order of its first
+    /// type.
+    fn distinct(&self) -> Vec<&Arc<dyn PluginHandler>> {
+        let mut seen: Vec<&Arc<dyn PluginHandler>> = Vec::new();
+        for t in self.types() {
+            let h = &self.handlers[t];
+            if !seen.iter().any(|s| Arc::ptr_eq(s, h)) {
+                seen.push(h);
+            }
+        }
+        seen
+    }
+
+    /// The `details` the handler of `plugin_type` gives the plugin `name` at `endpoint`.
+    pub fn plugin_details(
+        &self,
+        plugin_type: &str,
+        name: &str,
+        endpoint: &str,
+    ) -> Option<serde_json::Value> {
+        self.get(plugin_type)?.plugin_details(name, endpoint)
+    }
+
+    /// Every handler's entries for plugins it took in without the registry directory.
+    pub fn unlisted_plugins(&self) -> Vec<serde_json::Value> {
+        self.distinct()
+            .into_iter()
+            .flat_map(|h| h.unlisted_plugins())
+            .collect()
+    }
+
+    /// Every handler's Prometheus text, each handler once, in the order of the types.
+    pub fn render_metrics(&self) -> String {
+        let mut out = String::new();
+        for h in self.distinct() {
+            h.write_metrics(&mut out);
+        }
+        out
     }
 }
 
@@ -120,5 +184,55 @@ mod tests {
             format!("{r:?}"),
             r#"HandlerRegistry { types: ["CSIPlugin", "DevicePlugin"] }"#
         );
+    }
+
+    /// Reports a fixed `details`, one unlisted plugin and one metric line.
+    struct Reporting(&'static str);
+
+    #[async_trait]
+    impl PluginHandler for Reporting {
+        async fn validate(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+            Ok(())
+        }
+        async fn register(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+            Ok(())
+        }
+        async fn deregister(&self, _: &str, _: &str) {}
+        fn plugin_details(&self, name: &str, endpoint: &str) -> Option<serde_json::Value> {
+            Some(serde_json::json!({ "by": self.0, "name": name, "endpoint": endpoint }))
+        }
+        fn unlisted_plugins(&self) -> Vec<serde_json::Value> {
+            vec![serde_json::json!({ "by": self.0 })]
+        }
+        fn write_metrics(&self, out: &mut String) {
+            out.push_str(&format!("reported{{by=\"{}\"}} 1\n", self.0));
+        }
+    }
+
+    #[test]
+    fn the_registry_gathers_each_handlers_report_once_in_type_order() {
+        let shared: Arc<dyn PluginHandler> = Arc::new(Reporting("shared"));
+        let r = HandlerRegistry::new()
+            .with("ZPlugin", shared.clone())
+            .with("DRAPlugin", Arc::new(Reporting("dra")))
+            .with("APlugin", shared)
+            .with("CSIPlugin", Arc::new(Accept));
+        assert_eq!(
+            r.render_metrics(),
+            "reported{by=\"shared\"} 1\nreported{by=\"dra\"} 1\n"
+        );
+        assert_eq!(
+            r.unlisted_plugins(),
+            [
+                serde_json::json!({ "by": "shared" }),
+                serde_json::json!({ "by": "dra" })
+            ]
+        );
+        assert_eq!(
+            r.plugin_details("DRAPlugin", "d", "/e"),
+            Some(serde_json::json!({ "by": "dra", "name": "d", "endpoint": "/e" }))
+        );
+        assert_eq!(r.plugin_details("CSIPlugin", "c", "/e"), None);
+        assert_eq!(r.plugin_details("NoPlugin", "c", "/e"), None);
     }
 }

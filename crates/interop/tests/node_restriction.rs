@@ -4,7 +4,7 @@
 //! The kubelet publishes a CSI driver's topology as labels of its Node, and the API server's
 //! NodeRestriction admission refuses the labels a kubelet may not set. `plugreg manager` writes
 //! with its own credentials, which NodeRestriction does not restrict, so it must apply the same
-//! rule itself (`plugreg_csi::noderestriction`):
+//! rule itself (`plugreg_handler_csi::noderestriction`):
 //! * the rule is compared key by key with the real NodeRestriction of each release;
 //! * a driver reporting `node-role.kubernetes.io/control-plane` and
 //!   `node-restriction.kubernetes.io/pwn`, registered through our sidecar with `plugreg manager
@@ -19,8 +19,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use plugreg_csi::nodeinfo::MergeError;
-use plugreg_csi::noderestriction::kubelet_may_set;
+use plugreg_handler_csi::nodeinfo::MergeError;
+use plugreg_handler_csi::noderestriction::kubelet_may_set;
 use plugreg_interop::{for_each_kube_version, workspace_bin};
 use plugreg_testpeers::{ApiServer, ApiServerOptions, LinesFrom, PeerProcess};
 
@@ -223,7 +223,7 @@ for_each_kube_version! {
             .unwrap();
         assert_eq!(labels(&admin, node).await, before, "{k}: labels were written: {told}");
         assert!(
-            !annotations(&admin, node).await.contains_key(plugreg_csi::NODE_ID_ANNOTATION),
+            !annotations(&admin, node).await.contains_key(plugreg_handler_csi::NODE_ID_ANNOTATION),
             "{k}"
         );
         let csinode = Api::<CSINode>::all(admin.clone()).get_opt(node).await.unwrap();
@@ -283,7 +283,7 @@ for_each_kube_version! {
         let got = labels(&admin, node).await;
         assert_eq!(got.get("topology.kubernetes.io/zone").map(String::as_str), Some("z1"), "{k}: {told}");
         assert_eq!(got.get("topology.example.com/rack").map(String::as_str), Some("r1"), "{k}");
-        assert!(annotations(&admin, node).await[plugreg_csi::NODE_ID_ANNOTATION].contains(good));
+        assert!(annotations(&admin, node).await[plugreg_handler_csi::NODE_ID_ANNOTATION].contains(good));
         let csinode = Api::<CSINode>::all(admin.clone()).get(node).await.unwrap();
         assert!(csinode.spec.drivers.iter().any(|d| d.name == good), "{k}");
         assert_eq!(csinode.metadata.owner_references.unwrap()[0].name, node);

@@ -27,14 +27,9 @@ fn bin() -> String {
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_livenessprobe").to_owned())
 }
 
+/// A kB field of `/proc/<pid>/status` (0 once the process is gone).
 fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    plugreg_runtime::procfs::status_kib(&pid.to_string(), field).unwrap_or(0)
 }
 
 fn healthz(addr: SocketAddr) -> u16 {

@@ -47,14 +47,9 @@ impl PluginHandler for Accept {
     async fn deregister(&self, _: &str, _: &str) {}
 }
 
+/// A kB field of `/proc/<pid>/status` (0 once the process is gone).
 fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    plugreg_runtime::procfs::status_kib(&pid.to_string(), field).unwrap_or(0)
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> u16 {

@@ -28,17 +28,10 @@ fn driver_bin() -> PathBuf {
     bin
 }
 
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(p.replace("\\040", " ")))
-        .filter(|p| p.starts_with(dir))
-        .collect()
-}
-
 fn is_mounted(p: &Path) -> bool {
-    mounts_under(p).iter().any(|m| m == p)
+    plugreg_runtime::procfs::mount_points_under(p)
+        .iter()
+        .any(|m| m == p)
 }
 
 /// Real bind mounts need root; a test that checks them fails without it rather than pass
@@ -70,7 +63,7 @@ impl MountGuard {
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        let mut left = mounts_under(self.0.path());
+        let mut left = plugreg_runtime::procfs::mount_points_under(self.0.path());
         left.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         for m in left {
             let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
@@ -200,7 +193,7 @@ fn single_calls_and_the_mount_sequence_really_mount() {
     assert!(
         is_mounted(&staging) && is_mounted(&target),
         "{:?}",
-        mounts_under(g.path())
+        plugreg_runtime::procfs::mount_points_under(g.path())
     );
     std::fs::write(target.join("f"), b"data").unwrap();
     assert_eq!(
@@ -222,7 +215,7 @@ fn single_calls_and_the_mount_sequence_really_mount() {
         json(&out)["calls"],
         serde_json::json!(["NodeUnpublishVolume", "NodeUnstageVolume"])
     );
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
     assert!(!target.exists());
 
     // The single calls, one at a time, in the kubelet's order; table output names the paths.
@@ -244,7 +237,7 @@ fn single_calls_and_the_mount_sequence_really_mount() {
         let out = run(&mut volume_cmd(op, &d, &g));
         assert!(out.status.success(), "{op}: {out:?}");
     }
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 #[test]
@@ -265,7 +258,7 @@ fn without_stage_support_mount_only_publishes() {
     );
     let out = run(&mut volume_cmd("unmount", &d, &g));
     assert!(out.status.success(), "{out:?}");
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 #[test]
@@ -299,7 +292,7 @@ fn injected_failures_fail_the_command_with_their_code() {
         assert!(err.contains(want), "{fault}: {err}");
         drop(d);
         assert!(
-            mounts_under(g.path()).is_empty(),
+            plugreg_runtime::procfs::mount_points_under(g.path()).is_empty(),
             "{fault}: the driver unmounts on SIGTERM"
         );
     }
@@ -380,7 +373,10 @@ fn check_passes_on_the_test_driver() {
     let (code, report) = check(&d, g2.path(), &[]);
     assert_eq!(code, Some(1));
     assert_eq!(step(&report, "volume")["outcome"], "fail");
-    assert!(mounts_under(g.path()).is_empty() && mounts_under(g2.path()).is_empty());
+    assert!(
+        plugreg_runtime::procfs::mount_points_under(g.path()).is_empty()
+            && plugreg_runtime::procfs::mount_points_under(g2.path()).is_empty()
+    );
 }
 
 /// A driver that, like csi-test's mock driver (issue 17: the check failed it), refuses a
@@ -403,7 +399,7 @@ fn check_passes_a_driver_that_checks_paths_first() {
         "NOT_FOUND"
     );
     drop(d);
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 /// A Controller with PUBLISH_UNPUBLISH_VOLUME whose node, like csi-test's mock driver, needs
@@ -434,7 +430,7 @@ fn check_passes_with_controller_publish() {
         step(&report, "NodeExpandVolume without volume_path")["code"],
         "INVALID_ARGUMENT"
     );
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 /// No Controller publishes, the node needs publish_context["device"]: `--publish-context`
@@ -462,7 +458,7 @@ fn check_publish_context_for_a_given_volume() {
     );
     assert_eq!(code, Some(0), "{report:#}");
     drop(d);
-    assert!(mounts_under(g.path()).is_empty());
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 #[test]
@@ -523,7 +519,10 @@ fn check_fails_naming_the_step_on_each_fault() {
         assert_eq!(s["outcome"], "fail", "{fault}: {report:#}");
         assert_eq!(s["code"], code, "{fault}: {report:#}");
         drop(d);
-        assert!(mounts_under(g.path()).is_empty(), "{fault}");
+        assert!(
+            plugreg_runtime::procfs::mount_points_under(g.path()).is_empty(),
+            "{fault}"
+        );
     }
 }
 

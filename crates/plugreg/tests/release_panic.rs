@@ -6,13 +6,22 @@
 //! panics; never in the shipped binary), into a target directory of its own so that it never
 //! replaces `target/release/plugreg`. That build is one extra release build of the daemon: a few
 //! minutes on a 2-core machine the first time, seconds afterwards.
+//!
+//! The same build also shows that the release binary is lean: without `--features demo` it has
+//! no demo and says how to get one (issue 18: the shipped binaries carry no test fakes).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Builds the daemon with the release profile and the panicking handler; returns the binary.
+/// Builds the daemon with the release profile and the panicking handler (once per test
+/// process); returns the binary.
 fn release_binary_with_panicking_handler() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_release_binary).clone()
+}
+
+fn build_release_binary() -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     // target/debug/plugreg -> target/panicking-handler
     let target = Path::new(env!("CARGO_BIN_EXE_plugreg"))
@@ -139,4 +148,25 @@ async fn the_release_daemon_survives_a_panicking_handler() {
     .unwrap();
     assert!(daemon.0.try_wait().unwrap().is_none(), "the daemon exited");
     token.cancel();
+}
+
+#[test]
+fn the_release_build_has_no_demo_and_says_how_to_get_it() {
+    let bin = release_binary_with_panicking_handler();
+    let out = Command::new(&bin)
+        .arg("demo")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        stderr.trim_end(),
+        "plugreg: this plugreg is built without the demo (cargo feature `demo`), so that the shipped binary carries no test plugins; run it from a checkout with `cargo run -p plugreg --features demo -- demo`"
+    );
 }

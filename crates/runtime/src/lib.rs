@@ -7,6 +7,7 @@
 //!   number format, a fixed-bucket histogram);
 //! * [`report`]: an error and its causes as one line, gRPC statuses worded as grpc-go words them;
 //! * [`memory`]: freed heap pages given back to the kernel, for daemons.
+//! * [`procfs`]: a process's memory and CPU time, and the mount points below a directory.
 //!
 //! It depends on tokio, tonic and libc only, so the registrar side can use it without pulling
 //! in inotify or kube.
@@ -14,6 +15,7 @@
 pub mod accept;
 pub mod backoff;
 pub mod memory;
+pub mod procfs;
 pub mod prom;
 pub mod report;
 pub mod signal;
