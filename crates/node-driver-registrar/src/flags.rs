@@ -123,15 +123,12 @@ const SPECS: &[Spec] = &[
 
 /// The name of every flag (without dashes), sorted, legacy klog flags included.
 pub fn names() -> impl Iterator<Item = &'static str> {
-    COMMAND.specs::<Config>().into_iter().map(|s| s.name)
+    COMMAND.names::<Config>()
 }
 
 /// Whether `name` is a boolean flag (one that takes a value only as `-name=value`).
 pub fn is_bool(name: &str) -> bool {
-    COMMAND
-        .specs::<Config>()
-        .iter()
-        .any(|s| s.name == name && s.kind == Kind::Bool)
+    COMMAND.is_bool::<Config>(name)
 }
 
 /// The usage text Go's `flag` package would print for these flags, for the program `argv0`.

@@ -353,7 +353,7 @@ const SPECS: &[Spec] = &[
 
 /// The name of every flag (without dashes), sorted, removed klog flags included.
 pub fn names() -> impl Iterator<Item = &'static str> {
-    COMMAND.specs::<Options>().into_iter().map(|s| s.name)
+    COMMAND.names::<Options>()
 }
 
 /// The usage text pflag would print for these flags, for the program `argv0`.

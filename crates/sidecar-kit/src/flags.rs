@@ -497,6 +497,18 @@ impl Command {
         specs
     }
 
+    /// The name of every flag (without dashes), sorted, removed klog flags included.
+    pub fn names<O: SidecarFlags>(&self) -> impl Iterator<Item = &'static str> {
+        self.specs::<O>().into_iter().map(|s| s.name)
+    }
+
+    /// Whether `name` is a boolean flag (one that takes a value only as `--name=value`).
+    pub fn is_bool<O: SidecarFlags>(&self, name: &str) -> bool {
+        self.specs::<O>()
+            .iter()
+            .any(|s| s.name == name && s.kind == Kind::Bool)
+    }
+
     /// The usage text for the program `argv0`, as the sidecar's parser prints it.
     pub fn usage<O: SidecarFlags>(&self, argv0: &str) -> String {
         let specs = self.specs::<O>();

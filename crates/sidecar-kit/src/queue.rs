@@ -178,9 +178,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// How many keys wait (not counting those being processed).
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().queue.len()
+    }
+
+    /// Whether no key waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
