@@ -16,24 +16,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use plugreg_provisioner::csi::{self, Capabilities, Driver};
-use plugreg_provisioner::flags::{
-    self, FATAL_EXIT, FLAG_ERROR_EXIT, FeatureGates, Flags, Options, Parsed,
-};
-use plugreg_provisioner::http as diagnostics;
-use plugreg_provisioner::leader::{LeaderElection, LeaderHealth};
+use plugreg_provisioner::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags, Options};
 use plugreg_provisioner::metrics::Metrics;
 use plugreg_provisioner::request::RequestOptions;
 use plugreg_provisioner::service::{Service, ServiceError};
-use plugreg_runtime::report;
-use plugreg_sidecar_kit::logging::{self, LogFormat};
+use plugreg_sidecar_kit::VERSION;
+use plugreg_sidecar_kit::cli::Program;
+use plugreg_sidecar_kit::diagnostics;
+use plugreg_sidecar_kit::leader::{self, LeaderElection, LeaderHealth};
+use plugreg_sidecar_kit::ratelimit::kube_config;
 use tokio_util::sync::CancellationToken;
-
-/// The version reported by `--version` and the `Version` log line: `PLUGREG_VERSION` at build
-/// time, else `v` + the crate version.
-const VERSION: &str = match option_env!("PLUGREG_VERSION") {
-    Some(v) => v,
-    None => concat!("v", env!("CARGO_PKG_VERSION")),
-};
 
 /// The target of this program's lines (the log filter shows plugreg's info lines at `-v=0`).
 const LOG: &str = "plugreg_csi_provisioner";
@@ -57,56 +49,32 @@ const MIGRATION_TARGETS: &[(&str, &str)] = &[
     ("pxd.portworx.com", "kubernetes.io/portworx-volume"),
 ];
 
+/// The binary, for the kit's `main` skeleton.
+const PROGRAM: Program = Program {
+    name: "csi-provisioner",
+    version: VERSION,
+    log_targets: OWN,
+    legacy_warning: "Ignoring removed klog flag: external-provisioner no longer registers it and it has no effect",
+};
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let argv0 = args.first().map_or("csi-provisioner", String::as_str);
-    // Step 1: flags, then logging.
-    let flags = match flags::parse(args.get(1..).unwrap_or_default()) {
-        Ok(Parsed::Run(flags)) => flags,
-        Ok(Parsed::Help) => {
-            eprint!("{}", flags::usage(argv0));
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("{e}");
-            eprint!("{}", flags::usage(argv0));
-            return exit(FLAG_ERROR_EXIT);
-        }
-    };
-    let format = match flags.logging.validate() {
-        Ok(format) => format,
-        Err(errors) => {
-            logging::init(LogFormat::Text, 0, OWN);
-            tracing::error!(target: LOG, err = %errors.join(", "), "LoggingConfiguration is invalid");
-            return exit(1);
-        }
-    };
-    logging::init(format, flags.logging.verbosity, OWN);
-    match start(argv0, *flags) {
-        Ok(code) => exit(code),
-        Err(e) => {
-            tracing::error!(target: LOG, err = %format!("{e:#}"), "Failed to start");
-            exit(1)
-        }
-    }
+    // Step 1 (flags, then logging) is the kit's.
+    PROGRAM.main(&COMMAND, start)
 }
 
 /// Steps 2-5, then the asynchronous rest on a runtime; returns the exit code.
 fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
     // Step 2: feature gates (upstream: klog.Fatal).
-    let gates = match FeatureGates::from_requested(&flags.feature_gates) {
+    let gates = match FeatureGates::from_requested(&flags.options.feature_gates) {
         Ok(g) => g,
         Err(e) => {
             tracing::error!(target: LOG, "{e}");
             return Ok(FATAL_EXIT);
         }
     };
-    let options = flags.options;
     // Step 3.
     let node_name = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
-    if options.node_deployment && node_name.is_none() {
+    if flags.options.node_deployment && node_name.is_none() {
         tracing::error!(
             target: LOG,
             "The NODE_NAME environment variable must be set when using --enable-node-deployment."
@@ -114,19 +82,20 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
         return Ok(FATAL_EXIT);
     }
     // Step 4.
-    if flags.version {
-        println!("{argv0} {VERSION}");
+    if PROGRAM.version(argv0, &flags) {
         return Ok(0);
     }
     tracing::info!(target: LOG, version = VERSION, "Version");
-    warn_ignored(&flags.legacy, &options, &gates);
+    PROGRAM.warn_legacy(&flags.legacy);
+    let options = flags.options;
+    warn_ignored(&options, &gates);
     if let Some(refusal) = unsupported(&options, &gates) {
         tracing::error!(target: LOG, "{refusal}");
         return Ok(1);
     }
     // Step 5.
-    if !options.metrics_address.is_empty() && !options.http_endpoint.is_empty() {
-        tracing::error!(target: LOG, "only one of `--metrics-address` and `--http-endpoint` can be set.");
+    if let Err(e) = options.controller.http_address() {
+        tracing::error!(target: LOG, "{e}");
         return Ok(1);
     }
     // Upstream panics on these later (on the first claim, at election start).
@@ -142,14 +111,7 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
 }
 
 /// Logs what is accepted but has no effect here.
-fn warn_ignored(legacy: &[String], options: &Options, gates: &FeatureGates) {
-    for flag in legacy {
-        tracing::warn!(
-            target: LOG,
-            flag = %flag,
-            "Ignoring removed klog flag: external-provisioner no longer registers it and it has no effect"
-        );
-    }
+fn warn_ignored(options: &Options, gates: &FeatureGates) {
     if options.automaxprocs {
         tracing::warn!(target: LOG, "Ignoring --automaxprocs: it tunes the Go runtime and has no effect here");
     }
@@ -182,47 +144,6 @@ fn unsupported(options: &Options, gates: &FeatureGates) -> Option<&'static str> 
     None
 }
 
-/// Step 6: the REST config from `--master`, `--kubeconfig` (or `KUBECONFIG`) or the in-cluster
-/// environment, with upstream's Info lines. QPS and burst are the lead's rate limiter's
-/// (`--kube-api-qps`, `--kube-api-burst`), not part of `kube::Config`.
-async fn kube_config(options: &Options) -> Result<kube::Config, String> {
-    let env = std::env::var("KUBECONFIG").ok();
-    let (kubeconfig, from_env) = flags::kubeconfig_path(&options.kubeconfig, env.as_deref());
-    if from_env {
-        tracing::info!(target: LOG, "Found KUBECONFIG environment variable set, using that..");
-    }
-    let master = &options.master;
-    if master.is_empty() && kubeconfig.is_empty() {
-        tracing::info!(target: LOG, "Building kube configs for running in cluster...");
-        return kube::Config::incluster_env().map_err(|e| report::chain(&e));
-    }
-    tracing::info!(target: LOG, "Either master or kubeconfig specified. building kube config from that..");
-    let mut config = if kubeconfig.is_empty() {
-        kube::Config::new(parse_master(master)?)
-    } else {
-        let file =
-            kube::config::Kubeconfig::read_from(&kubeconfig).map_err(|e| report::chain(&e))?;
-        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| report::chain(&e))?
-    };
-    if !master.is_empty() {
-        config.cluster_url = parse_master(master)?;
-    }
-    // A plain-HTTP API server needs no CA; without one, the TLS set-up would look for the
-    // system's roots, which a scratch image does not have, and fail although TLS is never used.
-    if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
-        config.root_cert = Some(Vec::new());
-    }
-    Ok(config)
-}
-
-fn parse_master(master: &str) -> Result<http::Uri, String> {
-    master
-        .parse()
-        .map_err(|e| format!("invalid --master {master:?}: {e}"))
-}
-
 /// Steps 6-18, then the controller; returns the exit code.
 async fn run(options: Options, gates: FeatureGates) -> i32 {
     // Handlers first: a SIGTERM during start-up must not kill the process half-way.
@@ -234,7 +155,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         }
     };
     // Step 6.
-    let kube_config = match kube_config(&options).await {
+    let kube_config = match kube_config(&options.controller).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(target: LOG, "Failed to create config: {e}");
@@ -310,9 +231,12 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         // Step 17 (--enable-capacity) was refused at start.
         // Step 18.
         let health = LeaderHealth::new();
-        let http = match start_http(&options, metrics.clone(), &health).await {
+        let http = match diagnostics::spawn(&options.controller, metrics.clone(), &health).await {
             Ok(h) => h,
-            Err(code) => return Err(code),
+            Err(e) => {
+                tracing::error!(target: LOG, "{e}");
+                return Err(FATAL_EXIT);
+            }
         };
         Ok(Started {
             name,
@@ -338,25 +262,18 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     };
 
     // Steps 19-20: the controller, directly or under the Lease.
-    let host = hostname();
-    let leader = options.leader_election.then(|| {
-        let mut le = LeaderElection::new(
-            &leader_namespace(&options.leader_election_namespace),
-            &flags::lease_name(&started.name),
-            &flags::leader_identity(&host),
-        );
-        le.lease_duration = options.leader_election_lease_duration;
-        le.renew_deadline = options.leader_election_renew_deadline;
-        le.retry_period = options.leader_election_retry_period;
-        le.labels = options.leader_election_labels.clone();
+    let host = leader::hostname();
+    let controller = &options.controller;
+    let leader = controller.leader_election.then(|| {
+        let mut le = LeaderElection::from_flags(controller, &started.name);
         le.release_on_cancel = gates.release_leader_election_on_exit;
         le.metrics = Some(started.metrics.clone());
         le
     });
     let service = Service {
         kube_config,
-        qps: options.kube_api_qps,
-        burst: u32::try_from(options.kube_api_burst.max(0)).unwrap_or(u32::MAX),
+        qps: controller.rate_limit().0,
+        burst: controller.rate_limit().1,
         driver: Arc::new(started.driver),
         driver_name: started.name.clone(),
         identity: started.identity.clone(),
@@ -377,7 +294,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         retry_start: options.retry_interval_start,
         retry_max: options.retry_interval_max,
         timeout: options.timeout,
-        record_namespace: leader_namespace(&options.leader_election_namespace),
+        record_namespace: leader::namespace(&controller.leader_election_namespace),
         leader,
         health: started.health.clone(),
         metrics: started.metrics.clone(),
@@ -431,75 +348,6 @@ struct Started {
     http: Option<CancellationToken>,
 }
 
-/// Step 18: the HTTP server, if an address is set (regardless of leadership). A listen failure
-/// is upstream's Fatal (exit 255). Serves the metrics path and, with `--leader-election` and
-/// `--http-endpoint`, `/healthz/leader-election` from the election's health.
-async fn start_http(
-    options: &Options,
-    metrics: Arc<Metrics>,
-    health: &LeaderHealth,
-) -> Result<Option<CancellationToken>, i32> {
-    let address = if options.http_endpoint.is_empty() {
-        &options.metrics_address
-    } else {
-        &options.http_endpoint
-    };
-    if address.is_empty() {
-        return Ok(None);
-    }
-    let server = match diagnostics::Server::bind(address, &options.metrics_path).await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(target: LOG, "{e}");
-            return Err(FATAL_EXIT);
-        }
-    };
-    let leader =
-        (options.leader_election && !options.http_endpoint.is_empty()).then(|| health.clone());
-    let token = CancellationToken::new();
-    let stop = token.clone();
-    tokio::spawn(async move {
-        if let Err(e) = server.serve(metrics, leader, stop).await {
-            tracing::error!(target: LOG, "{e}");
-        }
-    });
-    Ok(Some(token))
-}
-
-/// The Lease's namespace: the flag, else `$POD_NAMESPACE`, else the service account's
-/// namespace file, else `default` (csi-lib-utils' order).
-fn leader_namespace(flag: &str) -> String {
-    if !flag.is_empty() {
-        return flag.to_owned();
-    }
-    if let Ok(ns) = std::env::var("POD_NAMESPACE")
-        && !ns.is_empty()
-    {
-        return ns;
-    }
-    read_small("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-        .filter(|ns| !ns.is_empty())
-        .unwrap_or_else(|| "default".to_owned())
-}
-
-/// This host's name (the kernel's, as Go's `os.Hostname`).
-fn hostname() -> String {
-    read_small("/proc/sys/kernel/hostname").unwrap_or_else(|| "localhost".to_owned())
-}
-
-/// The first line of a small file (at most 4 KiB read), trimmed.
-fn read_small(path: &str) -> Option<String> {
-    use std::io::Read as _;
-    let mut buf = Vec::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(4096)
-        .read_to_end(&mut buf)
-        .ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    Some(text.lines().next().unwrap_or_default().trim().to_owned())
-}
-
 fn unix_millis() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -509,10 +357,6 @@ fn unix_millis() -> u128 {
 /// A number in 0..10000 that differs between processes (upstream: `rand.Intn(10000)`).
 fn random() -> u32 {
     (plugreg_runtime::backoff::random_u64() % 10_000) as u32
-}
-
-fn exit(code: i32) -> ExitCode {
-    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 #[cfg(test)]

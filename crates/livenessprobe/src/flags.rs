@@ -5,52 +5,29 @@
 //! On top of upstream: `--version` prints the version (upstream has none and exits 2), and the
 //! legacy klog flags are accepted and ignored with a warning.
 
-use std::time::Duration;
-
-use plugreg_sidecar_kit::goflag::logging as log_flags;
-use plugreg_sidecar_kit::goflag::{self, Kind, Outcome, Spec, Value, flag};
+use plugreg_sidecar_kit::flags::{self as kit, Command, SidecarFlags, Syntax};
+use plugreg_sidecar_kit::goflag::{Kind, Spec, Value, flag};
 use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration};
-use plugreg_sidecar_kit::logging::LogOptions;
 
 use crate::Config;
 
 pub use plugreg_sidecar_kit::goflag::{FLAG_ERROR_EXIT, FlagError};
 
+/// livenessprobe's command line: Go's `flag` syntax, no controller block.
+pub const COMMAND: Command = Command {
+    syntax: Syntax::Go,
+    legacy_usage: "Legacy klog flag (no longer registered by livenessprobe): accepted and ignored.",
+    version_usage: "Show version (a plugreg extension).",
+    controller: false,
+};
+
 /// The whole command line.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Flags {
-    /// What the sidecar does.
-    pub config: Config,
-    /// How it logs (validated separately: an invalid logging configuration is exit 1, not 2).
-    pub logging: LogOptions,
-    /// `--version`: print the version and exit 0 (a plugreg extension).
-    pub version: bool,
-    /// Legacy klog flags that were given (accepted and ignored), in order, without dashes.
-    pub legacy: Vec<String>,
-}
-
+pub type Flags = kit::Flags<Config>;
 /// What the command line asks for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Parsed {
-    /// Run (or print the version, if [`Flags::version`] is set).
-    Run(Box<Flags>),
-    /// `-h`, `-help` or `--help`: print [`usage`] and exit 0.
-    Help,
-}
+pub type Parsed = kit::Parsed<Config>;
 
-const fn legacy(name: &'static str, kind: Kind, type_name: &'static str) -> Spec {
-    goflag::legacy(
-        name,
-        kind,
-        type_name,
-        "Legacy klog flag (no longer registered by livenessprobe): accepted and ignored.",
-    )
-}
-
-/// Every flag, sorted by name as Go prints them.
+/// livenessprobe's own flags, sorted by name.
 const SPECS: &[Spec] = &[
-    legacy("add-dir-header", Kind::Bool, ""),
-    legacy("alsologtostderr", Kind::Bool, ""),
     flag(
         "automaxprocs",
         Kind::Bool,
@@ -79,17 +56,6 @@ const SPECS: &[Spec] = &[
         "",
         "The TCP network address where the HTTP server for /healthz (and metrics) will listen (example: `:9808`). Empty means 0.0.0.0:<--health-port>. Only one of `--health-port` and `--http-endpoint` can be set.",
     ),
-    legacy("log-backtrace-at", Kind::Value, "value"),
-    legacy("log-dir", Kind::String, "string"),
-    legacy("log-file", Kind::String, "string"),
-    legacy("log-file-max-size", Kind::Uint, "uint"),
-    log_flags::LOG_FLUSH_FREQUENCY,
-    log_flags::LOG_JSON_INFO_BUFFER_SIZE,
-    log_flags::LOG_JSON_SPLIT_STREAM,
-    log_flags::LOG_TEXT_INFO_BUFFER_SIZE,
-    log_flags::LOG_TEXT_SPLIT_STREAM,
-    log_flags::LOGGING_FORMAT,
-    legacy("logtostderr", Kind::Bool, ""),
     flag(
         "metrics-address",
         Kind::String,
@@ -104,7 +70,6 @@ const SPECS: &[Spec] = &[
         "/metrics",
         "The HTTP path where prometheus metrics will be exposed.",
     ),
-    legacy("one-output", Kind::Bool, ""),
     flag(
         "probe-timeout",
         Kind::Duration,
@@ -112,87 +77,56 @@ const SPECS: &[Spec] = &[
         "3s",
         "How long one /healthz check may take: connecting to the driver plus its Probe call.",
     ),
-    legacy("skip-headers", Kind::Bool, ""),
-    legacy("skip-log-headers", Kind::Bool, ""),
-    legacy("stderrthreshold", Kind::Value, "value"),
-    log_flags::V,
-    flag(
-        "version",
-        Kind::Bool,
-        "",
-        "",
-        "Show version (a plugreg extension).",
-    ),
-    log_flags::VMODULE,
 ];
 
 /// The name of every flag (without dashes), sorted, legacy klog flags included.
 pub fn names() -> impl Iterator<Item = &'static str> {
-    SPECS.iter().map(|s| s.name)
+    COMMAND.names::<Config>()
 }
 
 /// Whether `name` is a boolean flag (one that takes a value only as `-name=value`).
 pub fn is_bool(name: &str) -> bool {
-    goflag::lookup(SPECS, name).is_some_and(|s| s.kind == Kind::Bool)
+    COMMAND.is_bool::<Config>(name)
 }
 
 /// The usage text Go's `flag` package would print for these flags, for the program `argv0`.
 pub fn usage(argv0: &str) -> String {
-    goflag::usage(argv0, SPECS)
+    COMMAND.usage::<Config>(argv0)
 }
 
 /// Parses the arguments after the program name.
 pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
-    let mut flags = Flags::default();
-    let outcome = goflag::parse(SPECS, args, |spec, value| {
-        match value {
-            Value::Bool(b) => match spec.name {
-                "automaxprocs" => flags.config.automaxprocs = b,
-                "version" => flags.version = b,
-                name => {
-                    // Logging booleans; the rest are legacy klog booleans (ignored).
-                    flags.logging.set_bool(name, b);
-                }
-            },
-            Value::Text(text) => set_value(&mut flags, spec, text)?,
-        }
-        if spec.legacy {
-            flags.legacy.push(spec.name.to_owned());
+    COMMAND.parse(args)
+}
+
+impl SidecarFlags for Config {
+    fn specs() -> &'static [Spec] {
+        SPECS
+    }
+
+    fn set(&mut self, spec: &Spec, value: Value<'_>) -> Result<(), SyntaxError> {
+        let c = self;
+        match (spec.name, value) {
+            ("automaxprocs", Value::Bool(b)) => c.automaxprocs = b,
+            ("csi-address", Value::Text(v)) => c.csi_address = v.to_owned(),
+            ("health-port", Value::Text(v)) => c.health_port = v.to_owned(),
+            ("http-endpoint", Value::Text(v)) => c.http_endpoint = v.to_owned(),
+            ("metrics-address", Value::Text(v)) => c.metrics_address = v.to_owned(),
+            ("metrics-path", Value::Text(v)) => c.metrics_path = v.to_owned(),
+            // A Go duration; a negative one acts as an expired deadline (zero).
+            ("probe-timeout", Value::Text(v)) => c.probe_timeout = parse_duration(v)?,
+            (other, value) => unreachable!("--{other}={value:?} is in no table"),
         }
         Ok(())
-    })?;
-    Ok(match outcome {
-        Outcome::Run => Parsed::Run(Box::new(flags)),
-        Outcome::Help => Parsed::Help,
-    })
-}
-
-fn set_value(flags: &mut Flags, spec: &Spec, value: &str) -> Result<(), SyntaxError> {
-    if let Some(result) = flags.logging.set_value(spec.name, value) {
-        return result;
     }
-    let c = &mut flags.config;
-    match spec.name {
-        "csi-address" => c.csi_address = value.to_owned(),
-        "health-port" => c.health_port = value.to_owned(),
-        "http-endpoint" => c.http_endpoint = value.to_owned(),
-        "metrics-address" => c.metrics_address = value.to_owned(),
-        "metrics-path" => c.metrics_path = value.to_owned(),
-        "probe-timeout" => c.probe_timeout = probe_timeout(value)?,
-        // Legacy flags: check the syntax Go checked, ignore the value.
-        _ => goflag::check_syntax(spec.kind, value)?,
-    }
-    Ok(())
-}
-
-/// A Go duration; a negative one acts as an expired deadline (zero).
-fn probe_timeout(value: &str) -> Result<Duration, SyntaxError> {
-    parse_duration(value)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    use plugreg_sidecar_kit::goflag;
     use plugreg_sidecar_kit::logging::LogFormat;
 
     fn run(args: &[&str]) -> Flags {
@@ -213,7 +147,7 @@ mod tests {
     #[test]
     fn flag_table_matches_upstream() {
         let f = run(&[]);
-        let c = &f.config;
+        let c = &f.options;
         assert_eq!(c.csi_address, "/run/csi/socket");
         assert_eq!(c.probe_timeout, Duration::from_secs(3));
         assert_eq!(c.health_port, "9808");
@@ -260,7 +194,9 @@ mod tests {
             }
         }
         for (name, kind, _) in plugreg_sidecar_kit::goflag::LEGACY_KLOG {
-            let spec = goflag::lookup(SPECS, name).unwrap_or_else(|| panic!("legacy {name}"));
+            let spec = goflag::lookup(&COMMAND.specs::<Config>(), name)
+                .copied()
+                .unwrap_or_else(|| panic!("legacy {name}"));
             assert!(spec.legacy && spec.kind == *kind, "legacy {name}");
         }
         let names: Vec<_> = names().collect();
@@ -279,22 +215,22 @@ mod tests {
             "--metrics-path=/m",
             "-v=5",
         ]);
-        assert_eq!(f.config.csi_address, "/csi/csi.sock");
-        assert_eq!(f.config.probe_timeout, Duration::from_secs(90));
-        assert_eq!(f.config.health_port, "9999");
-        assert_eq!(f.config.metrics_path, "/m");
+        assert_eq!(f.options.csi_address, "/csi/csi.sock");
+        assert_eq!(f.options.probe_timeout, Duration::from_secs(90));
+        assert_eq!(f.options.health_port, "9999");
+        assert_eq!(f.options.metrics_path, "/m");
         assert_eq!(f.logging.verbosity, 5);
         // health-port is a string upstream: any text is accepted here (listening may fail).
-        assert_eq!(run(&["--health-port=abc"]).config.health_port, "abc");
+        assert_eq!(run(&["--health-port=abc"]).options.health_port, "abc");
         assert_eq!(
             err(&["--probe-timeout=3"]),
             "invalid value \"3\" for flag -probe-timeout: parse error"
         );
         assert_eq!(
-            run(&["--probe-timeout=-1s"]).config.probe_timeout,
+            run(&["--probe-timeout=-1s"]).options.probe_timeout,
             Duration::ZERO
         );
-        assert!(run(&["--automaxprocs"]).config.automaxprocs);
+        assert!(run(&["--automaxprocs"]).options.automaxprocs);
         assert!(run(&["--version"]).version);
     }
 
@@ -319,6 +255,6 @@ mod tests {
         assert_eq!(f.legacy, ["logtostderr", "log-file-max-size"]);
         assert_eq!(f.logging.verbosity, 2);
         // Parsing stops at the first non-flag argument.
-        assert_eq!(run(&["x", "--bogus"]).config, Config::default());
+        assert_eq!(run(&["x", "--bogus"]).options, Config::default());
     }
 }

@@ -24,6 +24,7 @@ use hyper::{Request, Response, StatusCode};
 use plugreg_proto::csi::v1::identity_client::IdentityClient;
 use plugreg_proto::csi::v1::{GetPluginInfoRequest, ProbeRequest};
 use plugreg_runtime::report;
+use plugreg_sidecar_kit::connect::{ConnectWindow, Outcome, Retry};
 use plugreg_sidecar_kit::http::{NOT_FOUND_BODY, SharedCheck, text_response};
 use plugreg_transport::Connection;
 use tokio::net::TcpListener;
@@ -32,12 +33,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Metrics, UNKNOWN_DRIVER};
 
-/// The version reported by `--version`: `PLUGREG_VERSION` at build time, else `v` + the crate
-/// version.
-pub const VERSION: &str = match option_env!("PLUGREG_VERSION") {
-    Some(v) => v,
-    None => concat!("v", env!("CARGO_PKG_VERSION")),
-};
+/// The version reported by `--version` (the sidecar kit's).
+pub use plugreg_sidecar_kit::VERSION;
 
 /// Target for lines upstream logs at V(5).
 pub const V5: &str = "plugreg_livenessprobe::v5";
@@ -326,28 +323,23 @@ pub fn metrics_handler(
 /// about every second, "Still connecting" every 10 s. `None` when `token` was cancelled.
 async fn connect_forever(socket: &Path, token: &CancellationToken) -> Option<Connection> {
     let shown = format!("unix://{}", socket.display());
-    let mut next_report = Instant::now() + Duration::from_secs(10);
-    loop {
-        let attempt_end = Instant::now() + CONNECT_ATTEMPT;
-        let attempt = plugreg_transport::connect_direct(socket, CONNECT_ATTEMPT);
-        let result = tokio::select! {
-            _ = token.cancelled() => return None,
-            r = attempt => r,
-        };
-        match result {
-            Ok(c) => return Some(c),
-            Err(e) => {
-                tracing::debug!(err = %report::chain(&e), address = %shown, "CSI driver not reachable yet")
-            }
+    let window = ConnectWindow {
+        end: None,
+        attempt: CONNECT_ATTEMPT,
+        retry: Retry::Every(CONNECT_ATTEMPT),
+    };
+    let shown_ref = &shown;
+    let dial = |timeout| async move {
+        let shown = shown_ref;
+        let result = plugreg_transport::connect_direct(socket, timeout).await;
+        if let Err(e) = &result {
+            tracing::debug!(err = %report::chain(e), address = %shown, "CSI driver not reachable yet");
         }
-        if Instant::now() >= next_report {
-            tracing::info!(address = %shown, "Still connecting");
-            next_report += Duration::from_secs(10);
-        }
-        tokio::select! {
-            _ = token.cancelled() => return None,
-            _ = tokio::time::sleep_until(attempt_end) => {}
-        }
+        result
+    };
+    match window.connect(&shown, token, dial).await {
+        Outcome::Connected(c) => Some(c),
+        Outcome::Closed(_) | Outcome::Stopped => None,
     }
 }
 

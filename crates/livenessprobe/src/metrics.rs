@@ -1,15 +1,17 @@
 //! The metrics upstream's registry holds (csi-lib-utils' metrics manager, subsystem
 //! `csi_sidecar`): the `csi_sidecar_operations_seconds` histogram of gRPC calls to the driver by
 //! driver, method and status code, and `process_start_time_seconds`; rendered in the
-//! Prometheus text format. The label sets are bounded: two methods, seventeen codes, the driver
-//! name (and `unknown-driver` for the start-up GetPluginInfo).
+//! Prometheus text format by the sidecar kit's pieces. The label sets are bounded: two
+//! methods, seventeen codes, the driver name (and `unknown-driver` for the start-up
+//! GetPluginInfo).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use plugreg_runtime::prom::{self, Histogram};
+use plugreg_runtime::prom;
+use plugreg_sidecar_kit::metrics::{
+    CsiOperations, Families, PROCESS_START_HELP_ALPHA, now_seconds, process_start_time,
+};
 
 /// The driver label before the driver's name is known.
 pub const UNKNOWN_DRIVER: &str = "unknown-driver";
@@ -17,14 +19,11 @@ pub const UNKNOWN_DRIVER: &str = "unknown-driver";
 /// Histogram bucket bounds in seconds, as csi-lib-utils.
 pub const BUCKETS: [f64; 13] = prom::CSI_OPERATION_BUCKETS;
 
-/// (driver_name, method_name, grpc_status_code)
-type Key = (String, &'static str, &'static str);
-
 /// The registry (cheap to clone; clones share it).
 #[derive(Debug, Clone)]
 pub struct Metrics {
     start: f64,
-    operations: Arc<Mutex<BTreeMap<Key, Histogram>>>,
+    operations: Arc<Mutex<CsiOperations>>,
 }
 
 impl Default for Metrics {
@@ -34,59 +33,36 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// An empty registry; the process start time is now.
+    /// An empty registry; the process start time is read from procfs (now, if it cannot be).
     pub fn new() -> Self {
-        let start = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
         Self {
-            start,
+            start: process_start_time().unwrap_or_else(now_seconds),
             operations: Arc::default(),
         }
     }
 
     /// Records one call of `method` to `driver` that ended with `code` after `took`.
     pub fn record(&self, driver: &str, method: &'static str, code: tonic::Code, took: Duration) {
-        let seconds = took.as_secs_f64();
-        let mut ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
-        ops.entry((
-            driver.to_owned(),
-            method,
-            plugreg_runtime::report::go_code(code),
-        ))
-        .or_insert_with(|| Histogram::new(&BUCKETS))
-        .observe(seconds);
+        self.operations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(driver, method, Some(code), took);
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let ops = self
-            .operations
+        let mut families = Families::default();
+        self.operations
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut out = String::new();
-        prom::header(
-            &mut out,
-            prom::CSI_OPERATIONS,
-            prom::CSI_OPERATIONS_HELP,
-            "histogram",
+            .collect(&mut families);
+        families.samples(
+            "process_start_time_seconds",
+            PROCESS_START_HELP_ALPHA,
+            "gauge",
+            [(String::new(), self.start)],
         );
-        for ((driver, method, code), h) in &ops {
-            let labels = prom::labels(&[
-                ("driver_name", driver),
-                ("grpc_status_code", code),
-                ("method_name", method),
-            ]);
-            h.write(&mut out, prom::CSI_OPERATIONS, &labels);
-        }
-        let _ = writeln!(
-            out,
-            "# HELP process_start_time_seconds [ALPHA] Start time of the process since unix epoch in seconds."
-        );
-        let _ = writeln!(out, "# TYPE process_start_time_seconds gauge");
-        prom::sample(&mut out, "process_start_time_seconds", "", self.start);
-        out
+        families.into_text()
     }
 }
 

@@ -87,8 +87,8 @@ fn any_command_line_parses_or_fails_in_go_words() {
         assert_eq!(flags::parse(&args), parsed, "deterministic");
         if let Ok(flags::Parsed::Run(f)) = parsed {
             let _ = f.logging.validate();
-            let _ = plugreg_livenessprobe::check_conflicts(&f.config);
-            let _ = plugreg_livenessprobe::socket_path(&f.config.csi_address);
+            let _ = plugreg_livenessprobe::check_conflicts(&f.options);
+            let _ = plugreg_livenessprobe::socket_path(&f.options.csi_address);
         }
         Ok(())
     })

@@ -10,52 +10,31 @@
 
 use std::time::Duration;
 
-use plugreg_sidecar_kit::goflag::logging as log_flags;
-use plugreg_sidecar_kit::goflag::{self, Kind, Outcome, Spec, Value, flag};
+use plugreg_sidecar_kit::flags::{self as kit, Command, SidecarFlags, Syntax};
+use plugreg_sidecar_kit::goflag::{Kind, Spec, Value, flag};
 use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration, parse_duration_nanos, parse_int};
 
 use crate::Config;
 #[cfg(test)]
 use crate::logging::LogFormat;
-use crate::logging::LogOptions;
 
 pub use plugreg_sidecar_kit::goflag::{FLAG_ERROR_EXIT, FlagError};
 
+/// node-driver-registrar's command line: Go's `flag` syntax, no controller block.
+pub const COMMAND: Command = Command {
+    syntax: Syntax::Go,
+    legacy_usage: "Legacy klog flag (removed from node-driver-registrar in v2.11): accepted and ignored.",
+    version_usage: "Show version.",
+    controller: false,
+};
+
 /// The whole command line.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Flags {
-    /// What the sidecar does.
-    pub config: Config,
-    /// How it logs (validated separately: an invalid logging configuration is exit 1, not 2).
-    pub logging: LogOptions,
-    /// `--version`: print the version and exit 0.
-    pub version: bool,
-    /// Legacy klog flags that were given (accepted and ignored), in order, without dashes.
-    pub legacy: Vec<String>,
-}
-
+pub type Flags = kit::Flags<Config>;
 /// What the command line asks for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Parsed {
-    /// Run (or print the version, if [`Flags::version`] is set).
-    Run(Box<Flags>),
-    /// `-h`, `-help` or `--help`: print [`usage`] and exit 0.
-    Help,
-}
+pub type Parsed = kit::Parsed<Config>;
 
-const fn legacy(name: &'static str, kind: Kind, type_name: &'static str) -> Spec {
-    goflag::legacy(
-        name,
-        kind,
-        type_name,
-        "Legacy klog flag (removed from node-driver-registrar in v2.11): accepted and ignored.",
-    )
-}
-
-/// Every flag, sorted by name as Go prints them.
+/// node-driver-registrar's own flags, sorted by name.
 const SPECS: &[Spec] = &[
-    legacy("add-dir-header", Kind::Bool, ""),
-    legacy("alsologtostderr", Kind::Bool, ""),
     flag(
         "automaxprocs",
         Kind::Bool,
@@ -112,17 +91,6 @@ const SPECS: &[Spec] = &[
         "",
         "Path of the CSI driver socket on the Kubernetes host machine.",
     ),
-    legacy("log-backtrace-at", Kind::Value, "value"),
-    legacy("log-dir", Kind::String, "string"),
-    legacy("log-file", Kind::String, "string"),
-    legacy("log-file-max-size", Kind::Uint, "uint"),
-    log_flags::LOG_FLUSH_FREQUENCY,
-    log_flags::LOG_JSON_INFO_BUFFER_SIZE,
-    log_flags::LOG_JSON_SPLIT_STREAM,
-    log_flags::LOG_TEXT_INFO_BUFFER_SIZE,
-    log_flags::LOG_TEXT_SPLIT_STREAM,
-    log_flags::LOGGING_FORMAT,
-    legacy("logtostderr", Kind::Bool, ""),
     flag(
         "mode",
         Kind::String,
@@ -130,7 +98,6 @@ const SPECS: &[Spec] = &[
         "",
         "Deprecated. \"kubelet-registration-probe\" exits 0 at once; any other value means normal operation.",
     ),
-    legacy("one-output", Kind::Bool, ""),
     flag(
         "plugin-registration-path",
         Kind::String,
@@ -145,9 +112,6 @@ const SPECS: &[Spec] = &[
         "500ms",
         "How often the registration socket is checked: if the path is empty or holds a socket nobody listens on, the socket is created again; a live socket of another instance (a rolling update) is left alone. 0 turns the check off.",
     ),
-    legacy("skip-headers", Kind::Bool, ""),
-    legacy("skip-log-headers", Kind::Bool, ""),
-    legacy("stderrthreshold", Kind::Value, "value"),
     flag(
         "timeout",
         Kind::Duration,
@@ -155,81 +119,66 @@ const SPECS: &[Spec] = &[
         "1s",
         "Timeout of each GetPluginInfo call at start-up and of the whole /healthz check.",
     ),
-    log_flags::V,
-    flag("version", Kind::Bool, "", "", "Show version."),
-    log_flags::VMODULE,
 ];
 
 /// The name of every flag (without dashes), sorted, legacy klog flags included.
 pub fn names() -> impl Iterator<Item = &'static str> {
-    SPECS.iter().map(|s| s.name)
+    COMMAND.names::<Config>()
 }
 
 /// Whether `name` is a boolean flag (one that takes a value only as `-name=value`).
 pub fn is_bool(name: &str) -> bool {
-    goflag::lookup(SPECS, name).is_some_and(|s| s.kind == Kind::Bool)
+    COMMAND.is_bool::<Config>(name)
 }
 
 /// The usage text Go's `flag` package would print for these flags, for the program `argv0`.
 pub fn usage(argv0: &str) -> String {
-    goflag::usage(argv0, SPECS)
+    COMMAND.usage::<Config>(argv0)
 }
 
 /// Parses the arguments after the program name.
 pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
-    let mut flags = Flags::default();
-    let outcome = goflag::parse(SPECS, args, |spec, value| {
-        match value {
-            Value::Bool(b) => set_bool(&mut flags, spec, b),
-            Value::Text(text) => set_value(&mut flags, spec, text)?,
-        }
-        if spec.legacy {
-            flags.legacy.push(spec.name.to_owned());
+    COMMAND.parse(args)
+}
+
+impl SidecarFlags for Config {
+    fn specs() -> &'static [Spec] {
+        SPECS
+    }
+
+    fn set(&mut self, spec: &Spec, value: Value<'_>) -> Result<(), SyntaxError> {
+        let c = self;
+        let value = match (spec.name, value) {
+            ("automaxprocs", Value::Bool(b)) => {
+                c.automaxprocs = b;
+                return Ok(());
+            }
+            ("enable-pprof", Value::Bool(b)) => {
+                c.enable_pprof = b;
+                return Ok(());
+            }
+            (_, Value::Text(value)) => value,
+            (other, value) => unreachable!("--{other}={value:?} is in no table"),
+        };
+        match spec.name {
+            "csi-address" => c.csi_address = value.to_owned(),
+            "kubelet-registration-path" => c.kubelet_registration_path = value.to_owned(),
+            "plugin-registration-path" => c.plugin_registration_path = value.to_owned(),
+            "http-endpoint" => c.http_endpoint = value.to_owned(),
+            "mode" => c.mode = value.to_owned(),
+            "timeout" => c.timeout = parse_duration(value)?,
+            "csi-connect-window" => c.csi_connect_window = parse_duration(value)?,
+            "registration-socket-check-period" => c.socket_check_period = parse_duration(value)?,
+            "connection-timeout" => {
+                // Only "is it non-zero" matters: it is deprecated and has no effect.
+                let nanos = parse_duration_nanos(value)?;
+                c.connection_timeout = Duration::from_nanos(nanos.unsigned_abs());
+            }
+            "health-port" => c.health_port = parse_int(value)?,
+            other => unreachable!("--{other} is in no table"),
         }
         Ok(())
-    })?;
-    Ok(match outcome {
-        Outcome::Run => Parsed::Run(Box::new(flags)),
-        Outcome::Help => Parsed::Help,
-    })
-}
-
-fn set_bool(flags: &mut Flags, spec: &Spec, b: bool) {
-    match spec.name {
-        "automaxprocs" => flags.config.automaxprocs = b,
-        "enable-pprof" => flags.config.enable_pprof = b,
-        "version" => flags.version = b,
-        name => {
-            // Logging booleans; the rest are legacy klog booleans (ignored).
-            flags.logging.set_bool(name, b);
-        }
     }
-}
-
-fn set_value(flags: &mut Flags, spec: &Spec, value: &str) -> Result<(), SyntaxError> {
-    if let Some(result) = flags.logging.set_value(spec.name, value) {
-        return result;
-    }
-    let c = &mut flags.config;
-    match spec.name {
-        "csi-address" => c.csi_address = value.to_owned(),
-        "kubelet-registration-path" => c.kubelet_registration_path = value.to_owned(),
-        "plugin-registration-path" => c.plugin_registration_path = value.to_owned(),
-        "http-endpoint" => c.http_endpoint = value.to_owned(),
-        "mode" => c.mode = value.to_owned(),
-        "timeout" => c.timeout = parse_duration(value)?,
-        "csi-connect-window" => c.csi_connect_window = parse_duration(value)?,
-        "registration-socket-check-period" => c.socket_check_period = parse_duration(value)?,
-        "connection-timeout" => {
-            // Only "is it non-zero" matters: it is deprecated and has no effect.
-            let nanos = parse_duration_nanos(value)?;
-            c.connection_timeout = Duration::from_nanos(nanos.unsigned_abs());
-        }
-        "health-port" => c.health_port = parse_int(value)?,
-        // Legacy flags: check the syntax Go checked, ignore the value.
-        _ => goflag::check_syntax(spec.kind, value)?,
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -253,7 +202,7 @@ mod tests {
     #[test]
     fn defaults_match_upstream() {
         let f = run(&[]);
-        let c = &f.config;
+        let c = &f.options;
         assert_eq!(c.csi_address, "/run/csi/socket");
         assert_eq!(c.kubelet_registration_path, "");
         assert_eq!(c.plugin_registration_path, "/registration");
@@ -283,13 +232,13 @@ mod tests {
             &["--csi-address=/x", "--csi-address=/a"],
         ];
         for args in forms {
-            assert_eq!(run(args).config.csi_address, "/a", "{args:?}");
+            assert_eq!(run(args).options.csi_address, "/a", "{args:?}");
         }
-        assert_eq!(run(&["--csi-address="]).config.csi_address, "");
+        assert_eq!(run(&["--csi-address="]).options.csi_address, "");
         // A value may itself look like a flag when given separately.
-        assert_eq!(run(&["--mode", "-x"]).config.mode, "-x");
+        assert_eq!(run(&["--mode", "-x"]).options.mode, "-x");
         // Only the first '=' splits.
-        assert_eq!(run(&["--mode=a=b"]).config.mode, "a=b");
+        assert_eq!(run(&["--mode=a=b"]).options.mode, "a=b");
     }
 
     #[test]
@@ -310,18 +259,22 @@ mod tests {
         // "-version false": the bool takes no separate value; "false" ends the flags.
         let f = run(&["-version", "false", "--mode=x"]);
         assert!(f.version);
-        assert_eq!(f.config.mode, "", "parsing stopped at \"false\"");
+        assert_eq!(f.options.mode, "", "parsing stopped at \"false\"");
         assert_eq!(
             err(&["-version=yes"]),
             "invalid boolean value \"yes\" for -version: parse error"
         );
-        assert!(run(&["-enable-pprof", "-automaxprocs"]).config.enable_pprof);
-        assert!(run(&["-automaxprocs"]).config.automaxprocs);
+        assert!(
+            run(&["-enable-pprof", "-automaxprocs"])
+                .options
+                .enable_pprof
+        );
+        assert!(run(&["-automaxprocs"]).options.automaxprocs);
     }
 
     #[test]
     fn durations_and_ints_use_go_syntax() {
-        let d = |args: &[&str]| run(args).config.timeout;
+        let d = |args: &[&str]| run(args).options.timeout;
         assert_eq!(d(&["-timeout=500ms"]), Duration::from_millis(500));
         assert_eq!(d(&["-timeout", "1m30s"]), Duration::from_secs(90));
         assert_eq!(d(&["--timeout=1h"]), Duration::from_secs(3600));
@@ -335,9 +288,9 @@ mod tests {
             err(&["--timeout", "1sec"]),
             "invalid value \"1sec\" for flag -timeout: parse error"
         );
-        assert_eq!(run(&["--health-port=9809"]).config.health_port, 9809);
-        assert_eq!(run(&["--health-port", "0x2651"]).config.health_port, 9809);
-        assert_eq!(run(&["--health-port=-1"]).config.health_port, -1);
+        assert_eq!(run(&["--health-port=9809"]).options.health_port, 9809);
+        assert_eq!(run(&["--health-port", "0x2651"]).options.health_port, 9809);
+        assert_eq!(run(&["--health-port=-1"]).options.health_port, -1);
         assert_eq!(
             err(&["--health-port=abc"]),
             "invalid value \"abc\" for flag -health-port: parse error"
@@ -347,15 +300,17 @@ mod tests {
             "invalid value \"99999999999999999999\" for flag -health-port: value out of range"
         );
         assert_eq!(
-            run(&["--csi-connect-window=2s"]).config.csi_connect_window,
+            run(&["--csi-connect-window=2s"]).options.csi_connect_window,
             Duration::from_secs(2)
         );
         assert_eq!(
-            run(&["--connection-timeout=1m"]).config.connection_timeout,
+            run(&["--connection-timeout=1m"]).options.connection_timeout,
             Duration::from_secs(60)
         );
         assert_ne!(
-            run(&["--connection-timeout=-1s"]).config.connection_timeout,
+            run(&["--connection-timeout=-1s"])
+                .options
+                .connection_timeout,
             Duration::ZERO,
             "a negative value is non-zero, so it still logs the deprecation"
         );
@@ -364,11 +319,11 @@ mod tests {
     #[test]
     fn parsing_stops_at_the_first_non_flag_or_double_dash() {
         let f = run(&["--mode=a", "positional", "--mode=b", "--bogus"]);
-        assert_eq!(f.config.mode, "a");
+        assert_eq!(f.options.mode, "a");
         let f = run(&["--mode=a", "--", "--mode=b", "--bogus"]);
-        assert_eq!(f.config.mode, "a");
+        assert_eq!(f.options.mode, "a");
         let f = run(&["--mode=a", "-", "--mode=b"]);
-        assert_eq!(f.config.mode, "a", "a lone '-' is a non-flag argument");
+        assert_eq!(f.options.mode, "a", "a lone '-' is a non-flag argument");
     }
 
     #[test]
@@ -437,7 +392,7 @@ mod tests {
                 "log-backtrace-at",
             ]
         );
-        assert_eq!(f.config.csi_address, "/after", "parsing went on");
+        assert_eq!(f.options.csi_address, "/after", "parsing went on");
         assert!(err(&["--log-file-max-size=big"]).contains("-log-file-max-size"));
     }
 
@@ -481,10 +436,10 @@ mod tests {
         assert!(u.contains("  -timeout duration\n"));
         assert!(u.contains("(default 1s)"));
         assert!(u.contains("  -version\n    \tShow version."));
-        for spec in SPECS {
+        for spec in COMMAND.specs::<Config>() {
             assert!(u.contains(&format!("  -{}", spec.name)), "{}", spec.name);
         }
-        let names: Vec<_> = SPECS.iter().map(|s| s.name).collect();
+        let names: Vec<_> = names().collect();
         let mut sorted = names.clone();
         sorted.sort_unstable();
         assert_eq!(names, sorted, "flags are listed sorted, as Go does");

@@ -40,6 +40,7 @@ use plugreg_proto::csi::v1::identity_client::IdentityClient;
 use plugreg_registrar::{PluginInfo, Registrar, ServeOptions};
 use plugreg_runtime::Backoff;
 use plugreg_runtime::report;
+use plugreg_sidecar_kit::connect::{self, ConnectWindow, Retry};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -48,12 +49,8 @@ use tonic::transport::Channel;
 
 pub use name::{NameError, check_driver_name};
 
-/// The version reported by `--version` and the `Version` log line: `PLUGREG_VERSION` at build
-/// time, else `v` + the crate version.
-pub const VERSION: &str = match option_env!("PLUGREG_VERSION") {
-    Some(v) => v,
-    None => concat!("v", env!("CARGO_PKG_VERSION")),
-};
+/// The version reported by `--version` and the `Version` log line (the sidecar kit's).
+pub use plugreg_sidecar_kit::VERSION;
 
 /// The `--mode` value that makes the program exit 0 at once.
 pub const PROBE_MODE: &str = "kubelet-registration-probe";
@@ -509,41 +506,31 @@ async fn connect_csi(
         }
     };
     let shown = format!("unix://{}", path.display());
-    let start = Instant::now();
-    let mut next_report = start + Duration::from_secs(10);
-    let mut failures = 0;
-    loop {
+    let window = ConnectWindow {
+        end: Some(window_end),
+        attempt: Duration::from_secs(10),
+        retry: Retry::Backoff(CONNECT_BACKOFF),
+    };
+    let dial = |timeout| {
         tracing::trace!(address = %shown, "Connecting");
-        let remaining = window_end.saturating_duration_since(Instant::now());
-        let attempt =
-            plugreg_transport::connect_path(&path, remaining.min(Duration::from_secs(10)));
-        let result = tokio::select! {
-            _ = token.cancelled() => return Ok(None),
-            r = attempt => r,
-        };
-        match result {
-            Ok(channel) => return Ok(Some(channel)),
-            Err(e) => {
-                tracing::debug!(err = %report::chain(&e), address = %shown, "CSI driver not reachable yet")
+        let attempt = plugreg_transport::connect_path(&path, timeout);
+        async {
+            let result = attempt.await;
+            if let Err(e) = &result {
+                tracing::debug!(err = %report::chain(e), address = %shown, "CSI driver not reachable yet");
             }
+            result
         }
-        let now = Instant::now();
-        if now >= window_end {
+    };
+    match window.connect(&shown, token, dial).await {
+        connect::Outcome::Connected(channel) => Ok(Some(channel)),
+        connect::Outcome::Stopped => Ok(None),
+        connect::Outcome::Closed(_) => {
             tracing::error!(
                 err = "context deadline exceeded",
                 "Error connecting to CSI driver"
             );
-            return Err(RunError::Connect);
-        }
-        if now >= next_report {
-            tracing::info!(address = %shown, "Still connecting");
-            next_report += Duration::from_secs(10);
-        }
-        failures += 1;
-        let retry_at = (now + CONNECT_BACKOFF.delay(failures)).min(window_end);
-        tokio::select! {
-            _ = token.cancelled() => return Ok(None),
-            _ = tokio::time::sleep_until(retry_at) => {}
+            Err(RunError::Connect)
         }
     }
 }

@@ -32,6 +32,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
+use plugreg_sidecar_kit::events::{EventType, Recorder};
+use plugreg_sidecar_kit::queue::WorkQueue;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -42,11 +44,9 @@ use crate::cached::{CachedClaim, CachedPv};
 use crate::classify::{ProvisionError, State};
 use crate::csi::{Capabilities, Driver};
 use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
-use crate::events::{EventType, Recorder};
 use crate::inflight::InFlight;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ProvisionMetrics};
 use crate::pv::FINALIZER as PV_FINALIZER;
-use crate::queue::WorkQueue;
 use crate::record::{Entry, Journal, RecordError};
 use crate::request::{self, ANN_SELECTED_NODE, RequestOptions};
 use crate::topology::TopologySource;
@@ -103,6 +103,8 @@ pub struct Clients {
     pub driver: Arc<Driver>,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// The provisioning counters (registered with [`Clients::metrics`]).
+    pub provisioned: Arc<ProvisionMetrics>,
     /// The durable record of in-flight volumes (written by its own task, see [`Journal::run`]).
     pub journal: Arc<Journal>,
     /// Entries of the record that another process wrote (from [`Journal::new`]).
@@ -635,7 +637,7 @@ impl Controller {
                 Err(Requeue)
             }
             ClaimAction::Retry(e) => {
-                self.clients.metrics.provision_failed(&class_name, "");
+                self.clients.provisioned.provision_failed(&class_name, "");
                 debug!(claim = %key, "{e}");
                 Err(Requeue)
             }
@@ -680,7 +682,7 @@ impl Controller {
                 let started = Instant::now();
                 match self.provision(&claim, &class, &volume, record).await {
                     Ok(()) => {
-                        self.clients.metrics.provision_succeeded(
+                        self.clients.provisioned.provision_succeeded(
                             &class_name,
                             "",
                             started.elapsed(),
@@ -688,7 +690,7 @@ impl Controller {
                         Ok(())
                     }
                     Err(Failure::Silent(e)) => {
-                        self.clients.metrics.provision_failed(&class_name, "");
+                        self.clients.provisioned.provision_failed(&class_name, "");
                         debug!(claim = %key, "{e}");
                         Err(Requeue)
                     }
@@ -710,7 +712,7 @@ impl Controller {
 
     /// Upstream's `ProvisioningFailed` event and log line.
     fn fail(&self, claim: &PersistentVolumeClaim, class: &str, e: ProvisionError) {
-        self.clients.metrics.provision_failed(class, "");
+        self.clients.provisioned.provision_failed(class, "");
         // The library's wrapping of every Provision error.
         let e = e.context(&format!(
             "failed to provision volume with StorageClass {}",
@@ -1233,12 +1235,12 @@ impl Controller {
                 match self.delete(&volume).await {
                     Ok(()) => {
                         self.clients
-                            .metrics
+                            .provisioned
                             .delete_succeeded(&class, started.elapsed());
                         return Ok(());
                     }
                     Err(e) => {
-                        self.clients.metrics.delete_failed(&class);
+                        self.clients.provisioned.delete_failed(&class);
                         self.event(
                             &volume_ref(&volume),
                             EventType::Warning,

@@ -1,9 +1,10 @@
-//! The command line of external-provisioner v6.3.0 (`upstream-external-provisioner.md` §1), in
-//! spf13/pflag syntax (`plugreg_sidecar_kit::pflag`): every flag with its type and default
-//! ([`Options`]), the feature gates ([`FeatureGates`]), component-base's logging flags, and the
-//! small pure rules start-up needs (the Lease name, the identities, `KUBECONFIG`).
+//! The command line of external-provisioner v6.3.0, in spf13/pflag syntax: the sidecar kit's
+//! skeleton ([`plugreg_sidecar_kit::flags`]: logging, the removed klog flags, `--version`, the
+//! controller block of API server, rate limit, leader election and diagnostics server) plus
+//! the provisioner's own flags with their types and defaults ([`Options`]), the feature gates
+//! ([`FeatureGates`]), and the small pure rules start-up needs (the identities).
 //!
-//! Differences from upstream, as decisions P1 and R1 ask:
+//! Differences from upstream:
 //! - the removed klog flags (`--logtostderr`, `--alsologtostderr`, ...) are accepted and ignored
 //!   (with a warning from `main`) instead of exit 2;
 //! - the apiserver feature-gate names, `AllAlpha` and `AllBeta` are accepted and ignored.
@@ -11,48 +12,44 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use plugreg_sidecar_kit::goflag::logging as log_flags;
+use plugreg_sidecar_kit::flags::{self as kit, Command, ControllerFlags, SidecarFlags, Syntax};
+use plugreg_sidecar_kit::goflag::{Kind, Spec, Value, flag};
 use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration, parse_int, parse_uint};
-use plugreg_sidecar_kit::logging::LogOptions;
-use plugreg_sidecar_kit::pflag::{self, Kind, Outcome, Spec, Value, flag};
+use plugreg_sidecar_kit::pflag;
 
-pub use plugreg_sidecar_kit::pflag::{FLAG_ERROR_EXIT, FlagError};
+pub use plugreg_sidecar_kit::flags::{
+    APISERVER_GATES, kubeconfig_path, parse_gate_list, parse_labels,
+};
+pub use plugreg_sidecar_kit::goflag::{FLAG_ERROR_EXIT, FlagError};
+pub use plugreg_sidecar_kit::leader::{leader_identity, lease_name, sanitize_name};
 
 /// Exit code of upstream's `klog.Fatal` (an unknown feature gate, a failed start-up step).
 pub const FATAL_EXIT: i32 = 255;
 
-/// Every flag of §1.2 except logging, feature gates and `--version`, with upstream's defaults.
+/// The provisioner's command line: pflag syntax, the controller block, its own flags.
+pub const COMMAND: Command = Command {
+    syntax: Syntax::Pflag,
+    legacy_usage: "Removed klog flag (external-provisioner no longer registers it): accepted and ignored.",
+    version_usage: "Print the version and exit.",
+    controller: true,
+};
+
+/// The whole command line.
+pub type Flags = kit::Flags<Options>;
+/// What the command line asks for.
+pub type Parsed = kit::Parsed<Options>;
+
+/// Every flag of upstream's command line but the skeleton's (logging, removed klog flags,
+/// `--version`), with upstream's defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
+    /// The API server, its rate limit, leader election, the diagnostics server.
+    pub controller: ControllerFlags,
+    /// `--feature-gates` as given (repeated flags merged, later wins); checked by
+    /// [`FeatureGates::from_requested`] after logging is set up (an unknown name is exit 255).
+    pub feature_gates: BTreeMap<String, bool>,
     /// `--csi-address`: the driver socket (`/abs` or `unix://path`).
     pub csi_address: String,
-    /// `--kubeconfig` (the `KUBECONFIG` environment variable wins, see [`kubeconfig_path`]).
-    pub kubeconfig: String,
-    /// `--master`: the API server URL.
-    pub master: String,
-    /// `--leader-election`: work only while holding the Lease.
-    pub leader_election: bool,
-    /// `--leader-election-namespace` (empty: `$POD_NAMESPACE`, the service-account namespace,
-    /// `default`).
-    pub leader_election_namespace: String,
-    /// `--leader-election-lease-duration`.
-    pub leader_election_lease_duration: Duration,
-    /// `--leader-election-renew-deadline`.
-    pub leader_election_renew_deadline: Duration,
-    /// `--leader-election-retry-period`.
-    pub leader_election_retry_period: Duration,
-    /// `--leader-election-labels` (`k:v,k2:v2`), labels put on the Lease.
-    pub leader_election_labels: BTreeMap<String, String>,
-    /// `--kube-api-qps`: the client-side rate limit shared by both kube clients.
-    pub kube_api_qps: f64,
-    /// `--kube-api-burst`.
-    pub kube_api_burst: i64,
-    /// `--http-endpoint`: the diagnostics server address (empty: off).
-    pub http_endpoint: String,
-    /// `--metrics-address` (deprecated; conflicts with `--http-endpoint`).
-    pub metrics_address: String,
-    /// `--metrics-path`.
-    pub metrics_path: String,
     /// `--automaxprocs` (Go runtime tuning; no effect here).
     pub automaxprocs: bool,
     /// `--volume-name-prefix`: prefix of the volume and PV name.
@@ -113,20 +110,9 @@ impl Default for Options {
     fn default() -> Self {
         let secs = Duration::from_secs;
         Self {
+            controller: ControllerFlags::default(),
+            feature_gates: BTreeMap::new(),
             csi_address: "/run/csi/socket".into(),
-            kubeconfig: String::new(),
-            master: String::new(),
-            leader_election: false,
-            leader_election_namespace: String::new(),
-            leader_election_lease_duration: secs(15),
-            leader_election_renew_deadline: secs(10),
-            leader_election_retry_period: secs(5),
-            leader_election_labels: BTreeMap::new(),
-            kube_api_qps: 5.0,
-            kube_api_burst: 10,
-            http_endpoint: String::new(),
-            metrics_address: String::new(),
-            metrics_path: "/metrics".into(),
             automaxprocs: false,
             volume_name_prefix: "pvc".into(),
             volume_name_uuid_length: -1,
@@ -158,52 +144,8 @@ impl Default for Options {
     }
 }
 
-/// The whole command line.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Flags {
-    /// What the provisioner does.
-    pub options: Options,
-    /// `--feature-gates` as given (repeated flags merged, later wins); checked by
-    /// [`FeatureGates::from_requested`] after logging is set up (an unknown name is exit 255).
-    pub feature_gates: BTreeMap<String, bool>,
-    /// How it logs (validated separately: an invalid logging configuration is exit 1).
-    pub logging: LogOptions,
-    /// `--version`: print `<argv0> <version>` and exit 0 (after the feature gates).
-    pub version: bool,
-    /// Removed klog flags that were given (accepted and ignored), in order, without dashes.
-    pub legacy: Vec<String>,
-    /// Positional arguments (upstream ignores them).
-    pub positional: Vec<String>,
-}
-
-/// What the command line asks for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Parsed {
-    /// Run (or print the version, if [`Flags::version`] is set).
-    Run(Box<Flags>),
-    /// `-h` or `--help`: print [`usage`] and exit 0.
-    Help,
-}
-
-const fn legacy(name: &'static str, kind: Kind, type_name: &'static str) -> Spec {
-    pflag::legacy(
-        name,
-        kind,
-        type_name,
-        "Removed klog flag (external-provisioner no longer registers it): accepted and ignored.",
-    )
-}
-
-/// `-v, --v`: pflag shows the type as `Level`.
-const V: Spec = Spec {
-    type_name: "Level",
-    ..log_flags::V
-};
-
-/// Every flag, sorted by name as pflag prints them.
+/// The provisioner's own flags, sorted by name.
 const SPECS: &[Spec] = &[
-    legacy("add-dir-header", Kind::Bool, ""),
-    legacy("alsologtostderr", Kind::Bool, ""),
     flag(
         "automaxprocs",
         Kind::Bool,
@@ -296,25 +238,11 @@ const SPECS: &[Spec] = &[
         "Comma-separated Name=true|false pairs. Gates: Topology (GA, default true), VolumeAttributesClass (GA, default true), CrossNamespaceVolumeDataSource (alpha, default false; not supported yet), ReleaseLeaderElectionOnExit (alpha, default false). The apiserver's gate names, AllAlpha and AllBeta are accepted and ignored.",
     ),
     flag(
-        "http-endpoint",
-        Kind::String,
-        "string",
-        "",
-        "TCP address of the HTTP server for metrics and /healthz/leader-election (example: `:8080`). Empty: off. Only one of `--metrics-address` and `--http-endpoint` can be set.",
-    ),
-    flag(
         "immediate-topology",
         Kind::Bool,
         "",
         "true",
         "Send accessibility requirements for claims of storage classes with immediate binding.",
-    ),
-    flag(
-        "kube-api-burst",
-        Kind::Int,
-        "int",
-        "10",
-        "Burst of the client-side rate limit of the Kubernetes API client.",
     ),
     flag(
         "kube-api-capacity-burst",
@@ -329,94 +257,6 @@ const SPECS: &[Spec] = &[
         "float32",
         "1",
         "Queries per second of the Kubernetes API client used for storage capacity.",
-    ),
-    flag(
-        "kube-api-qps",
-        Kind::Value,
-        "float",
-        "5",
-        "Queries per second of the client-side rate limit of the Kubernetes API client.",
-    ),
-    flag(
-        "kubeconfig",
-        Kind::String,
-        "string",
-        "",
-        "Path to a kubeconfig file (the KUBECONFIG environment variable wins). Without it and --master: in-cluster configuration.",
-    ),
-    flag(
-        "leader-election",
-        Kind::Bool,
-        "",
-        "",
-        "Work only while holding a Lease, so that replicas can stand by.",
-    ),
-    flag(
-        "leader-election-labels",
-        Kind::Value,
-        "map",
-        "",
-        "Labels of the Lease, as key:value pairs separated by commas.",
-    ),
-    flag(
-        "leader-election-lease-duration",
-        Kind::Duration,
-        "duration",
-        "15s",
-        "How long standbys wait before taking over a Lease that is not renewed.",
-    ),
-    flag(
-        "leader-election-namespace",
-        Kind::String,
-        "string",
-        "",
-        "Namespace of the Lease (empty: $POD_NAMESPACE, else this pod's namespace, else default).",
-    ),
-    flag(
-        "leader-election-renew-deadline",
-        Kind::Duration,
-        "duration",
-        "10s",
-        "How long the leader keeps trying to renew before it gives up.",
-    ),
-    flag(
-        "leader-election-retry-period",
-        Kind::Duration,
-        "duration",
-        "5s",
-        "Pause between attempts to acquire or renew the Lease.",
-    ),
-    legacy("log-backtrace-at", Kind::Value, "traceLocation"),
-    legacy("log-dir", Kind::String, "string"),
-    legacy("log-file", Kind::String, "string"),
-    legacy("log-file-max-size", Kind::Uint, "uint"),
-    log_flags::LOG_FLUSH_FREQUENCY,
-    log_flags::LOG_JSON_INFO_BUFFER_SIZE,
-    log_flags::LOG_JSON_SPLIT_STREAM,
-    log_flags::LOG_TEXT_INFO_BUFFER_SIZE,
-    log_flags::LOG_TEXT_SPLIT_STREAM,
-    log_flags::LOGGING_FORMAT,
-    legacy("logtostderr", Kind::Bool, ""),
-    flag(
-        "master",
-        Kind::String,
-        "string",
-        "",
-        "URL of the Kubernetes API server (with or instead of --kubeconfig, out of cluster).",
-    ),
-    flag(
-        "metrics-address",
-        Kind::String,
-        "string",
-        "",
-        "(deprecated) TCP address of the metrics server. Only one of `--metrics-address` and `--http-endpoint` can be set.",
-    ),
-    flag(
-        "metrics-path",
-        Kind::String,
-        "string",
-        "/metrics",
-        "HTTP path of the Prometheus metrics.",
     ),
     flag(
         "node-deployment",
@@ -446,7 +286,6 @@ const SPECS: &[Spec] = &[
         "1m0s",
         "With --node-deployment: longest delay before trying to take a claim of immediate binding.",
     ),
-    legacy("one-output", Kind::Bool, ""),
     flag(
         "prevent-volume-mode-conversion",
         Kind::Bool,
@@ -468,8 +307,6 @@ const SPECS: &[Spec] = &[
         "1s",
         "First back-off of a failed provisioning or deletion; it doubles on each failure.",
     ),
-    legacy("skip-headers", Kind::Bool, ""),
-    legacy("skip-log-headers", Kind::Bool, ""),
     flag(
         "snapshot-orphan-sweep-interval",
         Kind::Duration,
@@ -477,7 +314,6 @@ const SPECS: &[Spec] = &[
         "5m0s",
         "How often orphaned snapshot-source finalizers are removed (0 disables).",
     ),
-    legacy("stderrthreshold", Kind::Value, "severity"),
     flag(
         "strict-topology",
         Kind::Bool,
@@ -492,9 +328,6 @@ const SPECS: &[Spec] = &[
         "10s",
         "Deadline of each call to the CSI driver.",
     ),
-    V,
-    flag("version", Kind::Bool, "", "", "Print the version and exit."),
-    log_flags::VMODULE,
     flag(
         "volume-name-prefix",
         Kind::String,
@@ -520,152 +353,83 @@ const SPECS: &[Spec] = &[
 
 /// The name of every flag (without dashes), sorted, removed klog flags included.
 pub fn names() -> impl Iterator<Item = &'static str> {
-    SPECS.iter().map(|s| s.name)
+    COMMAND.names::<Options>()
 }
 
 /// The usage text pflag would print for these flags, for the program `argv0`.
 pub fn usage(argv0: &str) -> String {
-    pflag::usage(argv0, SPECS)
+    COMMAND.usage::<Options>(argv0)
 }
 
 /// Parses the arguments after the program name.
 pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
-    let mut flags = Flags::default();
-    let outcome = pflag::parse(SPECS, args, |spec, value| {
-        match value {
-            Value::Bool(b) => set_bool(&mut flags, spec.name, b),
-            Value::Text(text) => set_value(&mut flags, spec, text)?,
-        }
-        if spec.legacy {
-            flags.legacy.push(spec.name.to_owned());
+    COMMAND.parse(args)
+}
+
+impl SidecarFlags for Options {
+    fn specs() -> &'static [Spec] {
+        SPECS
+    }
+
+    fn controller(&mut self) -> Option<&mut ControllerFlags> {
+        Some(&mut self.controller)
+    }
+
+    fn set(&mut self, spec: &Spec, value: Value<'_>) -> Result<(), SyntaxError> {
+        let value = match value {
+            Value::Bool(b) => {
+                self.set_bool(spec.name, b);
+                return Ok(());
+            }
+            Value::Text(text) => text,
+        };
+        let o = self;
+        let text = || value.to_owned();
+        match spec.name {
+            "csi-address" => o.csi_address = text(),
+            "volume-name-prefix" => o.volume_name_prefix = text(),
+            "default-fstype" => o.default_fstype = text(),
+            "retry-interval-start" => o.retry_interval_start = parse_duration(value)?,
+            "retry-interval-max" => o.retry_interval_max = parse_duration(value)?,
+            "snapshot-orphan-sweep-interval" => {
+                o.snapshot_orphan_sweep_interval = parse_duration(value)?;
+            }
+            "timeout" => o.timeout = parse_duration(value)?,
+            "capacity-poll-interval" => o.capacity_poll_interval = parse_duration(value)?,
+            "node-deployment-base-delay" => o.node_deployment_base_delay = parse_duration(value)?,
+            "node-deployment-max-delay" => o.node_deployment_max_delay = parse_duration(value)?,
+            "kube-api-capacity-burst" => o.kube_api_capacity_burst = parse_int(value)?,
+            "capacity-ownerref-level" => o.capacity_ownerref_level = parse_int(value)?,
+            "volume-name-uuid-length" => o.volume_name_uuid_length = parse_int(value)?,
+            "worker-threads" => o.worker_threads = parse_uint(value)?,
+            "cloning-protection-threads" => o.cloning_protection_threads = parse_uint(value)?,
+            "capacity-threads" => o.capacity_threads = parse_uint(value)?,
+            "kube-api-capacity-qps" => o.kube_api_capacity_qps = pflag::parse_float32(value)?,
+            "feature-gates" => o.feature_gates.extend(parse_gate_list(value)?),
+            other => unreachable!("--{other} is in no table"),
         }
         Ok(())
-    })?;
-    Ok(match outcome {
-        Outcome::Run(positional) => {
-            flags.positional = positional;
-            Parsed::Run(Box::new(flags))
-        }
-        Outcome::Help => Parsed::Help,
-    })
+    }
 }
 
-fn set_bool(flags: &mut Flags, name: &str, b: bool) {
-    let o = &mut flags.options;
-    match name {
-        "automaxprocs" => o.automaxprocs = b,
-        "capacity-for-immediate-binding" => o.capacity_for_immediate_binding = b,
-        "controller-publish-readonly" => o.controller_publish_readonly = b,
-        "enable-capacity" => o.enable_capacity = b,
-        "enable-pprof" => o.enable_pprof = b,
-        "extra-create-metadata" => o.extra_create_metadata = b,
-        "immediate-topology" => o.immediate_topology = b,
-        "leader-election" => o.leader_election = b,
-        "node-deployment" => o.node_deployment = b,
-        "node-deployment-immediate-binding" => o.node_deployment_immediate_binding = b,
-        "prevent-volume-mode-conversion" => o.prevent_volume_mode_conversion = b,
-        "strict-topology" => o.strict_topology = b,
-        "version" => flags.version = b,
-        // Logging booleans; the rest are removed klog booleans (ignored).
-        other => {
-            flags.logging.set_bool(other, b);
+impl Options {
+    fn set_bool(&mut self, name: &str, b: bool) {
+        let o = self;
+        match name {
+            "automaxprocs" => o.automaxprocs = b,
+            "capacity-for-immediate-binding" => o.capacity_for_immediate_binding = b,
+            "controller-publish-readonly" => o.controller_publish_readonly = b,
+            "enable-capacity" => o.enable_capacity = b,
+            "enable-pprof" => o.enable_pprof = b,
+            "extra-create-metadata" => o.extra_create_metadata = b,
+            "immediate-topology" => o.immediate_topology = b,
+            "node-deployment" => o.node_deployment = b,
+            "node-deployment-immediate-binding" => o.node_deployment_immediate_binding = b,
+            "prevent-volume-mode-conversion" => o.prevent_volume_mode_conversion = b,
+            "strict-topology" => o.strict_topology = b,
+            other => unreachable!("--{other} is in no table"),
         }
     }
-}
-
-fn set_value(flags: &mut Flags, spec: &Spec, value: &str) -> Result<(), SyntaxError> {
-    if let Some(result) = flags.logging.set_value(spec.name, value) {
-        return result;
-    }
-    let o = &mut flags.options;
-    let text = || value.to_owned();
-    match spec.name {
-        "csi-address" => o.csi_address = text(),
-        "kubeconfig" => o.kubeconfig = text(),
-        "master" => o.master = text(),
-        "leader-election-namespace" => o.leader_election_namespace = text(),
-        "http-endpoint" => o.http_endpoint = text(),
-        "metrics-address" => o.metrics_address = text(),
-        "metrics-path" => o.metrics_path = text(),
-        "volume-name-prefix" => o.volume_name_prefix = text(),
-        "default-fstype" => o.default_fstype = text(),
-        "leader-election-lease-duration" => o.leader_election_lease_duration = duration(value)?,
-        "leader-election-renew-deadline" => o.leader_election_renew_deadline = duration(value)?,
-        "leader-election-retry-period" => o.leader_election_retry_period = duration(value)?,
-        "retry-interval-start" => o.retry_interval_start = duration(value)?,
-        "retry-interval-max" => o.retry_interval_max = duration(value)?,
-        "snapshot-orphan-sweep-interval" => o.snapshot_orphan_sweep_interval = duration(value)?,
-        "timeout" => o.timeout = duration(value)?,
-        "capacity-poll-interval" => o.capacity_poll_interval = duration(value)?,
-        "node-deployment-base-delay" => o.node_deployment_base_delay = duration(value)?,
-        "node-deployment-max-delay" => o.node_deployment_max_delay = duration(value)?,
-        "kube-api-burst" => o.kube_api_burst = parse_int(value)?,
-        "kube-api-capacity-burst" => o.kube_api_capacity_burst = parse_int(value)?,
-        "capacity-ownerref-level" => o.capacity_ownerref_level = parse_int(value)?,
-        "volume-name-uuid-length" => o.volume_name_uuid_length = parse_int(value)?,
-        "worker-threads" => o.worker_threads = parse_uint(value)?,
-        "cloning-protection-threads" => o.cloning_protection_threads = parse_uint(value)?,
-        "capacity-threads" => o.capacity_threads = parse_uint(value)?,
-        "kube-api-qps" => o.kube_api_qps = pflag::parse_float(value)?,
-        "kube-api-capacity-qps" => o.kube_api_capacity_qps = pflag::parse_float32(value)?,
-        "leader-election-labels" => o.leader_election_labels.extend(parse_labels(value)?),
-        "feature-gates" => flags.feature_gates.extend(parse_gate_list(value)?),
-        // Removed klog flags: check the syntax, ignore the value.
-        _ => plugreg_sidecar_kit::goflag::check_syntax(spec.kind, value)?,
-    }
-    Ok(())
-}
-
-/// A Go duration; a negative one acts as zero.
-fn duration(value: &str) -> Result<Duration, SyntaxError> {
-    parse_duration(value)
-}
-
-/// `--leader-election-labels`: `key:value` items separated by commas (empty: none); an item
-/// without exactly one `:` is refused.
-pub fn parse_labels(value: &str) -> Result<BTreeMap<String, String>, SyntaxError> {
-    let mut labels = BTreeMap::new();
-    if value.is_empty() {
-        return Ok(labels);
-    }
-    for item in value.split(',') {
-        match item.split_once(':') {
-            Some((k, v)) if !v.contains(':') => {
-                labels.insert(k.to_owned(), v.to_owned());
-            }
-            _ => {
-                return Err(SyntaxError::Other(format!(
-                    "{item:?} is not a label of the form key:value"
-                )));
-            }
-        }
-    }
-    Ok(labels)
-}
-
-/// The `--feature-gates` syntax (component-base's `mapStringBool`): comma-separated
-/// `Name=bool` pairs, spaces around each part trimmed. A malformed pair or a non-boolean value
-/// is a flag error; whether the names exist is checked later ([`FeatureGates`]).
-pub fn parse_gate_list(value: &str) -> Result<BTreeMap<String, bool>, SyntaxError> {
-    let mut gates = BTreeMap::new();
-    for pair in value.split(',') {
-        if pair.is_empty() {
-            continue;
-        }
-        let Some((k, v)) = pair.split_once('=') else {
-            return Err(SyntaxError::Other(
-                "malformed pair, expect string=bool".into(),
-            ));
-        };
-        let (k, v) = (k.trim(), v.trim());
-        let b = plugreg_sidecar_kit::gosyntax::parse_bool(v).map_err(|_| {
-            SyntaxError::Other(format!(
-                "invalid value of {k}: {v}, err: strconv.ParseBool: parsing {v:?}: invalid syntax"
-            ))
-        })?;
-        gates.insert(k.to_owned(), b);
-    }
-    Ok(gates)
 }
 
 /// The provisioner's feature gates (`pkg/features`), after `--feature-gates`.
@@ -705,62 +469,8 @@ impl Default for FeatureGates {
 #[error("unrecognized feature gate: {0}")]
 pub struct UnknownGate(pub String);
 
-/// Gate names of `k8s.io/apiserver`'s default mutable gate (which the provisioner's gates are
-/// added to), as of recent releases: accepted and ignored. A name missing here is refused like
-/// any unknown gate.
-const APISERVER_GATES: &[&str] = &[
-    "APIListChunking",
-    "APIPriorityAndFairness",
-    "APIResponseCompression",
-    "APIServerIdentity",
-    "APIServerTracing",
-    "APIServingWithRoutine",
-    "AdmissionWebhookMatchConditions",
-    "AggregatedDiscoveryEndpoint",
-    "AllowParsingUserUIDFromCertAuth",
-    "AllowUnsafeMalformedObjectDeletion",
-    "AnonymousAuthConfigurableEndpoints",
-    "AuthorizeWithSelectors",
-    "BtreeWatchCache",
-    "CBORServingAndStorage",
-    "ConcurrentWatchObjectDecode",
-    "ConsistentListFromCache",
-    "CoordinatedLeaderElection",
-    "CustomResourceFieldSelectors",
-    "DeclarativeValidation",
-    "DeclarativeValidationTakeover",
-    "DetectCacheInconsistency",
-    "ExternalServiceAccountTokenSigner",
-    "InPlacePodVerticalScaling",
-    "KMSv1",
-    "KMSv2",
-    "KMSv2KDF",
-    "ListFromCacheSnapshot",
-    "MutatingAdmissionPolicy",
-    "OpenAPIEnums",
-    "RemoteRequestHeaderUID",
-    "RemainingItemCount",
-    "ResilientWatchCacheInitialization",
-    "RetryGenerateName",
-    "SeparateCacheWatchRPC",
-    "SizeBasedListCostEstimate",
-    "StorageVersionAPI",
-    "StorageVersionHash",
-    "StrictCostEnforcementForVAP",
-    "StrictCostEnforcementForWebhooks",
-    "StructuredAuthenticationConfiguration",
-    "StructuredAuthenticationConfigurationEgressSelector",
-    "StructuredAuthorizationConfiguration",
-    "TokenRequestServiceAccountUIDValidation",
-    "UnauthenticatedHTTP2DOSMitigation",
-    "ValidatingAdmissionPolicy",
-    "WatchCacheInitializationPostStartHook",
-    "WatchFromStorageWithoutResourceVersion",
-    "WatchList",
-];
-
 impl FeatureGates {
-    /// The gates after `requested` (from [`Flags::feature_gates`]); the first unknown name (in
+    /// The gates after `requested` (from [`Options::feature_gates`]); the first unknown name (in
     /// name order) is an error.
     pub fn from_requested(requested: &BTreeMap<String, bool>) -> Result<Self, UnknownGate> {
         let mut gates = Self::default();
@@ -784,7 +494,8 @@ impl FeatureGates {
 
 /// Settings upstream accepts but fails on later with a Go panic: `--volume-name-uuid-length`
 /// outside -1..=32 (on the first claim), and leader-election timings client-go refuses (at
-/// election start). Here they are a clear error at start (`main` exits 1).
+/// election start, [`ControllerFlags::validate`]). Here they are a clear error at start (`main`
+/// exits 1).
 pub fn validate(o: &Options) -> Result<(), String> {
     if !(-1..=32).contains(&o.volume_name_uuid_length) {
         return Err(format!(
@@ -792,69 +503,7 @@ pub fn validate(o: &Options) -> Result<(), String> {
             o.volume_name_uuid_length
         ));
     }
-    if o.leader_election {
-        let (lease, renew, retry) = (
-            o.leader_election_lease_duration,
-            o.leader_election_renew_deadline,
-            o.leader_election_retry_period,
-        );
-        if lease.is_zero() || renew.is_zero() || retry.is_zero() {
-            return Err(
-                "--leader-election-lease-duration, --leader-election-renew-deadline and --leader-election-retry-period must be greater than zero".into(),
-            );
-        }
-        if lease <= renew {
-            return Err(format!(
-                "--leader-election-lease-duration ({lease:?}) must be greater than --leader-election-renew-deadline ({renew:?})"
-            ));
-        }
-        // client-go's JitterFactor.
-        if renew.as_secs_f64() <= retry.as_secs_f64() * 1.2 {
-            return Err(format!(
-                "--leader-election-renew-deadline ({renew:?}) must be greater than 1.2 x --leader-election-retry-period ({retry:?})"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The kubeconfig path to use: the `KUBECONFIG` environment variable when set and non-empty
-/// (upstream logs "Found KUBECONFIG environment variable set, using that.."), else the flag.
-/// The boolean says whether the variable was used.
-pub fn kubeconfig_path(flag: &str, env: Option<&str>) -> (String, bool) {
-    match env {
-        Some(v) if !v.is_empty() => (v.to_owned(), true),
-        _ => (flag.to_owned(), false),
-    }
-}
-
-/// csi-lib-utils' name rule: every character outside `[a-zA-Z0-9-]` becomes `-`, and an `X` is
-/// appended when the result ends with `-` (a Lease name may not).
-pub fn sanitize_name(name: &str) -> String {
-    let mut out: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    if out.is_empty() || out.ends_with('-') {
-        out.push('X');
-    }
-    out
-}
-
-/// The Lease name for the driver `driver` (§4): `hostpath.csi.k8s.io` -> `hostpath-csi-k8s-io`.
-pub fn lease_name(driver: &str) -> String {
-    sanitize_name(&driver.replace('/', "-"))
-}
-
-/// The leader-election identity: the host name, sanitised like the Lease name.
-pub fn leader_identity(hostname: &str) -> String {
-    sanitize_name(hostname)
+    o.controller.validate()
 }
 
 /// The provisioner identity stored in PV annotations (§2 step 15):
@@ -908,11 +557,11 @@ mod tests {
         assert_eq!(o.worker_threads, 100);
         assert!(o.immediate_topology && o.prevent_volume_mode_conversion);
         assert!(o.node_deployment_immediate_binding);
-        assert_eq!(o.kube_api_qps, 5.0);
-        assert_eq!(o.kube_api_burst, 10);
+        assert_eq!(o.controller.kube_api_qps, 5.0);
+        assert_eq!(o.controller.kube_api_burst, 10);
         assert_eq!(o.retry_interval_max, Duration::from_secs(300));
-        assert_eq!(o.metrics_path, "/metrics");
-        assert!(!f.version && f.feature_gates.is_empty() && f.legacy.is_empty());
+        assert_eq!(o.controller.metrics_path, "/metrics");
+        assert!(!f.version && f.options.feature_gates.is_empty() && f.legacy.is_empty());
     }
 
     #[test]
@@ -962,18 +611,27 @@ mod tests {
         ]);
         let o = &f.options;
         assert_eq!(o.csi_address, "/x.sock");
-        assert_eq!(o.kubeconfig, "/kc");
-        assert_eq!(o.master, "https://m");
-        assert!(o.leader_election);
-        assert_eq!(o.leader_election_namespace, "ns");
-        assert_eq!(o.leader_election_lease_duration, Duration::from_secs(20));
-        assert_eq!(o.leader_election_renew_deadline, Duration::from_secs(15));
-        assert_eq!(o.leader_election_retry_period, Duration::from_secs(2));
-        assert_eq!(o.leader_election_labels.len(), 2);
-        assert_eq!(o.kube_api_qps, 50.5);
-        assert_eq!(o.kube_api_burst, 100);
-        assert_eq!(o.http_endpoint, ":8080");
-        assert_eq!(o.metrics_path, "/m");
+        assert_eq!(o.controller.kubeconfig, "/kc");
+        assert_eq!(o.controller.master, "https://m");
+        assert!(o.controller.leader_election);
+        assert_eq!(o.controller.leader_election_namespace, "ns");
+        assert_eq!(
+            o.controller.leader_election_lease_duration,
+            Duration::from_secs(20)
+        );
+        assert_eq!(
+            o.controller.leader_election_renew_deadline,
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            o.controller.leader_election_retry_period,
+            Duration::from_secs(2)
+        );
+        assert_eq!(o.controller.leader_election_labels.len(), 2);
+        assert_eq!(o.controller.kube_api_qps, 50.5);
+        assert_eq!(o.controller.kube_api_burst, 100);
+        assert_eq!(o.controller.http_endpoint, ":8080");
+        assert_eq!(o.controller.metrics_path, "/m");
         assert!(o.automaxprocs);
         assert_eq!(o.volume_name_prefix, "vol");
         assert_eq!(o.volume_name_uuid_length, 8);
@@ -1019,7 +677,12 @@ mod tests {
             "--leader-election-labels",
             "c:3",
         ]);
-        let labels: Vec<_> = f.options.leader_election_labels.into_iter().collect();
+        let labels: Vec<_> = f
+            .options
+            .controller
+            .leader_election_labels
+            .into_iter()
+            .collect();
         assert_eq!(
             labels,
             [
@@ -1042,8 +705,8 @@ mod tests {
             "--feature-gates",
             "Topology=true,AllAlpha=false",
         ]);
-        assert_eq!(f.feature_gates.get("Topology"), Some(&true));
-        assert_eq!(f.feature_gates.len(), 3);
+        assert_eq!(f.options.feature_gates.get("Topology"), Some(&true));
+        assert_eq!(f.options.feature_gates.len(), 3);
         assert!(err(&["--feature-gates=Topology"]).contains("malformed pair"));
         assert!(err(&["--feature-gates=Topology=yes"]).contains("invalid value of Topology"));
     }
@@ -1099,10 +762,8 @@ mod tests {
     fn validate_refuses_what_upstream_panics_on() {
         assert!(validate(&Options::default()).is_ok());
         let with = |f: fn(&mut Options)| {
-            let mut o = Options {
-                leader_election: true,
-                ..Options::default()
-            };
+            let mut o = Options::default();
+            o.controller.leader_election = true;
             f(&mut o);
             validate(&o)
         };
@@ -1111,19 +772,19 @@ mod tests {
         assert!(with(|o| o.volume_name_uuid_length = 0).is_ok());
         assert!(with(|o| o.volume_name_uuid_length = 33).is_err());
         assert!(with(|o| o.volume_name_uuid_length = -2).is_err());
-        let e = with(|o| o.leader_election_renew_deadline = Duration::from_secs(15)).unwrap_err();
+        let e = with(|o| o.controller.leader_election_renew_deadline = Duration::from_secs(15))
+            .unwrap_err();
         assert!(
             e.contains("must be greater than --leader-election-renew-deadline"),
             "{e}"
         );
-        let e = with(|o| o.leader_election_retry_period = Duration::from_secs(9)).unwrap_err();
+        let e = with(|o| o.controller.leader_election_retry_period = Duration::from_secs(9))
+            .unwrap_err();
         assert!(e.contains("1.2 x"), "{e}");
-        assert!(with(|o| o.leader_election_retry_period = Duration::ZERO).is_err());
+        assert!(with(|o| o.controller.leader_election_retry_period = Duration::ZERO).is_err());
         // Without --leader-election the timings do not matter.
-        let o = Options {
-            leader_election_retry_period: Duration::ZERO,
-            ..Options::default()
-        };
+        let mut o = Options::default();
+        o.controller.leader_election_retry_period = Duration::ZERO;
         assert!(validate(&o).is_ok());
     }
 
@@ -1140,6 +801,7 @@ mod tests {
 
     #[test]
     fn lease_names_follow_csi_lib_utils() {
+        // The kit's rule (`plugreg_sidecar_kit::leader`), as the provisioner uses it.
         assert_eq!(lease_name("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
         assert_eq!(lease_name("example.com/driver"), "example-com-driver");
         assert_eq!(lease_name("driver."), "driver-X");

@@ -3,6 +3,11 @@
 //! it watches PersistentVolumeClaims, calls the driver's CreateVolume, and creates the
 //! PersistentVolumes (and deletes both again).
 //!
+//! What every Kubernetes controller sidecar shares (leader election, events, the rate-limited
+//! clients, the work queue, the metrics registry, the diagnostics server, the flag and `main`
+//! skeletons) is the sidecar kit's (`plugreg_sidecar_kit`, feature `controller`); this crate
+//! is the provisioner's own decisions, CSI calls and PersistentVolume rules.
+//!
 //! The parts, each usable on its own:
 //! - [`flags`]: upstream's command line (pflag syntax) and its defaults;
 //! - [`csi`]: the driver's Identity and Controller calls with `--timeout`, the start-up order;
@@ -10,11 +15,7 @@
 //! - [`pv`]: the PersistentVolume made from a created volume, pure;
 //! - [`quantity`]: Kubernetes resource quantities as byte counts, both ways;
 //! - [`classify`]: what a failed call means (final, background, reschedule);
-//! - [`ratelimit`]: the client-side QPS/burst limit of the Kubernetes client;
-//! - [`events`]: Kubernetes events with client-go's naming and aggregation;
-//! - [`metrics`]: upstream's metric names in the Prometheus text format;
-//! - [`leader`]: leader election on a Lease;
-//! - [`http`]: `/metrics` and `/healthz/leader-election`;
+//! - [`metrics`]: the provisioning counters, gathered with the kit's registry;
 //! - [`cached`]: what the watch cache keeps of a PersistentVolume;
 //! - [`record`]: the durable record of in-flight volumes (a few Leases), written in batches;
 //! - [`inflight`]: the controller's one memory of recorded volumes and recent writes;
@@ -27,16 +28,11 @@ pub mod classify;
 pub mod controller;
 pub mod csi;
 pub mod decide;
-pub mod events;
 pub mod flags;
-pub mod http;
 pub mod inflight;
-pub mod leader;
 pub mod metrics;
 pub mod pv;
 pub mod quantity;
-mod queue;
-pub mod ratelimit;
 pub mod record;
 pub mod request;
 pub mod secrets;

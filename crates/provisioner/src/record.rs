@@ -31,13 +31,13 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, ListParams, PostParams};
 use plugreg_proto::csi::v1::CreateVolumeRequest;
 use plugreg_runtime::backoff::Backoff;
+use plugreg_sidecar_kit::ratelimit::{Priority, RateLimiter};
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::ratelimit::{Priority, RateLimiter};
 use crate::secrets::SecretRef;
 
 /// The Lease annotation that holds one page of the record.

@@ -1,4 +1,4 @@
-//! What `csi-provisioner` does after its start-up checks (§2 step 19-20): the two rate-limited
+//! What `csi-provisioner` does after its start-up checks: the two rate-limited
 //! Kubernetes clients, the event recorder, and the controller, run directly or only while this
 //! process holds the Lease.
 
@@ -10,11 +10,11 @@ use tracing::{error, info};
 
 use crate::controller::{self, Clients};
 use crate::csi::{Capabilities, Driver};
-use crate::events::Recorder;
-use crate::flags::lease_name;
-use crate::leader::{LeaderElection, LeaderError, LeaderHealth};
-use crate::metrics::Metrics;
-use crate::ratelimit;
+use plugreg_sidecar_kit::events::Recorder;
+use plugreg_sidecar_kit::leader::{LeaderElection, LeaderError, LeaderHealth, lease_name};
+use plugreg_sidecar_kit::ratelimit;
+
+use crate::metrics::{Metrics, ProvisionMetrics};
 use crate::record::Journal;
 use crate::request::RequestOptions;
 
@@ -76,7 +76,7 @@ impl Service {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServiceError> {
         let (high, low, limiter) =
             ratelimit::clients(self.kube_config.clone(), self.qps, self.burst)?;
-        self.metrics.set_kube_requests(Arc::clone(&limiter));
+        self.metrics.register(limiter.clone());
         // Leader election has a client and a bucket of its own: renewing the Lease never
         // waits behind the work (upstream gives it its own clientset too).
         let election = ratelimit::own_client(self.kube_config.clone(), self.qps, self.burst)?;
@@ -103,6 +103,7 @@ impl Service {
             low,
             events,
             driver: self.driver,
+            provisioned: ProvisionMetrics::registered(&self.metrics),
             metrics: Arc::clone(&self.metrics),
             journal,
             found,

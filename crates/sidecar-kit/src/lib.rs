@@ -1,11 +1,59 @@
-//! What plugreg's drop-ins for the Go CSI sidecars (csi-node-driver-registrar, livenessprobe,
-//! csi-provisioner) share: Go's `flag` and spf13/pflag syntax and value parsers ([`goflag`],
-//! [`pflag`], [`gosyntax`]), component-base's
-//! logging flags and klog-style log lines ([`logging`]), and a small HTTP/1 diagnostics server
-//! with the bounds a network endpoint needs and one shared health check in flight ([`http`]).
+//! The sidecar kit: what plugreg's drop-ins for the Go CSI sidecars (csi-node-driver-registrar,
+//! livenessprobe, csi-provisioner, and the controller sidecars to come) share, so that a sidecar
+//! is its own decisions plus a thin binary.
+//!
+//! # What a new sidecar writes, and what the kit gives it
+//!
+//! A sidecar crate writes:
+//! - its own flags: a type implementing [`flags::SidecarFlags`] (its [`goflag::Spec`]s and where
+//!   their values go; a controller sidecar embeds [`flags::ControllerFlags`] in it), and a
+//!   [`flags::Command`] naming the syntax (Go's `flag` or pflag) and its help texts;
+//! - its decide/act code, on the kit's parts below;
+//! - a thin `main`: a [`cli::Program`] (name, version, log targets) whose
+//!   [`main`](cli::Program::main) parses, answers `--help`, sets up logging and exits with
+//!   upstream's codes, calling the sidecar's start-up.
+//!
+//! The kit gives it:
+//! - the command line: [`flags`] (the skeleton: logging flags, removed klog flags, `--version`,
+//!   the controller block of `--kubeconfig`, `--master`, `--kube-api-qps`/`--kube-api-burst`,
+//!   `--leader-election*`, `--http-endpoint`/`--metrics-address`/`--metrics-path`) over Go's
+//!   `flag` and spf13/pflag syntax and value parsers ([`goflag`], [`pflag`], [`gosyntax`]);
+//! - the binary: [`cli`] (feature `cli`), component-base's logging flags and klog-style log
+//!   lines ([`logging`]);
+//! - [`connect`]: reaching the driver within a window, logging "Still connecting";
+//! - [`metrics`]: the registry with `csi_sidecar_operations_seconds`, the work-queue, leader and
+//!   process metrics, and the sidecar's own families through a [`metrics::Collector`];
+//! - [`http`]: a small HTTP/1 diagnostics server with the bounds a network endpoint needs and one
+//!   shared health check in flight;
+//! - with the feature `controller` (kube and k8s-openapi; node sidecars leave it out):
+//!   [`leader`] (leader election on a Lease), [`events`] (client-go's event recorder),
+//!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
+//!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`).
 
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod connect;
+#[cfg(feature = "controller")]
+pub mod diagnostics;
+#[cfg(feature = "controller")]
+pub mod events;
+pub mod flags;
 pub mod goflag;
 pub mod gosyntax;
 pub mod http;
+#[cfg(feature = "controller")]
+pub mod leader;
 pub mod logging;
+pub mod metrics;
 pub mod pflag;
+#[cfg(feature = "controller")]
+pub mod queue;
+#[cfg(feature = "controller")]
+pub mod ratelimit;
+
+/// The version every sidecar reports (`--version`, the `Version` log line):
+/// `PLUGREG_VERSION` at build time, else `v` + the workspace version.
+pub const VERSION: &str = match option_env!("PLUGREG_VERSION") {
+    Some(v) => v,
+    None => concat!("v", env!("CARGO_PKG_VERSION")),
+};

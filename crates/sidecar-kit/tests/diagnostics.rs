@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use plugreg_provisioner::http::{HttpError, METRICS_CONTENT_TYPE, Server, serve};
-use plugreg_provisioner::leader::LeaderHealth;
-use plugreg_provisioner::metrics::Metrics;
+use plugreg_sidecar_kit::diagnostics::{HttpError, METRICS_CONTENT_TYPE, Server, serve};
+use plugreg_sidecar_kit::leader::LeaderHealth;
+use plugreg_sidecar_kit::metrics::Metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
@@ -31,7 +31,7 @@ async fn start(metrics_path: &str, leader: Option<LeaderHealth>) -> Running {
     let addr = server.local_addr().expect("local addr");
     let metrics = Arc::new(Metrics::new("hostpath.csi.k8s.io"));
     metrics.leader("", true);
-    metrics.provision_failed("fast", "");
+    metrics.queue_add("claims");
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(server.serve(metrics.clone(), leader, shutdown.clone()));
     Running {

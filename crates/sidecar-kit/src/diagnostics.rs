@@ -1,4 +1,4 @@
-//! The diagnostics HTTP server (`upstream-external-provisioner.md` §3): one HTTP/1 server for
+//! The diagnostics HTTP server: one HTTP/1 server for
 //! `--http-endpoint` (or the deprecated `--metrics-address`) serving
 //!
 //! - `--metrics-path` (default `/metrics`): [`Metrics::render`] in the Prometheus text format;
@@ -11,7 +11,7 @@
 //! ending in `/` serves its whole subtree; any method. `/debug/pprof/` (`--enable-pprof`) has
 //! no Rust counterpart and is not served.
 //!
-//! The server is `plugreg_sidecar_kit::http`: idle connections evicted oldest first when a
+//! The server is [`crate::http`]: idle connections evicted oldest first when a
 //! new client needs the room, a request head of at most 16 KiB read within 5 s, one request
 //! per connection, each answer bounded in time, back-off on accept errors.
 //!
@@ -24,13 +24,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::http::{NOT_FOUND_BODY, text_response};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
-use plugreg_sidecar_kit::http::{NOT_FOUND_BODY, text_response};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::flags::ControllerFlags;
 use crate::leader::LeaderHealth;
 use crate::metrics::Metrics;
 
@@ -96,7 +97,7 @@ impl Server {
             )));
         }
         tracing::info!("ServeMux listening at {addr:?}");
-        let listener = plugreg_sidecar_kit::http::bind(addr).await.map_err(fail)?;
+        let listener = crate::http::bind(addr).await.map_err(fail)?;
         Ok(Self {
             listener,
             addr: addr.to_owned(),
@@ -106,7 +107,7 @@ impl Server {
 
     /// The address actually bound (for `:0`).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        plugreg_sidecar_kit::http::local_addr(&self.listener)
+        crate::http::local_addr(&self.listener)
     }
 
     /// Serves until `shutdown` is cancelled. `leader`: the health behind
@@ -126,7 +127,7 @@ impl Server {
             let routes = routes.clone();
             async move { routes.respond(request.uri().path()) }
         };
-        plugreg_sidecar_kit::http::serve(self.listener, handler, HANDLER_LIMIT, shutdown)
+        crate::http::serve(self.listener, handler, HANDLER_LIMIT, shutdown)
             .await
             .map_err(|source| HttpError::Serve {
                 addr: self.addr,
@@ -147,6 +148,32 @@ pub async fn serve(
         .await?
         .serve(metrics, leader, shutdown)
         .await
+}
+
+/// Binds and serves the address the controller flags ask for, if any (`--http-endpoint`, else
+/// `--metrics-address`; the caller has refused both at once with
+/// [`ControllerFlags::http_address`]), regardless of leadership. Serves `--metrics-path` and,
+/// when [`ControllerFlags::serves_leader_health`], `/healthz/leader-election` from `health`.
+/// Returns the token that stops it; a bind failure is upstream's fatal error (exit 255).
+pub async fn spawn(
+    flags: &ControllerFlags,
+    metrics: Arc<Metrics>,
+    health: &LeaderHealth,
+) -> Result<Option<CancellationToken>, HttpError> {
+    let address = flags.http_address().unwrap_or(&flags.http_endpoint);
+    if address.is_empty() {
+        return Ok(None);
+    }
+    let server = Server::bind(address, &flags.metrics_path).await?;
+    let leader = flags.serves_leader_health().then(|| health.clone());
+    let token = CancellationToken::new();
+    let stop = token.clone();
+    tokio::spawn(async move {
+        if let Err(e) = server.serve(metrics, leader, stop).await {
+            tracing::error!("{e}");
+        }
+    });
+    Ok(Some(token))
 }
 
 /// What is served where.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, ObjectReference};
 use kube::api::{Api, ListParams};
-use plugreg_provisioner::events::{EventType, QUEUE_BOUND, Recorder};
+use plugreg_sidecar_kit::events::{EventType, QUEUE_BOUND, Recorder};
 use plugreg_testpeers::{ApiServer, KubeVersion};
 use tokio_util::sync::CancellationToken;
 

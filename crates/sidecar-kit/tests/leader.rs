@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
-use plugreg_provisioner::leader::{LeaderElection, LeaderError, LeaderHealth};
+use plugreg_sidecar_kit::leader::{LeaderElection, LeaderError, LeaderHealth};
 use plugreg_testpeers::{ApiServer, KubeVersion};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;

@@ -1,5 +1,4 @@
-//! Kubernetes `core/v1` Events as client-go's event recorder and broadcaster write them
-//! (`upstream-external-provisioner.md` §16).
+//! Kubernetes `core/v1` Events as client-go's event recorder and broadcaster write them.
 //!
 //! - [`Recorder::event`] never blocks: it makes the Event and puts it in a queue of
 //!   [`QUEUE_BOUND`] events (client-go keeps 1000, see there); when the queue is full the event is

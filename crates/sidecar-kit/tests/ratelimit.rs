@@ -8,7 +8,7 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use plugreg_provisioner::ratelimit::{self, RateLimiter};
+use plugreg_sidecar_kit::ratelimit::{self, RateLimiter};
 use plugreg_testpeers::{ApiServer, KubeVersion};
 
 async fn config(api: &ApiServer) -> kube::Config {

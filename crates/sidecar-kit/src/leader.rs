@@ -1,4 +1,4 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease (`upstream-external-provisioner.md` §4),
+//! Leader election on a `coordination.k8s.io/v1` Lease,
 //! with client-go's algorithm as csi-lib-utils configures it:
 //!
 //! - The Lease's spec is the election record: `holderIdentity`, `leaseDurationSeconds` (whole
@@ -33,6 +33,7 @@ use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::flags::ControllerFlags;
 use crate::metrics::Metrics;
 
 /// client-go's `JitterFactor`: the renew deadline must exceed the retry period times this, and
@@ -41,6 +42,69 @@ pub const JITTER_FACTOR: f64 = 1.2;
 /// How long past the lease duration a leader that fails to renew still counts as healthy
 /// (csi-lib-utils' `DefaultHealthCheckTimeout`).
 pub const HEALTH_TOLERANCE: Duration = Duration::from_secs(20);
+
+/// csi-lib-utils' name rule: every character outside `[a-zA-Z0-9-]` becomes `-`, and an `X` is
+/// appended when the result ends with `-` (a Lease name may not).
+pub fn sanitize_name(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if out.is_empty() || out.ends_with('-') {
+        out.push('X');
+    }
+    out
+}
+
+/// The Lease name for the driver `driver`: `hostpath.csi.k8s.io` -> `hostpath-csi-k8s-io`.
+pub fn lease_name(driver: &str) -> String {
+    sanitize_name(&driver.replace('/', "-"))
+}
+
+/// The leader-election identity: the host name, sanitised like the Lease name.
+pub fn leader_identity(hostname: &str) -> String {
+    sanitize_name(hostname)
+}
+
+/// The Lease's namespace: `flag` (`--leader-election-namespace`), else `$POD_NAMESPACE`, else
+/// the service account's namespace file, else `default` (csi-lib-utils' order).
+pub fn namespace(flag: &str) -> String {
+    if !flag.is_empty() {
+        return flag.to_owned();
+    }
+    if let Ok(ns) = std::env::var("POD_NAMESPACE")
+        && !ns.is_empty()
+    {
+        return ns;
+    }
+    read_small("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| "default".to_owned())
+}
+
+/// This host's name (the kernel's, as Go's `os.Hostname`).
+pub fn hostname() -> String {
+    read_small("/proc/sys/kernel/hostname").unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// The first line of a small file (at most 4 KiB read), trimmed.
+fn read_small(path: &str) -> Option<String> {
+    use std::io::Read as _;
+    let mut buf = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(4096)
+        .read_to_end(&mut buf)
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    Some(text.lines().next().unwrap_or_default().trim().to_owned())
+}
 
 /// Why [`LeaderElection::run`] ended badly.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +130,7 @@ pub enum LeaderError {
 pub struct LeaderElection {
     /// The Lease's namespace.
     pub namespace: String,
-    /// The Lease's name (see [`crate::flags::lease_name`]).
+    /// The Lease's name (see [`lease_name`]).
     pub lease_name: String,
     /// This candidate's `holderIdentity` (upstream: the sanitised host name).
     pub identity: String,
@@ -90,6 +154,22 @@ pub struct LeaderElection {
 }
 
 impl LeaderElection {
+    /// The election the controller flags ask for (`--leader-election-*`): on the Lease named
+    /// after `driver` in [`namespace`], as this host ([`hostname`]). Release on exit and
+    /// metrics are the caller's to set.
+    pub fn from_flags(flags: &ControllerFlags, driver: &str) -> Self {
+        let mut le = Self::new(
+            &namespace(&flags.leader_election_namespace),
+            &lease_name(driver),
+            &leader_identity(&hostname()),
+        );
+        le.lease_duration = flags.leader_election_lease_duration;
+        le.renew_deadline = flags.leader_election_renew_deadline;
+        le.retry_period = flags.leader_election_retry_period;
+        le.labels = flags.leader_election_labels.clone();
+        le
+    }
+
     /// An election on the Lease `namespace/lease_name` as `identity`, with upstream's default
     /// timings (15 s, 10 s, 5 s), no labels, no release on exit, no metrics.
     pub fn new(namespace: &str, lease_name: &str, identity: &str) -> Self {
@@ -620,14 +700,11 @@ mod tests {
 
     #[test]
     fn names_are_sanitised_as_csi_lib_utils_does() {
-        assert_eq!(
-            crate::flags::sanitize_name("hostpath.csi.k8s.io"),
-            "hostpath-csi-k8s-io"
-        );
-        assert_eq!(crate::flags::sanitize_name("a/b_c"), "a-b-c");
-        assert_eq!(crate::flags::sanitize_name("node-1."), "node-1-X");
-        assert_eq!(crate::flags::sanitize_name("Host-01"), "Host-01");
-        assert_eq!(crate::flags::sanitize_name("é"), "-X");
+        assert_eq!(sanitize_name("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
+        assert_eq!(sanitize_name("a/b_c"), "a-b-c");
+        assert_eq!(sanitize_name("node-1."), "node-1-X");
+        assert_eq!(sanitize_name("Host-01"), "Host-01");
+        assert_eq!(sanitize_name("é"), "-X");
     }
 
     #[test]

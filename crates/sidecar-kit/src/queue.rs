@@ -23,7 +23,7 @@ struct State<K> {
 }
 
 /// A named work queue (the name is the `name` label of the `workqueue_*` metrics).
-pub(crate) struct WorkQueue<K> {
+pub struct WorkQueue<K> {
     name: &'static str,
     state: Mutex<State<K>>,
     ready: Notify,
@@ -34,13 +34,18 @@ pub(crate) struct WorkQueue<K> {
 }
 
 /// A key handed to a worker; hand it back with [`WorkQueue::done`].
-pub(crate) struct Item<K> {
+pub struct Item<K> {
+    /// The key.
     pub key: K,
+    /// When it was queued (the start of `workqueue_queue_duration_seconds`).
     pub queued_at: Instant,
+    /// When the worker took it (the start of `workqueue_work_duration_seconds`).
     pub started: Instant,
 }
 
 impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
+    /// An empty queue named `name` whose failed keys come back after `start`, doubling up to
+    /// `max`; its metrics go to `metrics`, and delayed adds end with `shutdown`.
     pub fn new(
         name: &'static str,
         start: Duration,
@@ -173,9 +178,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// How many keys wait (not counting those being processed).
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().queue.len()
+    }
+
+    /// Whether no key waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

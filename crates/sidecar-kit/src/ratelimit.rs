@@ -27,9 +27,13 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use kube::client::{Body, ClientBuilder};
+use plugreg_runtime::{prom, report};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service, ServiceExt as _};
+
+use crate::flags::{ControllerFlags, kubeconfig_path};
+use crate::metrics::{Collector, Families};
 
 /// client-go's `DefaultQPS`, used when the flag is 0.
 pub const DEFAULT_QPS: f64 = 5.0;
@@ -101,6 +105,48 @@ pub fn own_client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Cl
 /// request's priority while it waits.
 pub fn unlimited_client(config: kube::Config) -> Result<kube::Client, Error> {
     Ok(ClientBuilder::try_from(config)?.build())
+}
+
+/// The REST config from `--master`, `--kubeconfig` (or `KUBECONFIG`) or the in-cluster
+/// environment, with upstream's Info lines. QPS and burst are the [`RateLimiter`]'s
+/// (`--kube-api-qps`, `--kube-api-burst`), not part of `kube::Config`. The error is what
+/// upstream logs after "Failed to create config: ".
+pub async fn kube_config(flags: &ControllerFlags) -> Result<kube::Config, String> {
+    let env = std::env::var("KUBECONFIG").ok();
+    let (kubeconfig, from_env) = kubeconfig_path(&flags.kubeconfig, env.as_deref());
+    if from_env {
+        tracing::info!("Found KUBECONFIG environment variable set, using that..");
+    }
+    let master = &flags.master;
+    if master.is_empty() && kubeconfig.is_empty() {
+        tracing::info!("Building kube configs for running in cluster...");
+        return kube::Config::incluster_env().map_err(|e| report::chain(&e));
+    }
+    tracing::info!("Either master or kubeconfig specified. building kube config from that..");
+    let mut config = if kubeconfig.is_empty() {
+        kube::Config::new(parse_master(master)?)
+    } else {
+        let file =
+            kube::config::Kubeconfig::read_from(&kubeconfig).map_err(|e| report::chain(&e))?;
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| report::chain(&e))?
+    };
+    if !master.is_empty() {
+        config.cluster_url = parse_master(master)?;
+    }
+    // A plain-HTTP API server needs no CA; without one, the TLS set-up would look for the
+    // system's roots, which a scratch image does not have, and fail although TLS is never used.
+    if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
+        config.root_cert = Some(Vec::new());
+    }
+    Ok(config)
+}
+
+fn parse_master(master: &str) -> Result<http::Uri, String> {
+    master
+        .parse()
+        .map_err(|e| format!("invalid --master {master:?}: {e}"))
 }
 
 /// The shared token bucket with its two queues and the request counters.
@@ -400,6 +446,26 @@ where
             };
             fut.await.map_err(Into::into)
         })
+    }
+}
+
+/// `plugreg_kube_requests_total{verb,resource}`: the requests counted so far, for the
+/// registry ([`Metrics::register`](crate::metrics::Metrics::register)).
+impl Collector for RateLimiter {
+    fn collect(&self, families: &mut Families) {
+        let kube = self.requests_by_kind();
+        families.samples(
+            "plugreg_kube_requests_total",
+            "Requests sent to the Kubernetes API server (both clients), by verb and resource.",
+            "counter",
+            kube.iter().map(|(k, n)| {
+                let (verb, resource) = k.split_once(' ').unwrap_or((k.as_str(), ""));
+                (
+                    prom::labels(&[("resource", resource), ("verb", verb)]),
+                    *n as f64,
+                )
+            }),
+        );
     }
 }
 
