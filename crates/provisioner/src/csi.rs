@@ -26,7 +26,9 @@ use plugreg_proto::csi::v1::{
     plugin_capability,
 };
 use plugreg_runtime::report;
+use plugreg_sidecar_kit::connect::{self as kit_connect, ConnectWindow, Outcome};
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -36,8 +38,6 @@ use crate::metrics::Metrics;
 pub const CONNECT_WINDOW: Duration = Duration::from_secs(30);
 /// Pause between connection attempts, and between Probe attempts.
 const RETRY_INTERVAL: Duration = Duration::from_secs(1);
-/// How often "Still connecting" is logged.
-const STILL_CONNECTING_EVERY: Duration = Duration::from_secs(10);
 
 /// What the process logs (and writes to the termination log) when the driver goes away.
 pub const LOST_MESSAGE: &str = "Lost connection to CSI driver, exiting";
@@ -154,43 +154,45 @@ pub async fn connect_watched(address: &str, window: Duration) -> Result<Connecte
     let path = socket_path(address)?;
     let shown = shown_address(address);
     tracing::debug!(target: "plugreg_provisioner::v5", address = %shown, "Connecting");
-    let deadline = Instant::now() + window;
-    let mut next_report = Instant::now() + STILL_CONNECTING_EVERY;
-    loop {
-        let attempt_start = Instant::now();
-        let remaining = deadline.saturating_duration_since(attempt_start);
-        // Each attempt has a signal of its own: a stream dropped by a failed handshake does not
-        // count as the loss of the connection that succeeds later.
-        let last = match dial(&path, remaining.min(RETRY_INTERVAL)).await {
-            Ok(w) => {
-                return Ok(Connected {
-                    channel: w.channel,
-                    lost: w.closed,
-                });
-            }
-            Err(e) => e,
-        };
-        tracing::debug!(target: "plugreg_provisioner::v4", address = %shown, err = %last, "CSI driver not reachable yet");
-        if Instant::now() >= deadline {
-            return Err(CsiError::Connect {
-                address: shown,
-                window,
-                last,
-            });
-        }
-        if Instant::now() >= next_report {
-            tracing::warn!("Still connecting to {shown}");
-            next_report += STILL_CONNECTING_EVERY;
-        }
-        // The wait ends with the window, as a dial with a deadline does.
-        tokio::time::sleep_until((attempt_start + RETRY_INTERVAL).min(deadline)).await;
-        if Instant::now() >= deadline {
-            return Err(CsiError::Connect {
-                address: shown,
-                window,
-                last,
-            });
-        }
+    let connecting = ConnectWindow {
+        end: Some(Instant::now() + window),
+        attempt: RETRY_INTERVAL,
+        retry: kit_connect::Retry::Every(RETRY_INTERVAL),
+    };
+    // Each attempt has a signal of its own: a stream dropped by a failed handshake does not
+    // count as the loss of the connection that succeeds later.
+    let outcome = connecting
+        .connect_reporting(
+            &CancellationToken::new(),
+            |timeout| {
+                let (path, shown) = (&path, &shown);
+                async move {
+                    let r = dial(path, timeout).await;
+                    if let Err(e) = &r {
+                        tracing::debug!(target: "plugreg_provisioner::v4", address = %shown, err = %e, "CSI driver not reachable yet");
+                    }
+                    r
+                }
+            },
+            || tracing::warn!("Still connecting to {shown}"),
+        )
+        .await;
+    match outcome {
+        Outcome::Connected(w) => Ok(Connected {
+            channel: w.channel,
+            lost: w.closed,
+        }),
+        Outcome::Closed(last) => Err(CsiError::Connect {
+            address: shown,
+            window,
+            last,
+        }),
+        // The token above is never cancelled.
+        Outcome::Stopped => Err(CsiError::Connect {
+            address: shown,
+            window,
+            last: "stopped".into(),
+        }),
     }
 }
 

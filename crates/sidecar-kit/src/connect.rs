@@ -55,7 +55,26 @@ impl ConnectWindow {
         &self,
         shown: &str,
         token: &CancellationToken,
+        dial: F,
+    ) -> Outcome<T, E>
+    where
+        F: FnMut(Duration) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.connect_reporting(token, dial, || {
+            tracing::info!(address = %shown, "Still connecting");
+        })
+        .await
+    }
+
+    /// [`Self::connect`] with the caller's own "still connecting" line, `report`, called every
+    /// [`REPORT_EVERY`] while the driver does not answer (the provisioner words it as
+    /// csi-lib-utils' warning, `Still connecting to <address>`).
+    pub async fn connect_reporting<T, E, F, Fut>(
+        &self,
+        token: &CancellationToken,
         mut dial: F,
+        mut report: impl FnMut(),
     ) -> Outcome<T, E>
     where
         F: FnMut(Duration) -> Fut,
@@ -82,7 +101,7 @@ impl ConnectWindow {
                 return Outcome::Closed(err);
             }
             if now >= next_report {
-                tracing::info!(address = %shown, "Still connecting");
+                report();
                 next_report += REPORT_EVERY;
             }
             failures += 1;
