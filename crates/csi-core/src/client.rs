@@ -25,7 +25,7 @@ use plugreg_runtime::backoff::Backoff;
 use tonic::Code;
 use tonic::transport::Channel;
 
-/// The kubelet's deadline for every CSI node call (`csiTimeout`, csi-wire.md §1.13).
+/// The kubelet's deadline for every CSI node call (`csiTimeout`, docs/upstream/csi-wire.md §1.13).
 pub const NODE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Why a call to a CSI driver failed.

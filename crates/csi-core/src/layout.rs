@@ -1,4 +1,4 @@
-//! The kubelet's directory layout for CSI volumes under its root directory (csi-wire.md §1.13,
+//! The kubelet's directory layout for CSI volumes under its root directory (docs/upstream/csi-wire.md §1.13,
 //! decision C1), so that paths made by plugreg are the ones a driver sees from the kubelet.
 //!
 //! Every name that becomes a path component is checked first: a driver name by the driver-name

@@ -1,6 +1,6 @@
 //! `csi-provisioner`: a drop-in replacement of the Kubernetes CSI external-provisioner v6.3.0.
 //! This binary is thin: it parses upstream's command line (pflag syntax), then walks upstream's
-//! start-up order (`upstream-external-provisioner.md` §2 steps 1-18) with its log lines and exit
+//! start-up order (`docs/upstream/upstream-external-provisioner.md` §2 steps 1-18) with its log lines and exit
 //! codes, and hands over to the controller:
 //!
 //! - 0: `--version`, `-h`/`--help`, a clean stop (SIGTERM/SIGINT);

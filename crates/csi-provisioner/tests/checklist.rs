@@ -1,4 +1,4 @@
-//! The rest of the spec's test checklist (`upstream-external-provisioner.md` §22 items 3-9 with
+//! The rest of the spec's test checklist (`docs/upstream/upstream-external-provisioner.md` §22 items 3-9 with
 //! §8, §9, §11, §12, §17): topology, rescheduling, the PV's shape, deletion, unsupported
 //! claims and metrics, each with the real `csi-provisioner` binary against a real
 //! kube-apiserver and kube-controller-manager and the test CSI driver.

@@ -1,6 +1,6 @@
 //! `csi-provisioner` (the real binary) against a real kube-apiserver and a real
 //! kube-controller-manager (v1.20.2 and v1.36.2), with the test CSI driver: a claim is done when
-//! the API server says it is Bound (`upstream-external-provisioner.md` §22 item 9).
+//! the API server says it is Bound (`docs/upstream/upstream-external-provisioner.md` §22 item 9).
 
 mod common;
 

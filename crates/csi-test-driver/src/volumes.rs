@@ -4,7 +4,7 @@
 //! staging path, NodePublishVolume bind-mounts the staging path (or, without
 //! STAGE_UNSTAGE_VOLUME, the volume) on the target path, read-only when asked: real mounts when
 //! the driver runs as root ([`MountMode::Auto`]), plain directories otherwise. The checks follow
-//! the error codes the CSI spec requires (csi-wire.md §1.12): a missing argument is
+//! the error codes the CSI spec requires (docs/upstream/csi-wire.md §1.12): a missing argument is
 //! INVALID_ARGUMENT, an unknown volume NOT_FOUND, a second stage or publish with another
 //! capability ALREADY_EXISTS, publishing without the staging path a stage-capable driver needs
 //! FAILED_PRECONDITION; repeated calls with the same arguments succeed (idempotency).
@@ -404,7 +404,7 @@ impl Node for Driver {
             drop(state);
             self.volume_dir(id)?
         };
-        // The CO creates the staging directory (csi-wire.md §1.13).
+        // The CO creates the staging directory (docs/upstream/csi-wire.md §1.13).
         if !path.is_dir() {
             return Err(Status::failed_precondition(format!(
                 "staging path {} is not a directory",
@@ -517,7 +517,7 @@ impl Node for Driver {
                 }
             }
         };
-        // The plugin creates the target; its parent must exist (csi-wire.md §1.6).
+        // The plugin creates the target; its parent must exist (docs/upstream/csi-wire.md §1.6).
         match std::fs::create_dir(&target) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && target.is_dir() => {}

@@ -1,9 +1,9 @@
 //! livenessprobe: a drop-in replacement of the Kubernetes CSI `livenessprobe` sidecar v2.19
-//! (decisions C3). It serves HTTP `/healthz` for the driver container's `livenessProbe`: each
+//! (docs/design.md C3). It serves HTTP `/healthz` for the driver container's `livenessProbe`: each
 //! check dials the CSI driver afresh and calls `Probe`, all within `--probe-timeout`, and
 //! concurrent callers share the one check in flight, so a burst of probes costs the driver one
 //! call. Same flags, defaults, endpoints, log lines and exit codes as upstream
-//! (`upstream-livenessprobe.md`), with these documented differences:
+//! (`docs/upstream/upstream-livenessprobe.md`), with these documented differences:
 //! - `--version` prints the version (upstream has no such flag);
 //! - legacy klog flags and `--automaxprocs` are accepted and ignored with a warning;
 //! - a failing HTTP listener exits 1 (upstream logs the error and exits 0);

@@ -1,5 +1,5 @@
 //! The whole plugin manager against real plugins on real sockets, watched with real inotify.
-//! Upstream's tests (upstream-plugin-manager.md §8.3) plus D1-D5.
+//! Upstream's tests (docs/upstream/upstream-plugin-manager.md §8.3) plus D1-D5.
 
 mod common;
 

@@ -5,7 +5,7 @@
 //! required flags, connect to the CSI driver, learn its name with GetPluginInfo, create
 //! `<plugin-registration-path>/<name>-reg.sock`, answer the kubelet's GetInfo with
 //! `CSIPlugin`/name/`--kubelet-registration-path`/`["1.0.0"]`, and wait for the kubelet's
-//! verdict. Where plugreg does better (decisions R1-R5): GetPluginInfo is retried within the
+//! verdict. Where plugreg does better (docs/design.md R1-R5): GetPluginInfo is retried within the
 //! connect window, the name is validated before it becomes a path, the socket is re-created if
 //! it vanishes or dies, a surge rollout hands the listening socket from the old instance to the
 //! new one (the kubelet never sees the socket change, so it never drops the driver), the socket

@@ -1,5 +1,5 @@
 //! What a failed provisioning step means for the claim (upstream's `ProvisioningState`,
-//! `upstream-external-provisioner.md` §11): whether anything may still be running in the
+//! `docs/upstream/upstream-external-provisioner.md` §11): whether anything may still be running in the
 //! driver, and whether the scheduler should pick another node.
 
 use std::fmt;

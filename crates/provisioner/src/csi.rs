@@ -1,4 +1,4 @@
-//! The CSI driver as the provisioner sees it (`upstream-external-provisioner.md` §2 steps 10-14):
+//! The CSI driver as the provisioner sees it (`docs/upstream/upstream-external-provisioner.md` §2 steps 10-14):
 //! connecting to its socket within a window, probing it until it is ready, its name and
 //! capabilities, and the two Controller calls the provisioner makes (CreateVolume,
 //! DeleteVolume).

@@ -1,5 +1,5 @@
 //! The controller logic of plugreg's `csi-provisioner`, a drop-in for the Kubernetes CSI
-//! external-provisioner v6.3.0 (`shared/spec/upstream-external-provisioner.md`, decisions P1-P5):
+//! external-provisioner v6.3.0 (`docs/upstream/upstream-external-provisioner.md`, docs/design.md P1-P5):
 //! it watches PersistentVolumeClaims, calls the driver's CreateVolume, and creates the
 //! PersistentVolumes (and deletes both again).
 //!

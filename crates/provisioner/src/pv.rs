@@ -1,4 +1,4 @@
-//! The PersistentVolume made from a created volume (`upstream-external-provisioner.md` §9), with
+//! The PersistentVolume made from a created volume (`docs/upstream/upstream-external-provisioner.md` §9), with
 //! the parts upstream's library adds (claimRef, finalizer, `provisioned-by`, class name). Pure:
 //! the controller creates it.
 

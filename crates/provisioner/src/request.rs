@@ -1,4 +1,4 @@
-//! Which claims to provision and the CreateVolumeRequest for one (`upstream-external-provisioner.md`
+//! Which claims to provision and the CreateVolumeRequest for one (`docs/upstream/upstream-external-provisioner.md`
 //! §6 and §7): the volume name, size, capabilities, parameters, secrets and topology, exactly as
 //! external-provisioner v6.3.0 decides them. Pure: the controller passes in the claim, its class
 //! and the watch caches, and does the I/O (reading the provisioner secret, calling the driver).

@@ -1,4 +1,4 @@
-//! Which Secret each CSI call gets (`upstream-external-provisioner.md` §7.5): the StorageClass
+//! Which Secret each CSI call gets (`docs/upstream/upstream-external-provisioner.md` §7.5): the StorageClass
 //! names it with `csi.storage.k8s.io/<op>-secret-name` / `-namespace` (or the deprecated
 //! `csi<Op>SecretName` keys, or the default pair), as templates over the PV and claim names.
 //! Pure: resolving a reference reads no Secret; only the provisioner secret is ever read, by

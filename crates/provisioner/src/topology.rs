@@ -1,4 +1,4 @@
-//! The CreateVolume accessibility requirements (`upstream-external-provisioner.md` §8): where
+//! The CreateVolume accessibility requirements (`docs/upstream/upstream-external-provisioner.md` §8): where
 //! the volume must be reachable (requisite) and where the scheduler would like it (preferred),
 //! from the selected node, the StorageClass's `allowedTopologies` and the cluster's CSINodes
 //! and Node labels. Pure: the objects come from a [`TopologySource`] (the watch caches).

@@ -14,7 +14,7 @@
 //! A publish whose CSINode write fails puts back the entry it took out and undoes its Node
 //! change, so nothing stays half-written. Topology labels a kubelet may not set on its Node
 //! ([`crate::noderestriction`]) fail the publish before anything is written.
-//! Server-side apply is deliberately not used (see `spec/rust-ecosystem.md` §2.4).
+//! Server-side apply is deliberately not used (kube-rs's apply needs the whole managed object and field ownership the API server tracks per manager; a merge patch of the fields we own is smaller and works on every release).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -940,7 +940,7 @@ pub struct ControllerExpandVolumeResponse {
     #[prost(bool, tag = "2")]
     pub node_expansion_required: bool,
 }
-/// Wire-identical to google.protobuf.Timestamp (csi-wire.md 0), declared here so the crate
+/// Wire-identical to google.protobuf.Timestamp (docs/upstream/csi-wire.md 0), declared here so the crate
 /// needs no prost-types.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SnapshotTime {
