@@ -516,6 +516,9 @@ pub struct SoakResult {
     pub rss_samples: Vec<(usize, u64)>,
     /// Daemon RSS at the end (after the final check), KiB.
     pub rss_end_kib: u64,
+    /// The baseline, each sample and the end split into (cycles done, anonymous KiB,
+    /// file-backed KiB); the end's cycles are the total.
+    pub rss_parts: Vec<(usize, u64, u64)>,
     /// Daemon VmHWM at the end, KiB.
     pub hwm_end_kib: u64,
     /// Daemon CPU seconds over the whole soak.
@@ -688,6 +691,7 @@ async fn soak(daemon: &Daemon, dir: &Path, args: &SoakArgs) -> anyhow::Result<So
     let mut next_sample = args.baseline_after.min(args.cycles);
     let mut rss_baseline = None;
     let mut rss_samples = Vec::new();
+    let mut rss_parts = Vec::new();
     let mut poll = tokio::time::interval(Duration::from_millis(20));
     while !workers.is_empty() {
         tokio::select! {
@@ -700,7 +704,9 @@ async fn soak(daemon: &Daemon, dir: &Path, args: &SoakArgs) -> anyhow::Result<So
         }
         let done = ctx.done.load(Ordering::Relaxed);
         if done >= next_sample && done < args.cycles {
-            let rss = procfs::memory(&pid)?.rss_kib;
+            let m = procfs::memory(&pid)?;
+            let rss = m.rss_kib;
+            rss_parts.push((done, m.anon_kib, m.file_kib));
             if rss_baseline.is_none() {
                 rss_baseline = Some((done, rss));
             } else {
@@ -727,6 +733,7 @@ async fn soak(daemon: &Daemon, dir: &Path, args: &SoakArgs) -> anyhow::Result<So
     let leftovers: Vec<PathBuf> = lock(&ctx.leftovers).iter().cloned().collect();
     let end = converge(daemon, &live, &leftovers, args.settle_timeout).await?;
     let memory = procfs::memory(&pid)?;
+    rss_parts.push((args.cycles, memory.anon_kib, memory.file_kib));
     let rss_baseline = rss_baseline.unwrap_or((ctx.done.load(Ordering::Relaxed), 0));
 
     // Clean up: every plugin stops, every socket goes; nothing may stay registered.
@@ -761,6 +768,7 @@ async fn soak(daemon: &Daemon, dir: &Path, args: &SoakArgs) -> anyhow::Result<So
         baseline_after: rss_baseline.0,
         rss_samples,
         rss_end_kib: memory.rss_kib,
+        rss_parts,
         hwm_end_kib: memory.hwm_kib,
         daemon_cpu_s: (procfs::cpu_time(&pid)? - cpu_before).as_secs_f64(),
         end,
@@ -996,7 +1004,9 @@ fn markdown(r: &SoakResult, date: &str, total: Duration) -> String {
         o,
         "The daemon's view matched the live plugins {:.1} s after the last cycle{}; it still \
          listed {} sockets whose file was gone; after the clean-up {} sockets stayed \
-         registered. Daemon RSS during the churn (cycles done: RSS): {}; VmHWM at the end {}.\n",
+         registered. Daemon RSS during the churn (cycles done: RSS): {}; VmHWM at the end {}. \
+         The same split into anonymous memory (heap, stacks) + file-backed pages (the \
+         executable's code, faulted in as more of it runs): {}.\n",
         r.end.converged_s,
         if r.end.converged {
             ""
@@ -1011,7 +1021,12 @@ fn markdown(r: &SoakResult, date: &str, total: Duration) -> String {
             .map(|(n, k)| format!("{n}: {}", kib(k)))
             .collect::<Vec<_>>()
             .join(", "),
-        kib(r.hwm_end_kib)
+        kib(r.hwm_end_kib),
+        r.rss_parts
+            .iter()
+            .map(|(n, a, f)| format!("{n}: {} + {}", kib(*a), kib(*f)))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let _ = writeln!(o, "{END}");
     o
@@ -1040,6 +1055,7 @@ mod tests {
             cycles: 100,
             rss_baseline_kib: 10_000,
             rss_end_kib: 12_000,
+            rss_parts: vec![(10_000, 4_000, 7_000), (100_000, 4_500, 7_500)],
             end: EndState {
                 live: 2,
                 registered_but_gone: vec![PathBuf::from("/r/dead-8.sock")],

@@ -25,6 +25,11 @@ pub struct Memory {
     pub rss_kib: u64,
     /// Peak resident set size so far (`VmHWM`), KiB.
     pub hwm_kib: u64,
+    /// Of the RSS, anonymous memory (`RssAnon`: heap, stacks), KiB.
+    pub anon_kib: u64,
+    /// Of the RSS, file-backed pages (`RssFile`: mostly the executable's code as it is run),
+    /// KiB.
+    pub file_kib: u64,
 }
 
 /// Reads the memory of process `pid` (`"self"` works too).
@@ -32,6 +37,8 @@ pub fn memory(pid: &str) -> io::Result<Memory> {
     Ok(Memory {
         rss_kib: status_kib(pid, "VmRSS")?,
         hwm_kib: status_kib(pid, "VmHWM")?,
+        anon_kib: status_kib(pid, "RssAnon")?,
+        file_kib: status_kib(pid, "RssFile")?,
     })
 }
 
