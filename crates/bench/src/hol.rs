@@ -58,6 +58,10 @@ pub struct HolArgs {
 struct Phase {
     registered: usize,
     summary: Option<Summary>,
+    /// The longest time creating one of their sockets took (the file system's part).
+    max_bind: Duration,
+    /// From the socket in place to Notify(true) (the daemon's part).
+    after_bind: Option<Summary>,
 }
 
 #[derive(Debug, Clone)]
@@ -309,17 +313,23 @@ fn hanging_states(addr: SocketAddr) -> (usize, usize, usize) {
 /// Registers `args.plugins` ordinary plugins one at a time, numbered from `first`.
 async fn ordinary(dir: &Path, first: usize, args: &HolArgs) -> anyhow::Result<Phase> {
     let mut latencies = Vec::new();
+    let mut after_bind = Vec::new();
+    let mut max_bind = Duration::ZERO;
     for n in first..first + args.plugins {
         let path = dir.join(handler::socket_name(n));
         let plugin = soak::start(Style::Registrar, &path, handler::plugin_info(n), false)?;
+        max_bind = max_bind.max(plugin.bind_time());
         if let Some(d) = plugin.registered(args.register_timeout).await {
             latencies.push(d);
+            after_bind.push(d.saturating_sub(plugin.bind_time()));
         }
         plugin.stop().await?;
     }
     Ok(Phase {
         registered: latencies.len(),
         summary: Summary::of(&latencies),
+        max_bind,
+        after_bind: Summary::of(&after_bind),
     })
 }
 
@@ -468,7 +478,7 @@ fn markdown(runs: &[Run], args: &HolArgs, date: &str, load: &str) -> String {
     }
     let _ = writeln!(
         out,
-        "\n| build | hanging sockets | phase | their registrations running at the start | ordinary plugins registered | p50 | p99 | max | NodeGetInfo calls of the hanging driver | daemon RSS before | RSS after | VmHWM |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "\n| build | hanging sockets | phase | their registrations running at the start | ordinary plugins registered | p50 | p99 | max | creating the socket, max | socket in place -> Notify(true), p99 | NodeGetInfo calls of the hanging driver | daemon RSS before | RSS after | VmHWM |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in runs {
         for (phase, p) in [("during", r.during), ("after", r.after)] {
@@ -482,14 +492,16 @@ fn markdown(runs: &[Run], args: &HolArgs, date: &str, load: &str) -> String {
                 ("after", None) if r.hanging > 0 => "after (not settled in 60 s)".into(),
                 _ => phase.into(),
             };
+            let after_bind = p.after_bind.map_or("-".into(), |s| ms(s.p99));
             let _ = writeln!(
                 out,
-                "| {} | {} | {phase} | {} | {}/{} | {p50} | {p99} | {max} | {} | {} | {} | {} |",
+                "| {} | {} | {phase} | {} | {}/{} | {p50} | {p99} | {max} | {} | {after_bind} | {} | {} | {} | {} |",
                 r.build,
                 r.hanging,
                 r.hanging_running,
                 p.registered,
                 r.plugins,
+                ms(p.max_bind),
                 r.node_get_info_calls,
                 mib(r.rss_before_kib),
                 mib(r.rss_kib),

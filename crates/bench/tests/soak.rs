@@ -25,7 +25,15 @@ fn short_soak_leaves_exactly_the_live_plugins_registered() {
     let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_plugreg-bench"))
         .args(["soak", "--cycles", "2000", "--concurrency", "32"])
-        .args(["--baseline-after", "500", "--final-live", "8", "--json"])
+        .args([
+            "--baseline-after",
+            "500",
+            "--final-live",
+            "8",
+            "--staying",
+            "2",
+        ])
+        .arg("--json")
         .arg("--manager-bin")
         .arg(plugreg_bin())
         .arg("--work-dir")
@@ -39,7 +47,8 @@ fn short_soak_leaves_exactly_the_live_plugins_registered() {
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
     let end = &v["end"];
     assert_eq!(end["converged"], true, "{v}");
-    // Cycles 999 and 1999 stay alive, and the 8 started after the last cycle.
+    // Two stay alive from the start, replaced by cycles 999 and 1999, and the 8 started after
+    // the last cycle.
     assert_eq!(end["live"], 10, "{v}");
     assert_eq!(
         end["present_but_unregistered"],
