@@ -70,6 +70,8 @@ pub trait PluginHandler: Send + Sync + 'static {
 #[derive(Clone, Default)]
 pub struct HandlerRegistry {
     handlers: HashMap<String, Arc<dyn PluginHandler>>,
+    /// Handlers that serve no plugin type here but still report (see [`Self::add_reporter`]).
+    reporters: Vec<Arc<dyn PluginHandler>>,
 }
 
 impl HandlerRegistry {
@@ -90,6 +92,13 @@ impl HandlerRegistry {
         self
     }
 
+    /// Adds a handler that takes no registrations from the registry directory but reports
+    /// what it took in another way (`unlisted_plugins`, `write_metrics`): the device-plugin
+    /// handler when only the classic `kubelet.sock` registration is served.
+    pub fn add_reporter(&mut self, handler: Arc<dyn PluginHandler>) {
+        self.reporters.push(handler);
+    }
+
     /// The handler for `plugin_type`.
     pub fn get(&self, plugin_type: &str) -> Option<&Arc<dyn PluginHandler>> {
         self.handlers.get(plugin_type)
@@ -103,11 +112,11 @@ impl HandlerRegistry {
     }
 
     /// Every handler once (one registered for several types too), in the order of its first
-    /// type.
+    /// type, then the reporters.
     fn distinct(&self) -> Vec<&Arc<dyn PluginHandler>> {
         let mut seen: Vec<&Arc<dyn PluginHandler>> = Vec::new();
-        for t in self.types() {
-            let h = &self.handlers[t];
+        let by_type = self.types().into_iter().map(|t| &self.handlers[t]);
+        for h in by_type.chain(self.reporters.iter()) {
             if !seen.iter().any(|s| Arc::ptr_eq(s, h)) {
                 seen.push(h);
             }

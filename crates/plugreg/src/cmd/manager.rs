@@ -170,16 +170,19 @@ impl ManagerArgs {
         Ok(handlers)
     }
 
-    /// Refuses `--device-plugin-dir` without the `DevicePlugin` type: that type's handler keeps
-    /// (and reports) the devices of plugins registered either way.
-    fn check_device_plugin_dir(&self, handlers: &HandlerRegistry) -> anyhow::Result<()> {
-        let t = plugreg_handler_device::PLUGIN_TYPE;
-        if self.device.device_plugin_dir.is_some() && handlers.get(t).is_none() {
-            anyhow::bail!(
-                "--device-plugin-dir needs {t} in --plugin-types: its handler keeps the devices of plugins registered either way"
-            );
+    /// With `--device-plugin-dir` but without the `DevicePlugin` type, the device handler
+    /// still keeps (and reports) the plugins registered through `kubelet.sock`: it joins the
+    /// registry as a reporter only, taking no registrations from the registry directory.
+    fn add_classic_device_reporter(
+        &self,
+        handlers: &mut HandlerRegistry,
+        devices: &device::Devices,
+    ) {
+        if self.device.device_plugin_dir.is_some()
+            && handlers.get(plugreg_handler_device::PLUGIN_TYPE).is_none()
+        {
+            handlers.add_reporter(devices.handler());
         }
-        Ok(())
     }
 
     fn csi_sink(&self) -> Option<plugreg_handler_csi::SinkConfig> {
@@ -201,8 +204,8 @@ pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
     let mut signals = Signals::with_hangup()?;
     let token = CancellationToken::new();
     let devices = device::Devices::new(&args.device);
-    let handlers = args.handlers(&devices).await?;
-    args.check_device_plugin_dir(&handlers)?;
+    let mut handlers = args.handlers(&devices).await?;
+    args.add_classic_device_reporter(&mut handlers, &devices);
     let manager = PluginManager::start(args.config(), handlers.clone(), token.clone())
         .await
         .context("cannot start the plugin manager")?;
@@ -422,24 +425,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_classic_device_plugin_socket_needs_the_device_plugin_type() {
-        let refused = parse_args(&["--plugin-types", "CSIPlugin", "--device-plugin-dir", "/d"]);
-        let devices = device::Devices::new(&refused.device);
-        let handlers = refused.handlers(&devices).await.unwrap();
-        assert_eq!(
-            refused
-                .check_device_plugin_dir(&handlers)
-                .unwrap_err()
-                .to_string(),
-            "--device-plugin-dir needs DevicePlugin in --plugin-types: its handler keeps the devices of plugins registered either way"
+    async fn the_classic_device_plugin_socket_works_without_the_device_plugin_type() {
+        // As before the handlers reported through the registry: `--device-plugin-dir` with
+        // other types only still serves and reports the classic registrations.
+        let args = parse_args(&["--plugin-types", "CSIPlugin", "--device-plugin-dir", "/d"]);
+        let devices = device::Devices::new(&args.device);
+        let mut handlers = args.handlers(&devices).await.unwrap();
+        assert!(handlers.get("DevicePlugin").is_none());
+        args.add_classic_device_reporter(&mut handlers, &devices);
+        assert!(
+            handlers.get("DevicePlugin").is_none(),
+            "no registry type added"
         );
-        let taken = parse_args(&["--device-plugin-dir", "/d"]);
-        let handlers = taken.handlers(&devices).await.unwrap();
-        taken.check_device_plugin_dir(&handlers).unwrap();
-        let handlers = refused.handlers(&devices).await.unwrap();
-        parse_args(&["--plugin-types", "CSIPlugin"])
-            .check_device_plugin_dir(&handlers)
-            .unwrap();
+        assert!(
+            handlers.render_metrics().contains("plugreg_devices"),
+            "{}",
+            handlers.render_metrics()
+        );
     }
 
     #[tokio::test]
