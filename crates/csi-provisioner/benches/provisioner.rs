@@ -446,7 +446,16 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
     }
     let hwm_kib = status_kib(pid, "VmHWM:");
     sampler.abort();
-    let (_, peak_at, peak_file_kib) = *peak.lock().unwrap();
+    let (peak_sampled_kib, peak_at, peak_file_kib) = *peak.lock().unwrap();
+    eprintln!(
+        "{label}: peak RSS {:.1} MiB (VmHWM); sampled peak {:.1} MiB at {:.1} s, of it {:.1} MiB \
+         file-backed (binary and libraries) and {:.1} MiB anonymous",
+        hwm_kib as f64 / 1024.0,
+        peak_sampled_kib as f64 / 1024.0,
+        peak_at.as_secs_f64(),
+        peak_file_kib as f64 / 1024.0,
+        peak_sampled_kib.saturating_sub(peak_file_kib) as f64 / 1024.0,
+    );
     let exited = !matches!(child.try_wait(), Ok(None));
     let log = std::fs::read_to_string(dir.path().join("provisioner.log")).unwrap_or_default();
     if let Ok(keep) = std::env::var("PLUGREG_BENCH_LOGS") {

@@ -111,12 +111,14 @@ impl PluginHandler for DevicePluginHandler {
     }
 
     /// The plugin's endpoint as the inventory holds it (registered through the plugin manager).
+    /// One lookup by socket path: `/plugins` asks this for every plugin, so a copy of the whole
+    /// inventory here made one page of 100 plugins x 100 devices copy a million devices.
     fn plugin_details(&self, _name: &str, endpoint: &str) -> Option<Value> {
         let path = plugreg_transport::parse_address(endpoint).ok()?;
         self.inventory
-            .snapshot()
-            .iter()
-            .find(|x| x.registered_via == RegisteredVia::PluginsRegistry && x.endpoint == path)
+            .get(&path)
+            .filter(|x| x.registered_via == RegisteredVia::PluginsRegistry)
+            .as_ref()
             .map(details)
     }
 
