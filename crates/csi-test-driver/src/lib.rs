@@ -41,9 +41,10 @@ use plugreg_proto::csi::v1::controller_server::ControllerServer;
 use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
-    CreateVolumeRequest, DeleteVolumeRequest, GetPluginCapabilitiesRequest,
-    GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability,
-    ProbeRequest, ProbeResponse, node_service_capability, plugin_capability,
+    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
+    DeleteVolumeRequest, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse,
+    GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
+    node_service_capability, plugin_capability,
 };
 use plugreg_transport::{BoundSocket, MAX_MESSAGE_SIZE};
 use tokio::sync::{Notify, broadcast};
@@ -277,6 +278,10 @@ struct CallsInner {
     /// The last [`KEEP_REQUESTS`] CreateVolume and DeleteVolume requests.
     creates: Mutex<std::collections::VecDeque<CreateVolumeRequest>>,
     deletes: Mutex<std::collections::VecDeque<DeleteVolumeRequest>>,
+    /// The last [`KEEP_REQUESTS`] ControllerPublishVolume and ControllerUnpublishVolume
+    /// requests.
+    publishes: Mutex<std::collections::VecDeque<ControllerPublishVolumeRequest>>,
+    unpublishes: Mutex<std::collections::VecDeque<ControllerUnpublishVolumeRequest>>,
 }
 
 /// How many CreateVolume / DeleteVolume requests [`Calls`] keeps for inspection.
@@ -299,6 +304,8 @@ impl Default for Calls {
                 events: broadcast::Sender::new(256),
                 creates: Mutex::default(),
                 deletes: Mutex::default(),
+                publishes: Mutex::default(),
+                unpublishes: Mutex::default(),
             }),
         }
     }
@@ -330,6 +337,36 @@ impl Calls {
     pub fn delete_requests(&self) -> Vec<DeleteVolumeRequest> {
         let q = self.inner.deletes.lock().unwrap_or_else(|e| e.into_inner());
         q.iter().cloned().collect()
+    }
+
+    /// The ControllerPublishVolume requests received (the last [`KEEP_REQUESTS`]), oldest
+    /// first.
+    pub fn publish_requests(&self) -> Vec<ControllerPublishVolumeRequest> {
+        let q = self
+            .inner
+            .publishes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    /// The ControllerUnpublishVolume requests received (the last [`KEEP_REQUESTS`]), oldest
+    /// first.
+    pub fn unpublish_requests(&self) -> Vec<ControllerUnpublishVolumeRequest> {
+        let q = self
+            .inner
+            .unpublishes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    pub(crate) fn keep_publish(&self, r: &ControllerPublishVolumeRequest) {
+        keep(&self.inner.publishes, r.clone());
+    }
+
+    pub(crate) fn keep_unpublish(&self, r: &ControllerUnpublishVolumeRequest) {
+        keep(&self.inner.unpublishes, r.clone());
     }
 
     pub(crate) fn keep_create(&self, r: &CreateVolumeRequest) {

@@ -879,6 +879,7 @@ impl Controller for Driver {
         }
         self.enter(Method::ControllerPublishVolume).await?;
         let r = request.into_inner();
+        self.config.calls.keep_publish(&r);
         let id = required(&r.volume_id, "volume_id")?;
         let node = required(&r.node_id, "node_id")?;
         capability(r.volume_capability.as_ref(), "volume_capability")?;
@@ -906,6 +907,7 @@ impl Controller for Driver {
         }
         self.enter(Method::ControllerUnpublishVolume).await?;
         let r = request.into_inner();
+        self.config.calls.keep_unpublish(&r);
         let id = required(&r.volume_id, "volume_id")?;
         let mut state = self.lock_with(id);
         let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
