@@ -185,6 +185,51 @@ struct Controller {
     /// VolumeAttachments the reconciler found out of step with the driver: their next sync
     /// skips the "already attached / detached" rules (consumed by it).
     forced: Mutex<HashSet<String>>,
+    /// The resource version of this process's last write of each VolumeAttachment that its
+    /// watch will report as a change worth a sync (finalizer, `attached`).
+    written: Written,
+}
+
+/// Resource versions of our own writes, by VolumeAttachment name. A sync that finds the cache
+/// older than our last write would act on what it already changed (a second
+/// ControllerPublishVolume and status write, upstream does both); it waits for the watch
+/// event of that write instead, which queues the VolumeAttachment again.
+#[derive(Default, Clone)]
+struct Written(Arc<Mutex<HashMap<String, u64>>>);
+
+impl Written {
+    fn record(&self, va: &VolumeAttachment) {
+        if let Some(rv) = rv(va) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(va.name_any(), rv);
+        }
+    }
+
+    fn forget(&self, name: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
+
+    /// Whether the cached `va` is older than our last write of it.
+    fn cache_behind(&self, va: &VolumeAttachment) -> bool {
+        let mine = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&va.name_any())
+            .copied();
+        matches!((mine, rv(va)), (Some(mine), Some(cached)) if cached < mine)
+    }
+}
+
+/// The resource version as a number: etcd's revision on every real API server. Opaque ones
+/// (`None`) are never compared.
+fn rv(va: &VolumeAttachment) -> Option<u64> {
+    va.metadata.resource_version.as_deref()?.parse().ok()
 }
 
 /// Runs until `shutdown` (Ok) or until a cache cannot be filled (Err).
@@ -216,6 +261,8 @@ pub async fn run(
 
     let mut ready = Vec::new();
     let fingerprints: Mutex<HashMap<String, u64>> = Mutex::default();
+    let written = Written::default();
+    let w = written.clone();
     let (aq, dq, pq, driver) = (
         Arc::clone(&attach_q),
         Arc::clone(&detach_q),
@@ -234,6 +281,7 @@ pub async fn run(
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&name);
+                w.forget(&name);
                 if let Some(pv) = &va.spec.source.persistent_volume_name {
                     pq.add(pv.clone());
                 }
@@ -301,6 +349,7 @@ pub async fn run(
         pv_q,
         locks: KeyLocks::default(),
         forced: Mutex::default(),
+        written,
         cfg,
     });
 
@@ -511,6 +560,13 @@ impl Controller {
             route(&self.attach_q, &self.detach_q, &va, name.to_owned());
             return Ok(());
         }
+        if self.written.cache_behind(&va) {
+            debug!(
+                VolumeAttachment = name,
+                "cache older than our last write; its watch event queues it again"
+            );
+            return Ok(());
+        }
         let forced = self.take_forced(name);
         match decide::decide(&va, &self.cfg.driver, &self.cfg.caps, forced) {
             Action::Nothing(why) => {
@@ -658,14 +714,18 @@ impl Controller {
         };
         // The finalizer before the call: from here on the deletion of this VolumeAttachment
         // goes through ControllerUnpublishVolume.
-        if let Some(patch) = decide::va_attach_patch(va, &self.fin, &node_id)
-            && let Err(e) = self
+        if let Some(patch) = decide::va_attach_patch(va, &self.fin, &node_id) {
+            match self
                 .va_api()
                 .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                 .await
-        {
-            let msg = format!("could not save VolumeAttachment: {}", api_message(&e));
-            return Err(self.attach_failed(va, &msg, None).await);
+            {
+                Ok(written) => self.written.record(&written),
+                Err(e) => {
+                    let msg = format!("could not save VolumeAttachment: {}", api_message(&e));
+                    return Err(self.attach_failed(va, &msg, None).await);
+                }
+            }
         }
         let published = self
             .clients
@@ -697,7 +757,7 @@ impl Controller {
                 &Patch::Merge(decide::attached_status_patch(va, &context)),
             )
             .await
-            .map(drop)
+            .map(|written| self.written.record(&written))
             .map_err(|e| Requeue(format!("failed to mark as attached: {}", api_message(&e))))
     }
 
@@ -739,7 +799,7 @@ impl Controller {
                 .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                 .await
             {
-                Ok(_) => {}
+                Ok(written) => self.written.record(&written),
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
                 Err(e) => {
                     return Err(Requeue(format!(
@@ -760,7 +820,10 @@ impl Controller {
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(written) => {
+                self.written.record(&written);
+                Ok(())
+            }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => Err(Requeue(format!(
                 "could not mark as detached: {}",
