@@ -910,7 +910,11 @@ impl Controller for Driver {
         self.config.calls.keep_unpublish(&r);
         let id = required(&r.volume_id, "volume_id")?;
         let mut state = self.lock_with(id);
-        let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
+        // A volume this driver does not know is not published anywhere: OK, as the spec asks
+        // (the attacher takes every error as "may still be attached" and retries forever).
+        let Some(v) = state.volumes.get_mut(id) else {
+            return Ok(Response::new(ControllerUnpublishVolumeResponse {}));
+        };
         // An empty node_id means every node; a volume not published there is already done.
         if r.node_id.is_empty() {
             v.attached.clear();
