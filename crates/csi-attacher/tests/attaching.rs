@@ -561,3 +561,51 @@ async fn leader_election_uses_upstreams_lease_name() {
     .await;
     assert_eq!((code, body.as_str()), (200, "ok"));
 }
+
+/// Checklist 15: with LIST_VOLUMES_PUBLISHED_NODES, a volume unpublished behind Kubernetes'
+/// back is published again within `--reconcile-sync`, reading every page of `--max-entries`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciler_republishes_what_was_unpublished_behind_its_back() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| c.list_volumes = true).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-c", json!({})).await;
+    let a = env.attacher(&["--reconcile-sync=1s", "--max-entries=2"]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 1);
+    // A third party detaches the volume in the driver.
+    let conn = plugreg_csi_core::client::Connection::connect(
+        &env.socket.display().to_string(),
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+        plugreg_csi_core::client::Retry::ONCE,
+    )
+    .await
+    .unwrap();
+    conn.controller()
+        .controller_unpublish_volume(plugreg_proto::csi::v1::ControllerUnpublishVolumeRequest {
+            volume_id: "vol-c".into(),
+            node_id: NODE_ID.into(),
+            secrets: Default::default(),
+        })
+        .await
+        .unwrap();
+    env.calls.wait_for(Method::ControllerPublishVolume, 2).await;
+    // Six volumes at two a page: at least three ListVolumes calls per reconcile.
+    let lists = env.calls.count(Method::ListVolumes);
+    assert!(lists >= 3, "{lists}");
+    let log = poll("the mismatch logged", || async {
+        let log = a.log();
+        log.contains("VolumeAttachment attached status and actual state do not match")
+            .then_some(log)
+    })
+    .await;
+    assert!(
+        log.contains("CSI driver supports list volumes published nodes"),
+        "{log}"
+    );
+    env.wait_attached(&va).await;
+}

@@ -187,11 +187,13 @@ pub enum Method {
     ControllerPublishVolume,
     /// `/csi.v1.Controller/ControllerUnpublishVolume`
     ControllerUnpublishVolume,
+    /// `/csi.v1.Controller/ListVolumes`
+    ListVolumes,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 16] = [
+    pub const ALL: [Method; 17] = [
         Method::GetPluginInfo,
         Method::GetPluginCapabilities,
         Method::Probe,
@@ -208,6 +210,7 @@ impl Method {
         Method::ControllerGetCapabilities,
         Method::ControllerPublishVolume,
         Method::ControllerUnpublishVolume,
+        Method::ListVolumes,
     ];
 
     /// The method name, e.g. `GetPluginInfo`.
@@ -229,6 +232,7 @@ impl Method {
             Method::ControllerGetCapabilities => "ControllerGetCapabilities",
             Method::ControllerPublishVolume => "ControllerPublishVolume",
             Method::ControllerUnpublishVolume => "ControllerUnpublishVolume",
+            Method::ListVolumes => "ListVolumes",
         }
     }
 
@@ -444,6 +448,10 @@ pub struct DriverConfig {
     /// also advertise PUBLISH_UNPUBLISH_VOLUME and serve ControllerPublishVolume (publish_context
     /// `{"device": "/dev/plugreg-test"}`) and ControllerUnpublishVolume.
     pub controller_publish: bool,
+    /// With [`controller`](Self::controller): also advertise LIST_VOLUMES and
+    /// LIST_VOLUMES_PUBLISHED_NODES and serve ListVolumes (every volume with the nodes it is
+    /// ControllerPublished to, `max_entries` per page, the next index as the token).
+    pub list_volumes: bool,
     /// Check the paths the CO must provide before anything else about the volume, as csi-test's
     /// mock driver and csi-driver-host-path do: NodeStageVolume with a staging_target_path that
     /// does not exist, and NodePublishVolume with a target_path whose parent does not exist or
@@ -488,6 +496,7 @@ impl Default for DriverConfig {
             faults: BTreeMap::new(),
             controller: false,
             controller_publish: false,
+            list_volumes: false,
             strict_paths: false,
             volumes: Vec::new(),
             data_dir: None,
