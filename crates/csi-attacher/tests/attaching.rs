@@ -609,3 +609,106 @@ async fn reconciler_republishes_what_was_unpublished_behind_its_back() {
     );
     env.wait_attached(&va).await;
 }
+
+/// Checklist 14: a PV deleted while a VolumeAttachment names it keeps the finalizer; it goes
+/// with the last VolumeAttachment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pv_finalizer_stays_while_a_volume_attachment_names_it() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let a = env.attacher(&[]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    env.pvs()
+        .delete(&pv, &DeleteParams::default())
+        .await
+        .unwrap();
+    // The PV's update (its deletion) is synced: the finalizer is kept.
+    poll("the PV sync", || async {
+        a.log()
+            .lines()
+            .any(|l| l.contains("finalizer kept") && l.contains(&pv))
+            .then_some(())
+    })
+    .await;
+    let fin = env.finalizer();
+    let p = env.pvs().get(&pv).await.unwrap();
+    assert!(p.metadata.finalizers.unwrap().contains(&fin));
+    env.delete_va(&va).await;
+    env.wait_va_gone(&va).await;
+    env.wait_pv(&pv, "PV finalizer removed", |p| {
+        !p.metadata.finalizers.as_ref().unwrap().contains(&fin)
+    })
+    .await;
+}
+
+/// Checklist 18: metric names and labels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_upstreams_names() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let addr = free_local_addr();
+    let _a = env.attacher(&[&format!("--http-endpoint={addr}")]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    let publish = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerPublishVolume\"}} 1",
+        env.name
+    );
+    let body = poll("publish in /metrics", || async {
+        let (_, body) = http_get(addr, "/metrics")?;
+        body.lines().any(|l| l == publish).then_some(body)
+    })
+    .await;
+    for want in [
+        "workqueue_adds_total{name=\"csi-attacher-va\"}",
+        "workqueue_depth{name=\"csi-attacher-va\"}",
+        "csi_attacher_queue_backlog{name=\"csi-attacher-va\"}",
+        "csi_attacher_queue_backlog{name=\"csi-attacher-va-detach\"}",
+        "csi_attacher_queue_backlog{name=\"csi-attacher-pv\"}",
+        "csi_attacher_queue_oldest_waiting_seconds{name=\"csi-attacher-va\"}",
+        "process_start_time_seconds",
+    ] {
+        assert!(body.contains(want), "{want}\n{body}");
+    }
+    assert!(
+        !body.contains("migrated="),
+        "no migrated label for other drivers"
+    );
+}
+
+/// Checklist 17: with ReleaseLeaderElectionOnExit, SIGTERM stops the leader, clears the
+/// Lease's holder and exits 1 (client-go's "Stopped leading"), as upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_exit_clears_the_lease_holder() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let mut a = env.attacher(&[
+        "--leader-election",
+        &format!("--leader-election-namespace={}", env.ns),
+        "--feature-gates=ReleaseLeaderElectionOnExit=true",
+    ]);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
+    poll("the Lease held", || async {
+        let l = leases.get_opt(&name).await.ok().flatten()?;
+        l.spec?.holder_identity.filter(|h| !h.is_empty())
+    })
+    .await;
+    a.signal("TERM");
+    assert_eq!(a.exit_code().await, 1, "{}", a.log());
+    let lease = leases.get(&name).await.unwrap();
+    let holder = lease.spec.unwrap().holder_identity.unwrap_or_default();
+    assert!(holder.is_empty(), "holder {holder:?}");
+    assert!(
+        a.log()
+            .contains("Received SIGTERM or SIGINT signal, shutting down controller.")
+    );
+}

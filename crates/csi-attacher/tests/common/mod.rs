@@ -332,6 +332,16 @@ impl Attacher {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Sends the signal `name` (`TERM`, `INT`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
