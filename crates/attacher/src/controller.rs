@@ -433,10 +433,22 @@ fn route(attach: &Queue, detach: &Queue, va: &VolumeAttachment, name: String) {
     }
 }
 
-/// A PV as the attacher reads it: no managed fields, labels or status.
+/// A PV as the attacher reads it: no labels, status or annotations but the migration one, and
+/// of the spec only what a publish reads.
 fn trim_pv(pv: &mut PersistentVolume) {
     pv.metadata.labels = None;
+    pv.metadata.owner_references = None;
+    if let Some(a) = pv.metadata.annotations.as_mut() {
+        a.retain(|k, _| k == decide::MIGRATED_TO_ANNOTATION);
+    }
     pv.status = None;
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.capacity = None;
+        spec.claim_ref = None;
+        spec.node_affinity = None;
+        spec.storage_class_name = None;
+        spec.persistent_volume_reclaim_policy = None;
+    }
 }
 
 /// Starts a reflector for `K` (cluster-wide), keeping of each object only what `trim` leaves,
