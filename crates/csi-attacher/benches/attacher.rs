@@ -139,6 +139,9 @@ struct Run {
     detached: Duration,
     detach_requests: BTreeMap<String, u64>,
     hwm_kib: u64,
+    /// Resident anonymous and file-backed memory at the end (after the detaches).
+    anon_kib: u64,
+    file_kib: u64,
     load_start: String,
     exited: bool,
 }
@@ -318,6 +321,8 @@ async fn run(n: usize) -> Run {
     let detached = start.elapsed();
     let after_detach = requests(port);
     let hwm_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "VmHWM").unwrap_or(0);
+    let anon_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "RssAnon").unwrap_or(0);
+    let file_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "RssFile").unwrap_or(0);
     let exited = child.try_wait().ok().flatten().is_some();
     let _ = child.kill();
     let _ = child.wait();
@@ -334,6 +339,8 @@ async fn run(n: usize) -> Run {
         detached,
         detach_requests: delta(&after_detach, &after_attach),
         hwm_kib,
+        anon_kib,
+        file_kib,
         load_start,
         exited,
     }
@@ -389,6 +396,12 @@ fn block(r: &Run) -> String {
         r.detached.as_secs_f64() / detach_floor,
         detach_writes / n,
         fmt(&r.detach_requests)
+    ));
+    t.push_str(&format!(
+        "Peak RSS (VmHWM) {mib:.1} MiB; at the end {:.1} MiB anonymous (heap, caches, stacks) and {:.1} MiB \
+         file-backed (the binary's and the C libraries' pages).\n\n",
+        r.anon_kib as f64 / 1024.0,
+        r.file_kib as f64 / 1024.0
     ));
     t.push_str("| goal | measured | verdict |\n|---|---|---|\n");
     for (goal, measured, ok) in [
