@@ -221,6 +221,10 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         Err(code) => return code,
     };
 
+    // RSS follows the live heap, not the highest peak of work so far (a crowd of
+    // VolumeAttachments, the first LIST of every cache).
+    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(Duration::from_secs(10)));
+
     // Steps 15-16.
     let controller = &options.controller;
     let leader = controller.leader_election.then(|| {
@@ -291,5 +295,6 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     if let Some(token) = started.http {
         token.cancel();
     }
+    trim.abort();
     code
 }
