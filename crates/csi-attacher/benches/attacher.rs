@@ -346,7 +346,7 @@ async fn run(n: usize) -> Run {
     }
 }
 
-fn block(r: &Run) -> String {
+fn block(r: &Run, commit: &str) -> String {
     let n = r.n as f64;
     let attach_writes = writes(&r.attach_requests) as f64;
     let detach_writes = writes(&r.detach_requests) as f64;
@@ -373,7 +373,7 @@ fn block(r: &Run) -> String {
          | phase | time | write floor | time / floor | API writes per VolumeAttachment (upstream) | requests |\n\
          |---|---|---|---|---|---|\n",
         date(),
-        commit(),
+        commit,
         r.load_start,
         load(),
         r.n,
@@ -458,8 +458,9 @@ async fn main() {
             _ => {} // cargo bench passes --bench
         }
     }
+    let commit = commit();
     let r = run(n).await;
-    let t = block(&r);
+    let t = block(&r, &commit);
     println!("{t}");
     if let Some(out) = out {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
