@@ -604,8 +604,75 @@ impl Checker<'_> {
         report.steps.last_mut().expect("just pushed").detail =
             format!("publish_context keys: {}", keys.join(", "));
         report.expect_ok("ControllerPublishVolume repeated", call().await);
+        self.controller_publish_codes(report, &msg).await;
         spec.publish_context.extend(first.publish_context);
         true
+    }
+
+    /// The error codes the spec requires of ControllerPublishVolume (what the attacher stores
+    /// in `attachError` and retries): each required argument missing from an otherwise good
+    /// request is INVALID_ARGUMENT, an unknown volume or node NOT_FOUND.
+    async fn controller_publish_codes(
+        &mut self,
+        report: &mut Report,
+        good: &ControllerPublishVolumeRequest,
+    ) {
+        let Some(c) = self.controller.clone() else {
+            return;
+        };
+        let ctl = c.controller();
+        let unknown = format!("plugreg-check-unknown-{}", unique());
+        let probes: [(&str, Code, ControllerPublishVolumeRequest); 5] = [
+            (
+                "ControllerPublishVolume without volume_id",
+                Code::InvalidArgument,
+                ControllerPublishVolumeRequest {
+                    volume_id: String::new(),
+                    ..good.clone()
+                },
+            ),
+            (
+                "ControllerPublishVolume without node_id",
+                Code::InvalidArgument,
+                ControllerPublishVolumeRequest {
+                    node_id: String::new(),
+                    ..good.clone()
+                },
+            ),
+            (
+                "ControllerPublishVolume without volume_capability",
+                Code::InvalidArgument,
+                ControllerPublishVolumeRequest {
+                    volume_capability: None,
+                    ..good.clone()
+                },
+            ),
+            (
+                "ControllerPublishVolume of an unknown volume",
+                Code::NotFound,
+                ControllerPublishVolumeRequest {
+                    volume_id: unknown.clone(),
+                    ..good.clone()
+                },
+            ),
+            (
+                "ControllerPublishVolume to an unknown node",
+                Code::NotFound,
+                ControllerPublishVolumeRequest {
+                    node_id: unknown,
+                    ..good.clone()
+                },
+            ),
+        ];
+        for (step, want, msg) in probes {
+            let r = c
+                .call("ControllerPublishVolume", &msg, |r| {
+                    let mut ctl = ctl.clone();
+                    async move { ctl.controller_publish_volume(r).await }
+                })
+                .await;
+            report.expect_code(step, want, r);
+        }
     }
 
     /// ControllerUnpublishVolume from NodeGetInfo's node, and its repeat, after the node is
@@ -631,6 +698,40 @@ impl Checker<'_> {
                 })
                 .await;
             report.expect_ok(step, r);
+        }
+        // Every error of ControllerUnpublishVolume means "may still be attached" to the
+        // attacher, which keeps retrying: a volume the driver does not know is unpublished.
+        let probes = [
+            (
+                "ControllerUnpublishVolume without volume_id",
+                Some(Code::InvalidArgument),
+                ControllerUnpublishVolumeRequest {
+                    volume_id: String::new(),
+                    ..msg.clone()
+                },
+            ),
+            (
+                "ControllerUnpublishVolume of an unknown volume",
+                None,
+                ControllerUnpublishVolumeRequest {
+                    volume_id: format!("plugreg-check-unknown-{}", unique()),
+                    ..msg.clone()
+                },
+            ),
+        ];
+        for (step, want, msg) in probes {
+            let r = c
+                .call("ControllerUnpublishVolume", &msg, |r| {
+                    let mut ctl = ctl.clone();
+                    async move { ctl.controller_unpublish_volume(r).await }
+                })
+                .await;
+            match want {
+                Some(code) => report.expect_code(step, code, r),
+                None => {
+                    report.expect_ok(step, r);
+                }
+            }
         }
     }
 

@@ -660,8 +660,36 @@ async fn check_controller_publishes_around_the_node_calls() {
             .as_deref(),
         Some("NOT_FOUND")
     );
-    assert_eq!(d.calls().count(Method::ControllerPublishVolume), 2);
-    assert_eq!(d.calls().count(Method::ControllerUnpublishVolume), 2);
+    // The call and its repeat, then the five error-code probes (and two for unpublish).
+    assert_eq!(d.calls().count(Method::ControllerPublishVolume), 7);
+    assert_eq!(d.calls().count(Method::ControllerUnpublishVolume), 4);
+    for (step, code) in [
+        (
+            "ControllerPublishVolume without volume_id",
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "ControllerPublishVolume without node_id",
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "ControllerPublishVolume without volume_capability",
+            "INVALID_ARGUMENT",
+        ),
+        ("ControllerPublishVolume of an unknown volume", "NOT_FOUND"),
+        ("ControllerPublishVolume to an unknown node", "NOT_FOUND"),
+        (
+            "ControllerUnpublishVolume without volume_id",
+            "INVALID_ARGUMENT",
+        ),
+        ("ControllerUnpublishVolume of an unknown volume", "OK"),
+    ] {
+        assert_eq!(
+            report.steps[at(step)].code.as_deref(),
+            Some(code),
+            "{step}: {report:#?}"
+        );
+    }
     d.stop().await.unwrap();
     assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }

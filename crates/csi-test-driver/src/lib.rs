@@ -41,9 +41,10 @@ use plugreg_proto::csi::v1::controller_server::ControllerServer;
 use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
-    CreateVolumeRequest, DeleteVolumeRequest, GetPluginCapabilitiesRequest,
-    GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability,
-    ProbeRequest, ProbeResponse, node_service_capability, plugin_capability,
+    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
+    DeleteVolumeRequest, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse,
+    GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
+    node_service_capability, plugin_capability,
 };
 use plugreg_transport::{BoundSocket, MAX_MESSAGE_SIZE};
 use tokio::sync::{Notify, broadcast};
@@ -186,11 +187,13 @@ pub enum Method {
     ControllerPublishVolume,
     /// `/csi.v1.Controller/ControllerUnpublishVolume`
     ControllerUnpublishVolume,
+    /// `/csi.v1.Controller/ListVolumes`
+    ListVolumes,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 16] = [
+    pub const ALL: [Method; 17] = [
         Method::GetPluginInfo,
         Method::GetPluginCapabilities,
         Method::Probe,
@@ -207,6 +210,7 @@ impl Method {
         Method::ControllerGetCapabilities,
         Method::ControllerPublishVolume,
         Method::ControllerUnpublishVolume,
+        Method::ListVolumes,
     ];
 
     /// The method name, e.g. `GetPluginInfo`.
@@ -228,6 +232,7 @@ impl Method {
             Method::ControllerGetCapabilities => "ControllerGetCapabilities",
             Method::ControllerPublishVolume => "ControllerPublishVolume",
             Method::ControllerUnpublishVolume => "ControllerUnpublishVolume",
+            Method::ListVolumes => "ListVolumes",
         }
     }
 
@@ -277,6 +282,10 @@ struct CallsInner {
     /// The last [`KEEP_REQUESTS`] CreateVolume and DeleteVolume requests.
     creates: Mutex<std::collections::VecDeque<CreateVolumeRequest>>,
     deletes: Mutex<std::collections::VecDeque<DeleteVolumeRequest>>,
+    /// The last [`KEEP_REQUESTS`] ControllerPublishVolume and ControllerUnpublishVolume
+    /// requests.
+    publishes: Mutex<std::collections::VecDeque<ControllerPublishVolumeRequest>>,
+    unpublishes: Mutex<std::collections::VecDeque<ControllerUnpublishVolumeRequest>>,
 }
 
 /// How many CreateVolume / DeleteVolume requests [`Calls`] keeps for inspection.
@@ -299,6 +308,8 @@ impl Default for Calls {
                 events: broadcast::Sender::new(256),
                 creates: Mutex::default(),
                 deletes: Mutex::default(),
+                publishes: Mutex::default(),
+                unpublishes: Mutex::default(),
             }),
         }
     }
@@ -330,6 +341,36 @@ impl Calls {
     pub fn delete_requests(&self) -> Vec<DeleteVolumeRequest> {
         let q = self.inner.deletes.lock().unwrap_or_else(|e| e.into_inner());
         q.iter().cloned().collect()
+    }
+
+    /// The ControllerPublishVolume requests received (the last [`KEEP_REQUESTS`]), oldest
+    /// first.
+    pub fn publish_requests(&self) -> Vec<ControllerPublishVolumeRequest> {
+        let q = self
+            .inner
+            .publishes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    /// The ControllerUnpublishVolume requests received (the last [`KEEP_REQUESTS`]), oldest
+    /// first.
+    pub fn unpublish_requests(&self) -> Vec<ControllerUnpublishVolumeRequest> {
+        let q = self
+            .inner
+            .unpublishes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    pub(crate) fn keep_publish(&self, r: &ControllerPublishVolumeRequest) {
+        keep(&self.inner.publishes, r.clone());
+    }
+
+    pub(crate) fn keep_unpublish(&self, r: &ControllerUnpublishVolumeRequest) {
+        keep(&self.inner.unpublishes, r.clone());
     }
 
     pub(crate) fn keep_create(&self, r: &CreateVolumeRequest) {
@@ -407,6 +448,10 @@ pub struct DriverConfig {
     /// also advertise PUBLISH_UNPUBLISH_VOLUME and serve ControllerPublishVolume (publish_context
     /// `{"device": "/dev/plugreg-test"}`) and ControllerUnpublishVolume.
     pub controller_publish: bool,
+    /// With [`controller`](Self::controller): also advertise LIST_VOLUMES and
+    /// LIST_VOLUMES_PUBLISHED_NODES and serve ListVolumes (every volume with the nodes it is
+    /// ControllerPublished to, `max_entries` per page, the next index as the token).
+    pub list_volumes: bool,
     /// Check the paths the CO must provide before anything else about the volume, as csi-test's
     /// mock driver and csi-driver-host-path do: NodeStageVolume with a staging_target_path that
     /// does not exist, and NodePublishVolume with a target_path whose parent does not exist or
@@ -451,6 +496,7 @@ impl Default for DriverConfig {
             faults: BTreeMap::new(),
             controller: false,
             controller_publish: false,
+            list_volumes: false,
             strict_paths: false,
             volumes: Vec::new(),
             data_dir: None,

@@ -38,8 +38,8 @@ use plugreg_proto::csi::v1::{
     NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnpublishVolumeRequest,
     NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, Topology,
     ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, Volume,
-    VolumeCapability, VolumeUsage, controller_service_capability, node_service_capability,
-    volume_usage,
+    VolumeCapability, VolumeUsage, controller_service_capability, list_volumes_response,
+    node_service_capability, volume_usage,
 };
 use tonic::{Request, Response, Status};
 
@@ -857,6 +857,9 @@ impl Controller for Driver {
         if self.config.controller_publish {
             types.push(Type::PublishUnpublishVolume);
         }
+        if self.config.list_volumes {
+            types.extend([Type::ListVolumes, Type::ListVolumesPublishedNodes]);
+        }
         let capabilities = types
             .into_iter()
             .map(|t| ControllerServiceCapability {
@@ -879,6 +882,7 @@ impl Controller for Driver {
         }
         self.enter(Method::ControllerPublishVolume).await?;
         let r = request.into_inner();
+        self.config.calls.keep_publish(&r);
         let id = required(&r.volume_id, "volume_id")?;
         let node = required(&r.node_id, "node_id")?;
         capability(r.volume_capability.as_ref(), "volume_capability")?;
@@ -906,9 +910,14 @@ impl Controller for Driver {
         }
         self.enter(Method::ControllerUnpublishVolume).await?;
         let r = request.into_inner();
+        self.config.calls.keep_unpublish(&r);
         let id = required(&r.volume_id, "volume_id")?;
         let mut state = self.lock_with(id);
-        let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
+        // A volume this driver does not know is not published anywhere: OK, as the spec asks
+        // (the attacher takes every error as "may still be attached" and retries forever).
+        let Some(v) = state.volumes.get_mut(id) else {
+            return Ok(Response::new(ControllerUnpublishVolumeResponse {}));
+        };
         // An empty node_id means every node; a volume not published there is already done.
         if r.node_id.is_empty() {
             v.attached.clear();
@@ -927,9 +936,59 @@ impl Controller for Driver {
 
     async fn list_volumes(
         &self,
-        _: Request<ListVolumesRequest>,
+        request: Request<ListVolumesRequest>,
     ) -> Result<Response<ListVolumesResponse>, Status> {
-        unimplemented("ListVolumes")
+        if !self.config.list_volumes {
+            return unimplemented("ListVolumes");
+        }
+        self.enter(Method::ListVolumes).await?;
+        let r = request.into_inner();
+        if r.max_entries < 0 {
+            return Err(Status::invalid_argument("max_entries must not be negative"));
+        }
+        let start: usize = if r.starting_token.is_empty() {
+            0
+        } else {
+            r.starting_token.parse().map_err(|_| {
+                Status::aborted(format!("invalid starting_token {:?}", r.starting_token))
+            })?
+        };
+        let state = self.lock();
+        if start > state.volumes.len() {
+            return Err(Status::aborted(format!("invalid starting_token {start}")));
+        }
+        let page = if r.max_entries == 0 {
+            usize::MAX
+        } else {
+            r.max_entries as usize
+        };
+        let entries: Vec<list_volumes_response::Entry> = state
+            .volumes
+            .iter()
+            .skip(start)
+            .take(page)
+            .map(|(id, v)| list_volumes_response::Entry {
+                volume: Some(Volume {
+                    volume_id: id.clone(),
+                    capacity_bytes: v.capacity,
+                    ..Volume::default()
+                }),
+                status: Some(list_volumes_response::VolumeStatus {
+                    published_node_ids: v.attached.iter().cloned().collect(),
+                    volume_condition: None,
+                }),
+            })
+            .collect();
+        let next = start + entries.len();
+        let next_token = if next < state.volumes.len() {
+            next.to_string()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(ListVolumesResponse {
+            entries,
+            next_token,
+        }))
     }
 
     async fn get_capacity(

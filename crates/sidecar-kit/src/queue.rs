@@ -186,6 +186,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// How long the oldest waiting key has waited (`None` when none waits); with [`len`] the
+    /// backlog a sidecar can show. Keys in back-off count from when their delay ended.
+    ///
+    /// [`len`]: Self::len
+    pub fn oldest_wait(&self) -> Option<Duration> {
+        let s = self.lock();
+        s.queue
+            .front()
+            .map(|(_, at)| Instant::now().saturating_duration_since(*at))
+    }
 }
 
 #[cfg(test)]
@@ -237,6 +248,19 @@ mod tests {
         q.forget(&item.key);
         q.done(item);
         assert_eq!(q.add_rate_limited("a".into()), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn oldest_wait_is_the_age_of_the_first_waiting_key() {
+        let q = queue();
+        assert_eq!(q.oldest_wait(), None);
+        q.add("a".into());
+        tokio::time::advance(Duration::from_secs(3)).await;
+        q.add("b".into());
+        assert_eq!(q.oldest_wait(), Some(Duration::from_secs(3)));
+        let item = q.next().await.unwrap();
+        assert_eq!(q.oldest_wait(), Some(Duration::ZERO));
+        q.done(item);
     }
 
     #[tokio::test]

@@ -1,0 +1,938 @@
+//! The controller: watch caches (kube-runtime reflectors) of VolumeAttachments,
+//! PersistentVolumes and (with the real handler) CSINodes; three work queues; the ListVolumes
+//! reconciler. Decisions are [`crate::decide`]'s; this module carries them out.
+//!
+//! Better than upstream (external-attacher #706, #761): attaches and detaches wait in separate
+//! queues (`csi-attacher-va` and `csi-attacher-va-detach`, each with `--worker-threads`
+//! workers), so a crowd of detaches cannot starve attaches or the other way round; the two
+//! never work on the same VolumeAttachment at once (a per-name lock); and each queue's backlog
+//! and the age of its oldest waiting item are in `/metrics`
+//! (`csi_attacher_queue_backlog`, `csi_attacher_queue_oldest_waiting_seconds`).
+//!
+//! A publish that may have attached something is never forgotten: the VolumeAttachment's
+//! finalizer is written before ControllerPublishVolume is called, so its deletion always goes
+//! through ControllerUnpublishVolume, whatever the publish answered.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{PersistentVolume, Secret, SecretReference};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use plugreg_runtime::prom;
+use plugreg_sidecar_kit::metrics::{Collector, Families, Metrics};
+use plugreg_sidecar_kit::queue::WorkQueue;
+use serde_json::Value;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::csi::{Driver, RpcFailure};
+use crate::decide::{self, Action, DriverCaps};
+
+/// The attach queue's name (upstream's single VolumeAttachment queue).
+pub const ATTACH_QUEUE: &str = "csi-attacher-va";
+/// The detach queue's name (plugreg's own: upstream has one queue for both).
+pub const DETACH_QUEUE: &str = "csi-attacher-va-detach";
+/// The PV queue's name.
+pub const PV_QUEUE: &str = "csi-attacher-pv";
+
+/// What the controller needs to know.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The driver name (GetPluginInfo).
+    pub driver: String,
+    /// What the driver can do.
+    pub caps: DriverCaps,
+    /// `--default-fstype`.
+    pub default_fstype: String,
+    /// `--worker-threads` (per queue).
+    pub workers: usize,
+    /// `--retry-interval-start`.
+    pub retry_start: Duration,
+    /// `--retry-interval-max`.
+    pub retry_max: Duration,
+    /// `--resync`.
+    pub resync: Duration,
+    /// `--reconcile-sync`.
+    pub reconcile_sync: Duration,
+    /// `--timeout` (the budget of one reconcile).
+    pub timeout: Duration,
+    /// `--max-entries`.
+    pub max_entries: i32,
+    /// MutableCSINodeAllocatableCount: write `attachError.errorCode`.
+    pub error_codes: bool,
+}
+
+/// Who the controller talks to.
+#[derive(Clone)]
+pub struct Clients {
+    /// The rate-limited Kubernetes client.
+    pub kube: Client,
+    /// The driver.
+    pub driver: Driver,
+    /// Where the queue metrics go.
+    pub metrics: Arc<Metrics>,
+}
+
+/// How the controller ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// A watch cache never filled.
+    #[error("Cannot sync caches")]
+    Sync,
+}
+
+/// A failed sync: the key goes back through its queue's back-off.
+#[derive(Debug)]
+struct Requeue(String);
+
+type Queue = Arc<WorkQueue<String>>;
+
+/// One lock per VolumeAttachment name, so the attach and detach workers never work on the
+/// same one at once.
+#[derive(Default)]
+struct KeyLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl KeyLocks {
+    async fn lock(&self, key: &str) -> KeyGuard<'_> {
+        let m = {
+            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(map.entry(key.to_owned()).or_default())
+        };
+        let guard = Arc::clone(&m).lock_owned().await;
+        KeyGuard {
+            locks: self,
+            key: key.to_owned(),
+            _guard: guard,
+        }
+    }
+}
+
+struct KeyGuard<'a> {
+    locks: &'a KeyLocks,
+    key: String,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for KeyGuard<'_> {
+    fn drop(&mut self) {
+        let mut map = self.locks.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Two references: the map's and this guard's mutex; nobody else waits for it.
+        if map
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) <= 2)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// `csi_attacher_queue_backlog` and `csi_attacher_queue_oldest_waiting_seconds` of the three
+/// queues.
+struct Backlog {
+    queues: Vec<Queue>,
+}
+
+impl std::fmt::Debug for Backlog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Backlog")
+    }
+}
+
+impl Collector for Backlog {
+    fn collect(&self, families: &mut Families) {
+        let names = [ATTACH_QUEUE, DETACH_QUEUE, PV_QUEUE];
+        families.samples(
+            "csi_attacher_queue_backlog",
+            "Items waiting in each work queue (not counting those being worked on or in back-off).",
+            "gauge",
+            self.queues
+                .iter()
+                .zip(names)
+                .map(|(q, n)| (prom::labels(&[("name", n)]), q.len() as f64)),
+        );
+        families.samples(
+            "csi_attacher_queue_oldest_waiting_seconds",
+            "How long the oldest waiting item of each work queue has waited (0 when none waits).",
+            "gauge",
+            self.queues.iter().zip(names).map(|(q, n)| {
+                (
+                    prom::labels(&[("name", n)]),
+                    q.oldest_wait().map_or(0.0, |d| d.as_secs_f64()),
+                )
+            }),
+        );
+    }
+}
+
+struct Controller {
+    cfg: Config,
+    fin: String,
+    clients: Clients,
+    vas: Store<VolumeAttachment>,
+    pvs: Store<PersistentVolume>,
+    csinodes: Option<Store<CSINode>>,
+    attach_q: Queue,
+    detach_q: Queue,
+    pv_q: Queue,
+    locks: KeyLocks,
+    /// VolumeAttachments the reconciler found out of step with the driver: their next sync
+    /// skips the "already attached / detached" rules (consumed by it).
+    forced: Mutex<HashSet<String>>,
+    /// The resource version of this process's last write of each VolumeAttachment that its
+    /// watch will report as a change worth a sync (finalizer, `attached`).
+    written: Written,
+}
+
+/// Resource versions of our own writes, by VolumeAttachment name. A sync that finds the cache
+/// older than our last write would act on what it already changed (a second
+/// ControllerPublishVolume and status write, upstream does both); it waits for the watch
+/// event of that write instead, which queues the VolumeAttachment again.
+#[derive(Default, Clone)]
+struct Written(Arc<Mutex<HashMap<String, u64>>>);
+
+impl Written {
+    fn record(&self, va: &VolumeAttachment) {
+        if let Some(rv) = rv(va) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(va.name_any(), rv);
+        }
+    }
+
+    fn forget(&self, name: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
+
+    /// Whether the cached `va` is older than our last write of it.
+    fn cache_behind(&self, va: &VolumeAttachment) -> bool {
+        let mine = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&va.name_any())
+            .copied();
+        matches!((mine, rv(va)), (Some(mine), Some(cached)) if cached < mine)
+    }
+}
+
+/// The resource version as a number: etcd's revision on every real API server. Opaque ones
+/// (`None`) are never compared.
+fn rv(va: &VolumeAttachment) -> Option<u64> {
+    va.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+/// Runs until `shutdown` (Ok) or until a cache cannot be filled (Err).
+pub async fn run(
+    cfg: Config,
+    clients: Clients,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let queue = |name| {
+        WorkQueue::new(
+            name,
+            cfg.retry_start,
+            cfg.retry_max,
+            Arc::clone(&clients.metrics),
+            shutdown.clone(),
+        )
+    };
+    let (attach_q, detach_q, pv_q): (Queue, Queue, Queue) =
+        (queue(ATTACH_QUEUE), queue(DETACH_QUEUE), queue(PV_QUEUE));
+    clients.metrics.register(Arc::new(Backlog {
+        queues: vec![
+            Arc::clone(&attach_q),
+            Arc::clone(&detach_q),
+            Arc::clone(&pv_q),
+        ],
+    }));
+    let fin = decide::finalizer(&cfg.driver);
+    let client = clients.kube.clone();
+
+    let mut ready = Vec::new();
+    let fingerprints: Mutex<HashMap<String, u64>> = Mutex::default();
+    let written = Written::default();
+    let w = written.clone();
+    let (aq, dq, pq, driver) = (
+        Arc::clone(&attach_q),
+        Arc::clone(&detach_q),
+        Arc::clone(&pv_q),
+        cfg.driver.clone(),
+    );
+    let vas = watch::<VolumeAttachment>(
+        &client,
+        &shutdown,
+        &mut ready,
+        |_| {},
+        move |va, deleted| {
+            let name = va.name_any();
+            if deleted {
+                fingerprints
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&name);
+                w.forget(&name);
+                if let Some(pv) = &va.spec.source.persistent_volume_name {
+                    pq.add(pv.clone());
+                }
+                return;
+            }
+            if !decide::is_ours(va, &driver) {
+                return;
+            }
+            let fp = decide::sync_fingerprint(va);
+            let changed = fingerprints
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name.clone(), fp)
+                != Some(fp);
+            if changed {
+                route(&aq, &dq, va, name);
+            }
+        },
+    );
+    let (pq, f2, driver) = (Arc::clone(&pv_q), fin.clone(), cfg.driver.clone());
+    let pvs = watch::<PersistentVolume>(
+        &client,
+        &shutdown,
+        &mut ready,
+        trim_pv,
+        move |pv, deleted| {
+            if !deleted && decide::pv_needs_sync(pv, &f2, &driver) {
+                pq.add(pv.name_any());
+            }
+        },
+    );
+    // Not waited for at start (upstream neither): a VolumeAttachment failing on a CSINode
+    // not cached yet is retried by its back-off.
+    let mut not_waited = Vec::new();
+    let csinodes = cfg.caps.real_handler().then(|| {
+        let driver = cfg.driver.clone();
+        watch::<CSINode>(
+            &client,
+            &shutdown,
+            &mut not_waited,
+            move |n| n.spec.drivers.retain(|d| d.name == driver),
+            |_, _| {},
+        )
+    });
+
+    info!("Starting CSI attacher");
+    for r in ready {
+        tokio::select! {
+            res = r => if res.is_err() {
+                error!("Cannot sync caches");
+                return Err(ControllerError::Sync);
+            },
+            () = shutdown.cancelled() => return Ok(()),
+        }
+    }
+
+    let ctl = Arc::new(Controller {
+        fin,
+        clients,
+        vas,
+        pvs,
+        csinodes,
+        attach_q,
+        detach_q,
+        pv_q,
+        locks: KeyLocks::default(),
+        forced: Mutex::default(),
+        written,
+        cfg,
+    });
+
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..ctl.cfg.workers.max(1) {
+        for (queue, detach) in [(&ctl.attach_q, false), (&ctl.detach_q, true)] {
+            let (c, q) = (Arc::clone(&ctl), Arc::clone(queue));
+            workers.spawn(async move {
+                while let Some(item) = q.next().await {
+                    let key = item.key.clone();
+                    match c.sync_va(&key, detach).await {
+                        Ok(()) => q.forget(&key),
+                        Err(Requeue(e)) => {
+                            debug!(VolumeAttachment = %key, err = %e, "Error processing");
+                            q.add_rate_limited(key);
+                        }
+                    }
+                    q.done(item);
+                }
+            });
+        }
+        let c = Arc::clone(&ctl);
+        workers.spawn(async move {
+            while let Some(item) = c.pv_q.next().await {
+                let key = item.key.clone();
+                match c.sync_pv(&key).await {
+                    Ok(()) => c.pv_q.forget(&key),
+                    Err(Requeue(e)) => {
+                        debug!(PersistentVolume = %key, err = %e, "Error processing");
+                        c.pv_q.add_rate_limited(key);
+                    }
+                }
+                c.pv_q.done(item);
+            }
+        });
+    }
+    // Upstream's informers resync every --resync: every object is synced again.
+    let c = Arc::clone(&ctl);
+    let stop = shutdown.clone();
+    workers.spawn(async move {
+        if c.cfg.resync.is_zero() {
+            return;
+        }
+        let mut tick = tokio::time::interval_at(Instant::now() + c.cfg.resync, c.cfg.resync);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => c.resync(),
+                () = stop.cancelled() => return,
+            }
+        }
+    });
+    if ctl.cfg.caps.reconciles() {
+        info!(
+            "CSI driver supports list volumes published nodes. Using capability to reconcile volume attachment objects with actual backend state"
+        );
+        let c = Arc::clone(&ctl);
+        let stop = shutdown.clone();
+        workers.spawn(async move {
+            loop {
+                c.reconcile().await;
+                tokio::select! {
+                    () = tokio::time::sleep(c.cfg.reconcile_sync) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        });
+    }
+    shutdown.cancelled().await;
+    while workers.join_next().await.is_some() {}
+    info!("Shutting CSI attacher");
+    Ok(())
+}
+
+/// Queues `va` where it belongs: the detach queue once it is being deleted, else the attach
+/// queue.
+fn route(attach: &Queue, detach: &Queue, va: &VolumeAttachment, name: String) {
+    if decide::deleting(va) {
+        detach.add(name);
+    } else {
+        attach.add(name);
+    }
+}
+
+/// A PV as the attacher reads it: no labels, status or annotations but the migration one, and
+/// of the spec only what a publish reads.
+fn trim_pv(pv: &mut PersistentVolume) {
+    pv.metadata.labels = None;
+    pv.metadata.owner_references = None;
+    if let Some(a) = pv.metadata.annotations.as_mut() {
+        a.retain(|k, _| k == decide::MIGRATED_TO_ANNOTATION);
+    }
+    pv.status = None;
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.capacity = None;
+        spec.claim_ref = None;
+        spec.node_affinity = None;
+        spec.storage_class_name = None;
+        spec.persistent_volume_reclaim_policy = None;
+    }
+}
+
+/// Starts a reflector for `K` (cluster-wide), keeping of each object only what `trim` leaves,
+/// calling `on_event` for every object listed, changed (`false`) or deleted (`true`), and
+/// pushes a readiness future to `ready`.
+fn watch<K>(
+    client: &Client,
+    shutdown: &CancellationToken,
+    ready: &mut Vec<futures::future::BoxFuture<'static, Result<(), ()>>>,
+    trim: impl Fn(&mut K) + Send + 'static,
+    on_event: impl Fn(&K, bool) + Send + 'static,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(move |o: &mut K| {
+            o.meta_mut().managed_fields = None;
+            trim(o);
+        })
+        .reflect(writer);
+    let stop = shutdown.clone();
+    let kind = K::kind(&()).into_owned();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let ev = tokio::select! {
+                ev = stream.next() => ev,
+                () = stop.cancelled() => return,
+            };
+            match ev {
+                None => return,
+                Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
+                    on_event(&o, false)
+                }
+                Some(Ok(watcher::Event::Delete(o))) => on_event(&o, true),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => warn!(kind = %kind, "watch failed (retrying): {e}"),
+            }
+        }
+    });
+    let r = reader.clone();
+    ready.push(Box::pin(async move {
+        r.wait_until_ready().await.map_err(|_| ())
+    }));
+    reader
+}
+
+/// The message of an API error as client-go prints it (`secrets "x" not found`).
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+impl Controller {
+    fn va_api(&self) -> Api<VolumeAttachment> {
+        Api::all(self.clients.kube.clone())
+    }
+
+    fn csinode(&self, node: &str) -> Option<Arc<CSINode>> {
+        self.csinodes
+            .as_ref()?
+            .get(&reflector::ObjectRef::new(node))
+    }
+
+    fn take_forced(&self, name: &str) -> bool {
+        self.forced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)
+    }
+
+    /// Every cached object into its queue again (`--resync`).
+    fn resync(&self) {
+        for va in self.vas.state() {
+            if decide::is_ours(&va, &self.cfg.driver) {
+                route(&self.attach_q, &self.detach_q, &va, va.name_any());
+            }
+        }
+        for pv in self.pvs.state() {
+            if decide::pv_needs_sync(&pv, &self.fin, &self.cfg.driver) {
+                self.pv_q.add(pv.name_any());
+            }
+        }
+    }
+
+    /// One sync of the VolumeAttachment `name` from the attach (`detach` false) or detach
+    /// queue.
+    async fn sync_va(&self, name: &str, detach: bool) -> Result<(), Requeue> {
+        let _guard = self.locks.lock(name).await;
+        let Some(va) = self.vas.get(&reflector::ObjectRef::new(name)) else {
+            debug!(
+                VolumeAttachment = name,
+                "VolumeAttachment was deleted, ignoring"
+            );
+            return Ok(());
+        };
+        if !decide::is_ours(&va, &self.cfg.driver) {
+            return Ok(());
+        }
+        if decide::deleting(&va) != detach {
+            // Its state changed after it was queued: the other queue's.
+            route(&self.attach_q, &self.detach_q, &va, name.to_owned());
+            return Ok(());
+        }
+        if self.written.cache_behind(&va) {
+            debug!(
+                VolumeAttachment = name,
+                "cache older than our last write; its watch event queues it again"
+            );
+            return Ok(());
+        }
+        let forced = self.take_forced(name);
+        match decide::decide(&va, &self.cfg.driver, &self.cfg.caps, forced) {
+            Action::Nothing(why) => {
+                debug!(VolumeAttachment = name, "{why}");
+                Ok(())
+            }
+            Action::MarkAttached => self.mark_attached(&va).await,
+            Action::Attach => self.attach(&va).await,
+            Action::Detach => self.detach(&va).await,
+        }
+    }
+
+    async fn mark_attached(&self, va: &VolumeAttachment) -> Result<(), Requeue> {
+        let name = va.name_any();
+        match self
+            .va_api()
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(decide::trivially_attached_patch()),
+            )
+            .await
+        {
+            Ok(_) => {
+                debug!(VolumeAttachment = %name, "Marked VolumeAttachment as attached");
+                Ok(())
+            }
+            Err(e) => {
+                error!(VolumeAttachment = %name, err = %e, "Error saving VolumeAttachment as attached");
+                Err(Requeue(e.to_string()))
+            }
+        }
+    }
+
+    /// The secrets of `secret`, every `data` key as a string, or upstream's error.
+    async fn secrets(
+        &self,
+        secret: Option<&SecretReference>,
+    ) -> Result<HashMap<String, String>, String> {
+        let Some(r) = secret else {
+            return Ok(HashMap::new());
+        };
+        let (ns, name) = (
+            r.namespace.clone().unwrap_or_default(),
+            r.name.clone().unwrap_or_default(),
+        );
+        let api: Api<Secret> = Api::namespaced(self.clients.kube.clone(), &ns);
+        let s = api
+            .get(&name)
+            .await
+            .map_err(|e| format!("failed to load secret \"{ns}/{name}\": {}", api_message(&e)))?;
+        Ok(s.data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect())
+    }
+
+    /// A JSON Patch (RFC 6902) on the PV `name`.
+    async fn patch_pv(&self, name: &str, patch: &Value) -> Result<(), String> {
+        let body = serde_json::to_vec(patch).map_err(|e| e.to_string())?;
+        let req = http::Request::patch(format!("/api/v1/persistentvolumes/{name}"))
+            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+            .body(body)
+            .map_err(|e| e.to_string())?;
+        self.clients
+            .kube
+            .request::<PersistentVolume>(req)
+            .await
+            .map(drop)
+            .map_err(|e| api_message(&e))
+    }
+
+    /// Saves an attach error (a failed save is logged and ignored) and returns the sync error.
+    async fn attach_failed(
+        &self,
+        va: &VolumeAttachment,
+        message: &str,
+        code: Option<i32>,
+    ) -> Requeue {
+        let name = va.name_any();
+        let code = code.filter(|_| self.cfg.error_codes);
+        let patch = decide::attach_error_patch(message, &now_rfc3339(), code);
+        if let Err(e) = self
+            .va_api()
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            debug!(VolumeAttachment = %name, err = %e, "Failed to save attach error to VolumeAttachment");
+        }
+        Requeue(format!("failed to attach: {message}"))
+    }
+
+    async fn detach_failed(&self, va: &VolumeAttachment, message: &str) -> Requeue {
+        let name = va.name_any();
+        let patch = decide::detach_error_patch(message, &now_rfc3339());
+        if let Err(e) = self
+            .va_api()
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            debug!(VolumeAttachment = %name, err = %e, "Failed to save detach error to VolumeAttachment");
+        }
+        Requeue(format!("failed to detach: {message}"))
+    }
+
+    async fn attach(&self, va: &VolumeAttachment) -> Result<(), Requeue> {
+        let name = va.name_any();
+        debug!(VolumeAttachment = %name, "Attaching");
+        let pv = va
+            .spec
+            .source
+            .persistent_volume_name
+            .as_ref()
+            .and_then(|p| self.pvs.get(&reflector::ObjectRef::new(p)));
+        let csinode = self.csinode(&va.spec.node_name);
+        let plan = match decide::attach_plan(
+            va,
+            &self.cfg.driver,
+            &self.cfg.caps,
+            &self.cfg.default_fstype,
+            pv.as_deref(),
+            csinode.as_deref(),
+        ) {
+            Ok(p) => p,
+            Err(e) => return Err(self.attach_failed(va, &e, None).await),
+        };
+        if let Some((pv_name, patch)) = &plan.pv_patch
+            && let Err(e) = self.patch_pv(pv_name, patch).await
+        {
+            let msg = format!("could not add PersistentVolume finalizer: {e}");
+            return Err(self.attach_failed(va, &msg, None).await);
+        }
+        let inputs = match plan.inputs {
+            Ok(i) => i,
+            Err(e) => return Err(self.attach_failed(va, &e, None).await),
+        };
+        let secrets = match self.secrets(inputs.secret.as_ref()).await {
+            Ok(s) => s,
+            Err(e) => return Err(self.attach_failed(va, &e, None).await),
+        };
+        let node_id = match plan.node_id {
+            Ok(n) => n,
+            Err(e) => return Err(self.attach_failed(va, &e, None).await),
+        };
+        // The finalizer before the call: from here on the deletion of this VolumeAttachment
+        // goes through ControllerUnpublishVolume.
+        if let Some(patch) = decide::va_attach_patch(va, &self.fin, &node_id) {
+            match self
+                .va_api()
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(written) => self.written.record(&written),
+                Err(e) => {
+                    let msg = format!("could not save VolumeAttachment: {}", api_message(&e));
+                    return Err(self.attach_failed(va, &msg, None).await);
+                }
+            }
+        }
+        let published = self
+            .clients
+            .driver
+            .publish(
+                &inputs.volume_id,
+                &node_id,
+                &inputs.capability,
+                inputs.readonly,
+                secrets,
+                &inputs.volume_context,
+            )
+            .await;
+        let context = match published {
+            Ok(c) => c,
+            Err(e) => {
+                let f = RpcFailure::from(&e);
+                if crate::csi::may_be_in_progress(f.code) {
+                    info!(VolumeAttachment = %name, err = %f.message, "ControllerPublishVolume may still be in progress; the finalizer stays until it is unpublished");
+                }
+                return Err(self.attach_failed(va, &f.message, Some(f.code)).await);
+            }
+        };
+        debug!(VolumeAttachment = %name, "Attached");
+        self.va_api()
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(decide::attached_status_patch(va, &context)),
+            )
+            .await
+            .map(|written| self.written.record(&written))
+            .map_err(|e| Requeue(format!("failed to mark as attached: {}", api_message(&e))))
+    }
+
+    async fn detach(&self, va: &VolumeAttachment) -> Result<(), Requeue> {
+        let name = va.name_any();
+        debug!(VolumeAttachment = %name, "Detaching");
+        let pv = va
+            .spec
+            .source
+            .persistent_volume_name
+            .as_ref()
+            .and_then(|p| self.pvs.get(&reflector::ObjectRef::new(p)));
+        let csinode = self.csinode(&va.spec.node_name);
+        let plan =
+            match decide::detach_plan(va, &self.cfg.driver, pv.as_deref(), csinode.as_deref()) {
+                Ok(p) => p,
+                Err(e) => return Err(self.detach_failed(va, &e).await),
+            };
+        let secrets = match self.secrets(plan.secret.as_ref()).await {
+            Ok(s) => s,
+            Err(e) => return Err(self.detach_failed(va, &e).await),
+        };
+        if let Err(e) = self
+            .clients
+            .driver
+            .unpublish(&plan.volume_id, &plan.node_id, secrets)
+            .await
+        {
+            let f = RpcFailure::from(&e);
+            return Err(self.detach_failed(va, &f.message).await);
+        }
+        debug!(VolumeAttachment = %name, "Detached");
+        // The finalizer first (so a failed status write cannot cause a second unpublish),
+        // then the status, unless the finalizer's removal let the API server delete it.
+        let gone = decide::removal_deletes(va, &self.fin);
+        if let Some(patch) = decide::va_remove_finalizer_patch(va, &self.fin) {
+            match self
+                .va_api()
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(written) => self.written.record(&written),
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                Err(e) => {
+                    return Err(Requeue(format!(
+                        "could not mark as detached: {}",
+                        api_message(&e)
+                    )));
+                }
+            }
+        }
+        if gone {
+            return Ok(());
+        }
+        let Some(patch) = decide::detached_status_patch(va) else {
+            return Ok(());
+        };
+        match self
+            .va_api()
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(written) => {
+                self.written.record(&written);
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(Requeue(format!(
+                "could not mark as detached: {}",
+                api_message(&e)
+            ))),
+        }
+    }
+
+    /// One sync of the PV `name`: remove the finalizer once it is deleted and no
+    /// VolumeAttachment names it.
+    async fn sync_pv(&self, name: &str) -> Result<(), Requeue> {
+        if !self.cfg.caps.real_handler() {
+            return Ok(());
+        }
+        let Some(pv) = self.pvs.get(&reflector::ObjectRef::new(name)) else {
+            return Ok(());
+        };
+        let vas = self.vas.state();
+        let names = vas
+            .iter()
+            .filter_map(|va| va.spec.source.persistent_volume_name.as_deref());
+        let Some(patch) =
+            decide::pv_remove_finalizer_patch(&pv, &self.fin, &self.cfg.driver, names)
+        else {
+            debug!(PersistentVolume = name, "finalizer kept");
+            return Ok(());
+        };
+        self.patch_pv(name, &patch).await.map_err(Requeue)?;
+        debug!(
+            PersistentVolume = name,
+            "Removed finalizer from PersistentVolume"
+        );
+        Ok(())
+    }
+
+    /// One ListVolumes reconcile: every VolumeAttachment whose `attached` differs from the
+    /// driver's published nodes is synced again, forced.
+    async fn reconcile(&self) {
+        debug!("Reconciling VolumeAttachments with driver backend state");
+        let max = self.cfg.max_entries;
+        let published = match self
+            .clients
+            .driver
+            .published_nodes(max, self.cfg.timeout)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                error!(err = %format!("failed to ListVolumes: failed to list volumes: {e}"), "Failed to reconcile VolumeAttachment");
+                return;
+            }
+        };
+        for va in self.vas.state() {
+            if !decide::is_ours(&va, &self.cfg.driver) {
+                continue;
+            }
+            let name = va.name_any();
+            let csinode = self.csinode(&va.spec.node_name);
+            let node_id =
+                match decide::node_id_for_detach(&va, csinode.as_deref(), &self.cfg.driver) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        debug!(VolumeAttachment = %name, err = %e, "skipped by the reconciler");
+                        continue;
+                    }
+                };
+            let pv = va
+                .spec
+                .source
+                .persistent_volume_name
+                .as_ref()
+                .and_then(|p| self.pvs.get(&reflector::ObjectRef::new(p)));
+            let handle = match decide::source(&va)
+                .and_then(|src| decide::volume_spec(&src, pv.as_deref(), false))
+            {
+                Ok(spec) => spec
+                    .csi
+                    .as_ref()
+                    .map(|c| c.volume_handle.clone())
+                    .unwrap_or_default(),
+                Err(e) => {
+                    debug!(VolumeAttachment = %name, err = %e, "skipped by the reconciler");
+                    continue;
+                }
+            };
+            let found = published
+                .get(&handle)
+                .is_some_and(|nodes| nodes.contains(&node_id));
+            let attached = decide::attached(&va);
+            if found != attached {
+                error!(VolumeAttachment = %name, volumeHandle = %handle, attachedStatus = attached, found, "VolumeAttachment attached status and actual state do not match. Adding back to VolumeAttachment queue for forced reprocessing");
+                self.forced
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(name.clone());
+                route(&self.attach_q, &self.detach_q, &va, name);
+            }
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! `csi-attacher`: a drop-in replacement of the Kubernetes CSI external-attacher v4.12.0.
+//! This binary is thin: it parses upstream's command line (Go `flag` syntax), walks upstream's
+//! start-up order (`docs/upstream/upstream-external-attacher.md` §3) with its log lines and
+//! exit codes, and hands over to the controller (`plugreg-attacher`):
+//!
+//! - 0: `--version`, `-h`/`--help`, a clean stop (SIGTERM/SIGINT without leader election);
+//! - 1: every start-up error (unknown feature gate, both HTTP flags, no Kubernetes config,
+//!   `--worker-threads=0`, CSI connect, probe, name or capability failure, HTTP listen
+//!   failure), the CSI connection lost later, leadership lost;
+//! - 2: a command-line error.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use plugreg_attacher::controller::Config;
+use plugreg_attacher::csi::{self, CapabilityError, Driver};
+use plugreg_attacher::decide::{self, DriverCaps};
+use plugreg_attacher::flags::{self, COMMAND, FeatureGates, Flags, Options};
+use plugreg_attacher::service::{DRAIN, Service, ServiceError};
+use plugreg_sidecar_kit::VERSION;
+use plugreg_sidecar_kit::cli::Program;
+use plugreg_sidecar_kit::diagnostics;
+use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
+use plugreg_sidecar_kit::metrics::Metrics;
+use plugreg_sidecar_kit::ratelimit::kube_config;
+use tokio_util::sync::CancellationToken;
+
+/// The target of this program's lines.
+const LOG: &str = "plugreg_csi_attacher";
+/// Target prefixes of this program's own lines (their debug lines are upstream's V(2)).
+const OWN: &[&str] = &["plugreg_attacher", LOG];
+/// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
+const UNKNOWN_DRIVER: &str = "unknown-driver";
+/// How long a signalled process without leader election lets its workers finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The CSI drivers csi-translation-lib migrates in-tree volumes to.
+const MIGRATION_TARGETS: &[&str] = &[
+    "ebs.csi.aws.com",
+    "pd.csi.storage.gke.io",
+    "disk.csi.azure.com",
+    "file.csi.azure.com",
+    "cinder.csi.openstack.org",
+    "csi.vsphere.vmware.com",
+    "pxd.portworx.com",
+];
+
+const PROGRAM: Program = Program {
+    name: "csi-attacher",
+    version: VERSION,
+    log_targets: OWN,
+    legacy_warning: "Ignoring removed klog flag: external-attacher no longer registers it and it has no effect",
+};
+
+fn main() -> ExitCode {
+    // Step 1 (flags, then logging) is the kit's.
+    PROGRAM.main(&COMMAND, start)
+}
+
+/// Steps 2-4 and 6's flag check, then the asynchronous rest on a runtime.
+fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
+    // Step 2.
+    let gates = match FeatureGates::from_requested(&flags.options.feature_gates) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(target: LOG, err = %e, "failed to store flag gates");
+            return Ok(1);
+        }
+    };
+    // Step 3.
+    if PROGRAM.version(argv0, &flags) {
+        return Ok(0);
+    }
+    tracing::info!(target: LOG, version = VERSION, "Version");
+    PROGRAM.warn_legacy(&flags.legacy);
+    let options = flags.options;
+    if options.automaxprocs {
+        tracing::warn!(target: LOG, "Ignoring --automaxprocs: it tunes the Go runtime and has no effect here");
+    }
+    for gate in &gates.ignored {
+        tracing::info!(target: LOG, gate = %gate, "Ignoring feature gate: it has no effect on the attacher");
+    }
+    // Step 4.
+    if options.controller.http_address().is_err() {
+        tracing::error!(target: LOG, "Only one of `--metrics-address` and `--http-endpoint` can be set");
+        return Ok(1);
+    }
+    // Step 6's check (and the timings upstream would panic on later).
+    if let Err(e) = flags::validate(&options) {
+        tracing::error!(target: LOG, "{e}");
+        return Ok(1);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the runtime")?;
+    Ok(runtime.block_on(run(options, gates)))
+}
+
+/// What start-up found out.
+struct Started {
+    name: String,
+    driver: Driver,
+    caps: DriverCaps,
+    metrics: Arc<Metrics>,
+    health: LeaderHealth,
+    http: Option<CancellationToken>,
+}
+
+/// Steps 5-16; returns the exit code.
+async fn run(options: Options, gates: FeatureGates) -> i32 {
+    let mut signals = match plugreg_runtime::signal::Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(target: LOG, "installing signal handlers: {e}");
+            return 1;
+        }
+    };
+    // Step 5.
+    let kube_config = match kube_config(&options.controller).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(target: LOG, err = %e, "Failed to build a Kubernetes config");
+            return 1;
+        }
+    };
+    // Step 8.
+    let connected = match csi::connect_watched(&options.csi_address, csi::CONNECT_WINDOW).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(target: LOG, csiAddress = %options.csi_address, err = %e, "Failed to connect to the CSI driver");
+            return 1;
+        }
+    };
+    let lost = connected.lost.clone();
+    let channel = connected.channel;
+    let startup = async {
+        // Step 7: metrics before the name is known.
+        let mut metrics = Metrics::new(UNKNOWN_DRIVER);
+        // Step 9.
+        if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
+            tracing::error!(target: LOG, err = %e, "Failed to probe the CSI driver");
+            return Err(1);
+        }
+        // Step 10.
+        let probe_metrics = Arc::new(metrics);
+        let name = Driver::new(channel.clone(), options.timeout, probe_metrics.clone())
+            .plugin_info()
+            .await;
+        metrics = Arc::into_inner(probe_metrics).expect("the temporary driver is gone");
+        let name = match name {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(target: LOG, err = %e, "Failed to get the CSI driver name");
+                return Err(1);
+            }
+        };
+        tracing::debug!(target: LOG, driver = %name, "CSI driver name");
+        // Step 11: CSI migration (translation of in-tree PVs) is not implemented; say so.
+        if MIGRATION_TARGETS.contains(&name.as_str()) {
+            tracing::warn!(target: LOG, driver = %name, "CSI driver is a migration target; VolumeAttachments of in-tree (migrated) volumes are not translated by this csi-attacher and keep failing with an attach error");
+        }
+        // Step 12.
+        metrics.set_driver(&name);
+        let metrics = Arc::new(metrics);
+        let health = LeaderHealth::new();
+        let http = match diagnostics::spawn(&options.controller, metrics.clone(), &health).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!(target: LOG, err = %e, "Failed to start HTTP server at specified address and metrics path");
+                return Err(1);
+            }
+        };
+        if let Ok(address) = options.controller.http_address()
+            && !address.is_empty()
+        {
+            tracing::info!(target: LOG, address = %address, metricsPath = %options.controller.metrics_path, "ServeMux listening");
+        }
+        // Step 13.
+        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone());
+        let caps = match driver.capabilities().await {
+            Ok(c) => c,
+            Err(CapabilityError::Plugin(e)) => {
+                tracing::error!(target: LOG, err = %e, "Failed to check if the CSI Driver supports the CONTROLLER_SERVICE");
+                return Err(1);
+            }
+            Err(CapabilityError::Controller(e)) => {
+                tracing::error!(target: LOG, err = %e, "Failed to controller capability check");
+                return Err(1);
+            }
+        };
+        // Step 14.
+        if !caps.controller_service {
+            tracing::debug!(target: LOG, "CSI driver does not support Plugin Controller Service, using trivial handler");
+        } else if !caps.publish_unpublish {
+            tracing::debug!(target: LOG, "CSI driver does not support ControllerPublishUnpublish, using trivial handler");
+        } else {
+            tracing::debug!(target: LOG, "CSI driver supports ControllerPublishUnpublish, using real CSI handler");
+        }
+        Ok(Started {
+            name,
+            driver,
+            caps,
+            metrics,
+            health,
+            http,
+        })
+    };
+    let started = tokio::select! {
+        started = startup => started,
+        code = csi::exit_on_connection_loss(lost.clone()) => Err(code),
+        signal = signals.shutdown() => {
+            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
+            Err(0)
+        }
+    };
+    let started = match started {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+
+    // RSS follows the live heap, not the highest peak of work so far (a crowd of
+    // VolumeAttachments, the first LIST of every cache).
+    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(Duration::from_secs(10)));
+
+    // Steps 15-16.
+    let controller = &options.controller;
+    let leader = controller.leader_election.then(|| {
+        let mut le = LeaderElection::from_flags(controller, &started.name);
+        le.lease_name = decide::lease_name(&started.name);
+        le.release_on_cancel = gates.release_leader_election_on_exit;
+        le.metrics = Some(started.metrics.clone());
+        le
+    });
+    let leading = leader.is_some();
+    let (qps, burst) = controller.rate_limit();
+    let service = Service {
+        kube_config,
+        qps,
+        burst,
+        driver: started.driver,
+        config: Config {
+            driver: started.name.clone(),
+            caps: started.caps,
+            default_fstype: options.default_fstype.clone(),
+            workers: usize::try_from(options.worker_threads).unwrap_or(usize::MAX),
+            retry_start: options.retry_interval_start,
+            retry_max: options.retry_interval_max,
+            resync: options.resync,
+            reconcile_sync: options.reconcile_sync,
+            timeout: options.timeout,
+            max_entries: options.max_entries as i32,
+            error_codes: gates.mutable_csinode_allocatable_count,
+        },
+        leader,
+        health: started.health.clone(),
+        metrics: started.metrics.clone(),
+    };
+    let shutdown = CancellationToken::new();
+    let run = service.run(shutdown.clone());
+    tokio::pin!(run);
+    let code = tokio::select! {
+        result = &mut run => match result {
+            Ok(()) => 0,
+            Err(ServiceError::Leader(e)) => {
+                tracing::error!(target: LOG, err = %e, "Stopped leading");
+                1
+            }
+            Err(e) => {
+                tracing::error!(target: LOG, "{e}");
+                1
+            }
+        },
+        signal = signals.shutdown() => {
+            if leading && !gates.release_leader_election_on_exit {
+                // Go's default: the process ends at once, the Lease expires by itself.
+                tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
+                return 1;
+            }
+            tracing::info!(target: LOG, "Received SIGTERM or SIGINT signal, shutting down controller.");
+            shutdown.cancel();
+            let grace = if leading { DRAIN } else { SHUTDOWN_GRACE };
+            let _ = tokio::time::timeout(grace, &mut run).await;
+            if leading {
+                tracing::error!(target: LOG, "Stopped leading");
+                1
+            } else {
+                0
+            }
+        }
+        code = csi::exit_on_connection_loss(lost) => code,
+    };
+    if let Some(token) = started.http {
+        token.cancel();
+    }
+    trim.abort();
+    code
+}

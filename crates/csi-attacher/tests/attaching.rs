@@ -1,0 +1,714 @@
+//! `csi-attacher` against a real kube-apiserver (v1.36.2 and v1.20.2) and the test CSI driver:
+//! the checklist of `docs/upstream/upstream-external-attacher.md` §22 for what the attach/detach
+//! controller hands over (VolumeAttachments written here as it writes them).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Env, NODE_ID, free_local_addr, http_get, poll};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, DeleteParams};
+use plugreg_csi_test_driver::{Code, Failure, Fault, Method};
+use plugreg_proto::csi::v1::volume_capability::{AccessType, access_mode::Mode};
+use plugreg_testpeers::KubeVersion;
+use serde_json::json;
+
+/// Checklist 4, 7 and 12-14: attach with everything the PV says, finalizers first, status
+/// from the publish context; detach with one Unpublish, finalizers last; the PV finalizer
+/// goes with the last VolumeAttachment.
+async fn attach_and_detach(version: KubeVersion) {
+    let env = Env::new(version, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[("other.csi", "x"), (&env.name, NODE_ID)])
+        .await;
+    env.secret("publish", &[("user", "admin")]).await;
+    let pv = env.unique("pv");
+    env.pv(
+        &pv,
+        "vol-a",
+        json!({
+            "metadata": {"finalizers": ["example.com/keep"]},
+            "spec": {
+                "mountOptions": ["noatime"],
+                "csi": {
+                    "readOnly": true,
+                    "fsType": "xfs",
+                    "volumeAttributes": {"pool": "fast"},
+                    "controllerPublishSecretRef": {"name": "publish", "namespace": env.ns},
+                },
+            }
+        }),
+    )
+    .await;
+    let _a = env.attacher(&[]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    let done = env.wait_attached(&va).await;
+    let fin = env.finalizer();
+    assert_eq!(
+        done.metadata.finalizers.as_deref(),
+        Some(&[fin.clone()][..])
+    );
+    assert_eq!(
+        done.metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get("csi.alpha.kubernetes.io/node-id")
+            .map(String::as_str),
+        Some(NODE_ID)
+    );
+    let status = done.status.unwrap();
+    assert_eq!(
+        status
+            .attachment_metadata
+            .unwrap()
+            .get("device")
+            .map(String::as_str),
+        Some("/dev/plugreg-test")
+    );
+    assert!(status.attach_error.is_none());
+    // The PV got the finalizer beside the one it had.
+    let p = env.pvs().get(&pv).await.unwrap();
+    // (kubernetes.io/pv-protection is the API server's admission.)
+    let fins = p.metadata.finalizers.unwrap();
+    assert!(fins.contains(&"example.com/keep".to_owned()), "{fins:?}");
+    assert_eq!(fins.last(), Some(&fin), "{fins:?}");
+    let reqs = env.calls.publish_requests();
+    assert_eq!(reqs.len(), 1);
+    let r = &reqs[0];
+    assert_eq!(r.volume_id, "vol-a");
+    assert_eq!(r.node_id, NODE_ID);
+    // The test driver has no PUBLISH_READONLY: readonly is sent false.
+    assert!(!r.readonly);
+    assert_eq!(
+        r.volume_context.get("pool").map(String::as_str),
+        Some("fast")
+    );
+    assert_eq!(r.secrets.get("user").map(String::as_str), Some("admin"));
+    let cap = r.volume_capability.as_ref().unwrap();
+    match cap.access_type.as_ref().unwrap() {
+        AccessType::Mount(m) => {
+            assert_eq!(m.fs_type, "xfs");
+            assert_eq!(m.mount_flags, vec!["noatime".to_owned()]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(cap.access_mode.unwrap().mode, Mode::SingleNodeWriter as i32);
+
+    // Detach.
+    env.delete_va(&va).await;
+    env.wait_va_gone(&va).await;
+    let un = env.calls.unpublish_requests();
+    assert_eq!(un.len(), 1, "one Unpublish");
+    assert_eq!(un[0].volume_id, "vol-a");
+    assert_eq!(un[0].node_id, NODE_ID);
+    assert_eq!(un[0].secrets.get("user").map(String::as_str), Some("admin"));
+    // The PV, deleted now, loses our finalizer (and keeps the other).
+    env.pvs()
+        .delete(&pv, &DeleteParams::default())
+        .await
+        .unwrap();
+    let p = env
+        .wait_pv(&pv, "PV finalizer removed", |p| {
+            !p.metadata.finalizers.as_ref().unwrap().contains(&fin)
+        })
+        .await;
+    assert!(
+        p.metadata
+            .finalizers
+            .unwrap()
+            .contains(&"example.com/keep".to_owned())
+    );
+    assert_eq!(
+        env.calls.count(Method::ControllerUnpublishVolume),
+        1,
+        "no second Unpublish"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_and_detach_v1_36() {
+    attach_and_detach(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_and_detach_v1_20() {
+    attach_and_detach(KubeVersion::V1_20_2).await;
+}
+
+/// Checklist 3: without PUBLISH_UNPUBLISH_VOLUME the VolumeAttachment is marked attached with
+/// no call, no finalizer, no annotation; its deletion is immediate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trivial_handler_marks_attached_without_a_call() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| c.controller_publish = false).await;
+    let node = env.unique("node");
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let _a = env.attacher(&[]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    let done = env.wait_attached(&va).await;
+    assert!(done.metadata.finalizers.is_none());
+    assert!(done.metadata.annotations.is_none());
+    assert!(done.status.unwrap().attachment_metadata.is_none());
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 0);
+    env.delete_va(&va).await;
+    env.wait_va_gone(&va).await;
+    let p = env.pvs().get(&pv).await.unwrap();
+    assert!(
+        !p.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&env.finalizer())
+    );
+}
+
+/// Checklist 7: a missing secret is an attach error with upstream's text; no finalizer is
+/// written on the VolumeAttachment; it attaches once the secret exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_secret_is_an_attach_error_until_it_exists() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(
+        &pv,
+        "vol-a",
+        json!({"spec": {"csi": {"controllerPublishSecretRef": {"name": "later", "namespace": env.ns}}}}),
+    )
+    .await;
+    let _a = env.attacher(&["--retry-interval-max=2s"]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    let want = format!(
+        "failed to load secret \"{}/later\": secrets \"later\" not found",
+        env.ns
+    );
+    let failed = env.wait_attach_error(&va, &want).await;
+    assert_eq!(
+        failed
+            .status
+            .unwrap()
+            .attach_error
+            .unwrap()
+            .message
+            .unwrap(),
+        want
+    );
+    assert!(
+        failed.metadata.finalizers.is_none(),
+        "no VA finalizer before the inputs are known"
+    );
+    assert!(!env.calls.publish_requests().iter().any(|_| true));
+    env.secret("later", &[("k", "v")]).await;
+    let done = env.wait_attached(&va).await;
+    assert!(
+        done.status.unwrap().attach_error.is_none(),
+        "success clears attachError"
+    );
+}
+
+/// Checklist 8: node ID errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_id_errors_have_upstreams_texts() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let _a = env.attacher(&["--retry-interval-max=1s"]);
+    let lonely = env.unique("lonely");
+    let va = env.unique("va1");
+    env.va(&va, &pv, &lonely).await;
+    env.wait_attach_error(
+        &va,
+        &format!("csinode.storage.k8s.io \"{lonely}\" not found"),
+    )
+    .await;
+    let other = env.unique("other");
+    env.csinode(&other, &[("other.csi", "x")]).await;
+    let pv2 = env.unique("pv2");
+    env.pv(&pv2, "vol-b", json!({})).await;
+    let va2 = env.unique("va2");
+    env.va(&va2, &pv2, &other).await;
+    env.wait_attach_error(
+        &va2,
+        &format!("CSINode {other} does not contain driver {}", env.name),
+    )
+    .await;
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 0);
+}
+
+/// Checklist 9: a ResourceExhausted publish is stored with its code (on servers that keep
+/// it), `attached` unchanged, retried with back-off; success clears it.
+async fn resource_exhausted(version: KubeVersion) {
+    let env = Env::new(version, |c| {
+        c.faults.insert(
+            Method::ControllerPublishVolume,
+            Fault {
+                error: Some(Failure::new(Code::ResourceExhausted, "too many volumes")),
+                fail_first: Some(2),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let _a = env.attacher(&[]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    let failed = env
+        .wait_attach_error(
+            &va,
+            "rpc error: code = ResourceExhausted desc = too many volumes",
+        )
+        .await;
+    let status = failed.status.unwrap();
+    assert!(!status.attached);
+    let code = status.attach_error.unwrap().error_code;
+    match version {
+        KubeVersion::V1_36_2 => assert_eq!(code, Some(8)),
+        // The field does not exist there: dropped by the server.
+        KubeVersion::V1_20_2 => assert_eq!(code, None),
+    }
+    // The finalizer went on before the call: a publish that failed may still have attached.
+    assert!(
+        failed
+            .metadata
+            .finalizers
+            .unwrap()
+            .contains(&env.finalizer())
+    );
+    let done = env.wait_attached(&va).await;
+    assert!(done.status.unwrap().attach_error.is_none());
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_exhausted_v1_36() {
+    resource_exhausted(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_exhausted_v1_20() {
+    resource_exhausted(KubeVersion::V1_20_2).await;
+}
+
+/// Checklist 10: a publish slower than `--timeout` is DeadlineExceeded, retried, and a later
+/// success clears the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_timeout_is_stored_and_retried() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerPublishVolume,
+            Fault {
+                delay: Some(Duration::from_secs(3)),
+                // The first retry comes at once (the finalizer's write queued the
+                // VolumeAttachment again while it was being worked on), the next after the
+                // back-off: two slow calls leave the error in place long enough to be seen.
+                delay_first: Some(2),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let _a = env.attacher(&["--timeout=1s"]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attach_error(
+        &va,
+        "rpc error: code = DeadlineExceeded desc = context deadline exceeded",
+    )
+    .await;
+    let done = env.wait_attached(&va).await;
+    assert!(done.status.unwrap().attach_error.is_none());
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 3);
+}
+
+/// Checklist 11: a PV marked for deletion is not published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pv_marked_for_deletion_is_not_published() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(
+        &pv,
+        "vol-a",
+        json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+    )
+    .await;
+    env.pvs()
+        .delete(&pv, &DeleteParams::default())
+        .await
+        .unwrap();
+    let _a = env.attacher(&[]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attach_error(
+        &va,
+        &format!("PersistentVolume \"{pv}\" is marked for deletion"),
+    )
+    .await;
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 0);
+}
+
+/// Checklist 12: an Unpublish error is stored in `detachError`, the VolumeAttachment stays and
+/// is retried until the driver says OK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpublish_error_is_a_detach_error_and_retried() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerUnpublishVolume,
+            Fault {
+                error: Some(Failure::new(Code::NotFound, "no such node")),
+                fail_first: Some(1),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let _a = env.attacher(&["--retry-interval-start=2s"]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    env.delete_va(&va).await;
+    let failed = env
+        .wait_va(&va, "detachError", |v| {
+            v.status
+                .as_ref()
+                .and_then(|s| s.detach_error.as_ref())
+                .is_some()
+        })
+        .await;
+    let err = failed.status.unwrap().detach_error.unwrap();
+    assert_eq!(
+        err.message.as_deref(),
+        Some("rpc error: code = NotFound desc = no such node")
+    );
+    assert!(err.error_code.is_none(), "no error code for detach");
+    env.wait_va_gone(&va).await;
+    assert_eq!(env.calls.count(Method::ControllerUnpublishVolume), 2);
+}
+
+/// Checklist 13: a VolumeAttachment whose attach never succeeded still gets Unpublish on
+/// deletion (its finalizer went on before the call), so nothing the driver may have attached
+/// is forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attach_is_still_unpublished_on_deletion() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerPublishVolume,
+            Fault {
+                error: Some(Failure::new(Code::Aborted, "busy")),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let _a = env.attacher(&[]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attach_error(&va, "code = Aborted desc = busy")
+        .await;
+    env.delete_va(&va).await;
+    env.wait_va_gone(&va).await;
+    assert_eq!(env.calls.count(Method::ControllerUnpublishVolume), 1);
+}
+
+/// Checklist 8 (detach) and 16: a detach after the CSINode lost the driver uses the annotation
+/// written at attach; another driver's VolumeAttachment is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detach_uses_the_annotation_and_other_drivers_are_left_alone() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let pv2 = env.unique("pv2");
+    env.pv(&pv2, "vol-b", json!({})).await;
+    let _a = env.attacher(&[]);
+    let foreign = env.unique("foreign");
+    env.va_of(&foreign, "other.csi.example", &pv2, &node).await;
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    let csinodes: Api<k8s_openapi::api::storage::v1::CSINode> = Api::all(env.client.clone());
+    csinodes
+        .delete(&node, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.delete_va(&va).await;
+    env.wait_va_gone(&va).await;
+    assert_eq!(env.calls.unpublish_requests()[0].node_id, NODE_ID);
+    // Our VolumeAttachment was attached and detached after the foreign one was created: had
+    // the attacher taken it, it would have been attached by now.
+    let f = env.vas().get(&foreign).await.unwrap();
+    assert!(f.metadata.finalizers.is_none(), "{f:?}");
+    assert!(
+        !f.status.is_some_and(|s| s.attached),
+        "foreign VolumeAttachment touched"
+    );
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 1);
+}
+
+/// Better than upstream (external-attacher #706, #761): with one worker per queue, detaches
+/// held up in the driver do not keep a new attach waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_detaches_do_not_starve_attaches() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerUnpublishVolume,
+            Fault {
+                delay: Some(Duration::from_secs(5)),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let addr = free_local_addr();
+    let _a = env.attacher(&[
+        "--worker-threads=1",
+        "--timeout=30s",
+        &format!("--http-endpoint={addr}"),
+    ]);
+    let mut vas = Vec::new();
+    for (i, vol) in ["vol-a", "vol-b", "vol-c"].iter().enumerate() {
+        let pv = env.unique(&format!("pv{i}"));
+        env.pv(&pv, vol, json!({})).await;
+        let va = env.unique(&format!("va{i}"));
+        env.va(&va, &pv, &node).await;
+        vas.push(va);
+    }
+    for va in &vas {
+        env.wait_attached(va).await;
+    }
+    for va in &vas {
+        env.delete_va(va).await;
+    }
+    // The first detach is in the driver; the others wait in the detach queue.
+    env.calls
+        .wait_for(Method::ControllerUnpublishVolume, 1)
+        .await;
+    let body = poll("detach backlog in /metrics", || async {
+        let (_, body) = http_get(addr, "/metrics")?;
+        body.lines()
+            .any(|l| l == "csi_attacher_queue_backlog{name=\"csi-attacher-va-detach\"} 2")
+            .then_some(body)
+    })
+    .await;
+    assert!(
+        body.contains("csi_attacher_queue_oldest_waiting_seconds{name=\"csi-attacher-va-detach\"}"),
+        "{body}"
+    );
+    let pv = env.unique("pvnew");
+    env.pv(&pv, "vol-d", json!({})).await;
+    let va = env.unique("vanew");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    // Attached while the detaches (5 s each, one at a time) are still going on.
+    assert!(
+        env.calls.count(Method::ControllerUnpublishVolume) < 3,
+        "the attach waited for the detaches"
+    );
+    for va in &vas {
+        env.wait_va_gone(va).await;
+    }
+}
+
+/// Checklist 17: the Lease is `external-attacher-leader-<sanitised driver>` and the leader
+/// attaches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_election_uses_upstreams_lease_name() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let addr = free_local_addr();
+    let _a = env.attacher(&[
+        "--leader-election",
+        &format!("--leader-election-namespace={}", env.ns),
+        &format!("--http-endpoint={addr}"),
+    ]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
+    let lease = leases.get(&name).await.unwrap();
+    assert!(lease.spec.unwrap().holder_identity.is_some());
+    let (code, body) = poll("leader health", || async {
+        http_get(addr, "/healthz/leader-election")
+    })
+    .await;
+    assert_eq!((code, body.as_str()), (200, "ok"));
+}
+
+/// Checklist 15: with LIST_VOLUMES_PUBLISHED_NODES, a volume unpublished behind Kubernetes'
+/// back is published again within `--reconcile-sync`, reading every page of `--max-entries`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciler_republishes_what_was_unpublished_behind_its_back() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| c.list_volumes = true).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-c", json!({})).await;
+    let a = env.attacher(&["--reconcile-sync=1s", "--max-entries=2"]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 1);
+    // A third party detaches the volume in the driver.
+    let conn = plugreg_csi_core::client::Connection::connect(
+        &env.socket.display().to_string(),
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+        plugreg_csi_core::client::Retry::ONCE,
+    )
+    .await
+    .unwrap();
+    conn.controller()
+        .controller_unpublish_volume(plugreg_proto::csi::v1::ControllerUnpublishVolumeRequest {
+            volume_id: "vol-c".into(),
+            node_id: NODE_ID.into(),
+            secrets: Default::default(),
+        })
+        .await
+        .unwrap();
+    env.calls.wait_for(Method::ControllerPublishVolume, 2).await;
+    // Six volumes at two a page: at least three ListVolumes calls per reconcile.
+    let lists = env.calls.count(Method::ListVolumes);
+    assert!(lists >= 3, "{lists}");
+    let log = poll("the mismatch logged", || async {
+        let log = a.log();
+        log.contains("VolumeAttachment attached status and actual state do not match")
+            .then_some(log)
+    })
+    .await;
+    assert!(
+        log.contains("CSI driver supports list volumes published nodes"),
+        "{log}"
+    );
+    env.wait_attached(&va).await;
+}
+
+/// Checklist 14: a PV deleted while a VolumeAttachment names it keeps the finalizer; it goes
+/// with the last VolumeAttachment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pv_finalizer_stays_while_a_volume_attachment_names_it() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let a = env.attacher(&[]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    env.pvs()
+        .delete(&pv, &DeleteParams::default())
+        .await
+        .unwrap();
+    // The PV's update (its deletion) is synced: the finalizer is kept.
+    poll("the PV sync", || async {
+        a.log()
+            .lines()
+            .any(|l| l.contains("finalizer kept") && l.contains(&pv))
+            .then_some(())
+    })
+    .await;
+    let fin = env.finalizer();
+    let p = env.pvs().get(&pv).await.unwrap();
+    assert!(p.metadata.finalizers.unwrap().contains(&fin));
+    env.delete_va(&va).await;
+    env.wait_va_gone(&va).await;
+    env.wait_pv(&pv, "PV finalizer removed", |p| {
+        !p.metadata.finalizers.as_ref().unwrap().contains(&fin)
+    })
+    .await;
+}
+
+/// Checklist 18: metric names and labels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_upstreams_names() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let addr = free_local_addr();
+    let _a = env.attacher(&[&format!("--http-endpoint={addr}")]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    let publish = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerPublishVolume\"}} 1",
+        env.name
+    );
+    let body = poll("publish in /metrics", || async {
+        let (_, body) = http_get(addr, "/metrics")?;
+        body.lines().any(|l| l == publish).then_some(body)
+    })
+    .await;
+    for want in [
+        "workqueue_adds_total{name=\"csi-attacher-va\"}",
+        "workqueue_depth{name=\"csi-attacher-va\"}",
+        "csi_attacher_queue_backlog{name=\"csi-attacher-va\"}",
+        "csi_attacher_queue_backlog{name=\"csi-attacher-va-detach\"}",
+        "csi_attacher_queue_backlog{name=\"csi-attacher-pv\"}",
+        "csi_attacher_queue_oldest_waiting_seconds{name=\"csi-attacher-va\"}",
+        "process_start_time_seconds",
+    ] {
+        assert!(body.contains(want), "{want}\n{body}");
+    }
+    assert!(
+        !body.contains("migrated="),
+        "no migrated label for other drivers"
+    );
+}
+
+/// Checklist 17: with ReleaseLeaderElectionOnExit, SIGTERM stops the leader, clears the
+/// Lease's holder and exits 1 (client-go's "Stopped leading"), as upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_exit_clears_the_lease_holder() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let mut a = env.attacher(&[
+        "--leader-election",
+        &format!("--leader-election-namespace={}", env.ns),
+        "--feature-gates=ReleaseLeaderElectionOnExit=true",
+    ]);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
+    poll("the Lease held", || async {
+        let l = leases.get_opt(&name).await.ok().flatten()?;
+        l.spec?.holder_identity.filter(|h| !h.is_empty())
+    })
+    .await;
+    a.signal("TERM");
+    assert_eq!(a.exit_code().await, 1, "{}", a.log());
+    let lease = leases.get(&name).await.unwrap();
+    let holder = lease.spec.unwrap().holder_identity.unwrap_or_default();
+    assert!(holder.is_empty(), "holder {holder:?}");
+    assert!(
+        a.log()
+            .contains("Received SIGTERM or SIGINT signal, shutting down controller.")
+    );
+}

@@ -1,0 +1,482 @@
+//! The real `csi-attacher` binary against the real CSI test driver on a Unix socket:
+//! command-line syntax (Go's `flag`), the start-up order, its log lines and exit codes.
+//!
+//! No API server is needed before the controller starts: `--master` builds a kube config
+//! without a call, and the start-up steps tested here come before the first API call.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, Method};
+
+const BIN: &str = env!("CARGO_BIN_EXE_csi-attacher");
+/// A bound for things that happen at once (a slow machine is not a failure).
+const SOON: Duration = Duration::from_secs(20);
+/// A kube config that builds without contacting anything.
+const MASTER: &str = "--master=http://127.0.0.1:1";
+
+/// Runs the binary to completion; returns (exit code, stdout, stderr).
+fn run_to_end(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+type Lines = Arc<(Mutex<(Vec<String>, bool)>, Condvar)>;
+
+/// The attacher as a running process, its stderr lines collected; killed on drop.
+struct Proc {
+    child: Child,
+    lines: Lines,
+}
+
+impl Proc {
+    fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .env_remove("NODE_NAME")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let lines: Lines = Arc::new((Mutex::new((Vec::new(), false)), Condvar::new()));
+        let keep = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                keep.0.lock().unwrap().0.push(line);
+                keep.1.notify_all();
+            }
+            keep.0.lock().unwrap().1 = true;
+            keep.1.notify_all();
+        });
+        Self { child, lines }
+    }
+
+    /// Waits until `n` log lines contain `needle`; returns the last of them.
+    fn wait_for_lines(&self, needle: &str, n: usize, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        let mut guard = self.lines.0.lock().unwrap();
+        loop {
+            let found: Vec<&String> = guard.0.iter().filter(|l| l.contains(needle)).collect();
+            if found.len() >= n {
+                return found[n - 1].clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || guard.1 {
+                let log = guard.0.join("\n");
+                drop(guard);
+                panic!("no {n} log lines with {needle:?}; log:\n{log}");
+            }
+            guard = self.lines.1.wait_timeout(guard, left).unwrap().0;
+        }
+    }
+
+    fn wait_for_line(&self, needle: &str) -> String {
+        self.wait_for_lines(needle, 1, SOON)
+    }
+
+    fn log(&self) -> String {
+        self.lines.0.lock().unwrap().0.join("\n")
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the exit (at most `within`); returns the code and the whole log.
+    fn exit_within(&mut self, within: Duration) -> (i32, String) {
+        let deadline = Instant::now() + within;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut guard = self.lines.0.lock().unwrap();
+        while !guard.1 {
+            guard = self.lines.1.wait_timeout(guard, SOON).unwrap().0;
+        }
+        (status.code().unwrap_or(-1), guard.0.join("\n"))
+    }
+
+    fn exit(&mut self) -> (i32, String) {
+        self.exit_within(SOON)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn controller() -> DriverConfig {
+    DriverConfig {
+        controller: true,
+        ..Default::default()
+    }
+}
+
+fn args(socket: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        MASTER.to_owned(),
+        format!("--csi-address={}", socket.display()),
+    ];
+    v.extend(extra.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, SOON).unwrap();
+    stream.set_read_timeout(Some(SOON)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let code = response.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
+
+fn publishing() -> DriverConfig {
+    DriverConfig {
+        controller: true,
+        controller_publish: true,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn version_prints_argv0_and_the_version() {
+    let (code, out, _) = run_to_end(&["--version"]);
+    assert_eq!(code, 0);
+    assert_eq!(out, format!("{BIN} v{}\n", env!("CARGO_PKG_VERSION")));
+    // Go's flag: one dash works too.
+    let (code, out, _) = run_to_end(&["-version"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with(BIN));
+}
+
+#[test]
+fn version_comes_after_logging_and_feature_gates() {
+    let (code, out, err) = run_to_end(&["--version", "--feature-gates=Bogus=true"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty());
+    assert!(err.contains("failed to store flag gates"), "{err}");
+    assert!(err.contains("unrecognized feature gate: Bogus"), "{err}");
+    let (code, out, err) = run_to_end(&["--logging-format=xml", "--version"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty());
+    assert!(err.contains("LoggingConfiguration is invalid"), "{err}");
+    let (code, _, err) = run_to_end(&[
+        "--version",
+        "--feature-gates=MutableCSINodeAllocatableCount=false,ReleaseLeaderElectionOnExit=true",
+        "--automaxprocs",
+        "--logtostderr",
+    ]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn help_is_exit_0_and_lists_every_flag_with_its_default() {
+    let (code, out, err) = run_to_end(&["-h"]);
+    assert_eq!(code, 0);
+    assert!(out.is_empty());
+    for (flag, default) in [
+        ("-csi-address", "(default \"/run/csi/socket\")"),
+        ("-timeout", "(default 15s)"),
+        ("-resync", "(default 10m0s)"),
+        ("-retry-interval-start", "(default 1s)"),
+        ("-retry-interval-max", "(default 5m0s)"),
+        ("-worker-threads", "(default 10)"),
+        ("-reconcile-sync", "(default 1m0s)"),
+        ("-max-grpc-log-length", "(default -1)"),
+        ("-kube-api-qps", "(default 5)"),
+        ("-kube-api-burst", "(default 10)"),
+        ("-leader-election-lease-duration", "(default 15s)"),
+        ("-metrics-path", "(default \"/metrics\")"),
+    ] {
+        let line = err
+            .lines()
+            .position(|l| l.trim_start().starts_with(&format!("{flag} ")) || l.trim() == flag)
+            .unwrap_or_else(|| panic!("{flag} missing:\n{err}"));
+        let text: String = err.lines().skip(line).take(4).collect::<Vec<_>>().join(" ");
+        assert!(text.contains(default), "{flag}: {text}");
+    }
+    for flag in [
+        "-max-entries",
+        "-default-fstype",
+        "-feature-gates",
+        "-leader-election-labels",
+        "-http-endpoint",
+        "-metrics-address",
+        "-automaxprocs",
+    ] {
+        assert!(err.contains(&format!("  {flag}")), "{flag} missing:\n{err}");
+    }
+}
+
+#[test]
+fn flag_errors_are_exit_2() {
+    for bad in [
+        &["--bogus"][..],
+        &["--leader-election-labels=a"],
+        &["--timeout=soon"],
+        &["--worker-threads=-1"],
+        &["--leader-election=maybe"],
+        &["--feature-gates=ReleaseLeaderElectionOnExit=yes"],
+    ] {
+        let (code, out, err) = run_to_end(bad);
+        assert_eq!(code, 2, "{bad:?}: {err}");
+        assert!(out.is_empty());
+        assert!(err.contains("Usage of"), "{bad:?}: {err}");
+    }
+    let (_, _, err) = run_to_end(&["--bogus"]);
+    assert!(
+        err.starts_with("flag provided but not defined: -bogus"),
+        "{err}"
+    );
+}
+
+#[test]
+fn start_up_refusals_are_exit_1() {
+    let (code, _, err) = run_to_end(&[MASTER, "--metrics-address=:1", "--http-endpoint=:2"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("Only one of `--metrics-address` and `--http-endpoint` can be set"),
+        "{err}"
+    );
+    let (code, _, err) = run_to_end(&[MASTER, "--worker-threads=0"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("Option -worker-threads must be greater than zero"),
+        "{err}"
+    );
+    // No kubeconfig, not in a cluster.
+    let (code, _, err) = run_to_end(&["--csi-address=/nonexistent.sock"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("Failed to build a Kubernetes config"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_against_a_publishing_driver_in_upstreams_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let config = publishing();
+    let calls = config.calls.clone();
+    let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+    let mut p = Proc::spawn(&args(&sock, &["--v=5"]));
+    p.wait_for_line("\"Version\" version=");
+    p.wait_for_line("Probing CSI driver for readiness");
+    p.wait_for_line("\"CSI driver name\" driver=\"csi.plugreg.test\"");
+    p.wait_for_line("CSI driver supports ControllerPublishUnpublish, using real CSI handler");
+    p.wait_for_line("Starting CSI attacher");
+    assert_eq!(calls.count(Method::Probe), 1);
+    assert_eq!(calls.count(Method::GetPluginInfo), 1);
+    assert_eq!(calls.count(Method::GetPluginCapabilities), 1);
+    assert_eq!(calls.count(Method::ControllerGetCapabilities), 1);
+    // Without leader election a signal is a clean stop.
+    assert!(p.is_running());
+    p.signal("TERM");
+    let (code, log) = p.exit();
+    assert_eq!(code, 0, "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_choice_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let _driver = plugreg_csi_test_driver::start(controller(), &sock)
+        .await
+        .unwrap();
+    let p = Proc::spawn(&args(&sock, &["--v=2"]));
+    p.wait_for_line(
+        "CSI driver does not support ControllerPublishUnpublish, using trivial handler",
+    );
+    let sock2 = dir.path().join("csi2.sock");
+    let config = DriverConfig::default();
+    let calls = config.calls.clone();
+    let _driver2 = plugreg_csi_test_driver::start(config, &sock2)
+        .await
+        .unwrap();
+    let p2 = Proc::spawn(&args(&sock2, &["--v=2"]));
+    p2.wait_for_line(
+        "CSI driver does not support Plugin Controller Service, using trivial handler",
+    );
+    // Without CONTROLLER_SERVICE, ControllerGetCapabilities is not called.
+    assert_eq!(calls.count(Method::ControllerGetCapabilities), 0);
+    drop((p, p2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_not_ready_loops_and_unimplemented_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let config = DriverConfig {
+        ready: false,
+        ..publishing()
+    };
+    let calls = config.calls.clone();
+    let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+    let mut p = Proc::spawn(&args(&sock, &[]));
+    p.wait_for_lines("CSI driver is not ready", 2, SOON);
+    assert!(p.is_running());
+    assert!(calls.count(Method::Probe) >= 2);
+    drop(p);
+
+    let sock = dir.path().join("csi-unimpl.sock");
+    let mut config = publishing();
+    config.faults.insert(
+        Method::Probe,
+        Fault {
+            error: Some(Failure::new(Code::Unimplemented, "no probe")),
+            ..Fault::default()
+        },
+    );
+    let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+    let mut p = Proc::spawn(&args(&sock, &[]));
+    let (code, log) = p.exit();
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("Failed to probe the CSI driver"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_driver_name_is_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let config = DriverConfig {
+        name: String::new(),
+        ..publishing()
+    };
+    let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+    let mut p = Proc::spawn(&args(&sock, &[]));
+    let (code, log) = p.exit();
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("Failed to get the CSI driver name"), "{log}");
+    assert!(log.contains("driver name is empty"), "{log}");
+}
+
+/// Capabilities answered after more than the fixed 1 s are a start-up failure (upstream's
+/// shared 1 s deadline), even with a long `--timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_capabilities_are_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let mut config = publishing();
+    config.faults.insert(
+        Method::ControllerGetCapabilities,
+        Fault {
+            delay: Some(Duration::from_millis(1500)),
+            ..Fault::default()
+        },
+    );
+    let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+    let mut p = Proc::spawn(&args(&sock, &["--timeout=1m"]));
+    let (code, log) = p.exit();
+    assert_eq!(code, 1, "{log}");
+    assert!(
+        log.contains("Failed to controller capability check"),
+        "{log}"
+    );
+    assert!(log.contains("DeadlineExceeded"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_driver_after_start_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let driver = plugreg_csi_test_driver::start(publishing(), &sock)
+        .await
+        .unwrap();
+    let mut p = Proc::spawn(&args(&sock, &[]));
+    p.wait_for_line("Starting CSI attacher");
+    driver.stop().await.unwrap();
+    let (code, log) = p.exit();
+    assert_eq!(code, 1, "{log}");
+    assert!(
+        log.contains("Lost connection to CSI driver, exiting"),
+        "{log}"
+    );
+}
+
+#[test]
+fn connect_failure_names_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("never.sock");
+    // A socket path whose directory does not exist never appears: the 30 s window still
+    // applies, so only the message is checked on a path that is refused outright.
+    let (code, _, err) = run_to_end(&[MASTER, "--csi-address=tcp://x"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("Failed to connect to the CSI driver"), "{err}");
+    drop(sock);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_endpoint_serves_metrics_with_the_driver_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let _driver = plugreg_csi_test_driver::start(publishing(), &sock)
+        .await
+        .unwrap();
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let p = Proc::spawn(&args(&sock, &[&format!("--http-endpoint={addr}")]));
+    p.wait_for_line("ServeMux listening");
+    let want = "csi_sidecar_operations_seconds_count{driver_name=\"csi.plugreg.test\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerGetCapabilities\"} 1";
+    let deadline = Instant::now() + SOON;
+    let body = loop {
+        let (code, body) = get(addr, "/metrics");
+        assert_eq!(code, 200);
+        if body.contains(want) {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        body.contains("csi_sidecar_operations_seconds_count{driver_name=\"csi.plugreg.test\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginCapabilities\"} 1"),
+        "{body}"
+    );
+    // Probe went out before the name was known.
+    assert!(body.contains("driver_name=\"unknown-driver\""), "{body}");
+    // Without --leader-election: no health check.
+    assert_eq!(get(addr, "/healthz/leader-election").0, 404);
+}

@@ -1,0 +1,159 @@
+//! Checklist 4 and 12 with the real attach/detach controller of kube-controller-manager
+//! (v1.36.2 and v1.20.2): a pod using a bound claim is scheduled to a node, KCM creates the
+//! `csi-<sha256>` VolumeAttachment and waits; `csi-attacher` publishes and marks it attached,
+//! KCM records the volume in the node's `volumesAttached`; the pod goes, KCM deletes the
+//! VolumeAttachment, `csi-attacher` unpublishes it once and releases it.
+//!
+//! There is no kubelet: the test writes the Node (with the controller-managed-attach-detach
+//! annotation the kubelet sets) and the CSINode, as the kubelet and the registrar would.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Env, NODE_ID, poll};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
+use plugreg_csi_test_driver::Method;
+use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
+use serde_json::json;
+
+fn controllers(version: KubeVersion) -> Vec<&'static str> {
+    let mut c = plugreg_testpeers::volume_controllers(version).to_vec();
+    c.push(match version {
+        KubeVersion::V1_20_2 => "attachdetach",
+        KubeVersion::V1_36_2 => "persistentvolume-attach-detach-controller",
+    });
+    c
+}
+
+async fn pod_attach_and_detach(version: KubeVersion) {
+    let api = Arc::new(
+        ApiServer::start_version(version)
+            .await
+            .expect("kube-apiserver"),
+    );
+    let kcm = ControllerManager::start(&api, &controllers(version))
+        .await
+        .expect("kube-controller-manager");
+    let env = Env::on(api, |_| {}).await;
+    let node = env.unique("node");
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {
+                    "name": node,
+                    "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(
+        &pv,
+        "vol-a",
+        json!({"spec": {"claimRef": {"namespace": env.ns, "name": "data"}, "storageClassName": ""}}),
+    )
+    .await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), &env.ns);
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "volumeName": pv,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    poll("claim Bound", || async {
+        claims
+            .get_opt("data")
+            .await
+            .ok()
+            .flatten()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+    })
+    .await;
+    let _a = env.attacher(&[]);
+    // The ServiceAccount admission wants the namespace's default account (no controller
+    // creates it here); no token is mounted.
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "app"},
+            "spec": {
+                "nodeName": node,
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "image": "example.invalid/app",
+                    "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
+            }
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    // KCM names it csi-<sha256(handle + driver + node)>.
+    let va = poll("KCM's VolumeAttachment", || async {
+        env.vas()
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|v| v.spec.attacher == env.name)
+    })
+    .await;
+    let name = va.metadata.name.clone().unwrap();
+    assert!(name.starts_with("csi-") && name.len() == 68, "{name}");
+    let done = env.wait_attached(&name).await;
+    assert!(done.metadata.finalizers.unwrap().contains(&env.finalizer()));
+    // KCM saw it attached.
+    let unique = format!("kubernetes.io/csi/{}^vol-a", env.name);
+    poll("node volumesAttached", || async {
+        let n = nodes.get(&node).await.ok()?;
+        let attached = n.status?.volumes_attached?;
+        attached.iter().any(|a| a.name == unique).then_some(())
+    })
+    .await;
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 1);
+
+    // The pod goes (no kubelet: at once); KCM detaches.
+    pods.delete("app", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    env.wait_va_gone(&name).await;
+    assert_eq!(env.calls.count(Method::ControllerUnpublishVolume), 1);
+    drop(kcm);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_attach_and_detach_through_kcm_v1_36() {
+    pod_attach_and_detach(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_attach_and_detach_through_kcm_v1_20() {
+    pod_attach_and_detach(KubeVersion::V1_20_2).await;
+}
