@@ -184,7 +184,7 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
         };
         match found.resizer {
             None => {
-                tracing::info!(target: LOG, message = "CSI driver neither supports controller resize nor node resize", "Resize not supported")
+                tracing::info!(target: LOG, reason = "CSI driver neither supports controller resize nor node resize", "Resize not supported")
             }
             Some(Resizer::Trivial) => {
                 tracing::info!(target: LOG, "The CSI driver supports node resize only, using trivial resizer to handle resize requests")
@@ -192,7 +192,7 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
             Some(Resizer::Csi) => {}
         }
         if !found.modify {
-            tracing::info!(target: LOG, message = "CSI driver does not support controller modify", "Modify not supported");
+            tracing::info!(target: LOG, reason = "CSI driver does not support controller modify", "Modify not supported");
         }
         // Step 13.
         if found.resizer.is_none() && !found.modify {
