@@ -29,7 +29,10 @@ fn version_comes_before_the_feature_gates() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.starts_with(env!("CARGO_BIN_EXE_csi-resizer")), "{out}");
-    assert!(out.trim_end().ends_with(plugreg_sidecar_kit_version()), "{out}");
+    assert!(
+        out.trim_end().ends_with(plugreg_sidecar_kit_version()),
+        "{out}"
+    );
 }
 
 fn plugreg_sidecar_kit_version() -> &'static str {
@@ -82,7 +85,11 @@ fn both_http_flags_are_exit_1() {
 fn an_unknown_gate_is_exit_1() {
     let o = run(&["--feature-gates=NoSuchGate=true"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).contains("Failed to set feature gates"), "{}", text(&o));
+    assert!(
+        text(&o).contains("Failed to set feature gates"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// Runs the binary against a test driver configured by `config`, with a kube config that is
