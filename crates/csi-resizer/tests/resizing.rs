@@ -363,3 +363,158 @@ async fn legacy_flow_without_recover_volume_expansion_failure_v1_36() {
     let pv = env.volumes().get(&env.pv_name("data")).await.unwrap();
     assert_eq!(pv_capacity(&pv), "2Gi");
 }
+
+#[tokio::test]
+async fn offline_only_expansion_waits_for_the_pods_to_go_v1_36() {
+    use k8s_openapi::api::core::v1::Pod;
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerExpandVolume,
+            Fault {
+                error: Some(Failure::new(Code::FailedPrecondition, "volume is in use")),
+                fail_first: Some(1),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    env.bound_claim("data", "1Gi", "vol-0").await;
+    // A pod using the claim (never scheduled: no scheduler runs, so it stays Pending, which
+    // counts as using it).
+    // No service-account controller runs: the pod's account is created here.
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    accounts
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    pods.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "user"},
+            "spec": {
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "image": "none"}],
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
+            }
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let resizer = env.resizer(&["--retry-interval-start=200ms"]);
+    env.request("data", "2Gi").await;
+    let msg = env.wait_event("data", "VolumeResizeFailed").await;
+    assert!(msg.contains("volume is in use"), "{msg}");
+    // The next retries stop at the in-use guard, without calling the driver.
+    poll("the in-use event", || async {
+        env.events("data").await.into_iter().find(|e| {
+            e.message.as_deref()
+                == Some(
+                    format!(
+                        "Unable to expand {}/data because CSI driver {} only supports offline expansion and volume is currently in-use",
+                        env.ns, env.name
+                    )
+                    .as_str(),
+                )
+        })
+    })
+    .await;
+    assert_eq!(env.calls.count(Method::ControllerExpandVolume), 1);
+    pods.delete("user", &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    env.wait_claim("data", "capacity 2Gi", |c| {
+        capacity(c).as_deref() == Some("2Gi")
+    })
+    .await;
+    assert_eq!(env.calls.count(Method::ControllerExpandVolume), 2);
+    assert!(resizer.log().contains("Register Pod informer for resizer"));
+}
+
+#[tokio::test]
+async fn metrics_name_the_queue_after_the_driver_v1_36() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    env.bound_claim("data", "1Gi", "vol-0").await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _resizer = env.resizer(&[&format!("--http-endpoint=127.0.0.1:{port}")]);
+    env.request("data", "2Gi").await;
+    env.wait_claim("data", "capacity 2Gi", |c| {
+        capacity(c).as_deref() == Some("2Gi")
+    })
+    .await;
+    let body = poll("metrics", || async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        out.contains("ControllerExpandVolume").then_some(out)
+    })
+    .await;
+    assert!(
+        body.contains(&format!(
+            "workqueue_adds_total{{name=\"{}-pvc\"}}",
+            env.name
+        )),
+        "{body}"
+    );
+    assert!(
+        body.contains(&format!(
+            "csi_sidecar_operations_seconds_count{{driver_name=\"{}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerExpandVolume\"}} 1",
+            env.name
+        )),
+        "{body}"
+    );
+}
+
+/// A call that may have grown the volume is not forgotten across a restart: the target is
+/// durable in `status.allocatedResources` before the driver is called.
+#[tokio::test]
+async fn an_uncertain_target_survives_a_restart_v1_36() {
+    let mut env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerExpandVolume,
+            Fault {
+                error: Some(Failure::new(Code::Aborted, "operation pending")),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    env.bound_claim("data", "1Gi", "vol-0").await;
+    let mut first = env.resizer(&["--retry-interval-start=5m"]);
+    env.request("data", "3Gi").await;
+    env.wait_calls(Method::ControllerExpandVolume, 1).await;
+    env.wait_event("data", "VolumeResizeFailed").await;
+    first.kill();
+    // The user lowers the request while nobody knows what the driver did.
+    env.request("data", "2Gi").await;
+    env.restart_driver(|_| {}).await;
+    let _second = env.resizer(&[]);
+    let pvc = env
+        .wait_claim("data", "capacity 3Gi", |c| {
+            capacity(c).as_deref() == Some("3Gi")
+        })
+        .await;
+    assert_eq!(allocated(&pvc).as_deref(), Some("3Gi"));
+    let sizes: Vec<i64> = env
+        .calls
+        .expand_requests()
+        .iter()
+        .map(|r| r.capacity_range.unwrap().required_bytes)
+        .collect();
+    assert_eq!(sizes, [3 * GI]);
+}

@@ -137,6 +137,30 @@ impl Env {
         }
     }
 
+    /// Stops the driver and starts a new one on the same socket (the default test
+    /// configuration, then `config`); [`calls`](Self::calls) becomes the new driver's.
+    pub async fn restart_driver(&mut self, config: impl FnOnce(&mut DriverConfig)) {
+        if let Some(d) = self.driver.take() {
+            d.stop().await.unwrap();
+        }
+        let mut cfg = DriverConfig {
+            name: self.name.clone(),
+            controller: true,
+            controller_expand: true,
+            volumes: volume_ids(),
+            data_dir: Some(self.dir.path().join("volumes")),
+            mount: plugreg_csi_test_driver::MountMode::Directory,
+            ..DriverConfig::default()
+        };
+        config(&mut cfg);
+        self.calls = cfg.calls.clone();
+        self.driver = Some(
+            plugreg_csi_test_driver::start(cfg, &self.socket)
+                .await
+                .unwrap(),
+        );
+    }
+
     pub fn claims(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
