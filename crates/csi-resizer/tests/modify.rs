@@ -120,7 +120,7 @@ async fn a_new_class_is_applied_v1_36() {
 }
 
 #[tokio::test]
-async fn a_missing_class_is_pending_v1_36() {
+async fn a_missing_class_is_pending_until_it_exists_v1_36() {
     let env = Env::new(KubeVersion::V1_36_2, modify_env(None)).await;
     env.bound_claim("data", "1Gi", "vol-0").await;
     let _resizer = env.resizer(&[]);
@@ -137,6 +137,15 @@ async fn a_missing_class_is_pending_v1_36() {
         format!("VAC \"{missing}\" does not exist.")
     );
     assert_eq!(env.calls.count(Method::ControllerModifyVolume), 0);
+    // Better than upstream (which waits for the claim's next change): the class appearing
+    // brings the claim back.
+    let created = class(&env, "missing", &[("iops", "7")]).await;
+    assert_eq!(created, missing);
+    env.wait_claim("data", "applied", |c| {
+        current(c).as_deref() == Some(missing.as_str()) && modify_status(c).is_none()
+    })
+    .await;
+    assert_eq!(env.calls.count(Method::ControllerModifyVolume), 1);
 }
 
 #[tokio::test]

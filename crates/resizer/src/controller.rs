@@ -265,8 +265,21 @@ pub async fn run(
         watch::<Pod>(&c.client, &shutdown, &mut ready, trim_pod, |_, _| {})
     });
     let mut class_ready = Vec::new();
+    // A class that appears brings back the claims waiting for it (`Pending`); upstream's class
+    // informer has no handler, so they wait for their next change.
+    let (class_tx, mut class_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let classes = modifying.then(|| {
-        watch::<VolumeAttributesClass>(&c.client, &shutdown, &mut class_ready, |_| {}, |_, _| {})
+        watch::<VolumeAttributesClass>(
+            &c.client,
+            &shutdown,
+            &mut class_ready,
+            |_| {},
+            move |vac, deleted| {
+                if !deleted {
+                    let _ = class_tx.send(vac.name_any());
+                }
+            },
+        )
     });
     if resizing {
         info!(controller = %cfg.driver, "Starting external resizer");
@@ -355,6 +368,24 @@ pub async fn run(
             });
         }
     }
+    let c = Arc::clone(&ctl);
+    let stop = shutdown.clone();
+    workers.spawn(async move {
+        loop {
+            let name = tokio::select! {
+                n = class_rx.recv() => match n { Some(n) => n, None => return },
+                () = stop.cancelled() => return,
+            };
+            for pvc in c.claims.state() {
+                let waiting = k::modify_view(&pvc)
+                    .status
+                    .is_some_and(|(s, t)| s == decide::modify_status::PENDING && t == name);
+                if waiting {
+                    c.modify_q.add(claim_key(&pvc));
+                }
+            }
+        }
+    });
     let c = Arc::clone(&ctl);
     let stop = shutdown.clone();
     workers.spawn(async move {
