@@ -297,3 +297,24 @@ async fn clearing_a_class_never_applied_cancels_v1_36() {
         "Cancelled modify."
     );
 }
+
+/// With the gate set explicitly the modify controller runs and waits for a class cache that
+/// never fills (the server has no VolumeAttributesClass v1), as upstream's; resizing goes on.
+#[tokio::test]
+async fn an_explicit_gate_without_the_api_leaves_resizing_alone_v1_20() {
+    let env = Env::new(KubeVersion::V1_20_2, modify_env(None)).await;
+    env.bound_claim("data", "1Gi", "vol-0").await;
+    let resizer = env.resizer(&["--feature-gates=VolumeAttributesClass=true"]);
+    env.request("data", "2Gi").await;
+    env.wait_claim("data", "capacity 2Gi", |c| {
+        capacity(c).as_deref() == Some("2Gi")
+    })
+    .await;
+    let log = resizer.log();
+    assert!(!log.contains("Disabling VolumeAttributesClass"), "{log}");
+    assert!(
+        log.contains("Starting external resizer for modify volume"),
+        "{log}"
+    );
+    assert_eq!(env.calls.count(Method::ControllerModifyVolume), 0);
+}

@@ -296,15 +296,6 @@ pub async fn run(
             () = shutdown.cancelled() => return Ok(()),
         }
     }
-    for r in class_ready {
-        tokio::select! {
-            res = r => if res.is_err() {
-                error!("Cannot sync pod, pv, pvc or vac caches");
-                return Err(ControllerError::Sync);
-            },
-            () = shutdown.cancelled() => return Ok(()),
-        }
-    }
     let ctl = Arc::new(Controller {
         cfg,
         c,
@@ -322,18 +313,6 @@ pub async fn run(
         modify_slow: SlowSetMap::default(),
         uncertain: Mutex::default(),
     });
-    if ctl.cfg.modify {
-        // A modification found in progress may have reached the driver: pursue its target.
-        let mut u = set(&ctl.uncertain);
-        for pvc in ctl.claims.state() {
-            if k::modify_view(&pvc)
-                .status
-                .is_some_and(|(s, _)| s == decide::modify_status::IN_PROGRESS)
-            {
-                u.insert(claim_key(&pvc));
-            }
-        }
-    }
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..ctl.cfg.workers {
         if resizing {
@@ -352,21 +331,53 @@ pub async fn run(
                 }
             });
         }
-        if ctl.cfg.modify {
-            let c = Arc::clone(&ctl);
-            workers.spawn(async move {
-                while let Some(item) = c.modify_q.next().await {
-                    let key = item.key.clone();
-                    match c.sync_modify(&key).await {
-                        Ok(()) => c.modify_q.forget(&key),
-                        Err(_) => {
-                            c.modify_q.add_rate_limited(key);
-                        }
-                    }
-                    c.modify_q.done(item);
+    }
+    if ctl.cfg.modify {
+        // The modify controller waits for the class cache on its own (as upstream's): an API
+        // server that never serves the classes holds up modifying, not resizing.
+        let c = Arc::clone(&ctl);
+        let stop = shutdown.clone();
+        workers.spawn(async move {
+            for r in class_ready {
+                tokio::select! {
+                    res = r => if res.is_err() {
+                        error!("Cannot sync pod, pv, pvc or vac caches");
+                        return;
+                    },
+                    () = stop.cancelled() => return,
                 }
-            });
-        }
+            }
+            // A modification found in progress may have reached the driver: pursue its
+            // target.
+            {
+                let mut u = set(&c.uncertain);
+                for pvc in c.claims.state() {
+                    if k::modify_view(&pvc)
+                        .status
+                        .is_some_and(|(s, _)| s == decide::modify_status::IN_PROGRESS)
+                    {
+                        u.insert(claim_key(&pvc));
+                    }
+                }
+            }
+            let mut modifiers = tokio::task::JoinSet::new();
+            for _ in 0..c.cfg.workers {
+                let c = Arc::clone(&c);
+                modifiers.spawn(async move {
+                    while let Some(item) = c.modify_q.next().await {
+                        let key = item.key.clone();
+                        match c.sync_modify(&key).await {
+                            Ok(()) => c.modify_q.forget(&key),
+                            Err(()) => {
+                                c.modify_q.add_rate_limited(key);
+                            }
+                        }
+                        c.modify_q.done(item);
+                    }
+                });
+            }
+            while modifiers.join_next().await.is_some() {}
+        });
     }
     let c = Arc::clone(&ctl);
     let stop = shutdown.clone();
