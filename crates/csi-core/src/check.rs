@@ -41,8 +41,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plugreg_proto::csi::v1::{
-    CapacityRange, ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest,
-    CreateVolumeRequest, DeleteVolumeRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
+    CapacityRange, ControllerExpandVolumeRequest, ControllerModifyVolumeRequest,
+    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
+    DeleteVolumeRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
     NodeUnstageVolumeRequest, VolumeCapability, controller_service_capability,
     node_service_capability, plugin_capability, volume_usage,
@@ -255,6 +256,8 @@ pub async fn run(opts: &CheckOptions) -> Report {
         create: false,
         publish: false,
         controller_multi_writer: false,
+        expand: false,
+        modify: false,
         opts,
         node_caps: Vec::new(),
         node_id: None,
@@ -282,6 +285,7 @@ pub async fn run(opts: &CheckOptions) -> Report {
                 "ControllerPublishVolume failed; the spec requires it first",
             );
         }
+        checker.expand_and_modify(&mut report, &spec).await;
         if created {
             checker.delete(&mut report, &spec.volume_id).await;
         }
@@ -338,6 +342,10 @@ struct Checker<'a> {
     publish: bool,
     /// The Controller offers SINGLE_NODE_MULTI_WRITER.
     controller_multi_writer: bool,
+    /// The Controller offers EXPAND_VOLUME.
+    expand: bool,
+    /// The Controller offers MODIFY_VOLUME.
+    modify: bool,
     opts: &'a CheckOptions,
     node_caps: Vec<i32>,
     /// NodeGetInfo's node_id, when valid.
@@ -485,17 +493,24 @@ impl Checker<'_> {
             self.create = has(Type::CreateDeleteVolume);
             self.publish = has(Type::PublishUnpublishVolume);
             self.controller_multi_writer = has(Type::SingleNodeMultiWriter);
-            let names: Vec<&str> = [Type::CreateDeleteVolume, Type::PublishUnpublishVolume]
-                .into_iter()
-                .filter(|&t| has(t))
-                .map(|t| t.as_str_name())
-                .collect();
+            self.expand = has(Type::ExpandVolume);
+            self.modify = has(Type::ModifyVolume);
+            let names: Vec<&str> = [
+                Type::CreateDeleteVolume,
+                Type::PublishUnpublishVolume,
+                Type::ExpandVolume,
+                Type::ModifyVolume,
+            ]
+            .into_iter()
+            .filter(|&t| has(t))
+            .map(|t| t.as_str_name())
+            .collect();
             report.steps.last_mut().expect("just pushed").detail = if names.is_empty() {
                 "neither CREATE_DELETE_VOLUME nor PUBLISH_UNPUBLISH_VOLUME".into()
             } else {
                 names.join(", ")
             };
-            if self.create || self.publish {
+            if self.create || self.publish || self.expand || self.modify {
                 self.controller = Some(c);
             }
         }
@@ -1312,6 +1327,99 @@ impl Checker<'_> {
             report.skip("NodeUnstageVolume", "no STAGE_UNSTAGE_VOLUME");
         }
         clean(report, "NodeUnstageVolume", &staging);
+    }
+
+    /// ControllerExpandVolume (to twice the check's size, and repeated: the same size again is
+    /// success) and ControllerModifyVolume, when the Controller offers them, each also with an
+    /// empty volume_id (INVALID_ARGUMENT) and an unknown one (NOT_FOUND), as the resizer's
+    /// error classes rely on them.
+    async fn expand_and_modify(&mut self, report: &mut Report, spec: &VolumeSpec) {
+        let Some(c) = self.controller.clone() else {
+            return;
+        };
+        let ctl = c.controller();
+        let unknown = format!("plugreg-check-unknown-{}", unique());
+        if self.expand {
+            let required = self.opts.capacity_bytes.saturating_mul(2);
+            let expand = |volume_id: &str| {
+                let msg = ControllerExpandVolumeRequest {
+                    volume_id: volume_id.to_owned(),
+                    capacity_range: Some(CapacityRange {
+                        required_bytes: required,
+                        limit_bytes: 0,
+                    }),
+                    volume_capability: Some(rwo_capability(self.controller_multi_writer)),
+                    ..Default::default()
+                };
+                let ctl = ctl.clone();
+                let c = c.clone();
+                async move {
+                    c.call("ControllerExpandVolume", &msg, |r| {
+                        let mut ctl = ctl.clone();
+                        async move { ctl.controller_expand_volume(r).await }
+                    })
+                    .await
+                }
+            };
+            for step in ["ControllerExpandVolume", "ControllerExpandVolume repeated"] {
+                if let Some(r) = report.expect_ok(step, expand(&spec.volume_id).await) {
+                    let last = report.steps.last_mut().expect("just pushed");
+                    if r.capacity_bytes != 0 && r.capacity_bytes < required {
+                        last.outcome = Outcome::Fail;
+                        last.detail = format!(
+                            "capacity_bytes {} is less than the required {required}",
+                            r.capacity_bytes
+                        );
+                    } else {
+                        last.detail = format!(
+                            "capacity_bytes {}, node_expansion_required {}",
+                            r.capacity_bytes, r.node_expansion_required
+                        );
+                    }
+                }
+            }
+            let r = expand("").await;
+            report.expect_code(
+                "ControllerExpandVolume without volume_id",
+                Code::InvalidArgument,
+                r,
+            );
+            let r = expand(&unknown).await;
+            report.expect_code(
+                "ControllerExpandVolume of an unknown volume",
+                Code::NotFound,
+                r,
+            );
+        }
+        if self.modify {
+            let modify = |volume_id: &str| {
+                let msg = ControllerModifyVolumeRequest {
+                    volume_id: volume_id.to_owned(),
+                    ..Default::default()
+                };
+                let ctl = ctl.clone();
+                let c = c.clone();
+                async move {
+                    c.call("ControllerModifyVolume", &msg, |r| {
+                        let mut ctl = ctl.clone();
+                        async move { ctl.controller_modify_volume(r).await }
+                    })
+                    .await
+                }
+            };
+            let r = modify("").await;
+            report.expect_code(
+                "ControllerModifyVolume without volume_id",
+                Code::InvalidArgument,
+                r,
+            );
+            let r = modify(&unknown).await;
+            report.expect_code(
+                "ControllerModifyVolume of an unknown volume",
+                Code::NotFound,
+                r,
+            );
+        }
     }
 
     async fn delete(&mut self, report: &mut Report, volume_id: &str) {

@@ -41,7 +41,8 @@ use plugreg_proto::csi::v1::controller_server::ControllerServer;
 use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
-    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
+    ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, ControllerPublishVolumeRequest,
+    ControllerUnpublishVolumeRequest, CreateVolumeRequest,
     DeleteVolumeRequest, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse,
     GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
     node_service_capability, plugin_capability,
@@ -189,11 +190,15 @@ pub enum Method {
     ControllerUnpublishVolume,
     /// `/csi.v1.Controller/ListVolumes`
     ListVolumes,
+    /// `/csi.v1.Controller/ControllerExpandVolume`
+    ControllerExpandVolume,
+    /// `/csi.v1.Controller/ControllerModifyVolume`
+    ControllerModifyVolume,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 17] = [
+    pub const ALL: [Method; 19] = [
         Method::GetPluginInfo,
         Method::GetPluginCapabilities,
         Method::Probe,
@@ -211,6 +216,8 @@ impl Method {
         Method::ControllerPublishVolume,
         Method::ControllerUnpublishVolume,
         Method::ListVolumes,
+        Method::ControllerExpandVolume,
+        Method::ControllerModifyVolume,
     ];
 
     /// The method name, e.g. `GetPluginInfo`.
@@ -233,6 +240,8 @@ impl Method {
             Method::ControllerPublishVolume => "ControllerPublishVolume",
             Method::ControllerUnpublishVolume => "ControllerUnpublishVolume",
             Method::ListVolumes => "ListVolumes",
+            Method::ControllerExpandVolume => "ControllerExpandVolume",
+            Method::ControllerModifyVolume => "ControllerModifyVolume",
         }
     }
 
@@ -286,6 +295,9 @@ struct CallsInner {
     /// requests.
     publishes: Mutex<std::collections::VecDeque<ControllerPublishVolumeRequest>>,
     unpublishes: Mutex<std::collections::VecDeque<ControllerUnpublishVolumeRequest>>,
+    /// The last [`KEEP_REQUESTS`] ControllerExpandVolume and ControllerModifyVolume requests.
+    expands: Mutex<std::collections::VecDeque<ControllerExpandVolumeRequest>>,
+    modifies: Mutex<std::collections::VecDeque<ControllerModifyVolumeRequest>>,
 }
 
 /// How many CreateVolume / DeleteVolume requests [`Calls`] keeps for inspection.
@@ -310,6 +322,8 @@ impl Default for Calls {
                 deletes: Mutex::default(),
                 publishes: Mutex::default(),
                 unpublishes: Mutex::default(),
+                expands: Mutex::default(),
+                modifies: Mutex::default(),
             }),
         }
     }
@@ -379,6 +393,30 @@ impl Calls {
 
     pub(crate) fn keep_delete(&self, r: &DeleteVolumeRequest) {
         keep(&self.inner.deletes, r.clone());
+    }
+
+    /// The ControllerExpandVolume requests received (the last [`KEEP_REQUESTS`]), oldest first.
+    pub fn expand_requests(&self) -> Vec<ControllerExpandVolumeRequest> {
+        let q = self.inner.expands.lock().unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    /// The ControllerModifyVolume requests received (the last [`KEEP_REQUESTS`]), oldest first.
+    pub fn modify_requests(&self) -> Vec<ControllerModifyVolumeRequest> {
+        let q = self
+            .inner
+            .modifies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    pub(crate) fn keep_expand(&self, r: &ControllerExpandVolumeRequest) {
+        keep(&self.inner.expands, r.clone());
+    }
+
+    pub(crate) fn keep_modify(&self, r: &ControllerModifyVolumeRequest) {
+        keep(&self.inner.modifies, r.clone());
     }
 
     /// Every call from now on, as it arrives.
@@ -473,8 +511,21 @@ pub struct DriverConfig {
     pub mount: MountMode,
     /// Capacity of a volume created without a size, and of pre-provisioned volumes.
     pub default_capacity: i64,
-    /// CreateVolume refuses more than this with OUT_OF_RANGE (0: no limit).
+    /// CreateVolume refuses more than this with OUT_OF_RANGE (0: no limit); so does
+    /// ControllerExpandVolume.
     pub max_capacity: i64,
+    /// With [`controller`](Self::controller): advertise the controller capability
+    /// EXPAND_VOLUME and serve ControllerExpandVolume (the volume must exist; it grows to
+    /// `required_bytes`, never shrinks).
+    pub controller_expand: bool,
+    /// ControllerExpandVolume's `node_expansion_required`.
+    pub node_expansion_required: bool,
+    /// With [`controller`](Self::controller): advertise MODIFY_VOLUME and serve
+    /// ControllerModifyVolume (the volume must exist; a mutable parameter named `invalid` is
+    /// INVALID_ARGUMENT, as a driver refuses what it cannot apply).
+    pub controller_modify: bool,
+    /// Also advertise SINGLE_NODE_MULTI_WRITER.
+    pub single_node_multi_writer: bool,
     /// Where calls are counted; clone it before handing the config over to watch the driver.
     pub calls: Calls,
 }
@@ -504,6 +555,10 @@ impl Default for DriverConfig {
             mount: MountMode::Auto,
             default_capacity: 1 << 30,
             max_capacity: 0,
+            controller_expand: false,
+            node_expansion_required: false,
+            controller_modify: false,
+            single_node_multi_writer: false,
             calls: Calls::default(),
         }
     }

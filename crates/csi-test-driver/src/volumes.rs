@@ -860,6 +860,15 @@ impl Controller for Driver {
         if self.config.list_volumes {
             types.extend([Type::ListVolumes, Type::ListVolumesPublishedNodes]);
         }
+        if self.config.controller_expand {
+            types.push(Type::ExpandVolume);
+        }
+        if self.config.controller_modify {
+            types.push(Type::ModifyVolume);
+        }
+        if self.config.single_node_multi_writer {
+            types.push(Type::SingleNodeMultiWriter);
+        }
         let capabilities = types
             .into_iter()
             .map(|t| ControllerServiceCapability {
@@ -1028,9 +1037,39 @@ impl Controller for Driver {
 
     async fn controller_expand_volume(
         &self,
-        _: Request<ControllerExpandVolumeRequest>,
+        request: Request<ControllerExpandVolumeRequest>,
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
-        unimplemented("ControllerExpandVolume")
+        if !self.config.controller_expand {
+            return unimplemented("ControllerExpandVolume");
+        }
+        let r = request.into_inner();
+        // Kept before the fault plan runs, so that a failing call can be inspected too.
+        self.config.calls.keep_expand(&r);
+        self.enter(Method::ControllerExpandVolume).await?;
+        let id = required(&r.volume_id, "volume_id")?;
+        let (required_bytes, limit) = r
+            .capacity_range
+            .map_or((0, 0), |c| (c.required_bytes, c.limit_bytes));
+        if required_bytes < 0 || limit < 0 || (limit > 0 && required_bytes > limit) {
+            return Err(Status::out_of_range("invalid capacity range"));
+        }
+        let max = self.config.max_capacity;
+        if max > 0 && required_bytes > max {
+            return Err(Status::out_of_range(format!(
+                "{required_bytes} bytes requested, at most {max} allowed"
+            )));
+        }
+        if let Some(c) = &r.volume_capability {
+            capability(Some(c), "volume_capability")?;
+        }
+        let mut state = self.lock_with(id);
+        let v = state.volumes.get_mut(id).ok_or_else(|| not_found(id))?;
+        // Expanding to a size the volume has is success (idempotency); it never shrinks.
+        v.capacity = v.capacity.max(required_bytes);
+        Ok(Response::new(ControllerExpandVolumeResponse {
+            capacity_bytes: v.capacity,
+            node_expansion_required: self.config.node_expansion_required,
+        }))
     }
 
     async fn controller_get_volume(
@@ -1042,8 +1081,24 @@ impl Controller for Driver {
 
     async fn controller_modify_volume(
         &self,
-        _: Request<ControllerModifyVolumeRequest>,
+        request: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        unimplemented("ControllerModifyVolume")
+        if !self.config.controller_modify {
+            return unimplemented("ControllerModifyVolume");
+        }
+        let r = request.into_inner();
+        self.config.calls.keep_modify(&r);
+        self.enter(Method::ControllerModifyVolume).await?;
+        let id = required(&r.volume_id, "volume_id")?;
+        if r.mutable_parameters.contains_key("invalid") {
+            return Err(Status::invalid_argument(
+                "mutable parameter \"invalid\" cannot be applied",
+            ));
+        }
+        let state = self.lock_with(id);
+        if !state.volumes.contains_key(id) {
+            return Err(not_found(id));
+        }
+        Ok(Response::new(ControllerModifyVolumeResponse {}))
     }
 }

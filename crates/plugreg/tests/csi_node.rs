@@ -433,6 +433,63 @@ fn check_passes_with_controller_publish() {
     assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
+/// A Controller with EXPAND_VOLUME and MODIFY_VOLUME (what csi-resizer calls): the check
+/// expands the created volume (and again: idempotent) and probes both calls' error codes; a
+/// driver that answers the wrong code fails the step by name.
+#[test]
+fn check_covers_controller_expand_and_modify() {
+    let g = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.extend(["--controller", "--controller-expand", "--controller-modify"]);
+    let d = Driver::start(g.path(), &args);
+    let (code, report) = check(&d, g.path(), &[]);
+    assert_eq!(code, Some(0), "{report:#}");
+    for name in ["ControllerExpandVolume", "ControllerExpandVolume repeated"] {
+        assert_eq!(step(&report, name)["outcome"], "pass", "{name}: {report:#}");
+    }
+    for (name, code) in [
+        (
+            "ControllerExpandVolume without volume_id",
+            "INVALID_ARGUMENT",
+        ),
+        ("ControllerExpandVolume of an unknown volume", "NOT_FOUND"),
+        (
+            "ControllerModifyVolume without volume_id",
+            "INVALID_ARGUMENT",
+        ),
+        ("ControllerModifyVolume of an unknown volume", "NOT_FOUND"),
+    ] {
+        assert_eq!(step(&report, name)["code"], code, "{name}: {report:#}");
+        assert_eq!(step(&report, name)["outcome"], "pass", "{name}: {report:#}");
+    }
+    assert!(
+        step(&report, "ControllerGetCapabilities")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("EXPAND_VOLUME, MODIFY_VOLUME"),
+        "{report:#}"
+    );
+    drop(d);
+    // A driver whose ControllerExpandVolume fails: the step is named.
+    let g2 = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.extend([
+        "--controller",
+        "--controller-expand",
+        "--fault",
+        "ControllerExpandVolume:code=INTERNAL,message=broken",
+    ]);
+    let d = Driver::start(g2.path(), &args);
+    let (code, report) = check(&d, g2.path(), &[]);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(step(&report, "ControllerExpandVolume")["outcome"], "fail");
+    drop(d);
+    assert!(
+        plugreg_runtime::procfs::mount_points_under(g.path()).is_empty()
+            && plugreg_runtime::procfs::mount_points_under(g2.path()).is_empty()
+    );
+}
+
 /// No Controller publishes, the node needs publish_context["device"]: `--publish-context`
 /// supplies it for `--volume-id`.
 #[test]

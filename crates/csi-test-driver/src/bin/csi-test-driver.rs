@@ -84,6 +84,16 @@ struct Args {
     /// ControllerPublishVolume (which returns it) and ControllerUnpublishVolume.
     #[arg(long)]
     controller_publish: bool,
+    /// With --controller: advertise EXPAND_VOLUME and serve ControllerExpandVolume.
+    #[arg(long)]
+    controller_expand: bool,
+    /// ControllerExpandVolume answers node_expansion_required = true.
+    #[arg(long)]
+    node_expansion_required: bool,
+    /// With --controller: advertise MODIFY_VOLUME and serve ControllerModifyVolume (a mutable
+    /// parameter named `invalid` is INVALID_ARGUMENT).
+    #[arg(long)]
+    controller_modify: bool,
     /// Check the paths the CO must provide before the volume, as csi-test's mock driver and
     /// csi-driver-host-path do: a staging_target_path that does not exist, or a target_path whose
     /// parent does not exist, is INTERNAL.
@@ -164,6 +174,9 @@ impl Args {
             },
             max_capacity: self.max_capacity,
             faults: self.faults.iter().cloned().collect(),
+            controller_expand: self.controller_expand,
+            node_expansion_required: self.node_expansion_required,
+            controller_modify: self.controller_modify,
             ..DriverConfig::default()
         })
     }

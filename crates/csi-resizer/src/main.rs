@@ -1,0 +1,284 @@
+//! `csi-resizer`: a drop-in replacement of the Kubernetes CSI external-resizer v2.2.1. This
+//! binary is thin: it parses upstream's command line (Go `flag` syntax), then walks upstream's
+//! start-up order with its log lines and exit codes, and hands over to the controllers:
+//!
+//! - 0: `--version` (answered before the feature gates are checked), `-h`/`--help`, a clean
+//!   stop (SIGTERM/SIGINT);
+//! - 1: invalid logging configuration, both HTTP address flags, an unknown feature gate, no
+//!   cluster configuration, CSI connect or probe failure, no driver name, a driver without the
+//!   CONTROLLER_SERVICE capability, a failed capability call, an HTTP listen failure, the CSI
+//!   connection lost later, the Lease lost;
+//! - 2: a command-line error;
+//! - 255: upstream's `klog.Fatalf`: a driver that can neither resize nor modify.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use plugreg_provisioner::csi as conn;
+use plugreg_resizer::controller::Config;
+use plugreg_resizer::csi::{Driver, Resizer, StartError};
+use plugreg_resizer::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags, Options};
+use plugreg_resizer::service::{Service, ServiceError};
+use plugreg_sidecar_kit::VERSION;
+use plugreg_sidecar_kit::cli::Program;
+use plugreg_sidecar_kit::diagnostics;
+use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
+use plugreg_sidecar_kit::metrics::Metrics;
+use plugreg_sidecar_kit::ratelimit::kube_config;
+use tokio_util::sync::CancellationToken;
+
+/// The target of this program's lines (the log filter shows plugreg's info lines at `-v=0`).
+const LOG: &str = "plugreg_csi_resizer";
+/// How long a signalled process lets its workers finish (and the lease go) before it exits.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Target prefixes of this program's own lines.
+const OWN: &[&str] = &["plugreg_resizer", LOG];
+/// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
+const UNKNOWN_DRIVER: &str = "unknown-driver";
+
+/// The binary, for the kit's `main` skeleton.
+const PROGRAM: Program = Program {
+    name: "csi-resizer",
+    version: VERSION,
+    log_targets: OWN,
+    legacy_warning: "Ignoring removed klog flag: external-resizer no longer registers it and it has no effect",
+};
+
+fn main() -> ExitCode {
+    // Step 1 (flags, then logging) is the kit's.
+    PROGRAM.main(&COMMAND, start)
+}
+
+/// Steps 2-4, then the asynchronous rest on a runtime; returns the exit code.
+fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
+    // Step 2: the version comes before the feature gates.
+    if PROGRAM.version(argv0, &flags) {
+        return Ok(0);
+    }
+    tracing::info!(target: LOG, version = VERSION, "Version");
+    PROGRAM.warn_legacy(&flags.legacy);
+    let options = flags.options;
+    // Step 3.
+    if options.controller.http_address().is_err() {
+        tracing::error!(
+            target: LOG,
+            "Only one of `--metrics-address` and `--http-endpoint` can be set."
+        );
+        return Ok(1);
+    }
+    // Step 4.
+    let gates = match FeatureGates::from_requested(&options.feature_gates) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(target: LOG, err = %e, "Failed to set feature gates");
+            return Ok(1);
+        }
+    };
+    for gate in &gates.ga_disabled {
+        tracing::warn!(target: LOG, "Setting GA feature gate {gate}=false. It will be removed in a future release.");
+    }
+    for gate in &gates.ignored {
+        tracing::info!(target: LOG, gate = %gate, "Ignoring feature gate: it has no effect on the resizer");
+    }
+    if options.automaxprocs {
+        tracing::warn!(target: LOG, "Ignoring --automaxprocs: it tunes the Go runtime and has no effect here");
+    }
+    // Upstream panics on these at election start.
+    if let Err(e) = options.controller.validate() {
+        tracing::error!(target: LOG, "{e}");
+        return Ok(1);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the runtime")?;
+    Ok(runtime.block_on(run(options, gates)))
+}
+
+/// Whether the API server serves `storage.k8s.io/v1` VolumeAttributesClasses (step 6):
+/// `Ok(false)` for a 404 or a list without them.
+async fn vac_available(config: &kube::Config) -> Result<bool, String> {
+    let client = kube::Client::try_from(config.clone()).map_err(|e| e.to_string())?;
+    match client.list_api_group_resources("storage.k8s.io/v1").await {
+        Ok(list) => Ok(list
+            .resources
+            .iter()
+            .any(|r| r.kind == "VolumeAttributesClass")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Steps 5-17; returns the exit code.
+async fn run(options: Options, mut gates: FeatureGates) -> i32 {
+    let mut signals = match plugreg_runtime::signal::Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(target: LOG, "installing signal handlers: {e}");
+            return 1;
+        }
+    };
+    // Step 5.
+    let kube_config = match kube_config(&options.controller).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(target: LOG, err = %e, "Failed to create cluster config");
+            return 1;
+        }
+    };
+    // Step 6.
+    if !gates.volume_attributes_class_explicit {
+        match vac_available(&kube_config).await {
+            Ok(true) => tracing::info!(target: LOG, "VolumeAttributesClass v1 API is available"),
+            Ok(false) => {
+                tracing::info!(target: LOG, "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass v1 API is not available");
+                gates.volume_attributes_class = false;
+            }
+            Err(e) => {
+                tracing::error!(target: LOG, err = %e, "Failed to check VolumeAttributesClass V1 API availability");
+            }
+        }
+    }
+    // Steps 7-8.
+    let connected = match conn::connect_watched(&options.csi_address, conn::CONNECT_WINDOW).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(target: LOG, err = %format!("failed to connect to CSI driver: {e}"), "Failed to create CSI client");
+            return 1;
+        }
+    };
+    let lost = connected.lost.clone();
+    let channel = connected.channel;
+    let startup = async {
+        let mut metrics = Metrics::new(UNKNOWN_DRIVER);
+        if let Err(e) = conn::probe_forever(&channel, options.timeout, &metrics).await {
+            tracing::error!(target: LOG, err = %format!("failed probing CSI driver: {e}"), "Failed to create CSI client");
+            return Err(1);
+        }
+        // Step 9.
+        let metrics_arc = Arc::new(metrics);
+        let name = conn::Driver::new(channel.clone(), options.timeout, metrics_arc.clone())
+            .plugin_info()
+            .await;
+        metrics = Arc::into_inner(metrics_arc).expect("the temporary driver is gone");
+        let name = match name {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(target: LOG, err = %e, "Get driver name failed");
+                return Err(1);
+            }
+        };
+        tracing::debug!(target: LOG, driverName = %name, "CSI driver name");
+        metrics.set_driver(&name);
+        let metrics = Arc::new(metrics);
+        // Steps 11-12.
+        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone());
+        let found = match driver.find().await {
+            Ok(f) => f,
+            Err(e @ StartError::NoControllerService) | Err(e @ StartError::Call(_)) => {
+                tracing::error!(target: LOG, err = %e, "Failed to create CSI resizer");
+                return Err(1);
+            }
+        };
+        match found.resizer {
+            None => {
+                tracing::info!(target: LOG, reason = "CSI driver neither supports controller resize nor node resize", "Resize not supported")
+            }
+            Some(Resizer::Trivial) => {
+                tracing::info!(target: LOG, "The CSI driver supports node resize only, using trivial resizer to handle resize requests")
+            }
+            Some(Resizer::Csi) => {}
+        }
+        if !found.modify {
+            tracing::info!(target: LOG, reason = "CSI driver does not support controller modify", "Modify not supported");
+        }
+        // Step 13.
+        if found.resizer.is_none() && !found.modify {
+            tracing::error!(target: LOG, "CSI driver does not support resize nor modify");
+            return Err(FATAL_EXIT);
+        }
+        // Step 14.
+        let health = LeaderHealth::new();
+        let http = match diagnostics::spawn(&options.controller, metrics.clone(), &health).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!(target: LOG, err = %e, "Failed to start HTTP server");
+                return Err(1);
+            }
+        };
+        Ok((name, driver, found, metrics, health, http))
+    };
+    let started = tokio::select! {
+        started = startup => started,
+        code = conn::exit_on_connection_loss(lost.clone()) => Err(code),
+        signal = signals.shutdown() => {
+            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
+            Err(0)
+        }
+    };
+    let (name, driver, found, metrics, health, http) = match started {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    // Steps 15-17.
+    let controller = &options.controller;
+    let leader = controller.leader_election.then(|| {
+        let mut le = LeaderElection::from_flags(controller, &name);
+        le.lease_name = flags::lease_name(&name);
+        le.release_on_cancel = gates.release_leader_election_on_exit;
+        le.metrics = Some(metrics.clone());
+        le
+    });
+    let (qps, burst) = controller.rate_limit();
+    let service = Service {
+        kube_config,
+        qps,
+        burst,
+        config: Config {
+            driver: name,
+            resizer: found.resizer,
+            modify: found.modify && gates.volume_attributes_class,
+            workers: flags::workers(&options),
+            retry_start: options.retry_interval_start,
+            retry_max: options.retry_interval_max,
+            resync: options.resync_period,
+            recover: gates.recover_volume_expansion_failure,
+            annotate_fs_resize: gates.annotate_fs_resize,
+            handle_inuse: options.handle_volume_inuse_error,
+            extra_modify_metadata: options.extra_modify_metadata,
+        },
+        driver,
+        leader,
+        health,
+        metrics,
+    };
+    let shutdown = CancellationToken::new();
+    let run = service.run(shutdown.clone());
+    tokio::pin!(run);
+    let code = tokio::select! {
+        result = &mut run => match result {
+            Ok(()) => 0,
+            Err(ServiceError::Leader(e)) => {
+                tracing::error!(target: LOG, "Stopped leading: {e}");
+                1
+            }
+            Err(e) => {
+                tracing::error!(target: LOG, "{e}");
+                1
+            }
+        },
+        signal = signals.shutdown() => {
+            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
+            shutdown.cancel();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, &mut run).await;
+            0
+        }
+        code = conn::exit_on_connection_loss(lost) => code,
+    };
+    if let Some(token) = http {
+        token.cancel();
+    }
+    code
+}

@@ -1,0 +1,1471 @@
+//! The resize and modify controllers: watch caches of claims, volumes (and pods, and
+//! VolumeAttributesClasses), one work queue each (both named `<driver>-pvc`, as upstream, so
+//! their `workqueue_*` metrics merge), `--workers` workers each, and the syncs that act on the
+//! decisions of [`crate::decide`].
+//!
+//! What a sync writes, and in which order, is upstream's (the crate README lists it). Every
+//! claim write goes through the `status` subresource; the PV gets merge patches. An object a
+//! write returns is kept until the watch delivers it (or something newer), so that the next
+//! sync never acts on the state before its own write.
+//!
+//! No call that may have changed the volume is forgotten: the target size is written to
+//! `status.allocatedResources` (and the modify target to `status.modifyVolumeStatus`) before
+//! the driver is called, and a target whose outcome is unknown stays the target, also after a
+//! restart or a leader change.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use plugreg_csi_core::client::CallError;
+use plugreg_proto::csi::v1::{
+    CapacityRange, ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, VolumeCapability,
+    volume_capability,
+};
+use plugreg_provisioner::quantity::format_binary_si;
+use plugreg_sidecar_kit::events::{EventType, Recorder};
+use plugreg_sidecar_kit::metrics::Metrics;
+use plugreg_sidecar_kit::queue::WorkQueue;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::csi::{Driver, Resizer, error_text};
+use crate::decide::{self, ClaimView, Failure, Memory, Modify, Resize, SlowSet};
+use crate::kube::{self as k, VolumeAttributesClass, claim_key};
+
+/// What the controllers need to know besides their clients.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The driver name.
+    pub driver: String,
+    /// How claims grow (`None`: no resize controller).
+    pub resizer: Option<Resizer>,
+    /// Whether the modify controller runs (MODIFY_VOLUME and the VolumeAttributesClass gate).
+    pub modify: bool,
+    /// `--workers` (each queue).
+    pub workers: usize,
+    /// `--retry-interval-start`.
+    pub retry_start: Duration,
+    /// `--retry-interval-max` (also the infeasible slow-retry window).
+    pub retry_max: Duration,
+    /// `--resync-period`.
+    pub resync: Duration,
+    /// `RecoverVolumeExpansionFailure`.
+    pub recover: bool,
+    /// `AnnotateFsResize`.
+    pub annotate_fs_resize: bool,
+    /// `--handle-volume-inuse-error`.
+    pub handle_inuse: bool,
+    /// `--extra-modify-metadata`.
+    pub extra_modify_metadata: bool,
+}
+
+/// The controllers' clients.
+#[derive(Clone)]
+pub struct Clients {
+    /// Claims, volumes, secrets, pods, classes.
+    pub client: Client,
+    /// Events.
+    pub events: Recorder,
+    /// The driver.
+    pub driver: Driver,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Why the controllers stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// A watch cache never filled.
+    #[error("Cannot sync pod, pv or pvc caches")]
+    Sync,
+}
+
+/// How a failed sync comes back.
+#[derive(Debug)]
+enum Retry {
+    /// After the queue's back-off.
+    Backoff,
+    /// After this long (the rest of the infeasible slow-retry window).
+    After(Duration),
+}
+
+/// Keys whose last target was infeasible, and since when (`slowset`): kept for the window.
+#[derive(Debug, Default)]
+struct SlowSetMap {
+    entries: Mutex<HashMap<String, Instant>>,
+}
+
+impl SlowSetMap {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// The time left for `key`, if it is in the set and its window has not passed.
+    fn remaining(&self, key: &str, window: Duration) -> Option<Duration> {
+        let mut m = self.lock();
+        let since = *m.get(key)?;
+        match window.checked_sub(since.elapsed()) {
+            Some(left) if !left.is_zero() => Some(left),
+            _ => {
+                m.remove(key);
+                None
+            }
+        }
+    }
+    fn add(&self, key: &str) {
+        self.lock()
+            .entry(key.to_owned())
+            .or_insert_with(Instant::now);
+    }
+    fn remove(&self, key: &str) {
+        self.lock().remove(key);
+    }
+}
+
+/// Objects our own writes returned, until the watch has them (or something newer).
+#[derive(Debug, Default)]
+struct Fresh<K> {
+    objects: Mutex<HashMap<String, Arc<K>>>,
+}
+
+fn rv_of<K: Resource>(o: &K) -> u64 {
+    o.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+impl<K: Resource> Fresh<K> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<K>>> {
+        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn put(&self, key: String, o: K) {
+        self.lock().insert(key, Arc::new(o));
+    }
+    /// The newer of the cached object and ours (none when the cache has none: an object we
+    /// wrote was in the cache before, so it has been deleted since).
+    fn pick(&self, key: &str, cached: Option<Arc<K>>) -> Option<Arc<K>> {
+        let mut m = self.lock();
+        let Some(ours) = m.get(key) else {
+            return cached;
+        };
+        match cached {
+            Some(c) if rv_of(&**ours) > rv_of(&*c) => Some(ours.clone()),
+            c => {
+                m.remove(key);
+                c
+            }
+        }
+    }
+}
+
+/// What the pods say about claims in use.
+type Pods = Store<Pod>;
+
+struct Controller {
+    cfg: Config,
+    c: Clients,
+    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<PersistentVolume>,
+    pods: Option<Pods>,
+    classes: Option<Store<VolumeAttributesClass>>,
+    fresh_claims: Fresh<PersistentVolumeClaim>,
+    fresh_volumes: Fresh<PersistentVolume>,
+    resize_q: Arc<WorkQueue<String>>,
+    modify_q: Arc<WorkQueue<String>>,
+    /// Claims (by key) whose last expansion ended with a final error.
+    final_errors: Mutex<HashSet<String>>,
+    /// Claim UIDs whose last expansion failed with FailedPrecondition.
+    in_use_errors: Mutex<HashSet<String>>,
+    resize_slow: SlowSetMap,
+    modify_slow: SlowSetMap,
+    /// Claims whose modification has no final answer yet.
+    uncertain: Mutex<HashSet<String>>,
+}
+
+fn set<'a>(m: &'a Mutex<HashSet<String>>) -> std::sync::MutexGuard<'a, HashSet<String>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs the controllers until `shutdown`.
+pub async fn run(
+    cfg: Config,
+    c: Clients,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let name: &'static str = Box::leak(format!("{}-pvc", cfg.driver).into_boxed_str());
+    let queue = || {
+        WorkQueue::new(
+            name,
+            cfg.retry_start,
+            cfg.retry_max,
+            Arc::clone(&c.metrics),
+            shutdown.clone(),
+        )
+    };
+    let (resize_q, modify_q) = (queue(), queue());
+    let resizing = cfg.resizer.is_some();
+    let mut ready = Vec::new();
+    let recover = cfg.recover;
+    let (rq, mq) = (Arc::clone(&resize_q), Arc::clone(&modify_q));
+    let modifying = cfg.modify;
+    // The last view of each claim, for the update filters.
+    let mut seen: HashMap<String, (ClaimView, String)> = HashMap::new();
+    let claims = watch::<PersistentVolumeClaim>(
+        &c.client,
+        &shutdown,
+        &mut ready,
+        |_| {},
+        move |pvc, deleted| {
+            let key = claim_key(pvc);
+            if deleted {
+                seen.remove(&key);
+                rq.forget(&key);
+                mq.forget(&key);
+                return;
+            }
+            let view = k::claim_view(pvc);
+            let mv = k::modify_view(pvc);
+            match seen.get(&key) {
+                None => {
+                    if resizing {
+                        rq.add(key.clone());
+                    }
+                    if modifying {
+                        mq.add(key.clone());
+                    }
+                }
+                Some((old, old_vac)) => {
+                    if resizing && decide::resize_update_wanted(old, &view, recover) {
+                        rq.add(key.clone());
+                    }
+                    if modifying && decide::modify_update_wanted(old_vac, &mv, view.bound) {
+                        mq.add(key.clone());
+                    }
+                }
+            }
+            seen.insert(key, (view, mv.spec));
+        },
+    );
+    let volumes = watch::<PersistentVolume>(&c.client, &shutdown, &mut ready, |_| {}, |_, _| {});
+    let pods = (resizing && cfg.handle_inuse).then(|| {
+        info!(controller = %cfg.driver, "Register Pod informer for resizer");
+        watch::<Pod>(&c.client, &shutdown, &mut ready, trim_pod, |_, _| {})
+    });
+    let mut class_ready = Vec::new();
+    // A class that appears brings back the claims waiting for it (`Pending`); upstream's class
+    // informer has no handler, so they wait for their next change.
+    let (class_tx, mut class_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let classes = modifying.then(|| {
+        watch::<VolumeAttributesClass>(
+            &c.client,
+            &shutdown,
+            &mut class_ready,
+            |_| {},
+            move |vac, deleted| {
+                if !deleted {
+                    let _ = class_tx.send(vac.name_any());
+                }
+            },
+        )
+    });
+    if resizing {
+        info!(controller = %cfg.driver, "Starting external resizer");
+    }
+    if modifying {
+        info!(controller = %cfg.driver, "Starting external resizer for modify volume");
+    }
+    for r in ready {
+        tokio::select! {
+            res = r => if res.is_err() {
+                error!("Cannot sync pod, pv or pvc caches");
+                return Err(ControllerError::Sync);
+            },
+            () = shutdown.cancelled() => return Ok(()),
+        }
+    }
+    let ctl = Arc::new(Controller {
+        cfg,
+        c,
+        claims,
+        volumes,
+        pods,
+        classes,
+        fresh_claims: Fresh::default(),
+        fresh_volumes: Fresh::default(),
+        resize_q,
+        modify_q,
+        final_errors: Mutex::default(),
+        in_use_errors: Mutex::default(),
+        resize_slow: SlowSetMap::default(),
+        modify_slow: SlowSetMap::default(),
+        uncertain: Mutex::default(),
+    });
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..ctl.cfg.workers {
+        if resizing {
+            let c = Arc::clone(&ctl);
+            workers.spawn(async move {
+                while let Some(item) = c.resize_q.next().await {
+                    let key = item.key.clone();
+                    match c.sync_resize(&key).await {
+                        Ok(()) => c.resize_q.forget(&key),
+                        Err(Retry::Backoff) => {
+                            c.resize_q.add_rate_limited(key);
+                        }
+                        Err(Retry::After(d)) => c.resize_q.add_after(key, d),
+                    }
+                    c.resize_q.done(item);
+                }
+            });
+        }
+    }
+    if ctl.cfg.modify {
+        // The modify controller waits for the class cache on its own (as upstream's): an API
+        // server that never serves the classes holds up modifying, not resizing.
+        let c = Arc::clone(&ctl);
+        let stop = shutdown.clone();
+        workers.spawn(async move {
+            for r in class_ready {
+                tokio::select! {
+                    res = r => if res.is_err() {
+                        error!("Cannot sync pod, pv, pvc or vac caches");
+                        return;
+                    },
+                    () = stop.cancelled() => return,
+                }
+            }
+            // A modification found in progress may have reached the driver: pursue its
+            // target.
+            {
+                let mut u = set(&c.uncertain);
+                for pvc in c.claims.state() {
+                    if k::modify_view(&pvc)
+                        .status
+                        .is_some_and(|(s, _)| s == decide::modify_status::IN_PROGRESS)
+                    {
+                        u.insert(claim_key(&pvc));
+                    }
+                }
+            }
+            let mut modifiers = tokio::task::JoinSet::new();
+            for _ in 0..c.cfg.workers {
+                let c = Arc::clone(&c);
+                modifiers.spawn(async move {
+                    while let Some(item) = c.modify_q.next().await {
+                        let key = item.key.clone();
+                        match c.sync_modify(&key).await {
+                            Ok(()) => c.modify_q.forget(&key),
+                            Err(()) => {
+                                c.modify_q.add_rate_limited(key);
+                            }
+                        }
+                        c.modify_q.done(item);
+                    }
+                });
+            }
+            while modifiers.join_next().await.is_some() {}
+        });
+    }
+    let c = Arc::clone(&ctl);
+    let stop = shutdown.clone();
+    workers.spawn(async move {
+        loop {
+            let name = tokio::select! {
+                n = class_rx.recv() => match n { Some(n) => n, None => return },
+                () = stop.cancelled() => return,
+            };
+            for pvc in c.claims.state() {
+                let waiting = k::modify_view(&pvc)
+                    .status
+                    .is_some_and(|(s, t)| s == decide::modify_status::PENDING && t == name);
+                if waiting {
+                    c.modify_q.add(claim_key(&pvc));
+                }
+            }
+        }
+    });
+    let c = Arc::clone(&ctl);
+    let stop = shutdown.clone();
+    workers.spawn(async move {
+        let period = c.cfg.resync.max(Duration::from_secs(1));
+        let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    for pvc in c.claims.state() {
+                        let key = claim_key(&pvc);
+                        if c.cfg.resizer.is_some() {
+                            c.resize_q.add(key.clone());
+                        }
+                        let mv = k::modify_view(&pvc);
+                        if c.cfg.modify && mv.status.is_none() && k::claim_view(&pvc).bound {
+                            c.modify_q.add(key);
+                        }
+                    }
+                }
+                () = stop.cancelled() => return,
+            }
+        }
+    });
+    shutdown.cancelled().await;
+    while workers.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Starts a reflector for `K` (cluster-wide), keeping of each object only what `trim` leaves,
+/// calling `on_event` for every object listed, changed (`false`) or deleted (`true`), and
+/// pushes a readiness future to `ready`.
+fn watch<K>(
+    client: &Client,
+    shutdown: &CancellationToken,
+    ready: &mut Vec<futures::future::BoxFuture<'static, Result<(), ()>>>,
+    trim: impl Fn(&mut K) + Send + 'static,
+    mut on_event: impl FnMut(&K, bool) + Send + 'static,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(move |o: &mut K| {
+            o.meta_mut().managed_fields = None;
+            trim(o);
+        })
+        .reflect(writer);
+    let stop = shutdown.clone();
+    let kind = K::kind(&()).into_owned();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let ev = tokio::select! {
+                ev = stream.next() => ev,
+                () = stop.cancelled() => return,
+            };
+            match ev {
+                None => return,
+                Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
+                    on_event(&o, false)
+                }
+                Some(Ok(watcher::Event::Delete(o))) => on_event(&o, true),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => warn!(kind = %kind, "watch failed (retrying): {e}"),
+            }
+        }
+    });
+    let r = reader.clone();
+    ready.push(Box::pin(async move {
+        r.wait_until_ready().await.map_err(|_| ())
+    }));
+    reader
+}
+
+/// A pod as the in-use check reads it: its claim volumes and phase.
+fn trim_pod(p: &mut Pod) {
+    p.metadata.annotations = None;
+    p.metadata.labels = None;
+    p.metadata.owner_references = None;
+    if let Some(spec) = p.spec.as_mut() {
+        let volumes = spec.volumes.take().map(|v| {
+            v.into_iter()
+                .filter(|v| v.persistent_volume_claim.is_some())
+                .map(|v| k8s_openapi::api::core::v1::Volume {
+                    name: v.name,
+                    persistent_volume_claim: v.persistent_volume_claim,
+                    ..Default::default()
+                })
+                .collect()
+        });
+        *spec = k8s_openapi::api::core::v1::PodSpec {
+            volumes,
+            ..Default::default()
+        };
+    }
+    if let Some(status) = p.status.as_mut() {
+        *status = k8s_openapi::api::core::v1::PodStatus {
+            phase: status.phase.take(),
+            ..Default::default()
+        };
+    }
+}
+
+fn claim_ref(pvc: &PersistentVolumeClaim) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: pvc.metadata.namespace.clone(),
+        name: pvc.metadata.name.clone(),
+        uid: pvc.metadata.uid.clone(),
+        resource_version: pvc.metadata.resource_version.clone(),
+        ..ObjectReference::default()
+    }
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+fn kube_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl Controller {
+    fn claim(&self, key: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        let (ns, name) = key.split_once('/')?;
+        let cached = self.claims.get(&reflector::ObjectRef::new(name).within(ns));
+        self.fresh_claims.pick(key, cached)
+    }
+
+    fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        let cached = self.volumes.get(&reflector::ObjectRef::new(name));
+        self.fresh_volumes.pick(name, cached)
+    }
+
+    fn event(&self, pvc: &PersistentVolumeClaim, type_: EventType, reason: &str, message: &str) {
+        self.c.events.event(&claim_ref(pvc), type_, reason, message);
+    }
+
+    fn claims_api(&self, ns: &str) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.c.client.clone(), ns)
+    }
+
+    /// Patches the claim's status (a JSON merge patch; with the claim's resourceVersion as a
+    /// precondition when `precondition`), remembering the returned object.
+    async fn patch_claim(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        mut body: Value,
+        precondition: bool,
+    ) -> Result<PersistentVolumeClaim, String> {
+        if precondition {
+            body["metadata"]["resourceVersion"] = json!(pvc.metadata.resource_version);
+        }
+        let ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pvc.metadata.name.as_deref().unwrap_or_default();
+        match self
+            .claims_api(ns)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(new) => {
+                self.fresh_claims.put(claim_key(&new), new.clone());
+                Ok(new)
+            }
+            Err(e) => Err(format!(
+                "can't patch status of  PVC {ns}/{name} with {}",
+                kube_error(&e)
+            )),
+        }
+    }
+
+    async fn patch_volume(&self, name: &str, body: Value) -> Result<PersistentVolume, String> {
+        let api: Api<PersistentVolume> = Api::all(self.c.client.clone());
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(new) => {
+                self.fresh_volumes.put(name.to_owned(), new.clone());
+                Ok(new)
+            }
+            Err(e) => Err(kube_error(&e)),
+        }
+    }
+
+    async fn secret(&self, ns: &str, name: &str) -> Result<HashMap<String, String>, String> {
+        let api: Api<Secret> = Api::namespaced(self.c.client.clone(), ns);
+        match api.get(name).await {
+            Ok(s) => Ok(s
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                .collect()),
+            Err(e) => Err(format!(
+                "error getting secret {name} in namespace {ns}: {}",
+                kube_error(&e)
+            )),
+        }
+    }
+
+    /// Whether a running pod uses the claim `ns/name`.
+    fn in_use(&self, ns: &str, name: &str) -> bool {
+        let Some(pods) = &self.pods else {
+            return false;
+        };
+        pods.state().iter().any(|p| {
+            p.metadata.namespace.as_deref() == Some(ns)
+                && !matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+                && p.spec
+                    .as_ref()
+                    .and_then(|s| s.volumes.as_ref())
+                    .is_some_and(|v| {
+                        v.iter().any(|v| {
+                            v.persistent_volume_claim
+                                .as_ref()
+                                .is_some_and(|c| c.claim_name == name)
+                        })
+                    })
+        })
+    }
+
+    /// Whether this resizer handles the claim's PV: our driver's CSI volume, bound to this
+    /// claim (namespace and UID).
+    fn can_support(&self, pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
+        let spec = pv.spec.as_ref();
+        let ours = spec
+            .and_then(|s| s.csi.as_ref())
+            .is_some_and(|c| c.driver == self.cfg.driver);
+        let bound_here = spec
+            .and_then(|s| s.claim_ref.as_ref())
+            .is_some_and(|r| r.namespace == pvc.metadata.namespace && r.uid == pvc.metadata.uid);
+        ours && bound_here
+    }
+
+    // ---- resizing
+
+    async fn sync_resize(&self, key: &str) -> Result<(), Retry> {
+        let Some(pvc) = self.claim(key) else {
+            return Ok(());
+        };
+        let view = k::claim_view(&pvc);
+        if view.volume_name.is_empty() {
+            return Ok(());
+        }
+        let Some(pv) = self.volume(&view.volume_name) else {
+            error!(
+                pvc = key,
+                "Error syncing PVC: PV {:?} bound to pvc {key:?} not found", view.volume_name
+            );
+            return Err(Retry::Backoff);
+        };
+        if self.cfg.annotate_fs_resize
+            && let Err(e) = self.clean_pre_resize_annotation(&pv, &view).await
+        {
+            error!(pvc = key, "Error syncing PVC: {e}");
+            return Err(Retry::Backoff);
+        }
+        if !decide::needs_resize(&view) {
+            debug!(target: "plugreg_resizer::v4", pvc = key, "No need to resize PVC");
+            return Ok(());
+        }
+        if !self.can_support(&pv, &pvc) {
+            debug!(target: "plugreg_resizer::v4", pvc = key, "Resizer doesn't support PV");
+            return Ok(());
+        }
+        let result = if self.cfg.recover {
+            self.expand_and_recover(key, &pvc, &pv, &view).await
+        } else {
+            self.expand_legacy(key, &pvc, &pv, &view).await
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(Retry::After(d)) => Err(Retry::After(d)),
+            Err(Retry::Backoff) => Err(Retry::Backoff),
+        }
+    }
+
+    async fn clean_pre_resize_annotation(
+        &self,
+        pv: &PersistentVolume,
+        view: &ClaimView,
+    ) -> Result<(), String> {
+        let has = pv
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(k::ANN_PRE_RESIZE_CAPACITY));
+        if has && view.capacity.unwrap_or(0) >= k::pv_capacity(pv) {
+            let name = pv.name_any();
+            self.patch_volume(
+                &name,
+                json!({"metadata": {"annotations": {k::ANN_PRE_RESIZE_CAPACITY: null}}}),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn expand_and_recover(
+        &self,
+        key: &str,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+        view: &ClaimView,
+    ) -> Result<(), Retry> {
+        let pv_cap = k::pv_capacity(pv);
+        let controller_expands = self.cfg.resizer == Some(Resizer::Csi);
+        let in_slow_set = self
+            .resize_slow
+            .remaining(key, self.cfg.retry_max)
+            .is_some();
+        if view.resize_status.as_deref() == Some(decide::status::CONTROLLER_INFEASIBLE) {
+            self.resize_slow.add(key);
+        }
+        let memory = Memory {
+            final_error: set(&self.final_errors).contains(key),
+            in_slow_set,
+        };
+        if decide::old_api_server(view, pv_cap) {
+            warn!(
+                pvc = key,
+                "external-resizer may be running with older version of kubernetes api-server, please upgrade to k8s version 1.32"
+            );
+        }
+        let (target, update_status) = match decide::resize_target(
+            view,
+            pv_cap,
+            memory,
+            controller_expands,
+        ) {
+            Resize::Stop => return Ok(()),
+            Resize::DelayRetry => {
+                let left = self
+                    .resize_slow
+                    .remaining(key, self.cfg.retry_max)
+                    .unwrap_or(self.cfg.retry_start);
+                info!(
+                    pvc = key,
+                    "skipping volume expansion for pvc {key}, because expansion previously failed with infeasible error"
+                );
+                return Err(Retry::After(left));
+            }
+            Resize::Expand {
+                target,
+                update_status,
+            } => (target, update_status),
+        };
+        // 1. Mark the claim as resizing, with the target as allocated: from here on the
+        // target is durable.
+        let now = now();
+        let conditions = k::merge_resize_conditions(
+            k::conditions(pvc),
+            vec![k::condition(k::RESIZING, "", &now)],
+            !update_status,
+        );
+        let mut status = json!({
+            "conditions": conditions,
+            "allocatedResources": {"storage": format_binary_si(target)},
+        });
+        if update_status {
+            status["allocatedResourceStatuses"] =
+                json!({"storage": decide::status::CONTROLLER_IN_PROGRESS});
+        }
+        let body = json!({
+            "metadata": {"annotations": {k::ANN_NODE_EXPANSION_NOT_REQUIRED: null}},
+            "status": status,
+        });
+        let pvc = match self.patch_claim(pvc, body, true).await {
+            Ok(p) => p,
+            Err(e) => {
+                error!(
+                    pvc = key,
+                    "Error syncing PVC: marking pvc {key:?} as resizing failed: {e}"
+                );
+                return Err(Retry::Backoff);
+            }
+        };
+        self.resize_call(key, &pvc, pv, target).await
+    }
+
+    /// Steps 2-6 of a resize: the in-use guard, the event, the call and what follows.
+    async fn resize_call(
+        &self,
+        key: &str,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+        target: i64,
+    ) -> Result<(), Retry> {
+        let uid = pvc.metadata.uid.clone().unwrap_or_default();
+        let (ns, name) = key.split_once('/').unwrap_or_default();
+        if self.cfg.handle_inuse {
+            let marked = set(&self.in_use_errors).contains(&uid);
+            if marked && self.in_use(ns, name) {
+                let msg = format!(
+                    "Unable to expand {key} because CSI driver {} only supports offline expansion and volume is currently in-use",
+                    self.cfg.driver
+                );
+                self.event(pvc, EventType::Warning, "VolumeResizeFailed", &msg);
+                error!(pvc = key, "Error syncing PVC: {msg}");
+                return Err(Retry::Backoff);
+            }
+            set(&self.in_use_errors).remove(&uid);
+        }
+        let pv_name = pv.name_any();
+        self.event(
+            pvc,
+            EventType::Normal,
+            "Resizing",
+            &format!("External resizer is resizing volume {pv_name}"),
+        );
+        let outcome = match self.cfg.resizer {
+            Some(Resizer::Csi) => self.expand_volume(pv, target).await,
+            _ => Ok((target, true)),
+        };
+        match outcome {
+            Ok((new_size, node_expansion)) => {
+                set(&self.final_errors).remove(key);
+                self.resize_slow.remove(key);
+                self.resize_succeeded(key, pvc, pv, new_size, node_expansion)
+                    .await
+            }
+            Err(e) => {
+                self.resize_failed(key, pvc, &pv_name, &uid, e).await;
+                Err(Retry::Backoff)
+            }
+        }
+    }
+
+    /// ControllerExpandVolume for `pv` to `target` bytes: (new size, node expansion required).
+    async fn expand_volume(
+        &self,
+        pv: &PersistentVolume,
+        target: i64,
+    ) -> Result<(i64, bool), ExpandError> {
+        let spec = pv.spec.clone().unwrap_or_default();
+        let csi = spec.csi.clone().unwrap_or_default();
+        if csi.volume_handle.is_empty() {
+            return Err(ExpandError::Other("empty volume handle".into()));
+        }
+        let secrets = match &csi.controller_expand_secret_ref {
+            Some(r) => self
+                .secret(
+                    r.namespace.as_deref().unwrap_or_default(),
+                    r.name.as_deref().unwrap_or_default(),
+                )
+                .await
+                .map_err(ExpandError::Other)?,
+            None => HashMap::new(),
+        };
+        let snmw = self
+            .c
+            .driver
+            .single_node_multi_writer()
+            .await
+            .map_err(|e| {
+                ExpandError::Other(format!(
+                    "failed to get capabilities of volume {} with {}",
+                    pv.name_any(),
+                    error_text(&e)
+                ))
+            })?;
+        let block = spec.volume_mode.as_deref() == Some("Block");
+        let access_type = if block {
+            volume_capability::AccessType::Block(volume_capability::BlockVolume {})
+        } else {
+            volume_capability::AccessType::Mount(volume_capability::MountVolume {
+                fs_type: csi.fs_type.clone().unwrap_or_default(),
+                mount_flags: spec.mount_options.clone().unwrap_or_default(),
+                volume_mount_group: String::new(),
+            })
+        };
+        let modes = spec.access_modes.clone().unwrap_or_default();
+        let mode = access_mode(&modes, snmw);
+        let req = ControllerExpandVolumeRequest {
+            volume_id: csi.volume_handle.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: target,
+                limit_bytes: 0,
+            }),
+            secrets,
+            volume_capability: Some(VolumeCapability {
+                access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
+                access_type: Some(access_type),
+            }),
+        };
+        let resp = self.c.driver.expand(req).await.map_err(ExpandError::Call)?;
+        // A driver that answers no size has the target.
+        let size = if resp.capacity_bytes > 0 {
+            resp.capacity_bytes
+        } else {
+            target
+        };
+        Ok((size, resp.node_expansion_required))
+    }
+
+    async fn resize_succeeded(
+        &self,
+        key: &str,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+        new_size: i64,
+        node_expansion: bool,
+    ) -> Result<(), Retry> {
+        let pv_name = pv.name_any();
+        let size = format_binary_si(new_size);
+        let mut body = json!({"spec": {"capacity": {"storage": size}}});
+        if self.cfg.annotate_fs_resize && node_expansion {
+            let has = pv
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(k::ANN_PRE_RESIZE_CAPACITY));
+            if !has {
+                let old = pvc
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.capacity.as_ref()?.get("storage").cloned())
+                    .map(|q| q.0)
+                    .unwrap_or_default();
+                body["metadata"] = json!({"annotations": {k::ANN_PRE_RESIZE_CAPACITY: old}});
+            }
+        }
+        if let Err(e) = self.patch_volume(&pv_name, body).await {
+            let msg = format!(
+                "updating capacity of PV {pv_name:?} to {size} failed: error updating pv {pv_name:?} by resizer: {e}"
+            );
+            self.event(pvc, EventType::Warning, "VolumeResizeFailed", &msg);
+            error!(pvc = key, "Error syncing PVC: {msg}");
+            return Err(Retry::Backoff);
+        }
+        let now = now();
+        if node_expansion {
+            let mut status = json!({
+                "conditions": k::merge_resize_conditions(
+                    k::conditions(pvc),
+                    vec![k::condition(k::FS_RESIZE_PENDING, k::FS_RESIZE_PENDING_MESSAGE, &now)],
+                    true,
+                ),
+            });
+            let mut body = json!({});
+            if self.cfg.recover {
+                status["allocatedResourceStatuses"] =
+                    json!({"storage": decide::status::NODE_PENDING});
+                body["metadata"] =
+                    json!({"annotations": {k::ANN_NODE_EXPANSION_NOT_REQUIRED: null}});
+            } else {
+                status["conditions"] = json!(k::merge_resize_conditions(
+                    &k::without_resize_conditions(k::conditions(pvc)),
+                    vec![k::condition(
+                        k::FS_RESIZE_PENDING,
+                        k::FS_RESIZE_PENDING_MESSAGE,
+                        &now
+                    )],
+                    false,
+                ));
+            }
+            body["status"] = status;
+            if let Err(e) = self.patch_claim(pvc, body, true).await {
+                error!(
+                    pvc = key,
+                    "Error syncing PVC: mark PVC {key:?} as node expansion required failed: {e}"
+                );
+                return Err(Retry::Backoff);
+            }
+            self.event(
+                pvc,
+                EventType::Normal,
+                "FileSystemResizeRequired",
+                "Require file system resize of volume on node",
+            );
+        } else {
+            let mut body = json!({
+                "status": {
+                    "capacity": {"storage": size},
+                    "conditions": k::without_resize_conditions(k::conditions(pvc)),
+                },
+            });
+            if self.cfg.recover {
+                body["status"]["allocatedResourceStatuses"] = json!({"storage": null});
+                body["metadata"] =
+                    json!({"annotations": {k::ANN_NODE_EXPANSION_NOT_REQUIRED: "true"}});
+            }
+            if let Err(e) = self.patch_claim(pvc, body, true).await {
+                error!(
+                    pvc = key,
+                    "Error syncing PVC: mark PVC {key:?} as resize finished failed: {e}"
+                );
+                return Err(Retry::Backoff);
+            }
+            self.event(
+                pvc,
+                EventType::Normal,
+                "VolumeResizeSuccessful",
+                "Resize volume succeeded",
+            );
+        }
+        info!(pvc = key, pv = %pv_name, size = %size, "Resize volume succeeded");
+        Ok(())
+    }
+
+    async fn resize_failed(
+        &self,
+        key: &str,
+        pvc: &PersistentVolumeClaim,
+        pv_name: &str,
+        uid: &str,
+        e: ExpandError,
+    ) {
+        let (class, text) = match &e {
+            ExpandError::Call(c) => (decide::classify(c.code()), error_text(c)),
+            ExpandError::Other(t) => (Failure::Uncertain, t.clone()),
+        };
+        if let ExpandError::Call(c) = &e
+            && c.code() == Some(tonic::Code::FailedPrecondition)
+            && self.cfg.handle_inuse
+        {
+            set(&self.in_use_errors).insert(uid.to_owned());
+        }
+        let mut msg = format!(
+            "resize volume {pv_name:?} by resizer {:?} failed: {text}",
+            self.cfg.driver
+        );
+        if self.cfg.recover {
+            match class {
+                Failure::Uncertain => {
+                    set(&self.final_errors).remove(key);
+                    self.resize_slow.remove(key);
+                }
+                Failure::Infeasible | Failure::Final => {
+                    set(&self.final_errors).insert(key.to_owned());
+                    if class == Failure::Final {
+                        self.resize_slow.remove(key);
+                    }
+                    let now = now();
+                    let cond = k::condition(
+                        k::CONTROLLER_RESIZE_ERROR,
+                        &format!("failed to expand pvc with {text}"),
+                        &now,
+                    );
+                    let mut status = json!({
+                        "conditions": k::merge_resize_conditions(k::conditions(pvc), vec![cond], true),
+                    });
+                    if class == Failure::Infeasible {
+                        status["allocatedResourceStatuses"] =
+                            json!({"storage": decide::status::CONTROLLER_INFEASIBLE});
+                    }
+                    if let Err(e2) = self
+                        .patch_claim(pvc, json!({"status": status}), false)
+                        .await
+                    {
+                        msg = format!(
+                            "resizing failed in controller with {text} but failed to update PVC {key} with: {e2}"
+                        );
+                    }
+                }
+            }
+        }
+        self.event(pvc, EventType::Warning, "VolumeResizeFailed", &msg);
+        error!(pvc = key, "Error syncing PVC: {msg}");
+    }
+
+    async fn expand_legacy(
+        &self,
+        key: &str,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+        view: &ClaimView,
+    ) -> Result<(), Retry> {
+        let Some(target) = decide::legacy_target(view, k::pv_capacity(pv)) else {
+            return Ok(());
+        };
+        let now = now();
+        let body = json!({"status": {"conditions": k::merge_resize_conditions(
+            k::conditions(pvc),
+            vec![k::condition(k::RESIZING, "", &now)],
+            false,
+        )}});
+        let pvc = match self.patch_claim(pvc, body, true).await {
+            Ok(p) => p,
+            Err(e) => {
+                error!(
+                    pvc = key,
+                    "Error syncing PVC: marking pvc {key:?} as resizing failed: Mark PVC {key:?} as resize as in progress failed: {e}"
+                );
+                return Err(Retry::Backoff);
+            }
+        };
+        self.resize_call(key, &pvc, pv, target).await
+    }
+
+    // ---- modifying
+
+    async fn sync_modify(&self, key: &str) -> Result<(), ()> {
+        let Some(pvc) = self.claim(key) else {
+            return Ok(());
+        };
+        let view = k::claim_view(&pvc);
+        if view.volume_name.is_empty() {
+            return Ok(());
+        }
+        let Some(pv) = self.volume(&view.volume_name) else {
+            error!(
+                pvc = key,
+                "Error syncing PVC: PV {:?} not found", view.volume_name
+            );
+            return Err(());
+        };
+        let ours = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .is_some_and(|c| c.driver == self.cfg.driver);
+        if !ours || !view.bound {
+            return Ok(());
+        }
+        let mv = k::modify_view(&pvc);
+        let in_slow = self
+            .modify_slow
+            .remaining(key, self.cfg.retry_max)
+            .is_some();
+        let uncertain = set(&self.uncertain).contains(key);
+        let (slow, action) = decide::modify_decision(&mv, in_slow, uncertain);
+        match slow {
+            SlowSet::Add => self.modify_slow.add(key),
+            SlowSet::Remove => self.modify_slow.remove(key),
+            SlowSet::Keep => {}
+        }
+        match action {
+            Modify::Nothing => Ok(()),
+            Modify::SlowSkip => {
+                error!(
+                    pvc = key,
+                    "Error syncing PVC: skipping volume modification for pvc {key}, because modification previously failed with infeasible error"
+                );
+                Err(())
+            }
+            Modify::Cancel => {
+                if mv.modifying_condition {
+                    self.event(
+                        &pvc,
+                        EventType::Normal,
+                        "VolumeModifyCanceled",
+                        "Cancelled modify.",
+                    );
+                    let conditions: Vec<_> = k::conditions(&pvc)
+                        .iter()
+                        .filter(|c| c.type_ != k::MODIFYING_VOLUME)
+                        .cloned()
+                        .collect();
+                    if let Err(e) = self
+                        .patch_claim(&pvc, json!({"status": {"conditions": conditions}}), false)
+                        .await
+                    {
+                        error!(pvc = key, "Error syncing PVC: {e}");
+                        return Err(());
+                    }
+                }
+                Ok(())
+            }
+            Modify::Continue(target) => {
+                let Some(vac) = self.class(&target) else {
+                    error!(
+                        pvc = key,
+                        "Error syncing PVC: volumeattributesclass.storage.k8s.io {target:?} not found"
+                    );
+                    return Err(());
+                };
+                self.modify_call(key, &pvc, &pv, &vac).await
+            }
+            Modify::Start(target) => {
+                let Some(vac) = self.class(&target) else {
+                    let msg = format!("VAC {target:?} does not exist.");
+                    self.event(&pvc, EventType::Warning, "VolumeModifyFailed", &msg);
+                    let body = json!({"status": {"modifyVolumeStatus": {
+                        "status": decide::modify_status::PENDING,
+                        "targetVolumeAttributesClassName": target,
+                    }}});
+                    if let Err(e) = self.patch_claim(&pvc, body, true).await {
+                        error!(pvc = key, "Error syncing PVC: {e}");
+                        return Err(());
+                    }
+                    // As upstream: no requeue; the claim's next change (or the resync of
+                    // claims without a modify status) brings it back.
+                    return Ok(());
+                };
+                let now = now();
+                let cond = k::condition(
+                    k::MODIFYING_VOLUME,
+                    &format!("Modifying volume to {target:?} is in progress."),
+                    &now,
+                );
+                let body = json!({"status": {
+                    "modifyVolumeStatus": {
+                        "status": decide::modify_status::IN_PROGRESS,
+                        "targetVolumeAttributesClassName": target,
+                    },
+                    "conditions": k::merge_modify_conditions(k::conditions(&pvc), &[cond], &[], &now),
+                }});
+                let pvc = match self.patch_claim(&pvc, body, true).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        error!(pvc = key, "Error syncing PVC: {e}");
+                        return Err(());
+                    }
+                };
+                self.event(
+                    &pvc,
+                    EventType::Normal,
+                    "VolumeModify",
+                    &format!(
+                        "external resizer is modifying volume {} with vac {target}",
+                        pvc.name_any()
+                    ),
+                );
+                self.modify_call(key, &pvc, &pv, &vac).await
+            }
+        }
+    }
+
+    fn class(&self, name: &str) -> Option<Arc<VolumeAttributesClass>> {
+        self.classes.as_ref()?.get(&reflector::ObjectRef::new(name))
+    }
+
+    async fn modify_call(
+        &self,
+        key: &str,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+        vac: &VolumeAttributesClass,
+    ) -> Result<(), ()> {
+        let target = vac.name_any();
+        let csi = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.clone())
+            .unwrap_or_default();
+        let ann = pv.metadata.annotations.clone().unwrap_or_default();
+        let secret_ref = match (
+            ann.get(k::ANN_MODIFY_SECRET_NAME),
+            ann.get(k::ANN_MODIFY_SECRET_NAMESPACE),
+        ) {
+            (Some(n), Some(ns)) => Some((ns.clone(), n.clone())),
+            _ => csi.controller_expand_secret_ref.as_ref().map(|r| {
+                (
+                    r.namespace.clone().unwrap_or_default(),
+                    r.name.clone().unwrap_or_default(),
+                )
+            }),
+        };
+        let secrets = match secret_ref {
+            Some((ns, n)) => match self.secret(&ns, &n).await {
+                Ok(s) => s,
+                Err(e) => {
+                    error!(
+                        pvc = key,
+                        "Error syncing PVC: cannot get error status from modify volume err: {e}"
+                    );
+                    return Err(());
+                }
+            },
+            None => HashMap::new(),
+        };
+        let mut params: HashMap<String, String> = vac.parameters.clone().into_iter().collect();
+        if self.cfg.extra_modify_metadata {
+            params.insert("csi.storage.k8s.io/pvc/name".into(), pvc.name_any());
+            params.insert(
+                "csi.storage.k8s.io/pvc/namespace".into(),
+                pvc.namespace().unwrap_or_default(),
+            );
+            params.insert("csi.storage.k8s.io/pv/name".into(), pv.name_any());
+        }
+        let req = ControllerModifyVolumeRequest {
+            volume_id: csi.volume_handle.clone(),
+            secrets,
+            mutable_parameters: params,
+        };
+        match self.c.driver.modify(req).await {
+            Ok(()) => {
+                set(&self.uncertain).remove(key);
+                if let Err(e) = self
+                    .patch_volume(
+                        &pv.name_any(),
+                        json!({"spec": {"volumeAttributesClassName": target}}),
+                    )
+                    .await
+                {
+                    error!(
+                        pvc = key,
+                        "Error syncing PVC: cannot get error status from modify volume err: {e}"
+                    );
+                    return Err(());
+                }
+                let conditions: Vec<_> = k::conditions(pvc)
+                    .iter()
+                    .filter(|c| c.type_ != k::MODIFYING_VOLUME && c.type_ != k::MODIFY_VOLUME_ERROR)
+                    .cloned()
+                    .collect();
+                let body = json!({"status": {
+                    "currentVolumeAttributesClassName": target,
+                    "modifyVolumeStatus": null,
+                    "conditions": conditions,
+                }});
+                if let Err(e) = self.patch_claim(pvc, body, false).await {
+                    error!(
+                        pvc = key,
+                        "Error syncing PVC: cannot get error status from modify volume err: {e}"
+                    );
+                    return Err(());
+                }
+                self.event(
+                    pvc,
+                    EventType::Normal,
+                    "VolumeModifySuccessful",
+                    &format!(
+                        "external resizer modified volume {} with vac {target} successfully",
+                        pvc.name_any()
+                    ),
+                );
+                Ok(())
+            }
+            Err(e) => {
+                self.modify_failed(key, pvc, &target, &e).await;
+                Err(())
+            }
+        }
+    }
+
+    async fn modify_failed(
+        &self,
+        key: &str,
+        pvc: &PersistentVolumeClaim,
+        target: &str,
+        e: &CallError,
+    ) {
+        let status = e.to_status();
+        let code = status.code();
+        let text = error_text(e);
+        let uncertain = decide::modify_uncertain(code);
+        let now = now();
+        let (state, modifying_msg, event) = if uncertain {
+            set(&self.uncertain).insert(key.to_owned());
+            (
+                decide::modify_status::IN_PROGRESS,
+                format!("Modifying volume to {target:?} is still in progress."),
+                format!("{text}. Still modifying to VAC {target}"),
+            )
+        } else {
+            set(&self.uncertain).remove(key);
+            let infeasible = code == tonic::Code::InvalidArgument;
+            if infeasible {
+                self.modify_slow.add(key);
+            }
+            (
+                if infeasible {
+                    decide::modify_status::INFEASIBLE
+                } else {
+                    decide::modify_status::IN_PROGRESS
+                },
+                format!("Modifying volume to {target:?} failed. Waiting for retry."),
+                text.clone(),
+            )
+        };
+        let mut err_cond = k::condition(k::MODIFY_VOLUME_ERROR, status.message(), &now);
+        err_cond.reason = Some(plugreg_runtime::report::go_code(code).to_owned());
+        let conds = [
+            k::condition(k::MODIFYING_VOLUME, &modifying_msg, &now),
+            err_cond,
+        ];
+        let body = json!({"status": {
+            "modifyVolumeStatus": {"status": state, "targetVolumeAttributesClassName": target},
+            "conditions": k::merge_modify_conditions(k::conditions(pvc), &conds, &[], &now),
+        }});
+        if let Err(e2) = self.patch_claim(pvc, body, true).await {
+            error!(pvc = key, "Error syncing PVC: {e2}");
+        }
+        self.event(pvc, EventType::Warning, "VolumeModifyFailed", &event);
+        error!(pvc = key, "Error syncing PVC: {text}");
+    }
+}
+
+/// How an expansion failed.
+#[derive(Debug)]
+enum ExpandError {
+    /// The driver's answer (or its absence).
+    Call(CallError),
+    /// Before the call (secrets, handle, capabilities).
+    Other(String),
+}
+
+/// The CSI access mode of a PV's access modes (external-resizer takes the PV's modes as the
+/// attacher does): the widest mode wins.
+fn access_mode(modes: &[String], snmw: bool) -> volume_capability::access_mode::Mode {
+    use volume_capability::access_mode::Mode;
+    let has = |m: &str| modes.iter().any(|x| x == m);
+    if has("ReadWriteMany") {
+        Mode::MultiNodeMultiWriter
+    } else if has("ReadOnlyMany") {
+        Mode::MultiNodeReaderOnly
+    } else if has("ReadWriteOncePod") {
+        if snmw {
+            Mode::SingleNodeSingleWriter
+        } else {
+            Mode::SingleNodeWriter
+        }
+    } else if snmw {
+        Mode::SingleNodeMultiWriter
+    } else {
+        Mode::SingleNodeWriter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use volume_capability::access_mode::Mode;
+
+    #[test]
+    fn access_modes_follow_the_widest() {
+        let m = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            access_mode(&m(&["ReadWriteOnce"]), false),
+            Mode::SingleNodeWriter
+        );
+        assert_eq!(
+            access_mode(&m(&["ReadWriteOnce"]), true),
+            Mode::SingleNodeMultiWriter
+        );
+        assert_eq!(
+            access_mode(&m(&["ReadWriteOncePod"]), true),
+            Mode::SingleNodeSingleWriter
+        );
+        assert_eq!(
+            access_mode(&m(&["ReadWriteOnce", "ReadWriteMany"]), false),
+            Mode::MultiNodeMultiWriter
+        );
+        assert_eq!(
+            access_mode(&m(&["ReadOnlyMany"]), false),
+            Mode::MultiNodeReaderOnly
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_slow_set_holds_for_its_window() {
+        let s = SlowSetMap::default();
+        let w = Duration::from_secs(10);
+        assert!(s.remaining("a", w).is_none());
+        s.add("a");
+        assert_eq!(s.remaining("a", w), Some(w));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        s.add("a");
+        assert_eq!(s.remaining("a", w), Some(Duration::from_secs(6)));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(s.remaining("a", w).is_none());
+    }
+}
