@@ -272,13 +272,14 @@ pub fn markdown(info: &RunInfo, figures: &[ReleaseFigures]) -> String {
         "Written by `plugreg-cluster bench` (crates/cluster/src/bench.rs). A real cluster per \
          release (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd, \
          runc, the kubelet; see crates/cluster), `deploy/test` applied (plugreg's \
-         csi-node-driver-registrar, livenessprobe and csi-provisioner images with \
-         csi-test-driver, built from the binaries beside the command), then one volume's life \
-         after another: a WaitForFirstConsumer claim and a busybox pod that mounts it (pod \
-         created -> Running: scheduling, the selected-node annotation, CreateVolume through \
-         csi-provisioner, binding, NodeStageVolume and NodePublishVolume by the kubelet, the \
-         container's start), the pod deleted (-> target and staging path unmounted on the \
-         node), the claim deleted (-> DeleteVolume, PV gone). States polled every 10 ms. No Go \
+         csi-node-driver-registrar, livenessprobe, csi-provisioner, csi-attacher and csi-resizer \
+         images with csi-test-driver, built from the binaries beside the command), then one \
+         volume's life after another: a WaitForFirstConsumer claim and a busybox pod that mounts \
+         it (pod created -> Running: scheduling, the selected-node annotation, CreateVolume \
+         through csi-provisioner, binding, the VolumeAttachment attached by csi-attacher, \
+         NodeStageVolume and NodePublishVolume by the kubelet, the container's start), the pod \
+         deleted (-> target and staging path unmounted on the node), the claim deleted (-> \
+         DeleteVolume, PV gone). States polled every 10 ms. No Go \
          sidecar ran beside: there is no registry to pull upstream's images from, so there is \
          no same-run comparison.\n\n",
     );
@@ -310,7 +311,7 @@ pub fn markdown(info: &RunInfo, figures: &[ReleaseFigures]) -> String {
         );
         row(
             &mut o,
-            "... images imported (pause, busybox, 3 sidecars, test driver)",
+            "... images imported (pause, busybox, 5 sidecars, test driver)",
             &part(|s| s.images),
         );
         row(

@@ -19,6 +19,8 @@ pub const SIDECARS: &[&str] = &[
     "csi-node-driver-registrar",
     "livenessprobe",
     "csi-provisioner",
+    "csi-attacher",
+    "csi-resizer",
 ];
 /// The test driver's image (`images/test-images.conf`).
 pub const TEST_DRIVER: &str = "csi-test-driver";

@@ -6,7 +6,9 @@
 //!
 //! plugreg's tests run the flow plugreg exists for on it (`tests/flow.rs`): the real kubelet
 //! registers a CSI driver through plugreg's `csi-node-driver-registrar`, plugreg's
-//! `csi-provisioner` creates a pod's volume, the kubelet stages and publishes it into the pod.
+//! `csi-provisioner` creates a pod's volume, plugreg's `csi-attacher` attaches it, the kubelet
+//! stages and publishes it into the pod, and a claim grown in use is expanded by plugreg's
+//! `csi-resizer` and then on the node by the kubelet.
 //! Driver authors get the same cluster with their own images from `plugreg-cluster up`
 //! (`scripts/cluster.sh`).
 //!

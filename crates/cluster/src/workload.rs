@@ -15,7 +15,8 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use crate::{Cluster, Error};
 
 /// Creates StorageClass `name` of `provisioner` with `volumeBindingMode: WaitForFirstConsumer`
-/// (the volume is made where the pod is scheduled) and `reclaimPolicy: Delete`.
+/// (the volume is made where the pod is scheduled), `reclaimPolicy: Delete` and
+/// `allowVolumeExpansion: true` (deploy/ runs csi-resizer).
 pub async fn storage_class(cluster: &Cluster, name: &str, provisioner: &str) -> Result<(), Error> {
     let sc = StorageClass {
         metadata: ObjectMeta {
@@ -25,6 +26,7 @@ pub async fn storage_class(cluster: &Cluster, name: &str, provisioner: &str) -> 
         provisioner: provisioner.to_owned(),
         volume_binding_mode: Some("WaitForFirstConsumer".to_owned()),
         reclaim_policy: Some("Delete".to_owned()),
+        allow_volume_expansion: Some(true),
         ..Default::default()
     };
     Api::<StorageClass>::all(cluster.client())

@@ -4,8 +4,8 @@ mod common;
 
 use common::*;
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::CSINode;
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use plugreg_testpeers::KubeVersion;
 
 /// Defines `<name>::v1_20_2` and `<name>::v1_36_2` running `body(version)`.
@@ -132,12 +132,41 @@ async fn pod_gets_a_provisioned_volume(version: KubeVersion) {
         Some(DRIVER)
     );
 
-    // The drivers' own records: the controller created it, the node plugin staged it, then
-    // published it.
-    let controller_calls = driver_calls(&cluster, &controller_pod(&cluster).await);
+    // The CSIDriver says attachRequired: KCM's attach/detach controller made a
+    // VolumeAttachment, plugreg's csi-attacher published the volume and recorded the publish
+    // context, which the kubelet handed to the node plugin (it refuses to stage or publish
+    // without the `device` ControllerPublishVolume answers).
+    let va = attachment_of(&cluster, &pv_name).await;
+    let status = va.status.clone().unwrap_or_default();
+    assert!(status.attached, "VolumeAttachment {va:?}");
     assert!(
-        controller_calls.iter().any(|m| m == "CreateVolume"),
-        "{controller_calls:?}"
+        status
+            .attachment_metadata
+            .unwrap_or_default()
+            .contains_key("device"),
+        "the publish context in the VolumeAttachment: {va:?}"
+    );
+    assert_eq!(va.spec.attacher, DRIVER);
+    assert_eq!(va.spec.node_name, plugreg_cluster::NODE_NAME);
+    assert!(
+        va.metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == "external-attacher/csi-plugreg-test"),
+        "the attacher's finalizer on the VolumeAttachment"
+    );
+
+    // The drivers' own records: the controller created and attached it, the node plugin
+    // staged it, then published it.
+    let controller_calls = driver_calls(&cluster, &controller_pod(&cluster).await);
+    let create = controller_calls.iter().position(|m| m == "CreateVolume");
+    let attach = controller_calls
+        .iter()
+        .position(|m| m == "ControllerPublishVolume");
+    assert!(
+        matches!((create, attach), (Some(c), Some(a)) if c < a),
+        "CreateVolume then ControllerPublishVolume: {controller_calls:?}"
     );
     let node_calls = driver_calls(&cluster, &node_plugin_pod(&cluster).await);
     let stage = node_calls.iter().position(|m| m == "NodeStageVolume");
@@ -184,6 +213,29 @@ async fn deleting_pod_and_claim_cleans_up(version: KubeVersion) {
     );
     let left = csi_mounts(&cluster);
     assert!(left.is_empty(), "CSI mounts left on the node: {left:?}");
+    // Unmounted, the volume is detached: csi-attacher unpublishes it and releases the
+    // VolumeAttachment KCM deletes.
+    let attachments: Api<VolumeAttachment> = Api::all(cluster.client());
+    wait(&cluster, "the VolumeAttachment gone", || {
+        let attachments = attachments.clone();
+        let name = pv_name.clone();
+        async move {
+            let list = attachments.list(&ListParams::default()).await?;
+            Ok((!list
+                .items
+                .iter()
+                .any(|va| va.spec.source.persistent_volume_name.as_deref() == Some(&name)))
+            .then_some(()))
+        }
+    })
+    .await;
+    let controller_calls = driver_calls(&cluster, &controller_pod(&cluster).await);
+    assert!(
+        controller_calls
+            .iter()
+            .any(|m| m == "ControllerUnpublishVolume"),
+        "{controller_calls:?}"
+    );
 
     Api::<PersistentVolumeClaim>::namespaced(cluster.client(), ns)
         .delete("data", &Default::default())
@@ -218,6 +270,115 @@ on_both_releases!(
     deleting_pod_and_claim_cleans_up,
     deleting_pod_and_claim_cleans_up
 );
+
+/// A claim grown while a pod uses it: plugreg's csi-resizer calls ControllerExpandVolume,
+/// grows the PV and, since the driver asks for node expansion, marks the claim
+/// FileSystemResizePending; the real kubelet then calls NodeExpandVolume on the mounted volume
+/// and records the new capacity in the claim's status. The pod runs on, untouched.
+async fn claim_grown_in_use_is_expanded_on_the_node(version: KubeVersion) {
+    let cluster = cluster_with_driver(version, None).await;
+    let ns = "expand";
+    let (pod, pv) = running_pod_with_volume(&cluster, ns, "grow").await;
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client(), ns);
+    claims
+        .patch(
+            "data",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "spec": {"resources": {"requests": {"storage": "2Mi"}}}
+            })),
+        )
+        .await
+        .expect("grow the claim");
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
+    wait(&cluster, "the PV grown to 2Mi", || {
+        let pvs = pvs.clone();
+        let name = pv_name.clone();
+        async move {
+            let pv = pvs.get(&name).await?;
+            let capacity = pv
+                .spec
+                .and_then(|s| s.capacity)
+                .and_then(|c| c.get("storage").cloned());
+            Ok((capacity.map(|q| q.0).as_deref() == Some("2Mi")).then_some(()))
+        }
+    })
+    .await;
+    let grown = wait(
+        &cluster,
+        "the claim's capacity 2Mi, resize finished",
+        || {
+            let claims = claims.clone();
+            async move {
+                let claim = claims.get("data").await?;
+                let status = claim.status.clone().unwrap_or_default();
+                let capacity = status
+                    .capacity
+                    .as_ref()
+                    .and_then(|c| c.get("storage"))
+                    .map(|q| q.0.clone());
+                let resizing = status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Resizing" || c.type_ == "FileSystemResizePending");
+                Ok((capacity.as_deref() == Some("2Mi") && !resizing).then_some(claim))
+            }
+        },
+    )
+    .await;
+    let controller_calls = driver_calls(&cluster, &controller_pod(&cluster).await);
+    assert!(
+        controller_calls
+            .iter()
+            .any(|m| m == "ControllerExpandVolume"),
+        "{controller_calls:?}"
+    );
+    let node_calls = driver_calls(&cluster, &node_plugin_pod(&cluster).await);
+    assert!(
+        node_calls.iter().any(|m| m == "NodeExpandVolume"),
+        "the kubelet expanded on the node: {node_calls:?}"
+    );
+    // The same pod, never restarted, still has its volume.
+    let now = wait_running(&cluster, ns, "app").await;
+    assert_eq!(now.metadata.uid, pod.metadata.uid);
+    let restarts: i32 = now
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.restart_count)
+        .sum();
+    assert_eq!(restarts, 0, "the pod was not restarted");
+    assert!(csi_mounts(&cluster).contains(&target_path(&pod, &pv_name)));
+    assert_eq!(
+        grown.spec.and_then(|s| s.volume_name).as_deref(),
+        Some(pv_name.as_str())
+    );
+    cluster.shutdown().await.expect("tear down");
+}
+on_both_releases!(
+    claim_grown_in_use_is_expanded_on_the_node,
+    claim_grown_in_use_is_expanded_on_the_node
+);
+
+/// The VolumeAttachment of PersistentVolume `pv`, once there is one.
+async fn attachment_of(cluster: &plugreg_cluster::Cluster, pv: &str) -> VolumeAttachment {
+    let attachments: Api<VolumeAttachment> = Api::all(cluster.client());
+    wait(cluster, "the volume's VolumeAttachment", || {
+        let attachments = attachments.clone();
+        let pv = pv.to_owned();
+        async move {
+            let list = attachments.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .into_iter()
+                .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(&pv)))
+        }
+    })
+    .await
+}
 
 /// The node plugin's DaemonSet rolls out with a surge (the new pod starts before the old one
 /// stops), as a driver that must never be unavailable would do it.

@@ -42,10 +42,10 @@ use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
     ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, ControllerPublishVolumeRequest,
-    ControllerUnpublishVolumeRequest, CreateVolumeRequest,
-    DeleteVolumeRequest, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse,
-    GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
-    node_service_capability, plugin_capability,
+    ControllerUnpublishVolumeRequest, CreateVolumeRequest, DeleteVolumeRequest,
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse, node_service_capability,
+    plugin_capability,
 };
 use plugreg_transport::{BoundSocket, MAX_MESSAGE_SIZE};
 use tokio::sync::{Notify, broadcast};

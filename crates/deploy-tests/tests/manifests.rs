@@ -41,6 +41,8 @@ const CASES: &[Case] = &[
             ),
             ("liveness-probe", "plugreg/livenessprobe:v0.1.0"),
             ("csi-provisioner", "plugreg/csi-provisioner:v0.1.0"),
+            ("csi-attacher", "plugreg/csi-attacher:v0.1.0"),
+            ("csi-resizer", "plugreg/csi-resizer:v0.1.0"),
         ],
     },
     Case {
@@ -63,6 +65,14 @@ const CASES: &[Case] = &[
             (
                 "csi-provisioner",
                 "registry.example.com/plugreg/csi-provisioner:v0.1.0",
+            ),
+            (
+                "csi-attacher",
+                "registry.example.com/plugreg/csi-attacher:v0.1.0",
+            ),
+            (
+                "csi-resizer",
+                "registry.example.com/plugreg/csi-resizer:v0.1.0",
             ),
         ],
     },
@@ -159,22 +169,31 @@ async fn check_case(
         })
         .collect();
     let ns = case.namespace;
-    let crb = format!("{}-external-provisioner-runner", case.driver);
-    let want: BTreeSet<(String, String, String)> = [
+    let mut want: BTreeSet<(String, String, String)> = [
         ("ServiceAccount", ns, "csi-node"),
         ("ServiceAccount", ns, "csi-controller"),
         ("ConfigMap", ns, "csi-driver"),
-        ("Role", ns, "external-provisioner-cfg"),
-        ("RoleBinding", ns, "external-provisioner-cfg"),
         ("DaemonSet", ns, "csi-node"),
         ("Deployment", ns, "csi-controller"),
-        ("ClusterRole", "", crb.as_str()),
-        ("ClusterRoleBinding", "", crb.as_str()),
         ("CSIDriver", "", case.driver),
     ]
     .iter()
     .map(|(k, n, m)| (k.to_string(), n.to_string(), m.to_string()))
     .collect();
+    // Each controller sidecar's RBAC: upstream's sample names, the cluster-wide ones with the
+    // driver name in front.
+    for sidecar in ["provisioner", "attacher", "resizer"] {
+        let runner = format!("{}-external-{sidecar}-runner", case.driver);
+        let cfg = format!("external-{sidecar}-cfg");
+        for (kind, namespace, name) in [
+            ("ClusterRole", "", &runner),
+            ("ClusterRoleBinding", "", &runner),
+            ("Role", ns, &cfg),
+            ("RoleBinding", ns, &cfg),
+        ] {
+            want.insert((kind.to_owned(), namespace.to_owned(), name.clone()));
+        }
+    }
     let got: BTreeSet<(String, String, String)> = objects
         .iter()
         .map(|o| {
@@ -254,42 +273,65 @@ async fn check_case(
         format!("/var/lib/kubelet/plugins/{}/", case.driver),
         "{ctx}: plugin-dir"
     );
-    // csi-provisioner as upstream's sample runs it: leader election with its liveness probe.
-    let provisioner = deployment["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["name"] == "csi-provisioner"))
-        .expect("csi-provisioner container");
-    assert_eq!(
-        provisioner["args"],
-        json!([
-            "--csi-address=$(ADDRESS)",
-            "--leader-election",
-            "--leader-election-namespace=$(POD_NAMESPACE)",
-            "--http-endpoint=:8080",
-            "--v=2"
-        ]),
-        "{ctx}: csi-provisioner args"
-    );
-    let probe = &provisioner["livenessProbe"];
-    assert_eq!(
-        probe["httpGet"]["path"], "/healthz/leader-election",
-        "{ctx}"
-    );
-    assert_eq!(probe["httpGet"]["port"], "http-endpoint", "{ctx}");
-    assert_eq!(provisioner["ports"][0]["containerPort"], 8080, "{ctx}");
-    for (field, want) in [
-        ("failureThreshold", 1),
-        ("periodSeconds", 20),
-        ("timeoutSeconds", 10),
-        ("initialDelaySeconds", 10),
+    // The controller sidecars as upstream's samples run them: leader election with its
+    // liveness probe, each on a port of its own (the pod's containers share one network).
+    for (sidecar, port, port_name) in [
+        ("csi-provisioner", 8080, "http-endpoint"),
+        ("csi-attacher", 8081, "attacher-http"),
+        ("csi-resizer", 8082, "resizer-http"),
     ] {
-        assert_eq!(probe[field], want, "{ctx}: livenessProbe.{field}");
+        let container = deployment["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == sidecar))
+            .unwrap_or_else(|| panic!("{ctx}: no {sidecar} container"));
+        assert_eq!(
+            container["args"],
+            json!([
+                "--csi-address=$(ADDRESS)",
+                "--leader-election",
+                "--leader-election-namespace=$(POD_NAMESPACE)",
+                format!("--http-endpoint=:{port}"),
+                "--v=2"
+            ]),
+            "{ctx}: {sidecar} args"
+        );
+        let probe = &container["livenessProbe"];
+        assert_eq!(
+            probe["httpGet"]["path"], "/healthz/leader-election",
+            "{ctx}: {sidecar}"
+        );
+        assert_eq!(probe["httpGet"]["port"], port_name, "{ctx}: {sidecar}");
+        assert_eq!(container["ports"][0]["name"], port_name, "{ctx}: {sidecar}");
+        assert_eq!(
+            container["ports"][0]["containerPort"], port,
+            "{ctx}: {sidecar}"
+        );
+        for (field, want) in [
+            ("failureThreshold", 1),
+            ("periodSeconds", 20),
+            ("timeoutSeconds", 10),
+            ("initialDelaySeconds", 10),
+        ] {
+            assert_eq!(probe[field], want, "{ctx}: {sidecar} livenessProbe.{field}");
+        }
     }
-    let binding = find("ClusterRoleBinding");
+    for binding in objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+    {
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "csi-controller", "namespace": ns}]),
+            "{ctx}: {} {}: the controller's account is the one bound",
+            binding["kind"],
+            binding["metadata"]["name"]
+        );
+    }
+    // Volumes are attached by csi-attacher: the kubelet waits for its VolumeAttachment.
     assert_eq!(
-        binding["subjects"],
-        json!([{"kind": "ServiceAccount", "name": "csi-controller", "namespace": ns}]),
-        "{ctx}: the provisioner's account is the one bound"
+        find("CSIDriver")["spec"]["attachRequired"],
+        true,
+        "{ctx}: CSIDriver attachRequired"
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
