@@ -17,20 +17,19 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret, SecretReference};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use plugreg_runtime::prom;
+use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::metrics::{Collector, Families, Metrics};
 use plugreg_sidecar_kit::queue::WorkQueue;
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 use crate::csi::{Driver, RpcFailure};
 use crate::decide::{self, Action, DriverCaps};
@@ -269,7 +268,7 @@ pub async fn run(
         Arc::clone(&pv_q),
         cfg.driver.clone(),
     );
-    let vas = watch::<VolumeAttachment>(
+    let vas = cache::watch::<VolumeAttachment>(
         &client,
         &shutdown,
         &mut ready,
@@ -302,7 +301,7 @@ pub async fn run(
         },
     );
     let (pq, f2, driver) = (Arc::clone(&pv_q), fin.clone(), cfg.driver.clone());
-    let pvs = watch::<PersistentVolume>(
+    let pvs = cache::watch::<PersistentVolume>(
         &client,
         &shutdown,
         &mut ready,
@@ -318,7 +317,7 @@ pub async fn run(
     let mut not_waited = Vec::new();
     let csinodes = cfg.caps.real_handler().then(|| {
         let driver = cfg.driver.clone();
-        watch::<CSINode>(
+        cache::watch::<CSINode>(
             &client,
             &shutdown,
             &mut not_waited,
@@ -449,61 +448,6 @@ fn trim_pv(pv: &mut PersistentVolume) {
         spec.storage_class_name = None;
         spec.persistent_volume_reclaim_policy = None;
     }
-}
-
-/// Starts a reflector for `K` (cluster-wide), keeping of each object only what `trim` leaves,
-/// calling `on_event` for every object listed, changed (`false`) or deleted (`true`), and
-/// pushes a readiness future to `ready`.
-fn watch<K>(
-    client: &Client,
-    shutdown: &CancellationToken,
-    ready: &mut Vec<futures::future::BoxFuture<'static, Result<(), ()>>>,
-    trim: impl Fn(&mut K) + Send + 'static,
-    on_event: impl Fn(&K, bool) + Send + 'static,
-) -> Store<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let api: Api<K> = Api::all(client.clone());
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(move |o: &mut K| {
-            o.meta_mut().managed_fields = None;
-            trim(o);
-        })
-        .reflect(writer);
-    let stop = shutdown.clone();
-    let kind = K::kind(&()).into_owned();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let ev = tokio::select! {
-                ev = stream.next() => ev,
-                () = stop.cancelled() => return,
-            };
-            match ev {
-                None => return,
-                Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
-                    on_event(&o, false)
-                }
-                Some(Ok(watcher::Event::Delete(o))) => on_event(&o, true),
-                Some(Ok(_)) => {}
-                Some(Err(e)) => warn!(kind = %kind, "watch failed (retrying): {e}"),
-            }
-        }
-    });
-    let r = reader.clone();
-    ready.push(Box::pin(async move {
-        r.wait_until_ready().await.map_err(|_| ())
-    }));
-    reader
 }
 
 /// The message of an API error as client-go prints it (`secrets "x" not found`).

@@ -95,20 +95,6 @@ pub struct Driver {
     metrics: Arc<Metrics>,
 }
 
-async fn timed<T>(
-    metrics: &Metrics,
-    method: &str,
-    call: impl Future<Output = Result<T, CallError>>,
-) -> Result<T, CallError> {
-    let started = Instant::now();
-    let result = call.await;
-    let code = result
-        .as_ref()
-        .map_or_else(CallError::code, |_| Some(Code::Ok));
-    metrics.csi_call(method, code, started.elapsed());
-    result
-}
-
 impl Driver {
     /// Calls over `ch`, each within `timeout` (`--timeout`), reported to `metrics`.
     pub fn new(ch: Channel, timeout: Duration, metrics: Arc<Metrics>) -> Self {
@@ -279,4 +265,13 @@ impl Driver {
             token = page.next_token;
         }
     }
+}
+
+/// Runs one call and records it in `csi_sidecar_operations_seconds` (the kit's timing).
+async fn timed<T>(
+    metrics: &Metrics,
+    method: &str,
+    call: impl Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
+    metrics.timed_csi_call(method, call, CallError::code).await
 }

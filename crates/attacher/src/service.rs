@@ -5,11 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use plugreg_sidecar_kit::leader::{LeaderElection, LeaderError, LeaderHealth};
+use plugreg_sidecar_kit::leader::{LeaderElection, LeaderError, LeaderHealth, run_elected};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::ratelimit;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
 
 use crate::controller::{self, Clients, Config};
 use crate::csi::Driver;
@@ -62,21 +61,18 @@ impl Service {
             driver: self.driver,
             metrics: Arc::clone(&self.metrics),
         };
-        match self.leader {
-            None => Ok(controller::run(self.config, clients, shutdown).await?),
-            Some(le) => {
-                // Its own client and bucket: renewing the Lease never waits behind the work.
-                let election = ratelimit::own_client(self.kube_config, self.qps, self.burst)?;
-                let result = std::sync::Mutex::new(Ok(()));
-                le.run(election, self.health, shutdown, |token| async {
-                    debug!("became leader, starting");
-                    let r = controller::run(self.config, clients, token).await;
-                    *result.lock().unwrap_or_else(|e| e.into_inner()) = r;
-                })
-                .await?;
-                result.into_inner().unwrap_or_else(|e| e.into_inner())?;
-                Ok(())
-            }
-        }
+        let leader = match self.leader {
+            // Its own client and bucket: renewing the Lease never waits behind the work.
+            Some(le) => Some((
+                le,
+                ratelimit::own_client(self.kube_config, self.qps, self.burst)?,
+            )),
+            None => None,
+        };
+        let config = self.config;
+        Ok(run_elected(leader, self.health, shutdown, |token| {
+            controller::run(config, clients, token)
+        })
+        .await??)
     }
 }

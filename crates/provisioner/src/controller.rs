@@ -22,16 +22,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, Secret,
 };
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
+use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::queue::WorkQueue;
 use serde_json::json;
@@ -240,7 +239,7 @@ pub async fn run(
         Arc::clone(&inflight),
     );
     // Trimmed as they are decoded (`CachedClaim`'s deserialiser).
-    let claims = watch::<CachedClaim>(
+    let claims = cache::watch::<CachedClaim>(
         &client,
         &shutdown,
         &mut ready,
@@ -257,7 +256,7 @@ pub async fn run(
         },
     );
     let q = Arc::clone(&volumes_q);
-    let volumes = watch::<CachedPv>(
+    let volumes = cache::watch::<CachedPv>(
         &client,
         &shutdown,
         &mut ready,
@@ -268,18 +267,18 @@ pub async fn run(
             }
         },
     );
-    let classes = watch::<StorageClass>(&client, &shutdown, &mut ready, |_| {}, |_, _| {});
+    let classes = cache::watch::<StorageClass>(&client, &shutdown, &mut ready, |_| {}, |_, _| {});
     let (nodes, csinodes) = if topology {
         let driver = cfg.driver.clone();
         (
-            Some(watch::<Node>(
+            Some(cache::watch::<Node>(
                 &client,
                 &shutdown,
                 &mut ready,
                 trim_node,
                 |_, _| {},
             )),
-            Some(watch::<CSINode>(
+            Some(cache::watch::<CSINode>(
                 &client,
                 &shutdown,
                 &mut ready,
@@ -291,7 +290,7 @@ pub async fn run(
         (None, None)
     };
     let attachments = attach.then(|| {
-        watch::<VolumeAttachment>(&client, &shutdown, &mut ready, trim_attachment, |_, _| {})
+        cache::watch::<VolumeAttachment>(&client, &shutdown, &mut ready, trim_attachment, |_, _| {})
     });
 
     for r in ready {
@@ -437,61 +436,6 @@ pub async fn run(
     shutdown.cancelled().await;
     while workers.join_next().await.is_some() {}
     Ok(())
-}
-
-/// Starts a reflector for `K` (cluster-wide), keeping of each object only what `trim` leaves,
-/// calling `on_event` for every object listed, changed (`false`) or deleted (`true`), and
-/// pushes a readiness future to `ready`.
-fn watch<K>(
-    client: &Client,
-    shutdown: &CancellationToken,
-    ready: &mut Vec<futures::future::BoxFuture<'static, Result<(), ()>>>,
-    trim: impl Fn(&mut K) + Send + 'static,
-    on_event: impl Fn(&K, bool) + Send + 'static,
-) -> Store<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let api: Api<K> = Api::all(client.clone());
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(move |o: &mut K| {
-            o.meta_mut().managed_fields = None;
-            trim(o);
-        })
-        .reflect(writer);
-    let stop = shutdown.clone();
-    let kind = K::kind(&()).into_owned();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let ev = tokio::select! {
-                ev = stream.next() => ev,
-                () = stop.cancelled() => return,
-            };
-            match ev {
-                None => return,
-                Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
-                    on_event(&o, false)
-                }
-                Some(Ok(watcher::Event::Delete(o))) => on_event(&o, true),
-                Some(Ok(_)) => {}
-                Some(Err(e)) => warn!(kind = %kind, "watch failed (retrying): {e}"),
-            }
-        }
-    });
-    let r = reader.clone();
-    ready.push(Box::pin(async move {
-        r.wait_until_ready().await.map_err(|_| ())
-    }));
-    reader
 }
 
 /// A Node as topology reads it: its name and labels.

@@ -242,21 +242,6 @@ pub async fn exit_on_connection_loss(lost: ConnectionLost) -> i32 {
     1
 }
 
-/// Runs one call and reports it to `metrics` under `method` (its gRPC path).
-async fn timed<T>(
-    metrics: &Metrics,
-    method: &str,
-    call: impl Future<Output = Result<T, CallError>>,
-) -> Result<T, CallError> {
-    let started = Instant::now();
-    let result = call.await;
-    let code = result
-        .as_ref()
-        .map_or_else(CallError::code, |_| Some(Code::Ok));
-    metrics.csi_call(method, code, started.elapsed());
-    result
-}
-
 /// The driver's calls over `ch`, each within `timeout` and made once.
 fn connection(ch: &Channel, timeout: Duration) -> Connection {
     // The address is the channel's; the calls do not need it.
@@ -389,6 +374,15 @@ impl Driver {
             .await
             .map(drop)
     }
+}
+
+/// Runs one call and records it in `csi_sidecar_operations_seconds` (the kit's timing).
+async fn timed<T>(
+    metrics: &Metrics,
+    method: &str,
+    call: impl Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
+    metrics.timed_csi_call(method, call, CallError::code).await
 }
 
 #[cfg(test)]

@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::info;
 
 use crate::controller::{self, Clients};
 use crate::csi::{Capabilities, Driver};
 use plugreg_sidecar_kit::events::Recorder;
-use plugreg_sidecar_kit::leader::{LeaderElection, LeaderError, LeaderHealth, lease_name};
+use plugreg_sidecar_kit::leader::{
+    LeaderElection, LeaderError, LeaderHealth, lease_name, run_elected,
+};
 use plugreg_sidecar_kit::ratelimit;
 
 use crate::metrics::{Metrics, ProvisionMetrics};
@@ -108,25 +110,19 @@ impl Service {
             journal,
             found,
         };
-        match self.leader {
-            None => Ok(controller::run(cfg, clients, shutdown).await?),
-            Some(le) => {
-                let result = std::sync::Mutex::new(Ok(()));
-                let res = le
-                    .run(election, self.health, shutdown.clone(), |token| async {
-                        info!("became leader, starting");
-                        let r = controller::run(cfg, clients, token).await;
-                        *result.lock().unwrap_or_else(|e| e.into_inner()) = r;
-                    })
-                    .await;
-                if let Err(e) = &res {
-                    error!("Stopped leading: {e}");
+        let elected = self.leader.is_some();
+        Ok(run_elected(
+            self.leader.map(|le| (le, election)),
+            self.health,
+            shutdown,
+            |token| async move {
+                if elected {
+                    info!("became leader, starting");
                 }
-                res?;
-                result.into_inner().unwrap_or_else(|e| e.into_inner())?;
-                Ok(())
-            }
-        }
+                controller::run(cfg, clients, token).await
+            },
+        )
+        .await??)
     }
 }
 

@@ -17,14 +17,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use plugreg_csi_core::client::CallError;
 use plugreg_proto::csi::v1::{
@@ -32,6 +30,7 @@ use plugreg_proto::csi::v1::{
     volume_capability,
 };
 use plugreg_provisioner::quantity::format_binary_si;
+use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::queue::WorkQueue;
@@ -223,7 +222,7 @@ pub async fn run(
     let modifying = cfg.modify;
     // The last view of each claim, for the update filters.
     let mut seen: HashMap<String, (ClaimView, String)> = HashMap::new();
-    let claims = watch::<PersistentVolumeClaim>(
+    let claims = cache::watch::<PersistentVolumeClaim>(
         &c.client,
         &shutdown,
         &mut ready,
@@ -259,17 +258,18 @@ pub async fn run(
             seen.insert(key, (view, mv.spec));
         },
     );
-    let volumes = watch::<PersistentVolume>(&c.client, &shutdown, &mut ready, |_| {}, |_, _| {});
+    let volumes =
+        cache::watch::<PersistentVolume>(&c.client, &shutdown, &mut ready, |_| {}, |_, _| {});
     let pods = (resizing && cfg.handle_inuse).then(|| {
         info!(controller = %cfg.driver, "Register Pod informer for resizer");
-        watch::<Pod>(&c.client, &shutdown, &mut ready, trim_pod, |_, _| {})
+        cache::watch::<Pod>(&c.client, &shutdown, &mut ready, trim_pod, |_, _| {})
     });
     let mut class_ready = Vec::new();
     // A class that appears brings back the claims waiting for it (`Pending`); upstream's class
     // informer has no handler, so they wait for their next change.
     let (class_tx, mut class_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let classes = modifying.then(|| {
-        watch::<VolumeAttributesClass>(
+        cache::watch::<VolumeAttributesClass>(
             &c.client,
             &shutdown,
             &mut class_ready,
@@ -423,61 +423,6 @@ pub async fn run(
     shutdown.cancelled().await;
     while workers.join_next().await.is_some() {}
     Ok(())
-}
-
-/// Starts a reflector for `K` (cluster-wide), keeping of each object only what `trim` leaves,
-/// calling `on_event` for every object listed, changed (`false`) or deleted (`true`), and
-/// pushes a readiness future to `ready`.
-fn watch<K>(
-    client: &Client,
-    shutdown: &CancellationToken,
-    ready: &mut Vec<futures::future::BoxFuture<'static, Result<(), ()>>>,
-    trim: impl Fn(&mut K) + Send + 'static,
-    mut on_event: impl FnMut(&K, bool) + Send + 'static,
-) -> Store<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let api: Api<K> = Api::all(client.clone());
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(move |o: &mut K| {
-            o.meta_mut().managed_fields = None;
-            trim(o);
-        })
-        .reflect(writer);
-    let stop = shutdown.clone();
-    let kind = K::kind(&()).into_owned();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let ev = tokio::select! {
-                ev = stream.next() => ev,
-                () = stop.cancelled() => return,
-            };
-            match ev {
-                None => return,
-                Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
-                    on_event(&o, false)
-                }
-                Some(Ok(watcher::Event::Delete(o))) => on_event(&o, true),
-                Some(Ok(_)) => {}
-                Some(Err(e)) => warn!(kind = %kind, "watch failed (retrying): {e}"),
-            }
-        }
-    });
-    let r = reader.clone();
-    ready.push(Box::pin(async move {
-        r.wait_until_ready().await.map_err(|_| ())
-    }));
-    reader
 }
 
 /// A pod as the in-use check reads it: its claim volumes and phase.

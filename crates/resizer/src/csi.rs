@@ -15,8 +15,6 @@ use plugreg_proto::csi::v1::{
 };
 use plugreg_runtime::report;
 use plugreg_sidecar_kit::metrics::Metrics;
-use tokio::time::Instant;
-use tonic::Code;
 use tonic::transport::Channel;
 
 /// `/csi.v1.Identity/GetPluginCapabilities`.
@@ -65,20 +63,6 @@ pub struct Found {
 pub struct Driver {
     conn: Connection,
     metrics: Arc<Metrics>,
-}
-
-async fn timed<T>(
-    metrics: &Metrics,
-    method: &str,
-    call: impl Future<Output = Result<T, CallError>>,
-) -> Result<T, CallError> {
-    let started = Instant::now();
-    let result = call.await;
-    let code = result
-        .as_ref()
-        .map_or_else(CallError::code, |_| Some(Code::Ok));
-    metrics.csi_call(method, code, started.elapsed());
-    result
 }
 
 /// A call error as upstream words it: `rpc error: code = <Code> desc = <msg>`.
@@ -204,4 +188,13 @@ impl Driver {
         .await
         .map(drop)
     }
+}
+
+/// Runs one call and records it in `csi_sidecar_operations_seconds` (the kit's timing).
+async fn timed<T>(
+    metrics: &Metrics,
+    method: &str,
+    call: impl Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
+    metrics.timed_csi_call(method, call, CallError::code).await
 }

@@ -5,12 +5,11 @@
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
-use tracing::error;
 
 use crate::controller::{self, Clients, Config};
 use crate::csi::Driver;
 use plugreg_sidecar_kit::events::Recorder;
-use plugreg_sidecar_kit::leader::{LeaderElection, LeaderError, LeaderHealth};
+use plugreg_sidecar_kit::leader::{LeaderElection, LeaderError, LeaderHealth, run_elected};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::ratelimit;
 
@@ -65,23 +64,12 @@ impl Service {
             metrics: Arc::clone(&self.metrics),
         };
         let cfg = self.config;
-        match self.leader {
-            None => Ok(controller::run(cfg, clients, shutdown).await?),
-            Some(le) => {
-                let result = std::sync::Mutex::new(Ok(()));
-                let res = le
-                    .run(election, self.health, shutdown.clone(), |token| async {
-                        let r = controller::run(cfg, clients, token).await;
-                        *result.lock().unwrap_or_else(|e| e.into_inner()) = r;
-                    })
-                    .await;
-                if let Err(e) = &res {
-                    error!("Stopped leading: {e}");
-                }
-                res?;
-                result.into_inner().unwrap_or_else(|e| e.into_inner())?;
-                Ok(())
-            }
-        }
+        Ok(run_elected(
+            self.leader.map(|le| (le, election)),
+            self.health,
+            shutdown,
+            |token| controller::run(cfg, clients, token),
+        )
+        .await??)
     }
 }

@@ -277,6 +277,36 @@ impl LeaderElection {
     }
 }
 
+/// Runs a controller's `work` at once when `leader` is `None` (no `--leader-election`), or
+/// else, with the election's own client (so that renewing the Lease never waits behind the
+/// work's requests), only once this process leads and until it stops leading or `shutdown`.
+///
+/// The outer result is the election's (`Err` when leadership was lost: upstream exits 1),
+/// the inner one the work's: `run_elected(..).await??` in a function whose error type converts
+/// from both.
+pub async fn run_elected<F, Fut, E>(
+    leader: Option<(LeaderElection, kube::Client)>,
+    health: LeaderHealth,
+    shutdown: CancellationToken,
+    work: F,
+) -> Result<Result<(), E>, LeaderError>
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+{
+    let Some((election, client)) = leader else {
+        return Ok(work(shutdown).await);
+    };
+    let result = Mutex::new(Ok(()));
+    election
+        .run(client, health, shutdown, |token| async {
+            let r = work(token).await;
+            *result.lock().unwrap_or_else(|e| e.into_inner()) = r;
+        })
+        .await?;
+    Ok(result.into_inner().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// The `/healthz/leader-election` check, shared (cheaply cloned) between the election and the
 /// HTTP server. Healthy unless this process believes it leads and has not seen its lease
 /// renewed for longer than the lease duration + [`HEALTH_TOLERANCE`].

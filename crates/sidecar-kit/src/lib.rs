@@ -26,10 +26,14 @@
 //! - [`http`]: a small HTTP/1 diagnostics server with the bounds a network endpoint needs and one
 //!   shared health check in flight;
 //! - with the feature `controller` (kube and k8s-openapi; node sidecars leave it out):
-//!   [`leader`] (leader election on a Lease), [`events`] (client-go's event recorder),
+//!   [`leader`] (leader election on a Lease, [`leader::run_elected`] for a controller that
+//!   works only while it leads), [`cache`] (trimmed watch caches), [`events`] (client-go's
+//!   event recorder),
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
 //!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`).
 
+#[cfg(feature = "controller")]
+pub mod cache;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod connect;

@@ -267,6 +267,24 @@ impl Metrics {
         self.lock().csi.record(&self.driver, method, code, elapsed);
     }
 
+    /// Runs one CSI call and records it with [`csi_call`](Self::csi_call): `code` tells the
+    /// status of a failure (`None`: it failed without a gRPC status).
+    pub async fn timed_csi_call<T, E>(
+        &self,
+        method: &str,
+        call: impl Future<Output = Result<T, E>>,
+        code: impl FnOnce(&E) -> Option<tonic::Code>,
+    ) -> Result<T, E> {
+        let started = std::time::Instant::now();
+        let result = call.await;
+        let status = match &result {
+            Ok(_) => Some(tonic::Code::Ok),
+            Err(e) => code(e),
+        };
+        self.csi_call(method, status, started.elapsed());
+        result
+    }
+
     fn queue<R>(&self, queue: &str, f: impl FnOnce(&mut Queue) -> R) -> R {
         let mut s = self.lock();
         f(bounded(
