@@ -470,6 +470,8 @@ fn main() {
     let block = report(&r);
     println!("{block}");
     if let Some(out) = a.out {
-        splice(&out, &block);
+        // Relative to the repository root (cargo runs benches in the package's directory).
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        splice(&root.join(out).to_string_lossy(), &block);
     }
 }
