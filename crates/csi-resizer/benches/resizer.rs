@@ -134,6 +134,8 @@ struct Run {
     requests: BTreeMap<String, u64>,
     writes_at_done: u64,
     hwm_kib: u64,
+    /// VmHWM once the caches were filled, before the first expansion.
+    rss_ready_kib: u64,
     lease_lost: bool,
 }
 
@@ -271,6 +273,8 @@ async fn run(claims: usize) -> Run {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let rss_ready_kib =
+        plugreg_runtime::procfs::status_kib(&pid.to_string(), "VmHWM:").unwrap_or(0);
     let before = requests(port);
     let start = Instant::now();
     futures::stream::iter(0..claims)
@@ -337,6 +341,7 @@ async fn run(claims: usize) -> Run {
         requests: diff,
         writes_at_done,
         hwm_kib,
+        rss_ready_kib,
         lease_lost,
     }
 }
@@ -390,6 +395,11 @@ fn report(r: &Run) -> String {
         n / r.makespan.as_secs_f64(),
         r.settled.as_secs_f64(),
         r.writes_at_done
+    ));
+    t.push_str(&format!(
+        "\nPeak RSS once the caches were filled (before the first expansion): {:.1} MiB; at the end: {:.1} MiB.\n",
+        r.rss_ready_kib as f64 / 1024.0,
+        r.hwm_kib as f64 / 1024.0
     ));
     let goals = [
         (
@@ -470,6 +480,8 @@ fn main() {
     let block = report(&r);
     println!("{block}");
     if let Some(out) = a.out {
-        splice(&out, &block);
+        // Relative to the repository root (cargo runs benches in the package's directory).
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        splice(&root.join(out).to_string_lossy(), &block);
     }
 }
