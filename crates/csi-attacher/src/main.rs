@@ -92,7 +92,9 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
         tracing::error!(target: LOG, "{e}");
         return Ok(1);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One thread: the work waits on the API server's token bucket and the driver, never on
+    // the CPU, and one thread keeps one malloc arena (several grow apart after a crowd).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("building the runtime")?;

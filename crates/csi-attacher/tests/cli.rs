@@ -459,7 +459,8 @@ async fn http_endpoint_serves_metrics_with_the_driver_name() {
         .local_addr()
         .unwrap();
     let p = Proc::spawn(&args(&sock, &[&format!("--http-endpoint={addr}")]));
-    p.wait_for_line("ServeMux listening");
+    // The line after the bind (the kit logs "ServeMux listening at" before it).
+    p.wait_for_line("\"ServeMux listening\" address=");
     let want = "csi_sidecar_operations_seconds_count{driver_name=\"csi.plugreg.test\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerGetCapabilities\"} 1";
     let deadline = Instant::now() + SOON;
     let body = loop {
