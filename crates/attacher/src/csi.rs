@@ -4,7 +4,7 @@
 //! counted in `csi_sidecar_operations_seconds`.
 //!
 //! Connecting, the Probe loop and the exit on connection loss are csi-lib-utils' code, shared
-//! with the provisioner ([`plugreg_provisioner::csi`]).
+//! with every controller sidecar ([`plugreg_sidecar_kit::driver`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 
 use crate::decide::DriverCaps;
 
-pub use plugreg_provisioner::csi::{
+pub use plugreg_sidecar_kit::driver::{
     CONNECT_WINDOW, Connected, ConnectionLost, CsiError, connect_watched, exit_on_connection_loss,
     probe_forever,
 };

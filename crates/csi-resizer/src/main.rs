@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use plugreg_provisioner::csi as conn;
 use plugreg_resizer::controller::Config;
 use plugreg_resizer::csi::{Driver, Resizer, StartError};
 use plugreg_resizer::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags, Options};
@@ -24,6 +23,7 @@ use plugreg_resizer::service::{Service, ServiceError};
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
+use plugreg_sidecar_kit::driver as conn;
 use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::ratelimit::kube_config;
@@ -158,12 +158,7 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
             return Err(1);
         }
         // Step 9.
-        let metrics_arc = Arc::new(metrics);
-        let name = conn::Driver::new(channel.clone(), options.timeout, metrics_arc.clone())
-            .plugin_info()
-            .await;
-        metrics = Arc::into_inner(metrics_arc).expect("the temporary driver is gone");
-        let name = match name {
+        let name = match conn::plugin_name(&channel, options.timeout, &metrics).await {
             Ok(n) => n,
             Err(e) => {
                 tracing::error!(target: LOG, err = %e, "Get driver name failed");

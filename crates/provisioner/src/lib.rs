@@ -32,7 +32,8 @@ pub mod flags;
 pub mod inflight;
 pub mod metrics;
 pub mod pv;
-pub mod quantity;
+/// Kubernetes resource quantities as byte counts (the kit's, shared with the resizer).
+pub use plugreg_sidecar_kit::quantity;
 pub mod record;
 pub mod request;
 pub mod secrets;

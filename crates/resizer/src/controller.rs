@@ -29,10 +29,10 @@ use plugreg_proto::csi::v1::{
     CapacityRange, ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, VolumeCapability,
     volume_capability,
 };
-use plugreg_provisioner::quantity::format_binary_si;
 use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::metrics::Metrics;
+use plugreg_sidecar_kit::quantity::format_binary_si;
 use plugreg_sidecar_kit::queue::WorkQueue;
 use serde_json::{Value, json};
 use tokio::time::Instant;

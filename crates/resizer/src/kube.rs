@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use plugreg_provisioner::quantity::parse_bytes;
+use plugreg_sidecar_kit::quantity::parse_bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::decide::{ClaimView, ModifyView};

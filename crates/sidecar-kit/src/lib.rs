@@ -23,10 +23,12 @@
 //! - [`connect`]: reaching the driver within a window, logging "Still connecting";
 //! - [`metrics`]: the registry with `csi_sidecar_operations_seconds`, the work-queue, leader and
 //!   process metrics, and the sidecar's own families through a [`metrics::Collector`];
+//! - [`quantity`]: Kubernetes resource quantities as byte counts, both ways;
 //! - [`http`]: a small HTTP/1 diagnostics server with the bounds a network endpoint needs and one
 //!   shared health check in flight;
 //! - with the feature `controller` (kube and k8s-openapi; node sidecars leave it out):
-//!   [`leader`] (leader election on a Lease, [`leader::run_elected`] for a controller that
+//!   [`driver`] (the CSI driver reached, probed and watched at start-up, as csi-lib-utils
+//!   does), [`leader`] (leader election on a Lease, [`leader::run_elected`] for a controller that
 //!   works only while it leads), [`cache`] (trimmed watch caches), [`events`] (client-go's
 //!   event recorder),
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
@@ -40,6 +42,8 @@ pub mod connect;
 #[cfg(feature = "controller")]
 pub mod diagnostics;
 #[cfg(feature = "controller")]
+pub mod driver;
+#[cfg(feature = "controller")]
 pub mod events;
 pub mod flags;
 pub mod goflag;
@@ -50,6 +54,7 @@ pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod pflag;
+pub mod quantity;
 #[cfg(feature = "controller")]
 pub mod queue;
 #[cfg(feature = "controller")]
