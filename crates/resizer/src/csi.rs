@@ -2,7 +2,7 @@
 //! of external-resizer's `resizer.NewResizerFromClient` and `modifier.NewModifierFromClient`),
 //! and the two calls (ControllerExpandVolume, ControllerModifyVolume), each with the
 //! `--timeout` deadline, made once, and reported to `csi_sidecar_operations_seconds`.
-//! Connecting and probing are the provisioner's ([`plugreg_provisioner::csi`]).
+//! Connecting and probing are what every controller sidecar does ([`plugreg_sidecar_kit::driver`]).
 
 use std::future::Future;
 use std::sync::Arc;
