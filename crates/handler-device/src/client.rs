@@ -117,9 +117,14 @@ impl StreamTask {
         let token = self.ticket.token.clone();
         loop {
             let why = tokio::select! {
+                // A client told to stop is not surprised by the stream's end.
+                biased;
                 _ = token.cancelled() => return,
                 why = self.stream(&mut client) => why,
             };
+            if token.is_cancelled() {
+                return;
+            }
             tracing::error!(error = %why, "ListAndWatch ended unexpectedly for device plugin");
             self.inventory
                 .disconnected(&self.endpoint, &self.ticket, why);

@@ -293,6 +293,12 @@ fn demo_runs_and_exits_zero() {
     ] {
         assert!(text.contains(want), "demo output lacks {want:?}:\n{text}");
     }
+    // A clean run logs no error: its plugins stop after the manager's clients of them.
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !log.lines().any(|l| l.contains(" ERROR ")),
+        "the demo logged an error:\n{log}"
+    );
 }
 
 fn metric(body: &str, name: &str) -> Option<u64> {

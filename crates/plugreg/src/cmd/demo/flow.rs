@@ -246,6 +246,9 @@ pub async fn run(args: super::DemoArgs, out: &mut dyn std::io::Write) -> anyhow:
         writeln!(out, "   {line}")?;
     }
 
+    // The manager's device plugin clients stop first, as `plugreg manager` stops them at
+    // shutdown: a plugin that goes away under a running client is an error worth logging.
+    devices.stop();
     token.cancel();
     sidecar.stop().await;
     if let Err(e) = driver.stop().await {
