@@ -257,7 +257,9 @@ async fn resource_exhausted(version: KubeVersion) {
     env.csinode(&node, &[(&env.name, NODE_ID)]).await;
     let pv = env.unique("pv");
     env.pv(&pv, "vol-a", json!({})).await;
-    let _a = env.attacher(&[]);
+    // Back-off of 3 s, then 6 s: the error stays long enough for a poll on a loaded machine to
+    // see it before the third call succeeds.
+    let _a = env.attacher(&["--retry-interval-start=3s"]);
     let va = env.unique("va");
     env.va(&va, &pv, &node).await;
     let failed = env
@@ -379,7 +381,8 @@ async fn unpublish_error_is_a_detach_error_and_retried() {
     env.csinode(&node, &[(&env.name, NODE_ID)]).await;
     let pv = env.unique("pv");
     env.pv(&pv, "vol-a", json!({})).await;
-    let _a = env.attacher(&["--retry-interval-start=2s"]);
+    // The detach error stays 5 s before the retry: long enough for a poll to see it.
+    let _a = env.attacher(&["--retry-interval-start=5s"]);
     let va = env.unique("va");
     env.va(&va, &pv, &node).await;
     env.wait_attached(&va).await;

@@ -170,7 +170,9 @@ async fn final_error_backs_off_and_a_lower_request_recovers_v1_36() {
     })
     .await;
     env.bound_claim("data", "1Gi", "vol-0").await;
-    let _resizer = env.resizer(&["--retry-interval-start=200ms"]);
+    // Back-off of 2 s, then 4 s: the error stays long enough for a poll on a loaded machine to
+    // see it before the third call succeeds.
+    let _resizer = env.resizer(&["--retry-interval-start=2s"]);
     env.request("data", "2Gi").await;
     let pvc = env
         .wait_claim("data", "ControllerResizeError", |c| {
@@ -255,7 +257,11 @@ async fn uncertain_error_keeps_the_allocated_size_v1_36() {
     })
     .await;
     env.bound_claim("data", "1Gi", "vol-0").await;
-    let _resizer = env.resizer(&["--retry-interval-start=2s"]);
+    // The retry comes long after the failure, so the request below is certainly lowered while
+    // the outcome is unknown (with a 2 s retry a loaded machine let the retry succeed first,
+    // and the API server then refused a request below the grown capacity). The lowered
+    // request itself brings the claim back at once.
+    let _resizer = env.resizer(&["--retry-interval-start=30s"]);
     env.request("data", "3Gi").await;
     env.wait_calls(Method::ControllerExpandVolume, 1).await;
     env.wait_event("data", "VolumeResizeFailed").await;
