@@ -168,6 +168,9 @@ enum Hidden {
         work: PathBuf,
         #[arg(long)]
         sockets: usize,
+        /// NodeGetInfo answers at once (the reference run) instead of hanging.
+        #[arg(long)]
+        answer: bool,
     },
     /// Run the plugin manager library with an accept-all BenchPlugin handler.
     #[command(hide = true)]
@@ -193,7 +196,12 @@ fn main() -> anyhow::Result<()> {
         Some(Hidden::Http(args)) => crowd::main(args),
         Some(Hidden::Hol(args)) => hol::main(args),
         Some(Hidden::Devices(args)) => devices::main(args),
-        Some(Hidden::HangDriver { dir, work, sockets }) => hol::hang_driver(&dir, &work, sockets),
+        Some(Hidden::HangDriver {
+            dir,
+            work,
+            sockets,
+            answer,
+        }) => hol::hang_driver(&dir, &work, sockets, answer),
         Some(Hidden::Manager {
             registry_dir,
             max_concurrent_operations,
