@@ -9,6 +9,12 @@
 //! transient errors show. The volume comes from the driver's Controller service when it
 //! offers CREATE_DELETE_VOLUME (and is deleted after), otherwise from the caller.
 //!
+//! When the Controller offers CREATE_DELETE_SNAPSHOT (and LIST_SNAPSHOTS, GET_SNAPSHOT,
+//! CLONE_VOLUME), the check snapshots its volume, repeats CreateSnapshot until the snapshot is
+//! ready (a few seconds at most), as csi-snapshotter polls, lists and gets it, restores a volume
+//! from it and clones one from the volume (each response must name its content source, which
+//! csi-provisioner requires), and deletes them all.
+//!
 //! When the Controller offers PUBLISH_UNPUBLISH_VOLUME, the check calls ControllerPublishVolume
 //! before any node call with the volume and ControllerUnpublishVolume after NodeUnstageVolume,
 //! as the spec makes the CO do, and hands the publish_context to the node calls. The
@@ -42,11 +48,12 @@ use std::time::Duration;
 
 use plugreg_proto::csi::v1::{
     CapacityRange, ControllerExpandVolumeRequest, ControllerModifyVolumeRequest,
-    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
-    DeleteVolumeRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
+    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateSnapshotRequest,
+    CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeRequest, GetSnapshotRequest,
+    ListSnapshotsRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
-    NodeUnstageVolumeRequest, VolumeCapability, controller_service_capability,
-    node_service_capability, plugin_capability, volume_usage,
+    NodeUnstageVolumeRequest, VolumeCapability, VolumeContentSource, controller_service_capability,
+    node_service_capability, plugin_capability, volume_content_source, volume_usage,
 };
 use serde::Serialize;
 use tonic::Code;
@@ -258,6 +265,7 @@ pub async fn run(opts: &CheckOptions) -> Report {
         controller_multi_writer: false,
         expand: false,
         modify: false,
+        snapshots: SnapshotCaps::default(),
         opts,
         node_caps: Vec::new(),
         node_id: None,
@@ -286,6 +294,7 @@ pub async fn run(opts: &CheckOptions) -> Report {
             );
         }
         checker.expand_and_modify(&mut report, &spec).await;
+        checker.snapshots_and_clones(&mut report, &spec).await;
         if created {
             checker.delete(&mut report, &spec.volume_id).await;
         }
@@ -331,6 +340,15 @@ fn remove_empty_parents(root: &Path, driver: &str) {
     }
 }
 
+/// The snapshot and clone capabilities a Controller offers.
+#[derive(Debug, Clone, Copy, Default)]
+struct SnapshotCaps {
+    create: bool,
+    list: bool,
+    get: bool,
+    clone: bool,
+}
+
 struct Checker<'a> {
     conn: Connection,
     /// The Controller connection, when it offers CREATE_DELETE_VOLUME or
@@ -346,6 +364,9 @@ struct Checker<'a> {
     expand: bool,
     /// The Controller offers MODIFY_VOLUME.
     modify: bool,
+    /// The Controller offers CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, GET_SNAPSHOT and
+    /// CLONE_VOLUME.
+    snapshots: SnapshotCaps,
     opts: &'a CheckOptions,
     node_caps: Vec<i32>,
     /// NodeGetInfo's node_id, when valid.
@@ -495,11 +516,21 @@ impl Checker<'_> {
             self.controller_multi_writer = has(Type::SingleNodeMultiWriter);
             self.expand = has(Type::ExpandVolume);
             self.modify = has(Type::ModifyVolume);
+            self.snapshots = SnapshotCaps {
+                create: has(Type::CreateDeleteSnapshot),
+                list: has(Type::ListSnapshots),
+                get: has(Type::GetSnapshot),
+                clone: has(Type::CloneVolume),
+            };
             let names: Vec<&str> = [
                 Type::CreateDeleteVolume,
                 Type::PublishUnpublishVolume,
                 Type::ExpandVolume,
                 Type::ModifyVolume,
+                Type::CreateDeleteSnapshot,
+                Type::ListSnapshots,
+                Type::GetSnapshot,
+                Type::CloneVolume,
             ]
             .into_iter()
             .filter(|&t| has(t))
@@ -510,7 +541,13 @@ impl Checker<'_> {
             } else {
                 names.join(", ")
             };
-            if self.create || self.publish || self.expand || self.modify {
+            if self.create
+                || self.publish
+                || self.expand
+                || self.modify
+                || self.snapshots.create
+                || self.snapshots.clone
+            {
                 self.controller = Some(c);
             }
         }
@@ -1419,6 +1456,282 @@ impl Checker<'_> {
                 Code::NotFound,
                 r,
             );
+        }
+    }
+
+    /// Snapshots and clones, when the Controller offers them, as csi-snapshotter and
+    /// csi-provisioner call them: CreateSnapshot of the check's volume (repeated: the same
+    /// snapshot), without name or source (INVALID_ARGUMENT), ListSnapshots by its id (it, and
+    /// nothing for an unknown id), GetSnapshot (it; an unknown id NOT_FOUND), a volume restored
+    /// from it once it is ready and one cloned from the check's volume (each must name its
+    /// content source, which the provisioner requires), then DeleteSnapshot (repeated: OK).
+    async fn snapshots_and_clones(&mut self, report: &mut Report, spec: &VolumeSpec) {
+        let Some(c) = self.controller.clone() else {
+            return;
+        };
+        let ctl = c.controller();
+        let caps = self.snapshots;
+        if caps.create {
+            let create = |name: &str, source: &str| {
+                let msg = CreateSnapshotRequest {
+                    source_volume_id: source.to_owned(),
+                    name: name.to_owned(),
+                    ..Default::default()
+                };
+                let (ctl, c) = (ctl.clone(), c.clone());
+                async move {
+                    c.call("CreateSnapshot", &msg, |r| {
+                        let mut ctl = ctl.clone();
+                        async move { ctl.create_snapshot(r).await }
+                    })
+                    .await
+                }
+            };
+            let name = format!("plugreg-check-snapshot-{}", unique());
+            let first = report
+                .expect_ok("CreateSnapshot", create(&name, &spec.volume_id).await)
+                .and_then(|r| r.snapshot);
+            let Some(mut snap) = first else {
+                return;
+            };
+            {
+                let last = report.steps.last_mut().expect("just pushed");
+                if snap.snapshot_id.is_empty() || snap.source_volume_id != spec.volume_id {
+                    last.outcome = Outcome::Fail;
+                    last.detail = format!(
+                        "snapshot_id {:?}, source_volume_id {:?} (want {:?})",
+                        snap.snapshot_id, snap.source_volume_id, spec.volume_id
+                    );
+                } else {
+                    last.detail = format!(
+                        "snapshot {}, ready_to_use {}",
+                        snap.snapshot_id, snap.ready_to_use
+                    );
+                }
+            }
+            // Repeated, as the snapshotter polls a snapshot that is not ready yet; a few
+            // times, a second apart, until it is.
+            for attempt in 0..5 {
+                let step = if attempt == 0 {
+                    "CreateSnapshot repeated (same name)".to_owned()
+                } else {
+                    format!("CreateSnapshot repeated, until ready ({})", attempt + 1)
+                };
+                let Some(again) = report
+                    .expect_ok(step, create(&name, &spec.volume_id).await)
+                    .and_then(|r| r.snapshot)
+                else {
+                    break;
+                };
+                let last = report.steps.last_mut().expect("just pushed");
+                if again.snapshot_id != snap.snapshot_id {
+                    last.outcome = Outcome::Fail;
+                    last.detail = format!(
+                        "returned snapshot {:?}, not {:?}: not idempotent",
+                        again.snapshot_id, snap.snapshot_id
+                    );
+                    break;
+                }
+                last.detail = format!("ready_to_use {}", again.ready_to_use);
+                snap = again;
+                if snap.ready_to_use {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let r = create("", &spec.volume_id).await;
+            report.expect_code("CreateSnapshot without name", Code::InvalidArgument, r);
+            let r = create(&format!("plugreg-check-snapshot-{}", unique()), "").await;
+            report.expect_code(
+                "CreateSnapshot without source_volume_id",
+                Code::InvalidArgument,
+                r,
+            );
+            let id = snap.snapshot_id.clone();
+            let unknown = format!("plugreg-check-unknown-{}", unique());
+            if caps.list {
+                let list = |snapshot_id: &str| {
+                    let msg = ListSnapshotsRequest {
+                        snapshot_id: snapshot_id.to_owned(),
+                        ..Default::default()
+                    };
+                    let (ctl, c) = (ctl.clone(), c.clone());
+                    async move {
+                        c.call("ListSnapshots", &msg, |r| {
+                            let mut ctl = ctl.clone();
+                            async move { ctl.list_snapshots(r).await }
+                        })
+                        .await
+                    }
+                };
+                if let Some(r) = report.expect_ok("ListSnapshots by snapshot_id", list(&id).await) {
+                    let found = r
+                        .entries
+                        .iter()
+                        .filter_map(|e| e.snapshot.as_ref())
+                        .filter(|s| s.snapshot_id == id)
+                        .count();
+                    let last = report.steps.last_mut().expect("just pushed");
+                    if found != 1 || r.entries.len() != 1 {
+                        last.outcome = Outcome::Fail;
+                        last.detail = format!(
+                            "{} entries, {found} of them snapshot {id:?}: want exactly it",
+                            r.entries.len()
+                        );
+                    }
+                }
+                if let Some(r) = report.expect_ok(
+                    "ListSnapshots by an unknown snapshot_id",
+                    list(&unknown).await,
+                ) && !r.entries.is_empty()
+                {
+                    let last = report.steps.last_mut().expect("just pushed");
+                    last.outcome = Outcome::Fail;
+                    last.detail = format!("{} entries; want none", r.entries.len());
+                }
+            } else {
+                report.skip("ListSnapshots", "no LIST_SNAPSHOTS");
+            }
+            if caps.get {
+                let get = |snapshot_id: &str| {
+                    let msg = GetSnapshotRequest {
+                        snapshot_id: snapshot_id.to_owned(),
+                        ..Default::default()
+                    };
+                    let (ctl, c) = (ctl.clone(), c.clone());
+                    async move {
+                        c.call("GetSnapshot", &msg, |r| {
+                            let mut ctl = ctl.clone();
+                            async move { ctl.get_snapshot(r).await }
+                        })
+                        .await
+                    }
+                };
+                if let Some(r) = report.expect_ok("GetSnapshot", get(&id).await) {
+                    let got = r.snapshot.map(|s| s.snapshot_id).unwrap_or_default();
+                    if got != id {
+                        let last = report.steps.last_mut().expect("just pushed");
+                        last.outcome = Outcome::Fail;
+                        last.detail = format!("returned snapshot {got:?}, not {id:?}");
+                    }
+                }
+                let r = get(&unknown).await;
+                report.expect_code("GetSnapshot of an unknown snapshot", Code::NotFound, r);
+            } else {
+                report.skip("GetSnapshot", "no GET_SNAPSHOT");
+            }
+            if !self.create {
+                report.skip("CreateVolume from the snapshot", "no CREATE_DELETE_VOLUME");
+            } else if !snap.ready_to_use {
+                report.skip(
+                    "CreateVolume from the snapshot",
+                    "the snapshot was not ready within 5 s",
+                );
+            } else {
+                let source = VolumeContentSource {
+                    r#type: Some(volume_content_source::Type::Snapshot(
+                        volume_content_source::SnapshotSource {
+                            snapshot_id: id.clone(),
+                        },
+                    )),
+                };
+                self.create_from(
+                    report,
+                    "CreateVolume from the snapshot",
+                    "restored",
+                    source,
+                    &c,
+                )
+                .await;
+            }
+            let msg = DeleteSnapshotRequest {
+                snapshot_id: id,
+                ..Default::default()
+            };
+            let delete = |msg: DeleteSnapshotRequest| {
+                let (ctl, c) = (ctl.clone(), c.clone());
+                async move {
+                    c.call("DeleteSnapshot", &msg, |r| {
+                        let mut ctl = ctl.clone();
+                        async move { ctl.delete_snapshot(r).await }
+                    })
+                    .await
+                }
+            };
+            for step in ["DeleteSnapshot", "DeleteSnapshot repeated"] {
+                let r = delete(msg.clone()).await;
+                report.expect_ok(step, r);
+            }
+            let r = delete(DeleteSnapshotRequest::default()).await;
+            report.expect_code(
+                "DeleteSnapshot without snapshot_id",
+                Code::InvalidArgument,
+                r,
+            );
+        }
+        if caps.clone && self.create {
+            let source = VolumeContentSource {
+                r#type: Some(volume_content_source::Type::Volume(
+                    volume_content_source::VolumeSource {
+                        volume_id: spec.volume_id.clone(),
+                    },
+                )),
+            };
+            self.create_from(
+                report,
+                "CreateVolume cloned from the volume",
+                "cloned",
+                source,
+                &c,
+            )
+            .await;
+        }
+    }
+
+    /// CreateVolume of a new volume from `source` (it must name its content source, as
+    /// csi-provisioner requires), then DeleteVolume of it.
+    async fn create_from(
+        &mut self,
+        report: &mut Report,
+        step: &str,
+        what: &str,
+        source: VolumeContentSource,
+        c: &Connection,
+    ) {
+        let msg = CreateVolumeRequest {
+            name: format!("plugreg-check-{}-{}", std::process::id(), unique()),
+            capacity_range: Some(CapacityRange {
+                required_bytes: self.opts.capacity_bytes,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![rwo_capability(self.controller_multi_writer)],
+            volume_content_source: Some(source.clone()),
+            ..Default::default()
+        };
+        let Some(vol) = report
+            .expect_ok(step.to_owned(), c.create_volume(&msg).await)
+            .and_then(|r| r.volume)
+        else {
+            return;
+        };
+        let last = report.steps.last_mut().expect("just pushed");
+        if vol.content_source.is_none() {
+            last.outcome = Outcome::Fail;
+            last.detail = format!(
+                "volume {} names no content source: csi-provisioner refuses such a volume \
+                 (\"volume content source missing\")",
+                vol.volume_id
+            );
+        } else {
+            last.detail = format!("volume {}", vol.volume_id);
+        }
+        if !vol.volume_id.is_empty() {
+            let del = DeleteVolumeRequest {
+                volume_id: vol.volume_id,
+                ..Default::default()
+            };
+            let r = c.delete_volume(&del).await;
+            report.expect_ok(format!("DeleteVolume of the {what} volume"), r);
         }
     }
 

@@ -42,10 +42,10 @@ use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
     ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, ControllerPublishVolumeRequest,
-    ControllerUnpublishVolumeRequest, CreateVolumeRequest, DeleteVolumeRequest,
-    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
-    GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse, node_service_capability,
-    plugin_capability,
+    ControllerUnpublishVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
+    DeleteSnapshotRequest, DeleteVolumeRequest, GetPluginCapabilitiesRequest,
+    GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability,
+    ProbeRequest, ProbeResponse, node_service_capability, plugin_capability,
 };
 use plugreg_transport::{BoundSocket, MAX_MESSAGE_SIZE};
 use tokio::sync::{Notify, broadcast};
@@ -54,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Router;
 use tonic::{Request, Response};
 
+mod snapshots;
 mod volumes;
 
 pub use node_service_capability::rpc::Type as NodeCapability;
@@ -194,11 +195,19 @@ pub enum Method {
     ControllerExpandVolume,
     /// `/csi.v1.Controller/ControllerModifyVolume`
     ControllerModifyVolume,
+    /// `/csi.v1.Controller/CreateSnapshot`
+    CreateSnapshot,
+    /// `/csi.v1.Controller/DeleteSnapshot`
+    DeleteSnapshot,
+    /// `/csi.v1.Controller/ListSnapshots`
+    ListSnapshots,
+    /// `/csi.v1.Controller/GetSnapshot`
+    GetSnapshot,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 19] = [
+    pub const ALL: [Method; 23] = [
         Method::GetPluginInfo,
         Method::GetPluginCapabilities,
         Method::Probe,
@@ -218,6 +227,10 @@ impl Method {
         Method::ListVolumes,
         Method::ControllerExpandVolume,
         Method::ControllerModifyVolume,
+        Method::CreateSnapshot,
+        Method::DeleteSnapshot,
+        Method::ListSnapshots,
+        Method::GetSnapshot,
     ];
 
     /// The method name, e.g. `GetPluginInfo`.
@@ -242,6 +255,10 @@ impl Method {
             Method::ListVolumes => "ListVolumes",
             Method::ControllerExpandVolume => "ControllerExpandVolume",
             Method::ControllerModifyVolume => "ControllerModifyVolume",
+            Method::CreateSnapshot => "CreateSnapshot",
+            Method::DeleteSnapshot => "DeleteSnapshot",
+            Method::ListSnapshots => "ListSnapshots",
+            Method::GetSnapshot => "GetSnapshot",
         }
     }
 
@@ -298,6 +315,9 @@ struct CallsInner {
     /// The last [`KEEP_REQUESTS`] ControllerExpandVolume and ControllerModifyVolume requests.
     expands: Mutex<std::collections::VecDeque<ControllerExpandVolumeRequest>>,
     modifies: Mutex<std::collections::VecDeque<ControllerModifyVolumeRequest>>,
+    /// The last [`KEEP_REQUESTS`] CreateSnapshot and DeleteSnapshot requests.
+    create_snapshots: Mutex<std::collections::VecDeque<CreateSnapshotRequest>>,
+    delete_snapshots: Mutex<std::collections::VecDeque<DeleteSnapshotRequest>>,
 }
 
 /// How many CreateVolume / DeleteVolume requests [`Calls`] keeps for inspection.
@@ -324,6 +344,8 @@ impl Default for Calls {
                 unpublishes: Mutex::default(),
                 expands: Mutex::default(),
                 modifies: Mutex::default(),
+                create_snapshots: Mutex::default(),
+                delete_snapshots: Mutex::default(),
             }),
         }
     }
@@ -349,6 +371,32 @@ impl Calls {
     pub fn create_requests(&self) -> Vec<CreateVolumeRequest> {
         let q = self.inner.creates.lock().unwrap_or_else(|e| e.into_inner());
         q.iter().cloned().collect()
+    }
+
+    /// The CreateSnapshot requests received (the last [`KEEP_REQUESTS`]), oldest first.
+    pub fn create_snapshot_requests(&self) -> Vec<CreateSnapshotRequest> {
+        let q = self.inner.create_snapshots.lock();
+        q.unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// The DeleteSnapshot requests received (the last [`KEEP_REQUESTS`]), oldest first.
+    pub fn delete_snapshot_requests(&self) -> Vec<DeleteSnapshotRequest> {
+        let q = self.inner.delete_snapshots.lock();
+        q.unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn keep_create_snapshot(&self, r: &CreateSnapshotRequest) {
+        keep(&self.inner.create_snapshots, r.clone());
+    }
+
+    pub(crate) fn keep_delete_snapshot(&self, r: &DeleteSnapshotRequest) {
+        keep(&self.inner.delete_snapshots, r.clone());
     }
 
     /// The DeleteVolume requests received (the last [`KEEP_REQUESTS`]), oldest first.
@@ -526,6 +574,16 @@ pub struct DriverConfig {
     pub controller_modify: bool,
     /// Also advertise SINGLE_NODE_MULTI_WRITER.
     pub single_node_multi_writer: bool,
+    /// With [`controller`](Self::controller): advertise CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS
+    /// and GET_SNAPSHOT, serve them (a snapshot is a copy of its volume's directory), and accept
+    /// a snapshot as CreateVolume's content source (the new volume starts as its copy).
+    pub snapshots: bool,
+    /// CreateSnapshot answers `ready_to_use: false` this many times for a new snapshot before
+    /// it is ready (a restore from it is UNAVAILABLE until then).
+    pub snapshot_ready_after: u32,
+    /// With [`controller`](Self::controller): advertise CLONE_VOLUME and accept another volume
+    /// as CreateVolume's content source (the new volume starts as its copy).
+    pub clone_volume: bool,
     /// Where calls are counted; clone it before handing the config over to watch the driver.
     pub calls: Calls,
 }
@@ -559,6 +617,9 @@ impl Default for DriverConfig {
             node_expansion_required: false,
             controller_modify: false,
             single_node_multi_writer: false,
+            snapshots: false,
+            snapshot_ready_after: 0,
+            clone_volume: false,
             calls: Calls::default(),
         }
     }

@@ -66,7 +66,7 @@ pub enum MountMode {
 pub(crate) struct VolumeState {
     /// The CreateVolume name (empty for a pre-provisioned volume).
     name: String,
-    capacity: i64,
+    pub(crate) capacity: i64,
     /// Where it is staged, with the capability used.
     staged: Option<(PathBuf, VolumeCapability)>,
     /// Where it is published: target → (capability, readonly).
@@ -78,8 +78,11 @@ pub(crate) struct VolumeState {
 /// Everything that changes while the driver runs.
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    volumes: BTreeMap<String, VolumeState>,
+    pub(crate) volumes: BTreeMap<String, VolumeState>,
     next_id: u64,
+    /// Snapshots by id (see the `snapshots` module).
+    pub(crate) snapshots: crate::snapshots::Snapshots,
+    pub(crate) next_snapshot: u64,
     /// Paths this driver mounted, in mount order (unmounted in reverse on stop).
     mounts: Vec<PathBuf>,
 }
@@ -109,7 +112,7 @@ pub fn valid_volume_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 128 && id != "." && id != ".." && !id.contains(['/', '\0'])
 }
 
-fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
+pub(crate) fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
     if value.is_empty() {
         Err(Status::invalid_argument(format!("{field} is required")))
     } else if value.len() > MAX_PATH_LEN {
@@ -266,13 +269,13 @@ impl Driver {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// [`lock`](Self::lock), having loaded volume `id` from the data directory first when
     /// the driver is persistent and does not know it yet (another instance created it).
-    fn lock_with(&self, id: &str) -> std::sync::MutexGuard<'_, State> {
+    pub(crate) fn lock_with(&self, id: &str) -> std::sync::MutexGuard<'_, State> {
         let mut state = self.lock();
         if self.config.persistent
             && !state.volumes.contains_key(id)
@@ -684,11 +687,11 @@ impl Controller for Driver {
         for c in &r.volume_capabilities {
             capability(Some(c), "volume_capabilities")?;
         }
-        if r.volume_content_source.is_some() {
-            return Err(Status::invalid_argument(
-                "volume content sources are not supported (no CLONE_VOLUME or snapshots)",
-            ));
-        }
+        // A restore or a clone starts as a copy of its source, and is at least as large.
+        let source = match &r.volume_content_source {
+            Some(c) => Some(self.content_source(c)?),
+            None => None,
+        };
         let (required_bytes, limit) = r
             .capacity_range
             .map_or((0, 0), |c| (c.required_bytes, c.limit_bytes));
@@ -707,6 +710,17 @@ impl Controller for Driver {
             limit.min(self.config.default_capacity)
         } else {
             self.config.default_capacity
+        };
+        let capacity = match &source {
+            Some((_, least)) if capacity < *least => {
+                if limit > 0 && *least > limit {
+                    return Err(Status::out_of_range(format!(
+                        "the source holds {least} bytes, more than the limit of {limit}"
+                    )));
+                }
+                *least
+            }
+            _ => capacity,
         };
         // Topology: the volume lives on this driver's node; a requirement that excludes it
         // cannot be met here.
@@ -760,7 +774,7 @@ impl Controller for Driver {
                     capacity_bytes: v.capacity,
                     volume_id: id.clone(),
                     volume_context: Default::default(),
-                    content_source: None,
+                    content_source: r.volume_content_source.clone(),
                     accessible_topology,
                 }),
             }));
@@ -778,7 +792,11 @@ impl Controller for Driver {
             }
         };
         drop(state);
-        self.volume_dir(&id)?;
+        let dir = self.volume_dir(&id)?;
+        if let Some((from, _)) = &source {
+            crate::snapshots::copy_tree(from, &dir)
+                .map_err(|e| internal("cannot copy the content source into", &dir, e))?;
+        }
         if persistent {
             self.write_meta(&id, name, capacity)?;
         }
@@ -798,7 +816,7 @@ impl Controller for Driver {
                 capacity_bytes: capacity,
                 volume_id: id,
                 volume_context: Default::default(),
-                content_source: None,
+                content_source: r.volume_content_source,
                 accessible_topology,
             }),
         }))
@@ -868,6 +886,16 @@ impl Controller for Driver {
         }
         if self.config.single_node_multi_writer {
             types.push(Type::SingleNodeMultiWriter);
+        }
+        if self.config.snapshots {
+            types.extend([
+                Type::CreateDeleteSnapshot,
+                Type::ListSnapshots,
+                Type::GetSnapshot,
+            ]);
+        }
+        if self.config.clone_volume {
+            types.push(Type::CloneVolume);
         }
         let capabilities = types
             .into_iter()
@@ -1009,30 +1037,50 @@ impl Controller for Driver {
 
     async fn create_snapshot(
         &self,
-        _: Request<CreateSnapshotRequest>,
+        request: Request<CreateSnapshotRequest>,
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
-        unimplemented("CreateSnapshot")
+        if !self.config.snapshots {
+            return unimplemented("CreateSnapshot");
+        }
+        self.do_create_snapshot(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn delete_snapshot(
         &self,
-        _: Request<DeleteSnapshotRequest>,
+        request: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
-        unimplemented("DeleteSnapshot")
+        if !self.config.snapshots {
+            return unimplemented("DeleteSnapshot");
+        }
+        self.do_delete_snapshot(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn list_snapshots(
         &self,
-        _: Request<ListSnapshotsRequest>,
+        request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
-        unimplemented("ListSnapshots")
+        if !self.config.snapshots {
+            return unimplemented("ListSnapshots");
+        }
+        self.do_list_snapshots(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn get_snapshot(
         &self,
-        _: Request<GetSnapshotRequest>,
+        request: Request<GetSnapshotRequest>,
     ) -> Result<Response<GetSnapshotResponse>, Status> {
-        unimplemented("GetSnapshot")
+        if !self.config.snapshots {
+            return unimplemented("GetSnapshot");
+        }
+        self.do_get_snapshot(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn controller_expand_volume(

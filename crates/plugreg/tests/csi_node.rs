@@ -490,6 +490,91 @@ fn check_covers_controller_expand_and_modify() {
     );
 }
 
+/// A Controller with snapshots and clones (what csi-snapshotter and csi-provisioner call): the
+/// check snapshots the created volume, repeats the call until the snapshot is ready (the test
+/// driver makes it wait one answer), lists and gets it, restores and clones a volume (each
+/// naming its content source) and deletes them; a driver whose CreateSnapshot fails fails the
+/// step by name.
+#[test]
+fn check_covers_snapshots_and_clones() {
+    let g = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.extend([
+        "--controller",
+        "--snapshots",
+        "--snapshot-ready-after",
+        "1",
+        "--clone-volume",
+    ]);
+    let d = Driver::start(g.path(), &args);
+    let (code, report) = check(&d, g.path(), &[]);
+    assert_eq!(code, Some(0), "{report:#}");
+    for name in [
+        "CreateSnapshot",
+        "CreateSnapshot repeated (same name)",
+        "ListSnapshots by snapshot_id",
+        "ListSnapshots by an unknown snapshot_id",
+        "GetSnapshot",
+        "CreateVolume from the snapshot",
+        "DeleteVolume of the restored volume",
+        "DeleteSnapshot",
+        "DeleteSnapshot repeated",
+        "CreateVolume cloned from the volume",
+        "DeleteVolume of the cloned volume",
+    ] {
+        assert_eq!(step(&report, name)["outcome"], "pass", "{name}: {report:#}");
+    }
+    assert!(
+        step(&report, "CreateSnapshot")["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("ready_to_use false"),
+        "the first answer is not ready: {report:#}"
+    );
+    assert_eq!(
+        step(&report, "CreateSnapshot repeated (same name)")["detail"],
+        "ready_to_use true",
+        "{report:#}"
+    );
+    for (name, code) in [
+        ("CreateSnapshot without name", "INVALID_ARGUMENT"),
+        (
+            "CreateSnapshot without source_volume_id",
+            "INVALID_ARGUMENT",
+        ),
+        ("GetSnapshot of an unknown snapshot", "NOT_FOUND"),
+        ("DeleteSnapshot without snapshot_id", "INVALID_ARGUMENT"),
+    ] {
+        assert_eq!(step(&report, name)["code"], code, "{name}: {report:#}");
+        assert_eq!(step(&report, name)["outcome"], "pass", "{name}: {report:#}");
+    }
+    assert!(
+        step(&report, "ControllerGetCapabilities")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, GET_SNAPSHOT, CLONE_VOLUME"),
+        "{report:#}"
+    );
+    drop(d);
+    let g2 = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.extend([
+        "--controller",
+        "--snapshots",
+        "--fault",
+        "CreateSnapshot:code=INTERNAL,message=broken",
+    ]);
+    let d = Driver::start(g2.path(), &args);
+    let (code, report) = check(&d, g2.path(), &[]);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(step(&report, "CreateSnapshot")["outcome"], "fail");
+    drop(d);
+    assert!(
+        plugreg_runtime::procfs::mount_points_under(g.path()).is_empty()
+            && plugreg_runtime::procfs::mount_points_under(g2.path()).is_empty()
+    );
+}
+
 /// No Controller publishes, the node needs publish_context["device"]: `--publish-context`
 /// supplies it for `--volume-id`.
 #[test]

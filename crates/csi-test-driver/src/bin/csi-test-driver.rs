@@ -94,6 +94,16 @@ struct Args {
     /// parameter named `invalid` is INVALID_ARGUMENT).
     #[arg(long)]
     controller_modify: bool,
+    /// With --controller: advertise CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS and GET_SNAPSHOT,
+    /// serve them (a snapshot copies its volume's directory) and restore volumes from them.
+    #[arg(long)]
+    snapshots: bool,
+    /// A new snapshot answers ready_to_use: false this many times before it is ready.
+    #[arg(long, default_value_t = 0)]
+    snapshot_ready_after: u32,
+    /// With --controller: advertise CLONE_VOLUME and clone volumes (copying their directory).
+    #[arg(long)]
+    clone_volume: bool,
     /// Check the paths the CO must provide before the volume, as csi-test's mock driver and
     /// csi-driver-host-path do: a staging_target_path that does not exist, or a target_path whose
     /// parent does not exist, is INTERNAL.
@@ -177,6 +187,9 @@ impl Args {
             controller_expand: self.controller_expand,
             node_expansion_required: self.node_expansion_required,
             controller_modify: self.controller_modify,
+            snapshots: self.snapshots,
+            snapshot_ready_after: self.snapshot_ready_after,
+            clone_volume: self.clone_volume,
             ..DriverConfig::default()
         })
     }
