@@ -162,8 +162,23 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             return FATAL_EXIT;
         }
     };
-    // Steps 7-9 (the rate-limited clients, the VolumeAttributesClass discovery check) are the
-    // controller's: `kube_config` and `gates` are handed over below.
+    // Steps 7 and 9 (the rate-limited clients) are the controller's: `kube_config` is handed
+    // over below. Step 8: the VolumeAttributesClass discovery check, as upstream: a gate not
+    // set explicitly is switched off when the API server serves no v1 VolumeAttributesClass.
+    let mut volume_attributes_class = gates.volume_attributes_class;
+    if volume_attributes_class && !gates.volume_attributes_class_explicit {
+        let available = match kube::Client::try_from(kube_config.clone()) {
+            Ok(client) => plugreg_sidecar_kit::vac::api_available(&client).await,
+            Err(_) => None,
+        };
+        if available == Some(false) {
+            tracing::info!(
+                target: LOG,
+                "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass v1 API is not available"
+            );
+            volume_attributes_class = false;
+        }
+    }
 
     // Step 10.
     let connected = match csi::connect_watched(&options.csi_address, csi::CONNECT_WINDOW).await {
@@ -289,6 +304,8 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             immediate_topology: options.immediate_topology,
             topology: gates.topology && started.capabilities.accessibility_constraints,
             single_node_multi_writer: started.capabilities.single_node_multi_writer,
+            volume_attributes_class,
+            modify_volume: started.capabilities.modify_volume,
         },
         workers: usize::try_from(options.worker_threads).unwrap_or(usize::MAX),
         retry_start: options.retry_interval_start,

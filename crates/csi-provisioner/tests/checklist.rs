@@ -1082,3 +1082,135 @@ async fn leader_health_is_not_served_without_leader_election() {
     );
     assert_eq!(http_get(addr, "/metrics").0, 200);
 }
+
+// --- VolumeAttributesClass at creation (issue 21) ---
+
+/// A VolumeAttributesClass of `driver` named after the test, with `parameters`.
+async fn attributes_class(
+    env: &Env,
+    suffix: &str,
+    driver: &str,
+    parameters: &[(&str, &str)],
+) -> String {
+    use plugreg_sidecar_kit::vac::VolumeAttributesClass;
+    let name = format!("{}{suffix}", env.name);
+    let vac = VolumeAttributesClass {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        driver_name: driver.to_owned(),
+        parameters: parameters
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    };
+    Api::<VolumeAttributesClass>::all(env.client.clone())
+        .create(&PostParams::default(), &vac)
+        .await
+        .unwrap();
+    name
+}
+
+/// A claim that names a VolumeAttributesClass of the driver: CreateVolume carries the class's
+/// parameters as `mutable_parameters` and the PV names the class; a class of another driver is
+/// a ProvisioningFailed with upstream's text, and so is any class with a driver that does not
+/// report MODIFY_VOLUME. (v1.36.2: the v1 API is GA since 1.34.)
+#[tokio::test]
+async fn volume_attributes_class_at_creation_v1_36_2() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| c.controller_modify = true).await;
+    let gold = attributes_class(&env, "-gold", &env.name, &[("iops", "300")]).await;
+    let foreign =
+        attributes_class(&env, "-foreign", "other.csi.example.com", &[("iops", "1")]).await;
+    let class = env.class("", json!({})).await;
+    let _p = env.provisioner(&[]);
+    env.claim(
+        "c1",
+        &class,
+        "1Mi",
+        json!({"spec": {"volumeAttributesClassName": gold}}),
+    )
+    .await;
+    let pv = bound_volume(&env, "c1").await;
+    assert_eq!(
+        pv.spec
+            .as_ref()
+            .unwrap()
+            .volume_attributes_class_name
+            .as_deref(),
+        Some(gold.as_str())
+    );
+    let request = env
+        .calls
+        .create_requests()
+        .into_iter()
+        .find(|r| r.name == pv.name_any())
+        .expect("the PV's CreateVolume");
+    assert_eq!(
+        request.mutable_parameters,
+        std::collections::HashMap::from([("iops".to_owned(), "300".to_owned())])
+    );
+
+    env.claim(
+        "c2",
+        &class,
+        "1Mi",
+        json!({"spec": {"volumeAttributesClassName": foreign}}),
+    )
+    .await;
+    let msg = env.wait_event(&env.ns, "c2", "ProvisioningFailed").await;
+    assert!(
+        msg.contains(&format!(
+            "VAC {foreign} referenced in PVC is for driver other.csi.example.com which does not match driver name {}",
+            env.name
+        )),
+        "{msg}"
+    );
+
+    // A driver without MODIFY_VOLUME.
+    let plain = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let silver = attributes_class(&plain, "-silver", &plain.name, &[("iops", "1")]).await;
+    let class = plain.class("", json!({})).await;
+    let _p = plain.provisioner(&[]);
+    plain
+        .claim(
+            "c3",
+            &class,
+            "1Mi",
+            json!({"spec": {"volumeAttributesClassName": silver}}),
+        )
+        .await;
+    let msg = plain
+        .wait_event(&plain.ns, "c3", "ProvisioningFailed")
+        .await;
+    assert!(
+        msg.contains(
+            "CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported"
+        ),
+        "{msg}"
+    );
+    assert_eq!(plain.calls.count(Method::CreateVolume), 0);
+}
+
+/// On an API server without the v1 API (v1.20.2) the gate switches itself off at start, with
+/// upstream's log line, unless it was set explicitly.
+#[tokio::test]
+async fn volume_attributes_class_gate_follows_discovery_v1_20_2() {
+    let env = Env::new(KubeVersion::V1_20_2, |_| {}).await;
+    let mut p = env.provisioner(&[]);
+    p.wait_log_line(
+        "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass v1 API is not available",
+    )
+    .await;
+    p.kill();
+    // Set explicitly: past discovery (the driver detected, a later start-up step) without a word.
+    let explicit = env.provisioner(&["--feature-gates=VolumeAttributesClass=true"]);
+    explicit
+        .wait_log_line(&format!("Detected CSI driver {}", env.name))
+        .await;
+    assert!(
+        !explicit.log().contains("Disabling VolumeAttributesClass"),
+        "{}",
+        explicit.log()
+    );
+}

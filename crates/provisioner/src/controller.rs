@@ -700,7 +700,7 @@ impl Controller {
         let ambiguous = record
             .as_ref()
             .is_some_and(crate::inflight::Volume::ambiguous);
-        let prepared = match request::prepare_as(
+        let mut prepared = match request::prepare_as(
             claim,
             class,
             driver,
@@ -721,6 +721,20 @@ impl Controller {
         // Upstream only logs the deprecation warnings.
         for w in &prepared.warnings {
             warn!("{w}");
+        }
+        // The claim's VolumeAttributesClass, read live as upstream does (an error leaves the
+        // claim as it is, to be retried); a request already recorded keeps what it had.
+        if let Some(name) = prepared.volume_attributes_class.clone()
+            && !ambiguous
+        {
+            let api: Api<plugreg_sidecar_kit::vac::VolumeAttributesClass> =
+                Api::all(self.clients.high.clone());
+            let vac = api.get(&name).await.map_err(|e| {
+                Failure::Error(ProvisionError::no_change(format!(
+                    "failed to get VolumeAttributesClass {name}: {e}"
+                )))
+            })?;
+            request::apply_attributes_class(&mut prepared, &vac, driver).map_err(Failure::Error)?;
         }
         // A CreateVolume that may have run is repeated as it was: the driver answers a
         // repeated request with the volume it made.

@@ -191,6 +191,7 @@ pub fn build(
             persistent_volume_reclaim_policy: class.reclaim_policy.clone(),
             storage_class_name: (!class_name.is_empty()).then_some(class_name),
             volume_mode: spec.volume_mode.clone(),
+            volume_attributes_class_name: prepared.volume_attributes_class.clone(),
             ..Default::default()
         }),
         status: None,

@@ -82,6 +82,11 @@ pub struct RequestOptions {
     pub topology: bool,
     /// The controller reports SINGLE_NODE_MULTI_WRITER.
     pub single_node_multi_writer: bool,
+    /// The `VolumeAttributesClass` gate is on (and, unless set explicitly, the API server
+    /// serves the v1 API).
+    pub volume_attributes_class: bool,
+    /// The controller reports MODIFY_VOLUME.
+    pub modify_volume: bool,
 }
 
 impl Default for RequestOptions {
@@ -97,6 +102,8 @@ impl Default for RequestOptions {
             immediate_topology: true,
             topology: false,
             single_node_multi_writer: false,
+            volume_attributes_class: true,
+            modify_volume: false,
         }
     }
 }
@@ -389,6 +396,9 @@ pub struct Prepared {
     /// The selected node ([`selected_node`]); with topology, CreateVolume's
     /// RESOURCE_EXHAUSTED then reschedules.
     pub selected_node: Option<String>,
+    /// The VolumeAttributesClass the claim names (with the gate on): the controller reads it
+    /// and puts its parameters into `request.mutable_parameters`; the PV names it.
+    pub volume_attributes_class: Option<String>,
 }
 
 /// Builds the CreateVolumeRequest of `claim` (§7) in upstream's order of checks: data source,
@@ -460,14 +470,14 @@ pub fn prepare_as(
         })
         .collect::<Result<Vec<_>, ProvisionError>>()?;
 
-    if let Some(vac) = spec
+    let volume_attributes_class = spec
         .volume_attributes_class_name
-        .as_deref()
-        .filter(|v| !v.is_empty())
-    {
-        return Err(ProvisionError::final_(format!(
-            "plugreg's csi-provisioner does not support VolumeAttributesClass yet (the claim names volumeAttributesClassName {vac})"
-        )));
+        .clone()
+        .filter(|v| opts.volume_attributes_class && !v.is_empty());
+    if volume_attributes_class.is_some() && !opts.modify_volume {
+        return Err(ProvisionError::final_(
+            "CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported",
+        ));
     }
 
     let selected = selected_node(claim);
@@ -521,7 +531,31 @@ pub fn prepare_as(
         secrets,
         warnings,
         selected_node: selected,
+        volume_attributes_class,
     })
+}
+
+/// Puts the parameters of `class`, the VolumeAttributesClass `prepared` names, into its
+/// CreateVolumeRequest's `mutable_parameters`, as upstream does; a class of another driver is a
+/// final error with upstream's text.
+pub fn apply_attributes_class(
+    prepared: &mut Prepared,
+    class: &plugreg_sidecar_kit::vac::VolumeAttributesClass,
+    driver: &str,
+) -> Result<(), ProvisionError> {
+    if class.driver_name != driver {
+        return Err(ProvisionError::final_(format!(
+            "VAC {} referenced in PVC is for driver {} which does not match driver name {driver}",
+            class.metadata.name.as_deref().unwrap_or_default(),
+            class.driver_name
+        )));
+    }
+    prepared.request.mutable_parameters = class
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Ok(())
 }
 
 #[cfg(test)]
@@ -897,12 +931,47 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn volume_attributes_class_is_final_not_supported() {
+    fn volume_attributes_class_needs_modify_volume_and_its_driver() {
         let mut c = claim();
         spec(&mut c).volume_attributes_class_name = Some("gold".into());
         assert_eq!(
             final_err(&c, &class(), &RequestOptions::default()),
-            "plugreg's csi-provisioner does not support VolumeAttributesClass yet (the claim names volumeAttributesClassName gold)"
+            "CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported"
+        );
+        // With the gate off the class is not looked at.
+        let off = RequestOptions {
+            volume_attributes_class: false,
+            ..RequestOptions::default()
+        };
+        let p = prep(&c, &class(), &off).unwrap();
+        assert_eq!(p.volume_attributes_class, None);
+        // With MODIFY_VOLUME: named, and its parameters go into mutable_parameters.
+        let on = RequestOptions {
+            modify_volume: true,
+            ..RequestOptions::default()
+        };
+        let mut p = prep(&c, &class(), &on).unwrap();
+        assert_eq!(p.volume_attributes_class.as_deref(), Some("gold"));
+        assert!(p.request.mutable_parameters.is_empty());
+        let mut vac = plugreg_sidecar_kit::vac::VolumeAttributesClass {
+            driver_name: "other.csi.example.com".into(),
+            parameters: BTreeMap::from([("iops".to_owned(), "300".to_owned())]),
+            ..Default::default()
+        };
+        vac.metadata.name = Some("gold".into());
+        let e = apply_attributes_class(&mut p, &vac, DRIVER).unwrap_err();
+        assert_eq!(e.state, State::Final);
+        assert_eq!(
+            e.message,
+            format!(
+                "VAC gold referenced in PVC is for driver other.csi.example.com which does not match driver name {DRIVER}"
+            )
+        );
+        vac.driver_name = DRIVER.into();
+        apply_attributes_class(&mut p, &vac, DRIVER).unwrap();
+        assert_eq!(
+            p.request.mutable_parameters,
+            HashMap::from([("iops".to_owned(), "300".to_owned())])
         );
     }
 

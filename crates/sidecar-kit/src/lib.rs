@@ -32,7 +32,8 @@
 //!   works only while it leads), [`cache`] (trimmed watch caches), [`events`] (client-go's
 //!   event recorder),
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
-//!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`).
+//!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`vac`] (the
+//!   VolumeAttributesClass type and its discovery check).
 
 #[cfg(feature = "controller")]
 pub mod cache;
@@ -59,6 +60,8 @@ pub mod quantity;
 pub mod queue;
 #[cfg(feature = "controller")]
 pub mod ratelimit;
+#[cfg(feature = "controller")]
+pub mod vac;
 
 /// The version every sidecar reports (`--version`, the `Version` log line):
 /// `PLUGREG_VERSION` at build time, else `v` + the workspace version.
