@@ -15,6 +15,9 @@
 #                                  Kubernetes v1.36.2
 #     bin/<part>-v2.3.4            containerd, containerd-shim-runc-v2, ctr v2.3.4
 #     bin/<part>-v1.6              the same three from Debian's containerd 1.6
+#     bin/snapshot-controller-v8.6.0, crd/*.yaml
+#                                  external-snapshotter v8.6.0's snapshot-controller
+#                                  and its CRDs (prebuilt, from the same folder)
 #     READY                        written last; first line is the version line
 #
 # Sources (v1.20.2): Debian bookworm's source package `kubernetes` (pristine
@@ -306,6 +309,7 @@ build_go --keep-ready kube-scheduler ./cmd/kube-scheduler "$TREE_STAMP"
 MODERN_VERSION='v1.36.2'
 MODERN_PEERS=(kube-apiserver kube-controller-manager kubelet-pluginmanager kubelet-plugins example-plugin kubelet kube-scheduler)
 CONTAINERD2_PEERS=(containerd-v2.3.4 containerd-shim-runc-v2-v2.3.4 ctr-v2.3.4)
+SNAPSHOT_CONTROLLER=snapshot-controller-v8.6.0
 PREBUILT="${PLUGREG_PREBUILT_PEERS:-$HERE/../../shared/peers}"
 K8S_SOURCE="${PLUGREG_K8S_SOURCE:-}"
 
@@ -372,6 +376,22 @@ install_prebuilt() {
 for p in "${CONTAINERD2_PEERS[@]}"; do
     install_prebuilt "$p"
 done
+
+# The snapshot peers (external-snapshotter v8.6.0): the Go snapshot-controller and its CRDs,
+# which a real cluster runs beside csi-snapshotter (plugreg's tests start them).
+install_prebuilt "$SNAPSHOT_CONTROLLER"
+step_begin "snapshot CRDs ($PREBUILT/crd)"
+mkdir -p "$DIR/crd"
+crds_changed=0
+for f in "$PREBUILT"/crd/*.yaml; do
+    [[ "$(basename "$f")" == kustomization.yaml ]] && continue
+    if ! cmp -s "$f" "$DIR/crd/$(basename "$f")"; then
+        cp -f "$f" "$DIR/crd/.$(basename "$f").tmp"
+        mv -f "$DIR/crd/.$(basename "$f").tmp" "$DIR/crd/$(basename "$f")"
+        crds_changed=1
+    fi
+done
+if [[ $crds_changed == 1 ]]; then step_end "copied"; else step_skip "present"; fi
 
 if [[ -z "$K8S_SOURCE" ]]; then
     for p in "${MODERN_PEERS[@]}"; do

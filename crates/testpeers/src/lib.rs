@@ -36,6 +36,7 @@ mod kubelet;
 mod peers;
 mod process;
 mod scheduler;
+mod snapshot;
 
 pub use apiserver::{ApiServer, ApiServerOptions};
 pub use controller_manager::{
@@ -55,3 +56,4 @@ pub use process::{
     JsonLines, LinesFrom, PEER_LOG_ENV, PeerProcess, event_is, event_named, is_klog_error,
 };
 pub use scheduler::Scheduler;
+pub use snapshot::{SNAPSHOT_CONTROLLER, SNAPSHOT_CRDS, SnapshotController, install_snapshot_crds};
