@@ -524,3 +524,46 @@ async fn an_uncertain_target_survives_a_restart_v1_36() {
         .collect();
     assert_eq!(sizes, [3 * GI]);
 }
+
+/// Checklist 12: with `AnnotateFsResize`, a volume that needs node expansion gets the claim's
+/// capacity before the resize in `volume.alpha.kubernetes.io/pre-resize-capacity`, and the
+/// annotation goes once the claim's capacity reaches the PV's (the kubelet's part emulated).
+async fn annotate_fs_resize(version: KubeVersion) {
+    use kube::ResourceExt as _;
+    const ANN: &str = "volume.alpha.kubernetes.io/pre-resize-capacity";
+    let env = Env::new(version, |c| c.node_expansion_required = true).await;
+    env.bound_claim("data", "1Gi", "vol-0").await;
+    let _resizer = env.resizer(&["--feature-gates=AnnotateFsResize=true"]);
+    env.request("data", "2Gi").await;
+    let pv_name = env.pv_name("data");
+    let pv = env
+        .wait_pv(&pv_name, "capacity 2Gi", |pv| pv_capacity(pv) == "2Gi")
+        .await;
+    assert_eq!(
+        pv.annotations().get(ANN).map(String::as_str),
+        Some("1Gi"),
+        "{pv:?}"
+    );
+    env.wait_event("data", "FileSystemResizeRequired").await;
+    let status = if version == KubeVersion::V1_36_2 {
+        json!({"status": {"capacity": {"storage": "2Gi"}, "conditions": null,
+                          "allocatedResourceStatuses": null}})
+    } else {
+        json!({"status": {"capacity": {"storage": "2Gi"}, "conditions": null}})
+    };
+    env.patch_status("data", status).await;
+    env.wait_pv(&pv_name, "no pre-resize annotation", |pv| {
+        !pv.annotations().contains_key(ANN)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn annotate_fs_resize_v1_36() {
+    annotate_fs_resize(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test]
+async fn annotate_fs_resize_v1_20() {
+    annotate_fs_resize(KubeVersion::V1_20_2).await;
+}
