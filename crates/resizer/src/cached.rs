@@ -18,9 +18,7 @@
 use std::borrow::Cow;
 use std::marker::PhantomData;
 
-use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, Pod, PodSpec, PodStatus, Volume,
-};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -213,46 +211,108 @@ impl Trim for PersistentVolume {
     }
 }
 
-/// A pod keeps what the in-use check reads: its namespace, the claims its volumes name, and
-/// its phase.
-impl Trim for Pod {
-    fn trim(&mut self) {
-        let (name, ns, uid, rv) = (
-            self.metadata.name.take(),
-            self.metadata.namespace.take(),
-            self.metadata.uid.take(),
-            self.metadata.resource_version.take(),
-        );
-        self.metadata = ObjectMeta {
-            name,
-            namespace: ns,
-            uid,
-            resource_version: rv,
-            ..ObjectMeta::default()
-        };
-        let volumes = self
-            .spec
-            .take()
+/// A pod as the in-use check reads it: its namespace, the claims its volumes name, and
+/// whether it has ended. Decoded straight from the wire by a type of its own, so that neither
+/// the heap nor the binary carries k8s-openapi's whole `PodSpec` (containers, probes, every
+/// volume source) for three fields.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodUse {
+    /// Name, namespace and resourceVersion only.
+    pub metadata: ObjectMeta,
+    /// The claims its volumes name.
+    pub claims: Vec<String>,
+    /// Its phase is `Succeeded` or `Failed`.
+    pub ended: bool,
+}
+
+#[derive(Deserialize)]
+struct WirePod {
+    #[serde(default)]
+    metadata: Option<ObjectMeta>,
+    #[serde(default)]
+    spec: Option<WirePodSpec>,
+    #[serde(default)]
+    status: Option<WirePodStatus>,
+}
+
+#[derive(Deserialize)]
+struct WirePodSpec {
+    #[serde(default)]
+    volumes: Option<Vec<WireVolume>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireVolume {
+    #[serde(default)]
+    persistent_volume_claim: Option<WireClaimSource>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireClaimSource {
+    #[serde(default)]
+    claim_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WirePodStatus {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for PodUse {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let WirePod {
+            metadata,
+            spec,
+            status,
+        } = WirePod::deserialize(d)?;
+        let mut m = metadata.unwrap_or_default();
+        let claims = spec
             .and_then(|s| s.volumes)
-            .map(|v| {
-                v.into_iter()
-                    .filter(|v| v.persistent_volume_claim.is_some())
-                    .map(|v| Volume {
-                        name: v.name,
-                        persistent_volume_claim: v.persistent_volume_claim,
-                        ..Default::default()
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .filter(|v| !v.is_empty());
-        self.spec = volumes.map(|volumes| PodSpec {
-            volumes: Some(volumes),
-            ..Default::default()
-        });
-        self.status = self.status.take().map(|s| PodStatus {
-            phase: s.phase,
-            ..Default::default()
-        });
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|v| v.persistent_volume_claim?.claim_name)
+            .collect();
+        let phase = status.and_then(|s| s.phase);
+        Ok(PodUse {
+            metadata: ObjectMeta {
+                name: m.name.take(),
+                namespace: m.namespace.take(),
+                resource_version: m.resource_version.take(),
+                ..ObjectMeta::default()
+            },
+            claims,
+            ended: matches!(phase.as_deref(), Some("Succeeded" | "Failed")),
+        })
+    }
+}
+
+impl kube::Resource for PodUse {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 
@@ -357,29 +417,28 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_keeps_its_claims_and_phase() {
+    fn a_pod_keeps_its_claims_and_whether_it_ended() {
         let wire = json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}},
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}, "resourceVersion": "3"},
             "spec": {"containers": [{"name": "c", "image": "i"}], "nodeName": "n",
                 "volumes": [{"name": "a", "persistentVolumeClaim": {"claimName": "data"}},
                     {"name": "b", "emptyDir": {}}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1"},
         });
-        let got = serde_json::from_value::<Cached<Pod>>(wire)
-            .unwrap()
-            .object();
+        let got: PodUse = serde_json::from_value(wire).unwrap();
         assert_eq!(got.namespace().as_deref(), Some("ns"));
-        let volumes = got.spec.unwrap().volumes.unwrap();
-        assert_eq!(volumes.len(), 1);
-        assert_eq!(
-            volumes[0]
-                .persistent_volume_claim
-                .as_ref()
-                .unwrap()
-                .claim_name,
-            "data"
-        );
-        assert_eq!(got.status.unwrap().phase.as_deref(), Some("Running"));
+        assert_eq!(got.resource_version().as_deref(), Some("3"));
+        assert_eq!(got.metadata.labels, None);
+        assert_eq!(got.claims, ["data"]);
+        assert!(!got.ended);
+        let done: PodUse = serde_json::from_value(json!({"metadata": {"name": "q"},
+            "spec": {"volumes": null}, "status": {"phase": "Succeeded"}}))
+        .unwrap();
+        assert!(done.claims.is_empty());
+        assert!(done.ended);
+        // As the full type reads it: null metadata is the default.
+        let bare: PodUse = serde_json::from_value(json!({"metadata": null})).unwrap();
+        assert_eq!(bare, PodUse::default());
     }
 }

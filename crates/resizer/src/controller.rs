@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, Secret,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cached::{Cached, Trim};
+use crate::cached::{Cached, PodUse, Trim};
 use crate::csi::{Driver, Resizer, error_text};
 use crate::decide::{self, ClaimView, Failure, Memory, Modify, Resize, SlowSet};
 use crate::kube::{self as k, VolumeAttributesClass, claim_key};
@@ -191,7 +191,7 @@ impl<K: Trim> Fresh<K> {
 }
 
 /// What the pods say about claims in use.
-type Pods = Store<Cached<Pod>>;
+type Pods = Store<PodUse>;
 
 struct Controller {
     cfg: Config,
@@ -293,7 +293,7 @@ pub async fn run(
     );
     let pods = (resizing && cfg.handle_inuse).then(|| {
         info!(controller = %cfg.driver, "Register Pod informer for resizer");
-        cache::watch::<Cached<Pod>>(&c.client, &shutdown, &mut ready, |_| {}, |_, _| {})
+        cache::watch::<PodUse>(&c.client, &shutdown, &mut ready, |_| {}, |_, _| {})
     });
     let mut class_ready = Vec::new();
     // A class that appears brings back the claims waiting for it (`Pending`); upstream's class
@@ -567,24 +567,9 @@ impl Controller {
             return false;
         };
         pods.state().iter().any(|p| {
-            if p.metadata.namespace.as_deref() != Some(ns) {
-                return false;
-            }
-            let p = p.object();
-            !matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            ) && p
-                .spec
-                .as_ref()
-                .and_then(|s| s.volumes.as_ref())
-                .is_some_and(|v| {
-                    v.iter().any(|v| {
-                        v.persistent_volume_claim
-                            .as_ref()
-                            .is_some_and(|c| c.claim_name == name)
-                    })
-                })
+            p.metadata.namespace.as_deref() == Some(ns)
+                && !p.ended
+                && p.claims.iter().any(|c| c == name)
         })
     }
 
