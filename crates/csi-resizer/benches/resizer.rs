@@ -136,6 +136,9 @@ struct Run {
     hwm_kib: u64,
     /// VmHWM once the caches were filled, before the first expansion.
     rss_ready_kib: u64,
+    /// `RssAnon` and `RssFile` when the caches were filled and at the end.
+    split_ready: (u64, u64),
+    split_end: (u64, u64),
     lease_lost: bool,
 }
 
@@ -275,6 +278,11 @@ async fn run(claims: usize) -> Run {
     }
     let rss_ready_kib =
         plugreg_runtime::procfs::status_kib(&pid.to_string(), "VmHWM:").unwrap_or(0);
+    let split = || {
+        let get = |f| plugreg_runtime::procfs::status_kib(&pid.to_string(), f).unwrap_or(0);
+        (get("RssAnon:"), get("RssFile:"))
+    };
+    let split_ready = split();
     let before = requests(port);
     let start = Instant::now();
     futures::stream::iter(0..claims)
@@ -327,6 +335,7 @@ async fn run(claims: usize) -> Run {
         }
     }
     let hwm_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "VmHWM:").unwrap_or(0);
+    let split_end = split();
     let exited = !matches!(child.try_wait(), Ok(None));
     let text = std::fs::read_to_string(dir.path().join("resizer.log")).unwrap_or_default();
     let lease_lost = exited || text.contains("Stopped leading");
@@ -342,6 +351,8 @@ async fn run(claims: usize) -> Run {
         writes_at_done,
         hwm_kib,
         rss_ready_kib,
+        split_ready,
+        split_end,
         lease_lost,
     }
 }
@@ -397,9 +408,15 @@ fn report(r: &Run) -> String {
         r.writes_at_done
     ));
     t.push_str(&format!(
-        "\nPeak RSS once the caches were filled (before the first expansion): {:.1} MiB; at the end: {:.1} MiB.\n",
+        "\nPeak RSS (VmHWM) once the watches had started (before the first expansion): {:.1} MiB ({:.1} MiB \
+         anonymous: heap, caches, stacks; {:.1} MiB file-backed: the binary's and the C libraries' pages); over the \
+         whole run: {:.1} MiB; at the end {:.1} MiB anonymous and {:.1} MiB file-backed.\n",
         r.rss_ready_kib as f64 / 1024.0,
-        r.hwm_kib as f64 / 1024.0
+        r.split_ready.0 as f64 / 1024.0,
+        r.split_ready.1 as f64 / 1024.0,
+        r.hwm_kib as f64 / 1024.0,
+        r.split_end.0 as f64 / 1024.0,
+        r.split_end.1 as f64 / 1024.0,
     ));
     let goals = [
         (

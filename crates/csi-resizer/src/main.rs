@@ -90,7 +90,9 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
         tracing::error!(target: LOG, "{e}");
         return Ok(1);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One thread: the work waits on the API server's token bucket and the driver, never on
+    // the CPU, and one thread keeps one malloc arena (several grow apart after a crowd).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("building the runtime")?;
@@ -217,6 +219,10 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
+    // RSS follows the live heap, not the highest peak of work so far (a crowd of claims,
+    // the first LIST of every cache).
+    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(Duration::from_secs(10)));
+
     // Steps 15-17.
     let controller = &options.controller;
     let leader = controller.leader_election.then(|| {
@@ -275,5 +281,6 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
     if let Some(token) = http {
         token.cancel();
     }
+    trim.abort();
     code
 }

@@ -524,3 +524,123 @@ async fn an_uncertain_target_survives_a_restart_v1_36() {
         .collect();
     assert_eq!(sizes, [3 * GI]);
 }
+
+/// Checklist 12: with `AnnotateFsResize`, a volume that needs node expansion gets the claim's
+/// capacity before the resize in `volume.alpha.kubernetes.io/pre-resize-capacity`, and the
+/// annotation goes once the claim's capacity reaches the PV's (the kubelet's part emulated).
+async fn annotate_fs_resize(version: KubeVersion) {
+    use kube::ResourceExt as _;
+    const ANN: &str = "volume.alpha.kubernetes.io/pre-resize-capacity";
+    let env = Env::new(version, |c| c.node_expansion_required = true).await;
+    env.bound_claim("data", "1Gi", "vol-0").await;
+    let _resizer = env.resizer(&["--feature-gates=AnnotateFsResize=true"]);
+    env.request("data", "2Gi").await;
+    let pv_name = env.pv_name("data");
+    let pv = env
+        .wait_pv(&pv_name, "capacity 2Gi", |pv| pv_capacity(pv) == "2Gi")
+        .await;
+    assert_eq!(
+        pv.annotations().get(ANN).map(String::as_str),
+        Some("1Gi"),
+        "{pv:?}"
+    );
+    env.wait_event("data", "FileSystemResizeRequired").await;
+    let status = if version == KubeVersion::V1_36_2 {
+        json!({"status": {"capacity": {"storage": "2Gi"}, "conditions": null,
+                          "allocatedResourceStatuses": null}})
+    } else {
+        json!({"status": {"capacity": {"storage": "2Gi"}, "conditions": null}})
+    };
+    env.patch_status("data", status).await;
+    env.wait_pv(&pv_name, "no pre-resize annotation", |pv| {
+        !pv.annotations().contains_key(ANN)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn annotate_fs_resize_v1_36() {
+    annotate_fs_resize(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test]
+async fn annotate_fs_resize_v1_20() {
+    annotate_fs_resize(KubeVersion::V1_20_2).await;
+}
+
+/// Checklist 10: with `--handle-volume-inuse-error=false` no pod is listed or watched, and
+/// FailedPrecondition is retried like any final error, with a pod using the claim.
+#[tokio::test]
+async fn without_the_in_use_check_no_pod_is_watched_and_retries_go_on_v1_36() {
+    use k8s_openapi::api::core::v1::Pod;
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerExpandVolume,
+            Fault {
+                error: Some(Failure::new(Code::FailedPrecondition, "volume is in use")),
+                fail_first: Some(2),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    env.bound_claim("data", "1Gi", "vol-0").await;
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    accounts
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    pods.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "user"},
+            "spec": {
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "image": "none"}],
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
+            }
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let resizer = env.resizer(&[
+        "--handle-volume-inuse-error=false",
+        "--retry-interval-start=200ms",
+        &format!("--http-endpoint=127.0.0.1:{port}"),
+    ]);
+    env.request("data", "2Gi").await;
+    env.wait_claim("data", "capacity 2Gi", |c| {
+        capacity(c).as_deref() == Some("2Gi")
+    })
+    .await;
+    // Two refusals, then the call that succeeded: the pod held nothing back.
+    assert_eq!(env.calls.count(Method::ControllerExpandVolume), 3);
+    assert!(pods.get_opt("user").await.unwrap().is_some());
+    assert!(!resizer.log().contains("Register Pod informer for resizer"));
+    let body = poll("metrics", || async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        out.contains("resource=\"persistentvolumeclaims\"")
+            .then_some(out)
+    })
+    .await;
+    assert!(!body.contains("resource=\"pods\""), "{body}");
+}

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, Secret,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::cached::{Cached, PodUse, Trim};
 use crate::csi::{Driver, Resizer, error_text};
 use crate::decide::{self, ClaimView, Failure, Memory, Modify, Resize, SlowSet};
 use crate::kube::{self as k, VolumeAttributesClass, claim_key};
@@ -132,10 +133,20 @@ impl SlowSetMap {
     }
 }
 
-/// Objects our own writes returned, until the watch has them (or something newer).
-#[derive(Debug, Default)]
+/// Objects our own writes returned (in their cached form), until the watch has them (or
+/// something newer): the watch drops each as it delivers its successor, so none outlives the
+/// write that made it by more than a watch event.
+#[derive(Debug)]
 struct Fresh<K> {
-    objects: Mutex<HashMap<String, Arc<K>>>,
+    objects: Mutex<HashMap<String, Cached<K>>>,
+}
+
+impl<K> Default for Fresh<K> {
+    fn default() -> Self {
+        Fresh {
+            objects: Mutex::default(),
+        }
+    }
 }
 
 fn rv_of<K: Resource>(o: &K) -> u64 {
@@ -146,42 +157,51 @@ fn rv_of<K: Resource>(o: &K) -> u64 {
         .unwrap_or(0)
 }
 
-impl<K: Resource> Fresh<K> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<K>>> {
+impl<K: Trim> Fresh<K> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached<K>>> {
         self.objects.lock().unwrap_or_else(|e| e.into_inner())
     }
     fn put(&self, key: String, o: K) {
-        self.lock().insert(key, Arc::new(o));
+        self.lock().insert(key, Cached::new(o));
+    }
+    /// The watch delivered `o` of `key` (or its deletion): ours goes if it is not newer.
+    fn seen(&self, key: &str, o: &Cached<K>, deleted: bool) {
+        let mut m = self.lock();
+        if let Some(ours) = m.get(key)
+            && (deleted || rv_of(ours) <= rv_of(o))
+        {
+            m.remove(key);
+        }
     }
     /// The newer of the cached object and ours (none when the cache has none: an object we
     /// wrote was in the cache before, so it has been deleted since).
-    fn pick(&self, key: &str, cached: Option<Arc<K>>) -> Option<Arc<K>> {
+    fn pick(&self, key: &str, cached: Option<Arc<Cached<K>>>) -> Option<Arc<K>> {
         let mut m = self.lock();
         let Some(ours) = m.get(key) else {
-            return cached;
+            return cached.map(|c| Arc::new(c.object()));
         };
         match cached {
-            Some(c) if rv_of(&**ours) > rv_of(&*c) => Some(ours.clone()),
+            Some(c) if rv_of(ours) > rv_of(&*c) => Some(Arc::new(ours.object())),
             c => {
                 m.remove(key);
-                c
+                c.map(|c| Arc::new(c.object()))
             }
         }
     }
 }
 
 /// What the pods say about claims in use.
-type Pods = Store<Pod>;
+type Pods = Store<PodUse>;
 
 struct Controller {
     cfg: Config,
     c: Clients,
-    claims: Store<PersistentVolumeClaim>,
-    volumes: Store<PersistentVolume>,
+    claims: Store<Cached<PersistentVolumeClaim>>,
+    volumes: Store<Cached<PersistentVolume>>,
     pods: Option<Pods>,
     classes: Option<Store<VolumeAttributesClass>>,
-    fresh_claims: Fresh<PersistentVolumeClaim>,
-    fresh_volumes: Fresh<PersistentVolume>,
+    fresh_claims: Arc<Fresh<PersistentVolumeClaim>>,
+    fresh_volumes: Arc<Fresh<PersistentVolume>>,
     resize_q: Arc<WorkQueue<String>>,
     modify_q: Arc<WorkQueue<String>>,
     /// Claims (by key) whose last expansion ended with a final error.
@@ -222,13 +242,18 @@ pub async fn run(
     let modifying = cfg.modify;
     // The last view of each claim, for the update filters.
     let mut seen: HashMap<String, (ClaimView, String)> = HashMap::new();
-    let claims = cache::watch::<PersistentVolumeClaim>(
+    let fresh_claims = Arc::new(Fresh::<PersistentVolumeClaim>::default());
+    let fresh_volumes = Arc::new(Fresh::<PersistentVolume>::default());
+    let fresh = Arc::clone(&fresh_claims);
+    let claims = cache::watch::<Cached<PersistentVolumeClaim>>(
         &c.client,
         &shutdown,
         &mut ready,
         |_| {},
-        move |pvc, deleted| {
+        move |cached, deleted| {
+            let pvc = &cached.object();
             let key = claim_key(pvc);
+            fresh.seen(&key, cached, deleted);
             if deleted {
                 seen.remove(&key);
                 rq.forget(&key);
@@ -258,11 +283,17 @@ pub async fn run(
             seen.insert(key, (view, mv.spec));
         },
     );
-    let volumes =
-        cache::watch::<PersistentVolume>(&c.client, &shutdown, &mut ready, |_| {}, |_, _| {});
+    let fresh = Arc::clone(&fresh_volumes);
+    let volumes = cache::watch::<Cached<PersistentVolume>>(
+        &c.client,
+        &shutdown,
+        &mut ready,
+        |_| {},
+        move |pv, deleted| fresh.seen(&pv.name_any(), pv, deleted),
+    );
     let pods = (resizing && cfg.handle_inuse).then(|| {
         info!(controller = %cfg.driver, "Register Pod informer for resizer");
-        cache::watch::<Pod>(&c.client, &shutdown, &mut ready, trim_pod, |_, _| {})
+        cache::watch::<PodUse>(&c.client, &shutdown, &mut ready, |_| {}, |_, _| {})
     });
     let mut class_ready = Vec::new();
     // A class that appears brings back the claims waiting for it (`Pending`); upstream's class
@@ -303,8 +334,8 @@ pub async fn run(
         volumes,
         pods,
         classes,
-        fresh_claims: Fresh::default(),
-        fresh_volumes: Fresh::default(),
+        fresh_claims,
+        fresh_volumes,
         resize_q,
         modify_q,
         final_errors: Mutex::default(),
@@ -352,6 +383,7 @@ pub async fn run(
             {
                 let mut u = set(&c.uncertain);
                 for pvc in c.claims.state() {
+                    let pvc = pvc.object();
                     if k::modify_view(&pvc)
                         .status
                         .is_some_and(|(s, _)| s == decide::modify_status::IN_PROGRESS)
@@ -388,6 +420,7 @@ pub async fn run(
                 () = stop.cancelled() => return,
             };
             for pvc in c.claims.state() {
+                let pvc = pvc.object();
                 let waiting = k::modify_view(&pvc)
                     .status
                     .is_some_and(|(s, t)| s == decide::modify_status::PENDING && t == name);
@@ -406,6 +439,7 @@ pub async fn run(
             tokio::select! {
                 _ = tick.tick() => {
                     for pvc in c.claims.state() {
+                        let pvc = pvc.object();
                         let key = claim_key(&pvc);
                         if c.cfg.resizer.is_some() {
                             c.resize_q.add(key.clone());
@@ -423,35 +457,6 @@ pub async fn run(
     shutdown.cancelled().await;
     while workers.join_next().await.is_some() {}
     Ok(())
-}
-
-/// A pod as the in-use check reads it: its claim volumes and phase.
-fn trim_pod(p: &mut Pod) {
-    p.metadata.annotations = None;
-    p.metadata.labels = None;
-    p.metadata.owner_references = None;
-    if let Some(spec) = p.spec.as_mut() {
-        let volumes = spec.volumes.take().map(|v| {
-            v.into_iter()
-                .filter(|v| v.persistent_volume_claim.is_some())
-                .map(|v| k8s_openapi::api::core::v1::Volume {
-                    name: v.name,
-                    persistent_volume_claim: v.persistent_volume_claim,
-                    ..Default::default()
-                })
-                .collect()
-        });
-        *spec = k8s_openapi::api::core::v1::PodSpec {
-            volumes,
-            ..Default::default()
-        };
-    }
-    if let Some(status) = p.status.as_mut() {
-        *status = k8s_openapi::api::core::v1::PodStatus {
-            phase: status.phase.take(),
-            ..Default::default()
-        };
-    }
 }
 
 fn claim_ref(pvc: &PersistentVolumeClaim) -> ObjectReference {
@@ -563,20 +568,8 @@ impl Controller {
         };
         pods.state().iter().any(|p| {
             p.metadata.namespace.as_deref() == Some(ns)
-                && !matches!(
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                    Some("Succeeded" | "Failed")
-                )
-                && p.spec
-                    .as_ref()
-                    .and_then(|s| s.volumes.as_ref())
-                    .is_some_and(|v| {
-                        v.iter().any(|v| {
-                            v.persistent_volume_claim
-                                .as_ref()
-                                .is_some_and(|c| c.claim_name == name)
-                        })
-                    })
+                && !p.ended
+                && p.claims.iter().any(|c| c == name)
         })
     }
 
@@ -1398,6 +1391,39 @@ mod tests {
             access_mode(&m(&["ReadOnlyMany"]), false),
             Mode::MultiNodeReaderOnly
         );
+    }
+
+    fn claim(rv: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({"metadata": {"name": "c", "namespace": "ns",
+            "resourceVersion": rv, "managedFields": [{"manager": "m", "fieldsV1": {"f:status": {}}}]}}))
+        .unwrap()
+    }
+
+    /// The answer to our own write is kept only until the watch delivers it (or something
+    /// newer): before, each claim's last answer stayed for good, managed fields and all.
+    #[test]
+    fn our_writes_answers_go_once_the_watch_has_them() {
+        let fresh = Fresh::<PersistentVolumeClaim>::default();
+        fresh.put("ns/c".into(), claim("7"));
+        assert!(
+            fresh.lock()["ns/c"]
+                .object()
+                .metadata
+                .managed_fields
+                .is_none()
+        );
+        // An older object from the watch: ours stays, and is what a sync reads.
+        fresh.seen("ns/c", &Cached::new(claim("6")), false);
+        let older = Arc::new(Cached::new(claim("6")));
+        let picked = fresh.pick("ns/c", Some(older)).unwrap();
+        assert_eq!(picked.metadata.resource_version.as_deref(), Some("7"));
+        // The watch catches up: ours goes.
+        fresh.seen("ns/c", &Cached::new(claim("7")), false);
+        assert!(fresh.lock().is_empty());
+        // A deletion drops ours too.
+        fresh.put("ns/c".into(), claim("9"));
+        fresh.seen("ns/c", &Cached::new(claim("8")), true);
+        assert!(fresh.lock().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -254,6 +254,11 @@ impl Env {
 
     /// Starts `csi-resizer` for this driver with `args` added.
     pub fn resizer(&self, args: &[&str]) -> Resizer {
+        self.resizer_as(self.cluster.api.kubeconfig_path(), args)
+    }
+
+    /// [`resizer`](Self::resizer) with another identity: the kubeconfig at `kubeconfig`.
+    pub fn resizer_as(&self, kubeconfig: &std::path::Path, args: &[&str]) -> Resizer {
         static N: AtomicUsize = AtomicUsize::new(0);
         let log = self.dir.path().join(format!(
             "csi-resizer-{}.log",
@@ -262,10 +267,7 @@ impl Env {
         let out = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_csi-resizer"))
             .arg(format!("--csi-address={}", self.socket.display()))
-            .arg(format!(
-                "--kubeconfig={}",
-                self.cluster.api.kubeconfig_path().display()
-            ))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg("--v=5")
             .args(args)
             .env_remove("KUBECONFIG")

@@ -1,0 +1,444 @@
+//! What the watch caches keep of claims, PersistentVolumes and Pods: only what the decisions
+//! read, as compact JSON.
+//!
+//! A cluster has as many claims and PVs as it has volumes, and the resizer reads one of them
+//! only when it changes. Typed, a k8s-openapi `PersistentVolume` is about 3.4 KiB before a
+//! single string (every volume source inline), a claim with its conditions some 3 KiB of heap
+//! (`BTreeMap` nodes of one or two entries, `None` fields), and the objects the API server
+//! returns for our own patches carry their managed fields on top (a `serde_json::Value` tree
+//! per field manager, which grows with every status patch). [`Cached`] keeps an object's
+//! identity typed (what the reflector and the controller's freshness check need) and the
+//! rest, trimmed by [`Trim`], as one JSON string: a few hundred bytes. A sync decodes it
+//! again ([`Cached::object`]), microseconds against the writes it then makes.
+//!
+//! Writes never come from these copies' missing parts: every claim write is a merge patch of
+//! the fields it sets (the conditions, which a patch replaces whole, are kept), every PV write
+//! a merge patch too.
+
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::kube as k;
+
+/// An object type whose cached form keeps only what the resizer reads.
+pub trait Trim: kube::Resource<DynamicType = ()> + serde::Serialize + DeserializeOwned {
+    /// Drops what no decision and no write reads (the identity is kept apart by [`Cached`]).
+    fn trim(&mut self);
+}
+
+/// An object as cached: its identity typed, the rest as compact JSON (see the module docs).
+#[derive(Debug)]
+pub struct Cached<K> {
+    /// Name, namespace, UID and resourceVersion only.
+    pub metadata: ObjectMeta,
+    rest: Box<str>,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for Cached<K> {
+    fn clone(&self) -> Self {
+        Cached {
+            metadata: self.metadata.clone(),
+            rest: self.rest.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K: Trim> Cached<K> {
+    /// The cached form of `o`, trimmed by [`Trim::trim`] (managed fields always dropped).
+    pub fn new(mut o: K) -> Self {
+        o.trim();
+        let m = o.meta_mut();
+        m.managed_fields = None;
+        let metadata = ObjectMeta {
+            name: m.name.take(),
+            namespace: m.namespace.take(),
+            uid: m.uid.take(),
+            resource_version: m.resource_version.take(),
+            ..ObjectMeta::default()
+        };
+        // k8s-openapi's types serialise into a string without fail (string keys only).
+        let rest = serde_json::to_string(&o).unwrap_or_default();
+        Cached {
+            metadata,
+            rest: rest.into_boxed_str(),
+            kind: PhantomData,
+        }
+    }
+
+    /// The object as the decisions read it (trimmed).
+    pub fn object(&self) -> K {
+        // Written by `new` from the same type: it decodes.
+        let mut o: K = match serde_json::from_str(&self.rest) {
+            Ok(o) => o,
+            Err(e) => unreachable!("a cached object that does not decode: {e}"),
+        };
+        let m = o.meta_mut();
+        m.name.clone_from(&self.metadata.name);
+        m.namespace.clone_from(&self.metadata.namespace);
+        m.uid.clone_from(&self.metadata.uid);
+        m.resource_version
+            .clone_from(&self.metadata.resource_version);
+        o
+    }
+
+    /// The bytes the rest of the object takes (for tests and sizing).
+    pub fn rest_len(&self) -> usize {
+        self.rest.len()
+    }
+}
+
+impl<'de, K: Trim> Deserialize<'de> for Cached<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        K::deserialize(d).map(Cached::new)
+    }
+}
+
+impl<K: Trim> kube::Resource for Cached<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        K::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        K::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        K::version(&())
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        K::api_version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        K::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Keeps of `annotations` only the keys in `keep`.
+fn keep_annotations(m: &mut ObjectMeta, keep: &[&str]) {
+    let annotations = m.annotations.take().map(|mut a| {
+        a.retain(|key, _| keep.contains(&key.as_str()));
+        a
+    });
+    *m = ObjectMeta {
+        annotations: annotations.filter(|a| !a.is_empty()),
+        ..ObjectMeta::default()
+    };
+}
+
+/// A claim keeps its spec and status whole (the conditions are rewritten whole by every
+/// status patch; the rest is small) and of its metadata only the annotation the decisions
+/// read (who resizes a migrated claim).
+impl Trim for PersistentVolumeClaim {
+    fn trim(&mut self) {
+        let (name, ns, uid, rv) = (
+            self.metadata.name.take(),
+            self.metadata.namespace.take(),
+            self.metadata.uid.take(),
+            self.metadata.resource_version.take(),
+        );
+        keep_annotations(&mut self.metadata, &[k::ANN_STORAGE_RESIZER]);
+        self.metadata.name = name;
+        self.metadata.namespace = ns;
+        self.metadata.uid = uid;
+        self.metadata.resource_version = rv;
+    }
+}
+
+/// A PV keeps what the expand and modify requests and the ownership check read: capacity,
+/// CSI source (without its volume attributes and other secrets), claim reference, access
+/// modes, volume mode, mount options, and the pre-resize and modify-secret annotations.
+impl Trim for PersistentVolume {
+    fn trim(&mut self) {
+        let (name, uid, rv) = (
+            self.metadata.name.take(),
+            self.metadata.uid.take(),
+            self.metadata.resource_version.take(),
+        );
+        keep_annotations(
+            &mut self.metadata,
+            &[
+                k::ANN_PRE_RESIZE_CAPACITY,
+                k::ANN_MODIFY_SECRET_NAME,
+                k::ANN_MODIFY_SECRET_NAMESPACE,
+            ],
+        );
+        self.metadata.name = name;
+        self.metadata.uid = uid;
+        self.metadata.resource_version = rv;
+        if let Some(s) = self.spec.take() {
+            let csi = s.csi.map(|mut c| {
+                c.volume_attributes = None;
+                c.node_publish_secret_ref = None;
+                c.node_stage_secret_ref = None;
+                c.controller_publish_secret_ref = None;
+                c.node_expand_secret_ref = None;
+                c
+            });
+            let claim_ref = s
+                .claim_ref
+                .map(|r| k8s_openapi::api::core::v1::ObjectReference {
+                    namespace: r.namespace,
+                    name: r.name,
+                    uid: r.uid,
+                    ..Default::default()
+                });
+            self.spec = Some(PersistentVolumeSpec {
+                capacity: s.capacity,
+                csi,
+                claim_ref,
+                access_modes: s.access_modes,
+                volume_mode: s.volume_mode,
+                mount_options: s.mount_options,
+                volume_attributes_class_name: s.volume_attributes_class_name,
+                ..Default::default()
+            });
+        }
+        self.status = None;
+    }
+}
+
+/// A pod as the in-use check reads it: its namespace, the claims its volumes name, and
+/// whether it has ended. Decoded straight from the wire by a type of its own, so that neither
+/// the heap nor the binary carries k8s-openapi's whole `PodSpec` (containers, probes, every
+/// volume source) for three fields.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodUse {
+    /// Name, namespace and resourceVersion only.
+    pub metadata: ObjectMeta,
+    /// The claims its volumes name.
+    pub claims: Vec<String>,
+    /// Its phase is `Succeeded` or `Failed`.
+    pub ended: bool,
+}
+
+#[derive(Deserialize)]
+struct WirePod {
+    #[serde(default)]
+    metadata: Option<ObjectMeta>,
+    #[serde(default)]
+    spec: Option<WirePodSpec>,
+    #[serde(default)]
+    status: Option<WirePodStatus>,
+}
+
+#[derive(Deserialize)]
+struct WirePodSpec {
+    #[serde(default)]
+    volumes: Option<Vec<WireVolume>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireVolume {
+    #[serde(default)]
+    persistent_volume_claim: Option<WireClaimSource>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireClaimSource {
+    #[serde(default)]
+    claim_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WirePodStatus {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for PodUse {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let WirePod {
+            metadata,
+            spec,
+            status,
+        } = WirePod::deserialize(d)?;
+        let mut m = metadata.unwrap_or_default();
+        let claims = spec
+            .and_then(|s| s.volumes)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|v| v.persistent_volume_claim?.claim_name)
+            .collect();
+        let phase = status.and_then(|s| s.phase);
+        Ok(PodUse {
+            metadata: ObjectMeta {
+                name: m.name.take(),
+                namespace: m.namespace.take(),
+                resource_version: m.resource_version.take(),
+                ..ObjectMeta::default()
+            },
+            claims,
+            ended: matches!(phase.as_deref(), Some("Succeeded" | "Failed")),
+        })
+    }
+}
+
+impl kube::Resource for PodUse {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::ResourceExt;
+    use serde_json::json;
+
+    #[test]
+    fn a_claim_reads_back_with_what_the_decisions_read() {
+        let wire = json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {
+                "name": "data", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+                "labels": {"app": "x"}, "finalizers": ["kubernetes.io/pvc-protection"],
+                "annotations": {k::ANN_STORAGE_RESIZER: "d", "pv.kubernetes.io/bind-completed": "yes"},
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:phase": {}}}}],
+            },
+            "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "2Gi"}}, "volumeName": "pv-1",
+                "volumeAttributesClassName": "gold"},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"},
+                "allocatedResources": {"storage": "2Gi"},
+                "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress"},
+                "conditions": [{"type": "Resizing", "status": "True",
+                    "lastTransitionTime": "2026-11-25T10:00:00Z"}],
+                "currentVolumeAttributesClassName": "silver",
+                "modifyVolumeStatus": {"status": "InProgress", "targetVolumeAttributesClassName": "gold"}},
+        });
+        let full: PersistentVolumeClaim = serde_json::from_value(wire.clone()).unwrap();
+        let cached: Cached<PersistentVolumeClaim> = serde_json::from_value(wire).unwrap();
+        assert_eq!(cached.resource_version().as_deref(), Some("7"));
+        let got = cached.object();
+        assert_eq!(got.name_any(), "data");
+        assert_eq!(got.namespace().as_deref(), Some("ns"));
+        assert_eq!(got.uid().as_deref(), Some("u"));
+        assert_eq!(got.labels().len(), 0);
+        assert_eq!(got.finalizers().len(), 0);
+        assert!(got.metadata.managed_fields.is_none());
+        assert_eq!(
+            got.annotations().keys().collect::<Vec<_>>(),
+            [k::ANN_STORAGE_RESIZER]
+        );
+        assert_eq!(got.spec, full.spec);
+        assert_eq!(got.status, full.status);
+        assert_eq!(k::claim_view(&got), k::claim_view(&full));
+        assert_eq!(k::modify_view(&got), k::modify_view(&full));
+        assert!(cached.rest_len() < 800, "{}", cached.rest_len());
+    }
+
+    #[test]
+    fn a_volume_keeps_what_the_requests_read_and_is_small() {
+        let wire = json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-1", "uid": "u", "resourceVersion": "9", "labels": {"a": "b"},
+                "annotations": {k::ANN_MODIFY_SECRET_NAME: "s", k::ANN_MODIFY_SECRET_NAMESPACE: "n",
+                    k::ANN_PRE_RESIZE_CAPACITY: "1Gi", "pv.kubernetes.io/provisioned-by": "d"},
+                "finalizers": ["kubernetes.io/pv-protection"]},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
+                "volumeMode": "Block", "mountOptions": ["ro"],
+                "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "ns", "name": "data",
+                    "uid": "cu", "resourceVersion": "3", "apiVersion": "v1"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": []}},
+                "csi": {"driver": "d", "volumeHandle": "h", "fsType": "ext4",
+                    "volumeAttributes": {"a": "b"},
+                    "controllerExpandSecretRef": {"name": "x", "namespace": "y"},
+                    "nodeStageSecretRef": {"name": "x", "namespace": "y"}}},
+            "status": {"phase": "Bound"},
+        });
+        let full: PersistentVolume = serde_json::from_value(wire.clone()).unwrap();
+        let cached: Cached<PersistentVolume> = serde_json::from_value(wire).unwrap();
+        let got = cached.object();
+        assert_eq!(got.name_any(), "pv-1");
+        assert_eq!(k::pv_capacity(&got), k::pv_capacity(&full));
+        assert_eq!(got.annotations().len(), 3);
+        let (s, f) = (got.spec.unwrap(), full.spec.unwrap());
+        let (csi, fcsi) = (s.csi.unwrap(), f.csi.unwrap());
+        assert_eq!(
+            (&csi.driver, &csi.volume_handle, &csi.fs_type),
+            (&fcsi.driver, &fcsi.volume_handle, &fcsi.fs_type)
+        );
+        assert_eq!(
+            csi.controller_expand_secret_ref,
+            fcsi.controller_expand_secret_ref
+        );
+        assert_eq!(csi.volume_attributes, None);
+        assert_eq!(csi.node_stage_secret_ref, None);
+        let (r, fr) = (s.claim_ref.unwrap(), f.claim_ref.unwrap());
+        assert_eq!((&r.namespace, &r.uid), (&fr.namespace, &fr.uid));
+        assert_eq!(s.access_modes, f.access_modes);
+        assert_eq!(s.volume_mode, f.volume_mode);
+        assert_eq!(s.mount_options, f.mount_options);
+        assert!(s.node_affinity.is_none());
+        assert!(cached.rest_len() < 640, "{}", cached.rest_len());
+        assert!(
+            std::mem::size_of::<Cached<PersistentVolume>>() * 4
+                < std::mem::size_of::<PersistentVolume>()
+        );
+    }
+
+    #[test]
+    fn a_pod_keeps_its_claims_and_whether_it_ended() {
+        let wire = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}, "resourceVersion": "3"},
+            "spec": {"containers": [{"name": "c", "image": "i"}], "nodeName": "n",
+                "volumes": [{"name": "a", "persistentVolumeClaim": {"claimName": "data"}},
+                    {"name": "b", "emptyDir": {}}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1"},
+        });
+        let got: PodUse = serde_json::from_value(wire).unwrap();
+        assert_eq!(got.namespace().as_deref(), Some("ns"));
+        assert_eq!(got.resource_version().as_deref(), Some("3"));
+        assert_eq!(got.metadata.labels, None);
+        assert_eq!(got.claims, ["data"]);
+        assert!(!got.ended);
+        let done: PodUse = serde_json::from_value(json!({"metadata": {"name": "q"},
+            "spec": {"volumes": null}, "status": {"phase": "Succeeded"}}))
+        .unwrap();
+        assert!(done.claims.is_empty());
+        assert!(done.ended);
+        // As the full type reads it: null metadata is the default.
+        let bare: PodUse = serde_json::from_value(json!({"metadata": null})).unwrap();
+        assert_eq!(bare, PodUse::default());
+    }
+}
