@@ -1,17 +1,15 @@
 //! The Kubernetes objects as the resizer reads and writes them: the claim's view for the
 //! decisions, the resize and modify conditions, the status patches, and the
-//! VolumeAttributesClass of `storage.k8s.io/v1` (newer than the generated types this workspace
-//! builds against, so declared here with the one field the resizer reads).
+//! VolumeAttributesClass of `storage.k8s.io/v1` (the kit's type: newer than the generated types
+//! this workspace builds against).
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use plugreg_sidecar_kit::quantity::parse_bytes;
-use serde::{Deserialize, Serialize};
 
 use crate::decide::{ClaimView, ModifyView};
 
@@ -226,42 +224,8 @@ pub fn merge_modify_conditions(
     out
 }
 
-/// A VolumeAttributesClass of `storage.k8s.io/v1`: its name and parameters.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct VolumeAttributesClass {
-    /// The object's metadata.
-    pub metadata: ObjectMeta,
-    /// The driver that handles the class.
-    #[serde(rename = "driverName", default)]
-    pub driver_name: String,
-    /// The mutable parameters handed to ControllerModifyVolume.
-    #[serde(default)]
-    pub parameters: BTreeMap<String, String>,
-}
-
-impl kube::Resource for VolumeAttributesClass {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "VolumeAttributesClass".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "storage.k8s.io".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "volumeattributesclasses".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+/// A VolumeAttributesClass of `storage.k8s.io/v1` (the kit's: the provisioner reads it too).
+pub use plugreg_sidecar_kit::vac::VolumeAttributesClass;
 
 #[cfg(test)]
 mod tests {
