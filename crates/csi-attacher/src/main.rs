@@ -149,6 +149,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         // Step 10.
         let probe_metrics = Arc::new(metrics);
         let name = Driver::new(channel.clone(), options.timeout, probe_metrics.clone())
+            .max_grpc_log_length(options.max_grpc_log_length)
             .plugin_info()
             .await;
         metrics = Arc::into_inner(probe_metrics).expect("the temporary driver is gone");
@@ -181,7 +182,8 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             tracing::info!(target: LOG, address = %address, metricsPath = %options.controller.metrics_path, "ServeMux listening");
         }
         // Step 13.
-        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone());
+        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone())
+            .max_grpc_log_length(options.max_grpc_log_length);
         let caps = match driver.capabilities().await {
             Ok(c) => c,
             Err(CapabilityError::Plugin(e)) => {
