@@ -220,6 +220,37 @@ fn sample_peaks(
     })
 }
 
+/// Prints the resident KiB of each file mapped by `pid` (where the file-backed part comes from).
+fn print_file_mappings(pid: u32) {
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return;
+    };
+    let mut per_file: BTreeMap<String, u64> = BTreeMap::new();
+    let mut current = None;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields
+            .first()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
+            current = fields
+                .get(5)
+                .map(|p| format!("{p} {}", fields.get(1).unwrap_or(&"")));
+        } else if fields.first() == Some(&"Rss:")
+            && let Some(file) = &current
+            && file.starts_with('/')
+        {
+            *per_file.entry(file.clone()).or_default() += fields
+                .get(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    for (file, kib) in per_file {
+        println!("resident file pages: {kib} KiB {file}");
+    }
+}
+
 fn rss(pid: u32) -> (u64, u64, u64) {
     let pid = pid.to_string();
     let f = |k| plugreg_runtime::procfs::status_kib(&pid, k).unwrap_or(0);
@@ -359,6 +390,7 @@ async fn run(n: usize, qps: f64) -> Run {
     let _ = gone_rx.wait_for(|c| *c >= n).await;
     let detached = start.elapsed();
     let after_detach = requests(port);
+    print_file_mappings(pid);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (peak_anon_kib, peak_file_kib) = sampler.join().unwrap_or_default();
     let hwm_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "VmHWM").unwrap_or(0);
