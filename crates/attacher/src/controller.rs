@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
+use crate::cached::Compact;
 use crate::csi::{Driver, RpcFailure};
 use crate::decide::{self, Action, DriverCaps};
 
@@ -174,8 +175,8 @@ struct Controller {
     cfg: Config,
     fin: String,
     clients: Clients,
-    vas: Store<VolumeAttachment>,
-    pvs: Store<PersistentVolume>,
+    vas: Store<Compact<VolumeAttachment>>,
+    pvs: Store<Compact<PersistentVolume>>,
     csinodes: Option<Store<CSINode>>,
     attach_q: Queue,
     detach_q: Queue,
@@ -268,12 +269,13 @@ pub async fn run(
         Arc::clone(&pv_q),
         cfg.driver.clone(),
     );
-    let vas = cache::watch::<VolumeAttachment>(
+    let vas = cache::watch::<Compact<VolumeAttachment>>(
         &client,
         &shutdown,
         &mut ready,
         |_| {},
         move |va, deleted| {
+            let va = &va.full();
             let name = va.name_any();
             if deleted {
                 fingerprints
@@ -301,13 +303,13 @@ pub async fn run(
         },
     );
     let (pq, f2, driver) = (Arc::clone(&pv_q), fin.clone(), cfg.driver.clone());
-    let pvs = cache::watch::<PersistentVolume>(
+    let pvs = cache::watch::<Compact<PersistentVolume>>(
         &client,
         &shutdown,
         &mut ready,
-        trim_pv,
+        |_| {},
         move |pv, deleted| {
-            if !deleted && decide::pv_needs_sync(pv, &f2, &driver) {
+            if !deleted && decide::pv_needs_sync(&pv.full(), &f2, &driver) {
                 pq.add(pv.name_any());
             }
         },
@@ -432,24 +434,6 @@ fn route(attach: &Queue, detach: &Queue, va: &VolumeAttachment, name: String) {
     }
 }
 
-/// A PV as the attacher reads it: no labels, status or annotations but the migration one, and
-/// of the spec only what a publish reads.
-fn trim_pv(pv: &mut PersistentVolume) {
-    pv.metadata.labels = None;
-    pv.metadata.owner_references = None;
-    if let Some(a) = pv.metadata.annotations.as_mut() {
-        a.retain(|k, _| k == decide::MIGRATED_TO_ANNOTATION);
-    }
-    pv.status = None;
-    if let Some(spec) = pv.spec.as_mut() {
-        spec.capacity = None;
-        spec.claim_ref = None;
-        spec.node_affinity = None;
-        spec.storage_class_name = None;
-        spec.persistent_volume_reclaim_policy = None;
-    }
-}
-
 /// The message of an API error as client-go prints it (`secrets "x" not found`).
 fn api_message(e: &kube::Error) -> String {
     match e {
@@ -470,6 +454,16 @@ impl Controller {
         Api::all(self.clients.kube.clone())
     }
 
+    /// The cached VolumeAttachment `name`, as the decisions read it.
+    fn va(&self, name: &str) -> Option<VolumeAttachment> {
+        Some(self.vas.get(&reflector::ObjectRef::new(name))?.full())
+    }
+
+    /// The cached PersistentVolume `name`, as the decisions read it.
+    fn pv(&self, name: &str) -> Option<PersistentVolume> {
+        Some(self.pvs.get(&reflector::ObjectRef::new(name))?.full())
+    }
+
     fn csinode(&self, node: &str) -> Option<Arc<CSINode>> {
         self.csinodes
             .as_ref()?
@@ -486,12 +480,13 @@ impl Controller {
     /// Every cached object into its queue again (`--resync`).
     fn resync(&self) {
         for va in self.vas.state() {
+            let va = va.full();
             if decide::is_ours(&va, &self.cfg.driver) {
                 route(&self.attach_q, &self.detach_q, &va, va.name_any());
             }
         }
         for pv in self.pvs.state() {
-            if decide::pv_needs_sync(&pv, &self.fin, &self.cfg.driver) {
+            if decide::pv_needs_sync(&pv.full(), &self.fin, &self.cfg.driver) {
                 self.pv_q.add(pv.name_any());
             }
         }
@@ -501,7 +496,7 @@ impl Controller {
     /// queue.
     async fn sync_va(&self, name: &str, detach: bool) -> Result<(), Requeue> {
         let _guard = self.locks.lock(name).await;
-        let Some(va) = self.vas.get(&reflector::ObjectRef::new(name)) else {
+        let Some(va) = self.va(name) else {
             debug!(
                 VolumeAttachment = name,
                 "VolumeAttachment was deleted, ignoring"
@@ -637,14 +632,14 @@ impl Controller {
             .source
             .persistent_volume_name
             .as_ref()
-            .and_then(|p| self.pvs.get(&reflector::ObjectRef::new(p)));
+            .and_then(|p| self.pv(p));
         let csinode = self.csinode(&va.spec.node_name);
         let plan = match decide::attach_plan(
             va,
             &self.cfg.driver,
             &self.cfg.caps,
             &self.cfg.default_fstype,
-            pv.as_deref(),
+            pv.as_ref(),
             csinode.as_deref(),
         ) {
             Ok(p) => p,
@@ -725,13 +720,13 @@ impl Controller {
             .source
             .persistent_volume_name
             .as_ref()
-            .and_then(|p| self.pvs.get(&reflector::ObjectRef::new(p)));
+            .and_then(|p| self.pv(p));
         let csinode = self.csinode(&va.spec.node_name);
-        let plan =
-            match decide::detach_plan(va, &self.cfg.driver, pv.as_deref(), csinode.as_deref()) {
-                Ok(p) => p,
-                Err(e) => return Err(self.detach_failed(va, &e).await),
-            };
+        let plan = match decide::detach_plan(va, &self.cfg.driver, pv.as_ref(), csinode.as_deref())
+        {
+            Ok(p) => p,
+            Err(e) => return Err(self.detach_failed(va, &e).await),
+        };
         let secrets = match self.secrets(plan.secret.as_ref()).await {
             Ok(s) => s,
             Err(e) => return Err(self.detach_failed(va, &e).await),
@@ -794,10 +789,16 @@ impl Controller {
         if !self.cfg.caps.real_handler() {
             return Ok(());
         }
-        let Some(pv) = self.pvs.get(&reflector::ObjectRef::new(name)) else {
+        let Some(pv) = self.pv(name) else {
             return Ok(());
         };
-        let vas = self.vas.state();
+        // Most PVs queued keep their finalizer; only those that may lose it read every
+        // cached VolumeAttachment.
+        if !decide::pv_needs_sync(&pv, &self.fin, &self.cfg.driver) {
+            debug!(PersistentVolume = name, "finalizer kept");
+            return Ok(());
+        }
+        let vas: Vec<VolumeAttachment> = self.vas.state().iter().map(|va| va.full()).collect();
         let names = vas
             .iter()
             .filter_map(|va| va.spec.source.persistent_volume_name.as_deref());
@@ -833,6 +834,7 @@ impl Controller {
             }
         };
         for va in self.vas.state() {
+            let va = va.full();
             if !decide::is_ours(&va, &self.cfg.driver) {
                 continue;
             }
@@ -851,9 +853,9 @@ impl Controller {
                 .source
                 .persistent_volume_name
                 .as_ref()
-                .and_then(|p| self.pvs.get(&reflector::ObjectRef::new(p)));
+                .and_then(|p| self.pv(p));
             let handle = match decide::source(&va)
-                .and_then(|src| decide::volume_spec(&src, pv.as_deref(), false))
+                .and_then(|src| decide::volume_spec(&src, pv.as_ref(), false))
             {
                 Ok(spec) => spec
                     .csi

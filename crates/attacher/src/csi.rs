@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use plugreg_csi_core::client::{CallError, Connection, Retry};
 use plugreg_proto::csi::v1::{
-    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, ListVolumesRequest,
-    VolumeCapability, controller_service_capability, plugin_capability,
+    ControllerGetCapabilitiesRequest, ControllerPublishVolumeRequest,
+    ControllerUnpublishVolumeRequest, GetPluginCapabilitiesRequest, GetPluginInfoRequest,
+    ListVolumesRequest, VolumeCapability, controller_service_capability, plugin_capability,
 };
 use plugreg_runtime::report;
 use plugreg_sidecar_kit::metrics::Metrics;
@@ -88,11 +89,45 @@ pub fn may_be_in_progress(code: i32) -> bool {
     )
 }
 
+/// Where the calls are logged, at `-v=5` (csi-lib-utils' interceptor logs every call there).
+pub const V5: &str = "plugreg_attacher::csi::v5";
+
+/// What replaces each secret in a logged request (protosanitizer's text).
+const STRIPPED: &str = "***stripped***";
+
+/// `text` capped at `max` characters as csi-lib-utils caps a logged response
+/// (`--max-grpc-log-length`): the first `max` characters and a note; `max` <= 0 is no cap.
+pub fn cap_log(text: String, max: i64) -> String {
+    let Ok(max) = usize::try_from(max) else {
+        return text;
+    };
+    if max == 0 {
+        return text;
+    }
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!(
+            "{} [response body too large, log capped to {max} chars]",
+            &text[..end]
+        ),
+        None => text,
+    }
+}
+
+/// `secrets` with every value replaced, for a log line.
+fn stripped(secrets: &HashMap<String, String>) -> HashMap<String, String> {
+    secrets
+        .keys()
+        .map(|k| (k.clone(), STRIPPED.to_owned()))
+        .collect()
+}
+
 /// The driver's calls. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Driver {
     conn: Connection,
     metrics: Arc<Metrics>,
+    /// `--max-grpc-log-length`.
+    max_log: i64,
 }
 
 impl Driver {
@@ -101,13 +136,46 @@ impl Driver {
         Self {
             conn: Connection::from_channel(ch, "", timeout, Retry::ONCE),
             metrics,
+            max_log: -1,
         }
+    }
+
+    /// Caps each logged response at `max` characters (`--max-grpc-log-length`; <= 0: no cap).
+    pub fn max_grpc_log_length(mut self, max: i64) -> Self {
+        self.max_log = max;
+        self
+    }
+
+    /// Runs one call, logged at `-v=5` as csi-lib-utils logs it ("GRPC call" with the request,
+    /// secrets stripped; "GRPC response" capped at `--max-grpc-log-length`, and the error) and
+    /// recorded in `csi_sidecar_operations_seconds`.
+    async fn timed<T: std::fmt::Debug + Default>(
+        &self,
+        method: &str,
+        request: &(dyn std::fmt::Debug + Sync),
+        call: impl Future<Output = Result<T, CallError>>,
+    ) -> Result<T, CallError> {
+        tracing::debug!(target: V5, method, request = ?request, "GRPC call");
+        let res = timed(&self.metrics, method, call).await;
+        if tracing::enabled!(target: V5, tracing::Level::DEBUG) {
+            let (response, err) = match &res {
+                Ok(r) => (format!("{r:?}"), "<nil>".to_owned()),
+                Err(e) => (format!("{:?}", T::default()), report::grpc(&e.to_status())),
+            };
+            tracing::debug!(target: V5, method, response = %cap_log(response, self.max_log), err = %err, "GRPC response");
+        }
+        res
     }
 
     /// GetPluginInfo within 1 s: the driver name; empty is an error.
     pub async fn plugin_info(&self) -> Result<String, CsiError> {
         let conn = self.conn.with_timeout(STARTUP_CALL_TIMEOUT);
-        let info = timed(&self.metrics, GET_PLUGIN_INFO, conn.get_plugin_info())
+        let info = self
+            .timed(
+                GET_PLUGIN_INFO,
+                &GetPluginInfoRequest {},
+                conn.get_plugin_info(),
+            )
             .await
             .map_err(CsiError::Call)?;
         if info.name.is_empty() {
@@ -122,13 +190,14 @@ impl Driver {
         let deadline = Instant::now() + STARTUP_CALL_TIMEOUT;
         let left = || deadline.saturating_duration_since(Instant::now());
         let grpc = |e: CallError| report::grpc(&e.to_status());
-        let plugin = timed(
-            &self.metrics,
-            GET_PLUGIN_CAPABILITIES,
-            self.conn.with_timeout(left()).get_plugin_capabilities(),
-        )
-        .await
-        .map_err(|e| CapabilityError::Plugin(grpc(e)))?;
+        let plugin = self
+            .timed(
+                GET_PLUGIN_CAPABILITIES,
+                &GetPluginCapabilitiesRequest {},
+                self.conn.with_timeout(left()).get_plugin_capabilities(),
+            )
+            .await
+            .map_err(|e| CapabilityError::Plugin(grpc(e)))?;
         let mut caps = DriverCaps::default();
         use plugin_capability::service::Type as P;
         caps.controller_service = plugin.capabilities.iter().any(|c| {
@@ -144,15 +213,16 @@ impl Driver {
                 "rpc error: code = DeadlineExceeded desc = context deadline exceeded".into(),
             ));
         }
-        let ctrl = timed(
-            &self.metrics,
-            CONTROLLER_GET_CAPABILITIES,
-            self.conn
-                .with_timeout(remaining)
-                .controller_get_capabilities(),
-        )
-        .await
-        .map_err(|e| CapabilityError::Controller(grpc(e)))?;
+        let ctrl = self
+            .timed(
+                CONTROLLER_GET_CAPABILITIES,
+                &ControllerGetCapabilitiesRequest {},
+                self.conn
+                    .with_timeout(remaining)
+                    .controller_get_capabilities(),
+            )
+            .await
+            .map_err(|e| CapabilityError::Controller(grpc(e)))?;
         use controller_service_capability::rpc::Type as C;
         for cap in &ctrl.capabilities {
             let Some(controller_service_capability::Type::Rpc(rpc)) = &cap.r#type else {
@@ -197,7 +267,11 @@ impl Driver {
             let mut c = ctl.clone();
             async move { c.controller_publish_volume(r).await }
         });
-        timed(&self.metrics, CONTROLLER_PUBLISH, call)
+        let shown = ControllerPublishVolumeRequest {
+            secrets: stripped(&req.secrets),
+            ..req.clone()
+        };
+        self.timed(CONTROLLER_PUBLISH, &shown, call)
             .await
             .map(|r| r.publish_context.into_iter().collect())
     }
@@ -219,7 +293,11 @@ impl Driver {
             let mut c = ctl.clone();
             async move { c.controller_unpublish_volume(r).await }
         });
-        timed(&self.metrics, CONTROLLER_UNPUBLISH, call)
+        let shown = ControllerUnpublishVolumeRequest {
+            secrets: stripped(&req.secrets),
+            ..req.clone()
+        };
+        self.timed(CONTROLLER_UNPUBLISH, &shown, call)
             .await
             .map(drop)
     }
@@ -251,7 +329,8 @@ impl Driver {
                 let mut c = ctl.clone();
                 async move { c.list_volumes(r).await }
             });
-            let page = timed(&self.metrics, LIST_VOLUMES, call)
+            let page = self
+                .timed(LIST_VOLUMES, &req, call)
                 .await
                 .map_err(|e| report::grpc(&e.to_status()))?;
             for entry in page.entries {

@@ -6,9 +6,11 @@
 //! - [`flags`]: upstream's command line (Go `flag` syntax) on the sidecar kit's skeleton;
 //! - [`decide`]: pure decisions (what to call, what to write), tested table by table;
 //! - [`csi`]: the driver's calls;
+//! - [`cached`]: what the watch caches keep of each object;
 //! - [`controller`]: watch caches, the attach, detach and PV queues, the reconciler;
 //! - [`service`]: the Kubernetes client and leader election around the controller.
 
+pub mod cached;
 pub mod controller;
 pub mod csi;
 pub mod decide;

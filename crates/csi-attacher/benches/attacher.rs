@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo bench -p plugreg-csi-attacher --bench attacher -- --out BENCHMARKS.md
 //! cargo bench -p plugreg-csi-attacher --bench attacher -- --quick   # 100 VolumeAttachments
+//! cargo bench -p plugreg-csi-attacher --bench attacher -- --qps 200  # memory only, never written
 //! ```
 //!
 //! A fresh real kube-apiserver v1.36.2, the test CSI driver in-process (answers at once,
@@ -19,7 +20,7 @@
 //! upstream's count (a JSON patch of the PV's finalizer, a merge patch of the VolumeAttachment's
 //! finalizer and node-ID annotation, a status patch: 3 per attach; a finalizer patch and a
 //! status patch: 2 per detach), the time against the write floor (upstream's writes / QPS), and
-//! the peak RSS (VmHWM). `PLUGREG_ATTACHER_BIN` measures another build with the same flags.
+//! the peak RSS (VmHWM) with the highest anonymous and file-backed parts sampled, and the idle RSS. `PLUGREG_ATTACHER_BIN` measures another build with the same flags.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -142,6 +143,14 @@ struct Run {
     /// Resident anonymous and file-backed memory at the end (after the detaches).
     anon_kib: u64,
     file_kib: u64,
+    /// The highest resident anonymous and file-backed memory sampled (every 100 ms).
+    peak_anon_kib: u64,
+    peak_file_kib: u64,
+    /// Resident memory (VmRSS, anonymous, file-backed) once the caches are filled, before the
+    /// first VolumeAttachment.
+    idle_kib: (u64, u64, u64),
+    /// `--kube-api-qps` given to the attacher (upstream's default unless `--qps`).
+    qps: f64,
     load_start: String,
     exited: bool,
 }
@@ -192,7 +201,63 @@ where
         .await;
 }
 
-async fn run(n: usize) -> Run {
+/// Samples the resident anonymous and file-backed memory of `pid` every 100 ms until `stop`,
+/// and returns the highest of each.
+fn sample_peaks(
+    pid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(u64, u64)> {
+    std::thread::spawn(move || {
+        let pid = pid.to_string();
+        let (mut anon, mut file) = (0, 0);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let a = plugreg_runtime::procfs::status_kib(&pid, "RssAnon").unwrap_or(0);
+            let f = plugreg_runtime::procfs::status_kib(&pid, "RssFile").unwrap_or(0);
+            (anon, file) = (anon.max(a), file.max(f));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (anon, file)
+    })
+}
+
+/// Prints the resident KiB of each file mapped by `pid` (where the file-backed part comes from).
+fn print_file_mappings(pid: u32) {
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return;
+    };
+    let mut per_file: BTreeMap<String, u64> = BTreeMap::new();
+    let mut current = None;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields
+            .first()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
+            current = fields
+                .get(5)
+                .map(|p| format!("{p} {}", fields.get(1).unwrap_or(&"")));
+        } else if fields.first() == Some(&"Rss:")
+            && let Some(file) = &current
+            && file.starts_with('/')
+        {
+            *per_file.entry(file.clone()).or_default() += fields
+                .get(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    for (file, kib) in per_file {
+        println!("resident file pages: {kib} KiB {file}");
+    }
+}
+
+fn rss(pid: u32) -> (u64, u64, u64) {
+    let pid = pid.to_string();
+    let f = |k| plugreg_runtime::procfs::status_kib(&pid, k).unwrap_or(0);
+    (f("VmRSS"), f("RssAnon"), f("RssFile"))
+}
+
+async fn run(n: usize, qps: f64) -> Run {
     let load_start = load();
     let api = ApiServer::start_version(KubeVersion::V1_36_2)
         .await
@@ -263,6 +328,8 @@ async fn run(n: usize) -> Run {
         .arg(format!("--kubeconfig={}", api.kubeconfig_path().display()))
         .arg(format!("--http-endpoint=127.0.0.1:{port}"))
         .arg("--v=1")
+        .arg(format!("--kube-api-qps={qps}"))
+        .arg(format!("--kube-api-burst={}", (qps * BURST / QPS).round()))
         .arg("--leader-election")
         .arg("--leader-election-namespace=bench")
         .env_remove("KUBECONFIG")
@@ -279,6 +346,9 @@ async fn run(n: usize) -> Run {
     // Let the caches fill before the clock starts (its LISTs are not the work measured).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = requests(port);
+    let idle_kib = rss(pid);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_peaks(pid, std::sync::Arc::clone(&stop));
 
     let (mut attached_rx, mut gone_rx) = count_watch(client.clone());
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
@@ -320,6 +390,9 @@ async fn run(n: usize) -> Run {
     let _ = gone_rx.wait_for(|c| *c >= n).await;
     let detached = start.elapsed();
     let after_detach = requests(port);
+    print_file_mappings(pid);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (peak_anon_kib, peak_file_kib) = sampler.join().unwrap_or_default();
     let hwm_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "VmHWM").unwrap_or(0);
     let anon_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "RssAnon").unwrap_or(0);
     let file_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "RssFile").unwrap_or(0);
@@ -341,6 +414,10 @@ async fn run(n: usize) -> Run {
         hwm_kib,
         anon_kib,
         file_kib,
+        peak_anon_kib,
+        peak_file_kib,
+        idle_kib,
+        qps,
         load_start,
         exited,
     }
@@ -397,11 +474,19 @@ fn block(r: &Run, commit: &str) -> String {
         detach_writes / n,
         fmt(&r.detach_requests)
     ));
+    let m = |k: u64| k as f64 / 1024.0;
     t.push_str(&format!(
-        "Peak RSS (VmHWM) {mib:.1} MiB; at the end {:.1} MiB anonymous (heap, caches, stacks) and {:.1} MiB \
-         file-backed (the binary's and the C libraries' pages).\n\n",
-        r.anon_kib as f64 / 1024.0,
-        r.file_kib as f64 / 1024.0
+        "Peak RSS (VmHWM) {mib:.1} MiB; the highest sampled (every 100 ms) {:.1} MiB anonymous (heap, caches, \
+         stacks) and {:.1} MiB file-backed (the binary's and the C libraries' pages); at the end {:.1} MiB anonymous \
+         and {:.1} MiB file-backed. Idle (caches filled, before the first VolumeAttachment): {:.1} MiB, {:.1} MiB \
+         anonymous and {:.1} MiB file-backed.\n\n",
+        m(r.peak_anon_kib),
+        m(r.peak_file_kib),
+        m(r.anon_kib),
+        m(r.file_kib),
+        m(r.idle_kib.0),
+        m(r.idle_kib.1),
+        m(r.idle_kib.2),
     ));
     t.push_str("| goal | measured | verdict |\n|---|---|---|\n");
     for (goal, measured, ok) in [
@@ -449,19 +534,29 @@ fn block(r: &Run, commit: &str) -> String {
 async fn main() {
     let mut out = None;
     let mut n = 1000;
+    let mut qps = QPS;
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
         match x.as_str() {
             "--out" => out = it.next(),
             "--quick" => n = 100,
             "--n" => n = it.next().and_then(|v| v.parse().ok()).unwrap_or(n),
+            // Memory studies only: the write figures assume upstream's QPS.
+            "--qps" => qps = it.next().and_then(|v| v.parse().ok()).unwrap_or(qps),
             _ => {} // cargo bench passes --bench
         }
     }
     let commit = commit();
-    let r = run(n).await;
+    let r = run(n, qps).await;
     let t = block(&r, &commit);
     println!("{t}");
+    if r.qps != QPS {
+        println!(
+            "(--qps {}: not written; the write floor assumes upstream's QPS {QPS})",
+            r.qps
+        );
+        return;
+    }
     if let Some(out) = out {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let p = &root.join(&out);

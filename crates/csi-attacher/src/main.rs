@@ -149,6 +149,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         // Step 10.
         let probe_metrics = Arc::new(metrics);
         let name = Driver::new(channel.clone(), options.timeout, probe_metrics.clone())
+            .max_grpc_log_length(options.max_grpc_log_length)
             .plugin_info()
             .await;
         metrics = Arc::into_inner(probe_metrics).expect("the temporary driver is gone");
@@ -181,7 +182,8 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             tracing::info!(target: LOG, address = %address, metricsPath = %options.controller.metrics_path, "ServeMux listening");
         }
         // Step 13.
-        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone());
+        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone())
+            .max_grpc_log_length(options.max_grpc_log_length);
         let caps = match driver.capabilities().await {
             Ok(c) => c,
             Err(CapabilityError::Plugin(e)) => {
@@ -224,8 +226,21 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     };
 
     // RSS follows the live heap, not the highest peak of work so far (a crowd of
-    // VolumeAttachments, the first LIST of every cache).
-    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(Duration::from_secs(10)));
+    // VolumeAttachments, the first LIST of every cache), and the code that still runs, not
+    // every page start-up ran once (measured in BENCHMARKS.md: the binary's code was two
+    // thirds of the RSS).
+    let trim = tokio::spawn(async {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            plugreg_runtime::memory::trim();
+            if let Err(e) = plugreg_runtime::memory::release_code() {
+                tracing::debug!(target: LOG, err = %e, "could not release code pages");
+            }
+        }
+    });
 
     // Steps 15-16.
     let controller = &options.controller;

@@ -258,6 +258,11 @@ impl Env {
         format!("external-attacher/{}", self.name.replace('.', "-"))
     }
 
+    /// Starts `csi-attacher` for this driver with the client of `kubeconfig` and `args` added.
+    pub fn attacher_as(&self, kubeconfig: &Path, args: &[&str]) -> Attacher {
+        Attacher::start(&self.socket, kubeconfig, args, self.dir.path())
+    }
+
     /// Starts `csi-attacher` for this driver with `args` added.
     pub fn attacher(&self, args: &[&str]) -> Attacher {
         Attacher::start(

@@ -1,0 +1,383 @@
+//! What makes `csi-attacher` a drop-in beyond attaching, each against a real kube-apiserver
+//! (v1.20.2 and v1.36.2):
+//! * it runs with exactly upstream's sample RBAC (`deploy/base`'s attacher part) under a token
+//!   of its ServiceAccount: attach, detach and the PV finalizer work, and nothing is refused;
+//! * a Lease taken by another holder makes it exit 1 with "Stopped leading", as upstream;
+//! * `--max-grpc-log-length` caps each logged gRPC response as csi-lib-utils does (-1: whole).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{Env, NODE_ID, poll};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use plugreg_testpeers::KubeVersion;
+use serde_json::{Value, json};
+
+const ACCOUNT: &str = "csi-controller";
+
+/// The attacher's documents of `deploy/base/controller/rbac.yaml` (the names that say
+/// `external-attacher`), for `driver`'s attacher running as `ACCOUNT` in `ns`.
+fn attacher_rbac(driver: &str, ns: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/controller/rbac.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    docs.into_iter()
+        .filter(|d| {
+            d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.contains("external-attacher"))
+        })
+        .map(|d| {
+            // What kustomize does: the driver name in, the namespace on the subjects.
+            let mut d: Value =
+                serde_json::from_str(&d.to_string().replace("$(DRIVER_NAME)", driver)).unwrap();
+            if let Some(subjects) = d["subjects"].as_array_mut() {
+                for s in subjects {
+                    s["namespace"] = json!(ns);
+                }
+            }
+            d
+        })
+        .collect()
+}
+
+fn from_doc<T: k8s_openapi::serde::de::DeserializeOwned>(v: &Value) -> T {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+/// The rules of a role as (API group, resource, sorted verbs).
+fn rules(role: &Value) -> Vec<(String, String, Vec<String>)> {
+    let mut out = Vec::new();
+    for r in role["rules"].as_array().unwrap() {
+        let mut verbs: Vec<String> = r["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        verbs.sort();
+        for g in r["apiGroups"].as_array().unwrap() {
+            for res in r["resources"].as_array().unwrap() {
+                out.push((
+                    g.as_str().unwrap().to_owned(),
+                    res.as_str().unwrap().to_owned(),
+                    verbs.clone(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn rule(group: &str, resource: &str, verbs: &[&str]) -> (String, String, Vec<String>) {
+    let mut verbs: Vec<String> = verbs.iter().map(|v| (*v).to_owned()).collect();
+    verbs.sort();
+    (group.to_owned(), resource.to_owned(), verbs)
+}
+
+/// Creates the attacher's RBAC of `deploy/` and its ServiceAccount; returns a kubeconfig with a
+/// token of that account.
+async fn service_account_kubeconfig(env: &Env) -> PathBuf {
+    let docs = attacher_rbac(&env.name, &env.ns);
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    );
+    // Exactly upstream's sample (external-attacher v4.12.0 deploy/kubernetes/rbac.yaml).
+    assert_eq!(
+        rules(&docs[0]),
+        vec![
+            rule("", "persistentvolumes", &["get", "list", "watch", "patch"]),
+            rule("storage.k8s.io", "csinodes", &["get", "list", "watch"]),
+            rule(
+                "storage.k8s.io",
+                "volumeattachments",
+                &["get", "list", "watch", "patch"]
+            ),
+            rule("storage.k8s.io", "volumeattachments/status", &["patch"]),
+        ]
+    );
+    assert_eq!(
+        rules(&docs[2]),
+        vec![rule(
+            "coordination.k8s.io",
+            "leases",
+            &["get", "watch", "list", "delete", "update", "create"]
+        )]
+    );
+    let pp = PostParams::default();
+    let c = env.client.clone();
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": ACCOUNT}})).unwrap();
+    Api::<ServiceAccount>::namespaced(c.clone(), &env.ns)
+        .create(&pp, &sa)
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(c.clone())
+        .create(&pp, &from_doc(&docs[0]))
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(c.clone())
+        .create(&pp, &from_doc(&docs[1]))
+        .await
+        .unwrap();
+    Api::<Role>::namespaced(c.clone(), &env.ns)
+        .create(&pp, &from_doc(&docs[2]))
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(c.clone(), &env.ns)
+        .create(&pp, &from_doc(&docs[3]))
+        .await
+        .unwrap();
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            bound_object_ref: None,
+        },
+        ..Default::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(c, &env.ns)
+        .create_token_request(ACCOUNT, &pp, &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let path = env.dir.path().join("sa.kubeconfig");
+    let kc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {
+            "server": env.api.url(),
+            "certificate-authority": env.api.ca_cert_path(),
+        }}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    });
+    std::fs::write(&path, kc.to_string()).unwrap();
+    path
+}
+
+/// Checklist 19: with exactly the sample RBAC, an attach, a detach and the PV finalizer's
+/// removal work, under leader election, and the API server refuses nothing.
+async fn runs_with_the_sample_rbac(version: KubeVersion) {
+    let env = Env::new(version, |_| {}).await;
+    let kubeconfig = service_account_kubeconfig(&env).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let mut a = env.attacher_as(
+        &kubeconfig,
+        &[
+            "--leader-election",
+            &format!("--leader-election-namespace={}", env.ns),
+        ],
+    );
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    let fin = env.finalizer();
+    env.wait_pv(&pv, "the PV's finalizer", |p| {
+        p.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.contains(&fin))
+    })
+    .await;
+    env.delete_va(&va).await;
+    env.wait_va_gone(&va).await;
+    env.pvs()
+        .delete(&pv, &DeleteParams::default())
+        .await
+        .unwrap();
+    // (The PV stays: kubernetes.io/pv-protection is kube-controller-manager's to remove.)
+    env.wait_pv(&pv, "the PV's finalizer removed", |p| {
+        !p.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.contains(&fin))
+    })
+    .await;
+    assert!(a.running(), "{}", a.log());
+    let log = a.log();
+    // Only the Lease's event is refused, as upstream's (the sample grants no events; client-go
+    // logs the failure and goes on).
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden") || l.contains("403"))
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .all(|l| l.contains("could not record the LeaderElection event")
+                && l.contains("cannot create resource \\\"events\\\"")),
+        "{version}: something else was refused:\n{}",
+        refused.join("\n")
+    );
+    assert_eq!(env.calls.publish_requests().len(), 1, "{log}");
+    assert_eq!(env.calls.unpublish_requests().len(), 1, "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_with_the_sample_rbac_v1_36() {
+    runs_with_the_sample_rbac(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_with_the_sample_rbac_v1_20() {
+    runs_with_the_sample_rbac(KubeVersion::V1_20_2).await;
+}
+
+/// Checklist 17: another holder takes the Lease (as a replica whose clock says ours expired
+/// would); the attacher cannot renew within `--leader-election-renew-deadline`, logs "Stopped
+/// leading" and exits 1, as upstream (client-go's OnStoppedLeading).
+async fn a_lost_lease_is_exit_1(version: KubeVersion) {
+    let env = Env::new(version, |_| {}).await;
+    let mut a = env.attacher(&[
+        "--leader-election",
+        &format!("--leader-election-namespace={}", env.ns),
+        "--leader-election-lease-duration=4s",
+        "--leader-election-renew-deadline=2s",
+        "--leader-election-retry-period=500ms",
+    ]);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
+    let ours = poll("the Lease held", || async {
+        let l = leases.get_opt(&name).await.ok().flatten()?;
+        l.spec?.holder_identity.filter(|h| !h.is_empty())
+    })
+    .await;
+    // A MicroTime: the API server wants exactly six digits of fraction.
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S.000000Z")
+        .to_string();
+    leases
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": "another-replica",
+                "leaseDurationSeconds": 3600,
+                "acquireTime": now,
+                "renewTime": now,
+            }})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.exit_code().await, 1, "{}", a.log());
+    let log = a.log();
+    assert!(log.contains("\"Stopped leading\""), "{log}");
+    // It did not take the Lease back on its way out.
+    let holder = leases
+        .get(&name)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert_eq!(holder.as_deref(), Some("another-replica"), "was {ours}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_exit_1_v1_36() {
+    a_lost_lease_is_exit_1(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_exit_1_v1_20() {
+    a_lost_lease_is_exit_1(KubeVersion::V1_20_2).await;
+}
+
+fn is_response(line: &str, method: &str) -> bool {
+    line.contains("\"GRPC response\"") && line.contains(&format!("method=\"{method}\""))
+}
+
+fn has_response(log: &str, method: &str) -> bool {
+    log.lines().any(|l| is_response(l, method))
+}
+
+/// The `-v=5` "GRPC response" line of `method` in `log`.
+fn response_line<'a>(log: &'a str, method: &str) -> &'a str {
+    log.lines()
+        .find(|l| is_response(l, method))
+        .unwrap_or_else(|| panic!("no GRPC response of {method}:\n{log}"))
+}
+
+/// `--max-grpc-log-length`: at `-v=5` each call is logged ("GRPC call" with the request, its
+/// secrets stripped; "GRPC response"), the response capped at that many characters with
+/// csi-lib-utils' note; the default -1 logs it whole.
+async fn max_grpc_log_length_caps_responses(version: KubeVersion) {
+    let env = Env::new(version, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    env.secret("publish", &[("password", "hunter2")]).await;
+    let secret = json!({"spec": {"csi": {"controllerPublishSecretRef": {"name": "publish", "namespace": env.ns}}}});
+    let (pv1, pv2) = (env.unique("pv-1"), env.unique("pv-2"));
+    env.pv(&pv1, "vol-a", secret.clone()).await;
+    env.pv(&pv2, "vol-b", secret).await;
+    const PUBLISH: &str = "/csi.v1.Controller/ControllerPublishVolume";
+
+    let mut capped = env.attacher(&["--max-grpc-log-length=40"]);
+    let va1 = env.unique("va-1");
+    env.va(&va1, &pv1, &node).await;
+    env.wait_attached(&va1).await;
+    let log = poll("the capped publish response logged", || async {
+        let log = capped.log();
+        has_response(&log, PUBLISH).then_some(log)
+    })
+    .await;
+    capped.kill();
+    let line = response_line(&log, PUBLISH);
+    assert!(
+        line.contains(
+            "response=\"ControllerPublishVolumeResponse { publis [response body too large, log capped to 40 chars]\""
+        ),
+        "{line}"
+    );
+    assert!(!line.contains("/dev/plugreg-test"), "{line}");
+    // Every call is capped, the start-up ones too.
+    let info = response_line(&log, "/csi.v1.Identity/GetPluginInfo");
+    assert!(info.contains("log capped to 40 chars]"), "{info}");
+    // The request is logged whole, but its secrets.
+    let call = log
+        .lines()
+        .find(|l| l.contains("\"GRPC call\"") && l.contains(PUBLISH))
+        .unwrap_or_else(|| panic!("no GRPC call line:\n{log}"));
+    assert!(call.contains("***stripped***"), "{call}");
+    assert!(call.contains("vol-a"), "{call}");
+    assert!(!log.contains("hunter2"), "{log}");
+
+    let whole = env.attacher(&[]);
+    let va2 = env.unique("va-2");
+    env.va(&va2, &pv2, &node).await;
+    env.wait_attached(&va2).await;
+    let log = poll("the whole publish response logged", || async {
+        let log = whole.log();
+        has_response(&log, PUBLISH).then_some(log)
+    })
+    .await;
+    let line = response_line(&log, PUBLISH);
+    assert!(line.contains("/dev/plugreg-test"), "{line}");
+    assert!(!log.contains("log capped"), "{log}");
+    assert!(!log.contains("hunter2"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_grpc_log_length_caps_responses_v1_36() {
+    max_grpc_log_length_caps_responses(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_grpc_log_length_caps_responses_v1_20() {
+    max_grpc_log_length_caps_responses(KubeVersion::V1_20_2).await;
+}
