@@ -226,21 +226,8 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     };
 
     // RSS follows the live heap, not the highest peak of work so far (a crowd of
-    // VolumeAttachments, the first LIST of every cache), and the code that still runs, not
-    // every page start-up ran once (measured in BENCHMARKS.md: the binary's code was two
-    // thirds of the RSS).
-    let trim = tokio::spawn(async {
-        let mut tick = tokio::time::interval(Duration::from_secs(10));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            plugreg_runtime::memory::trim();
-            if let Err(e) = plugreg_runtime::memory::release_code() {
-                tracing::debug!(target: LOG, err = %e, "could not release code pages");
-            }
-        }
-    });
+    // VolumeAttachments, the first LIST of every cache).
+    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(Duration::from_secs(10)));
 
     // Steps 15-16.
     let controller = &options.controller;
