@@ -11,8 +11,9 @@ use plugreg_csi_test_driver::{Code, DriverConfig, Method, MountMode, start};
 use plugreg_proto::csi::v1::controller_client::ControllerClient;
 use plugreg_proto::csi::v1::{
     CapacityRange, ControllerGetCapabilitiesRequest, CreateSnapshotRequest, CreateVolumeRequest,
-    DeleteSnapshotRequest, GetSnapshotRequest, ListSnapshotsRequest, VolumeCapability,
-    VolumeContentSource, controller_service_capability, volume_capability, volume_content_source,
+    DeleteSnapshotRequest, GetSnapshotRequest, ListSnapshotsRequest, Snapshot, Volume,
+    VolumeCapability, VolumeContentSource, controller_service_capability, volume_capability,
+    volume_content_source,
 };
 use tonic::transport::Channel;
 
@@ -42,6 +43,26 @@ fn create(name: &str, bytes: i64, source: Option<VolumeContentSource>) -> Create
         volume_content_source: source,
         ..Default::default()
     }
+}
+
+/// CreateVolume that must succeed: the volume.
+async fn new_volume(ctl: &mut ControllerClient<Channel>, r: CreateVolumeRequest) -> Volume {
+    ctl.create_volume(r)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
+/// CreateSnapshot that must succeed: the snapshot.
+async fn new_snapshot(ctl: &mut ControllerClient<Channel>, r: CreateSnapshotRequest) -> Snapshot {
+    ctl.create_snapshot(r)
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
 }
 
 fn from_snapshot(id: &str) -> Option<VolumeContentSource> {
@@ -117,47 +138,23 @@ async fn snapshot_restore_and_clone_carry_the_data() {
         assert!(offered.contains(&(t as i32)), "{t:?} offered");
     }
 
-    let v = ctl
-        .create_volume(create("pvc-a", 1 << 20, None))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = new_volume(&mut ctl, create("pvc-a", 1 << 20, None)).await;
     std::fs::write(file_in(&data, &v.volume_id), "hello").unwrap();
 
     // Created once; the repeat returns the same snapshot.
-    let s1 = ctl
-        .create_snapshot(snap("snapshot-1", &v.volume_id))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let s1 = new_snapshot(&mut ctl, snap("snapshot-1", &v.volume_id)).await;
     assert_eq!(s1.source_volume_id, v.volume_id);
     assert_eq!(s1.size_bytes, 1 << 20);
     assert!(s1.ready_to_use);
     assert!(s1.creation_time.is_some_and(|t| t.seconds > 0));
     // The data taken is the data at that moment.
     std::fs::write(file_in(&data, &v.volume_id), "changed").unwrap();
-    let again = ctl
-        .create_snapshot(snap("snapshot-1", &v.volume_id))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let again = new_snapshot(&mut ctl, snap("snapshot-1", &v.volume_id)).await;
     assert_eq!(again, s1);
 
     // The same name of another volume: ALREADY_EXISTS; an unknown volume: NOT_FOUND; no name:
     // INVALID_ARGUMENT.
-    let other = ctl
-        .create_volume(create("pvc-b", 1 << 20, None))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let other = new_volume(&mut ctl, create("pvc-b", 1 << 20, None)).await;
     let e = ctl
         .create_snapshot(snap("snapshot-1", &other.volume_id))
         .await
@@ -175,13 +172,11 @@ async fn snapshot_restore_and_clone_carry_the_data() {
     assert_eq!(e.code(), Code::InvalidArgument);
 
     // Restore: the snapshot's data, at least its size.
-    let r = ctl
-        .create_volume(create("pvc-restored", 1024, from_snapshot(&s1.snapshot_id)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let r = new_volume(
+        &mut ctl,
+        create("pvc-restored", 1024, from_snapshot(&s1.snapshot_id)),
+    )
+    .await;
     assert_eq!(r.capacity_bytes, 1 << 20, "never smaller than the snapshot");
     assert_eq!(r.content_source, from_snapshot(&s1.snapshot_id));
     assert_eq!(
@@ -199,13 +194,11 @@ async fn snapshot_restore_and_clone_carry_the_data() {
     assert_eq!(e.code(), Code::OutOfRange);
 
     // Clone: the volume's data now.
-    let c = ctl
-        .create_volume(create("pvc-clone", 2 << 20, from_volume(&v.volume_id)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let c = new_volume(
+        &mut ctl,
+        create("pvc-clone", 2 << 20, from_volume(&v.volume_id)),
+    )
+    .await;
     assert_eq!(c.capacity_bytes, 2 << 20);
     assert_eq!(
         std::fs::read_to_string(file_in(&data, &c.volume_id)).unwrap(),
@@ -333,22 +326,10 @@ async fn a_snapshot_is_ready_after_the_configured_calls_and_restores_only_then()
     .await
     .unwrap();
     let mut ctl = client(&sock).await;
-    let v = ctl
-        .create_volume(create("pvc-a", 0, None))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = new_volume(&mut ctl, create("pvc-a", 0, None)).await;
     let mut ready = Vec::new();
     for _ in 0..3 {
-        let s = ctl
-            .create_snapshot(snap("snapshot-1", &v.volume_id))
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
+        let s = new_snapshot(&mut ctl, snap("snapshot-1", &v.volume_id)).await;
         ready.push(s.ready_to_use);
         if !s.ready_to_use {
             let e = ctl
@@ -374,21 +355,9 @@ async fn a_persistent_drivers_snapshots_are_seen_by_another_instance() {
     let one = start(persistent(&data), &sock1).await.unwrap();
     let two = start(persistent(&data), &sock2).await.unwrap();
     let (mut c1, mut c2) = (client(&sock1).await, client(&sock2).await);
-    let v = c1
-        .create_volume(create("pvc-a", 0, None))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = new_volume(&mut c1, create("pvc-a", 0, None)).await;
     std::fs::write(file_in(&data, &v.volume_id), "kept").unwrap();
-    let s = c1
-        .create_snapshot(snap("snapshot-a", &v.volume_id))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let s = new_snapshot(&mut c1, snap("snapshot-a", &v.volume_id)).await;
     assert_eq!(s.snapshot_id, "snapshot-a", "the name is the id");
     // The other instance knows it: get, list, a repeat of the create, a restore.
     let got = c2
@@ -406,21 +375,9 @@ async fn a_persistent_drivers_snapshots_are_seen_by_another_instance() {
         .unwrap()
         .into_inner();
     assert_eq!(listed.entries.len(), 1);
-    let repeat = c2
-        .create_snapshot(snap("snapshot-a", &v.volume_id))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let repeat = new_snapshot(&mut c2, snap("snapshot-a", &v.volume_id)).await;
     assert_eq!(repeat, s);
-    let r = c2
-        .create_volume(create("pvc-r", 0, from_snapshot(&s.snapshot_id)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let r = new_volume(&mut c2, create("pvc-r", 0, from_snapshot(&s.snapshot_id))).await;
     assert_eq!(
         std::fs::read_to_string(file_in(&data, &r.volume_id)).unwrap(),
         "kept"
@@ -444,13 +401,7 @@ async fn without_snapshots_the_calls_are_unimplemented_and_sources_refused() {
     .await
     .unwrap();
     let mut ctl = client(&sock).await;
-    let v = ctl
-        .create_volume(create("pvc-a", 0, None))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = new_volume(&mut ctl, create("pvc-a", 0, None)).await;
     let e = ctl
         .create_snapshot(snap("snapshot-1", &v.volume_id))
         .await
