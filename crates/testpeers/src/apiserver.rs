@@ -466,22 +466,29 @@ async fn start_etcd(bin: &Path, dir: &Path, log_path: &Path) -> Result<Etcd, Err
     })
 }
 
-/// A blocking but short (loopback, 1 s timeouts) HTTP/1.0 `GET /health`.
+/// etcd's `GET /health` answers 200 with `"health":"true"`.
 fn etcd_healthy(port: u16) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
-        return false;
-    };
+    plain_get(addr, "/health")
+        .is_some_and(|(status, body)| status == 200 && body.contains("\"health\":\"true\""))
+}
+
+/// A blocking but short (loopback, 1 s timeouts) plain HTTP/1.0 `GET path`: the status and the
+/// body, or `None` if nothing answered.
+pub(crate) fn plain_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
     let mut resp = String::new();
     let _ = s.read_to_string(&mut resp);
-    resp.starts_with("HTTP/1.") && resp.contains("200") && resp.contains("\"health\":\"true\"")
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let status = head
+        .strip_prefix("HTTP/1.")
+        .and_then(|r| r.get(2..5))
+        .and_then(|c| c.parse().ok())?;
+    Some((status, body.to_owned()))
 }
 
 fn apiserver_args(

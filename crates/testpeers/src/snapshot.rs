@@ -134,7 +134,10 @@ impl SnapshotController {
     pub async fn start(api: &ApiServer) -> Result<Self, Error> {
         let bin = peer(SNAPSHOT_CONTROLLER)?;
         install_snapshot_crds(api).await?;
-        let http = free_local_addr()?;
+        let http = std::net::SocketAddr::from((
+            std::net::Ipv4Addr::LOCALHOST,
+            crate::apiserver::free_port()?,
+        ));
         let mut process = PeerProcess::spawn_program(
             SNAPSHOT_CONTROLLER,
             &bin,
@@ -146,7 +149,13 @@ impl SnapshotController {
         )?;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if metrics_answer(http).await {
+            let answered = tokio::task::spawn_blocking(move || {
+                crate::apiserver::plain_get(http, "/metrics")
+                    .is_some_and(|(status, _)| status == 200)
+            })
+            .await
+            .unwrap_or(false);
+            if answered {
                 return Ok(SnapshotController { process, http });
             }
             if let Ok(status) = process.wait_exit(Duration::ZERO).await {
@@ -181,31 +190,4 @@ impl SnapshotController {
     pub fn pid(&self) -> u32 {
         self.process.pid()
     }
-}
-
-fn free_local_addr() -> Result<std::net::SocketAddr, Error> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::io("binding a free port on 127.0.0.1", e))?;
-    l.local_addr()
-        .map_err(|e| Error::io("reading the free port", e))
-}
-
-/// Whether `GET /metrics` at `addr` answers 200.
-async fn metrics_answer(addr: std::net::SocketAddr) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(Ok(mut s)) =
-        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await
-    else {
-        return false;
-    };
-    let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    if s.write_all(req.as_bytes()).await.is_err() {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    matches!(
-        tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut head)).await,
-        Ok(Ok(_))
-    ) && head.starts_with(b"HTTP/1.")
-        && &head[9..12] == b"200"
 }
