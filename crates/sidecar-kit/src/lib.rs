@@ -33,7 +33,8 @@
 //!   event recorder),
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
 //!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`vac`] (the
-//!   VolumeAttributesClass type and its discovery check).
+//!   VolumeAttributesClass type and its discovery check), [`snapshot`] (the snapshot API's
+//!   types and the annotations and finalizers its controllers agree on).
 
 #[cfg(feature = "controller")]
 pub mod cache;
@@ -60,6 +61,8 @@ pub mod quantity;
 pub mod queue;
 #[cfg(feature = "controller")]
 pub mod ratelimit;
+#[cfg(feature = "controller")]
+pub mod snapshot;
 #[cfg(feature = "controller")]
 pub mod vac;
 
