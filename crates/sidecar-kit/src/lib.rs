@@ -29,7 +29,7 @@
 //! - with the feature `controller` (kube and k8s-openapi; node sidecars leave it out):
 //!   [`driver`] (the CSI driver reached, probed and watched at start-up, as csi-lib-utils
 //!   does), [`leader`] (leader election on a Lease, [`leader::run_elected`] for a controller that
-//!   works only while it leads), [`cache`] (trimmed watch caches), [`events`] (client-go's
+//!   works only while it leads), [`cache`] (trimmed watch caches), [`compact`] (their compact entries), [`events`] (client-go's
 //!   event recorder),
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
 //!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`vac`] (the
@@ -40,6 +40,8 @@
 pub mod cache;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "controller")]
+pub mod compact;
 pub mod connect;
 #[cfg(feature = "controller")]
 pub mod diagnostics;
