@@ -574,6 +574,9 @@ pub struct DriverConfig {
     pub controller_modify: bool,
     /// Also advertise SINGLE_NODE_MULTI_WRITER.
     pub single_node_multi_writer: bool,
+    /// Also advertise PUBLISH_READONLY (the driver honours ControllerPublishVolume's
+    /// `readonly`).
+    pub publish_readonly: bool,
     /// With [`controller`](Self::controller): advertise CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS
     /// and GET_SNAPSHOT, serve them (a snapshot is a copy of its volume's directory), and accept
     /// a snapshot as CreateVolume's content source (the new volume starts as its copy).
@@ -617,6 +620,7 @@ impl Default for DriverConfig {
             node_expansion_required: false,
             controller_modify: false,
             single_node_multi_writer: false,
+            publish_readonly: false,
             snapshots: false,
             snapshot_ready_after: 0,
             clone_volume: false,

@@ -887,6 +887,9 @@ impl Controller for Driver {
         if self.config.single_node_multi_writer {
             types.push(Type::SingleNodeMultiWriter);
         }
+        if self.config.publish_readonly {
+            types.push(Type::PublishReadonly);
+        }
         if self.config.snapshots {
             types.extend([
                 Type::CreateDeleteSnapshot,
