@@ -190,6 +190,20 @@ impl<T: Trim> Fresh<T> {
     }
 }
 
+/// Whether the resizer of `driver` handles the claim's PV: the driver's CSI volume, bound to
+/// this claim (namespace and UID: a PV whose claim was deleted and made again under the same
+/// name belongs to the old claim).
+fn supports(driver: &str, pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
+    let spec = pv.spec.as_ref();
+    let ours = spec
+        .and_then(|s| s.csi.as_ref())
+        .is_some_and(|c| c.driver == driver);
+    let bound_here = spec
+        .and_then(|s| s.claim_ref.as_ref())
+        .is_some_and(|r| r.namespace == pvc.metadata.namespace && r.uid == pvc.metadata.uid);
+    ours && bound_here
+}
+
 /// What the pods say about claims in use.
 type Pods = Store<PodUse>;
 
@@ -573,19 +587,6 @@ impl Controller {
         })
     }
 
-    /// Whether this resizer handles the claim's PV: our driver's CSI volume, bound to this
-    /// claim (namespace and UID).
-    fn can_support(&self, pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
-        let spec = pv.spec.as_ref();
-        let ours = spec
-            .and_then(|s| s.csi.as_ref())
-            .is_some_and(|c| c.driver == self.cfg.driver);
-        let bound_here = spec
-            .and_then(|s| s.claim_ref.as_ref())
-            .is_some_and(|r| r.namespace == pvc.metadata.namespace && r.uid == pvc.metadata.uid);
-        ours && bound_here
-    }
-
     // ---- resizing
 
     async fn sync_resize(&self, key: &str) -> Result<(), Retry> {
@@ -613,7 +614,7 @@ impl Controller {
             debug!(target: "plugreg_resizer::v4", pvc = key, "No need to resize PVC");
             return Ok(());
         }
-        if !self.can_support(&pv, &pvc) {
+        if !supports(&self.cfg.driver, &pv, &pvc) {
             debug!(target: "plugreg_resizer::v4", pvc = key, "Resizer doesn't support PV");
             return Ok(());
         }
@@ -1397,6 +1398,39 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": "c", "namespace": "ns",
             "resourceVersion": rv, "managedFields": [{"manager": "m", "fieldsV1": {"f:status": {}}}]}}))
         .unwrap()
+    }
+
+    /// Checklist 6: only our driver's PV bound to this very claim (namespace and UID).
+    #[test]
+    fn supports_only_our_pv_bound_to_this_claim() {
+        let pvc = |uid: &str| -> PersistentVolumeClaim {
+            serde_json::from_value(
+                json!({"metadata": {"name": "c", "namespace": "ns", "uid": uid}}),
+            )
+            .unwrap()
+        };
+        let pv = |driver: &str, ns: &str, uid: &str| -> PersistentVolume {
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {
+                "csi": {"driver": driver, "volumeHandle": "h"},
+                "claimRef": {"namespace": ns, "name": "c", "uid": uid}}}))
+            .unwrap()
+        };
+        assert!(supports("d", &pv("d", "ns", "u1"), &pvc("u1")));
+        assert!(
+            !supports("d", &pv("d", "ns", "u0"), &pvc("u1")),
+            "UID mismatch"
+        );
+        assert!(
+            !supports("d", &pv("d", "other", "u1"), &pvc("u1")),
+            "namespace"
+        );
+        assert!(
+            !supports("d", &pv("e", "ns", "u1"), &pvc("u1")),
+            "other driver"
+        );
+        let mut unbound = pv("d", "ns", "u1");
+        unbound.spec.as_mut().unwrap().claim_ref = None;
+        assert!(!supports("d", &unbound, &pvc("u1")), "no claimRef");
     }
 
     /// The answer to our own write is kept only until the watch delivers it (or something
