@@ -856,3 +856,38 @@ async fn a_failing_list_volumes_is_logged_and_not_fatal() {
         a.log()
     );
 }
+
+/// Checklist 18: a CSI-migration target's metrics carry `migrated` (`false` on the publish,
+/// which concerns a CSI volume; empty on the calls that concern none), as upstream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_targets_metrics_carry_migrated() {
+    const TARGET: &str = "pd.csi.storage.gke.io";
+    let mut env = Env::new(KubeVersion::V1_36_2, |c| c.name = TARGET.into()).await;
+    env.name = TARGET.into();
+    let node = env.unique("node");
+    env.csinode(&node, &[(TARGET, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-f", json!({})).await;
+    let addr = free_local_addr();
+    let a = env.attacher(&[&format!("--http-endpoint={addr}")]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    let publish = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerPublishVolume\",migrated=\"false\"}} 1"
+    );
+    let body = poll("publish in /metrics", || async {
+        let (_, body) = http_get(addr, "/metrics")?;
+        body.lines().any(|l| l == publish).then_some(body)
+    })
+    .await;
+    let probe = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\"}}"
+    );
+    assert!(body.contains(&probe), "{body}");
+    assert!(
+        a.log().contains("CSI driver is a migration target"),
+        "{}",
+        a.log()
+    );
+}

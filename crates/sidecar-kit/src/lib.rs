@@ -24,6 +24,7 @@
 //! - [`metrics`]: the registry with `csi_sidecar_operations_seconds`, the work-queue, leader and
 //!   process metrics, and the sidecar's own families through a [`metrics::Collector`];
 //! - [`quantity`]: Kubernetes resource quantities as byte counts, both ways;
+//! - [`migration`]: the CSI-migration target drivers;
 //! - [`http`]: a small HTTP/1 diagnostics server with the bounds a network endpoint needs and one
 //!   shared health check in flight;
 //! - with the feature `controller` (kube and k8s-openapi; node sidecars leave it out):
@@ -57,6 +58,7 @@ pub mod http;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod migration;
 pub mod pflag;
 pub mod quantity;
 #[cfg(feature = "controller")]
