@@ -314,6 +314,9 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         retry_start: options.retry_interval_start,
         retry_max: options.retry_interval_max,
         timeout: options.timeout,
+        clone_protection_workers: usize::try_from(options.cloning_protection_threads)
+            .unwrap_or(usize::MAX),
+        snapshot_sweep: options.snapshot_orphan_sweep_interval,
         record_namespace: leader::namespace(&controller.leader_election_namespace),
         leader,
         health: started.health.clone(),
