@@ -852,3 +852,91 @@ async fn a_restore_whose_claim_is_deleted_mid_create_leaks_nothing() {
     })
     .await;
 }
+
+/// A restore the driver answers with a smaller capacity than asked: upstream's background
+/// error, the volume deleted again with DeleteVolume, CreateVolume retried; an unknown (0)
+/// capacity: the PV gets the claim's request.
+#[tokio::test]
+async fn a_restore_reported_too_small_is_deleted_and_retried() {
+    let w = world(|c| c.reported_capacity = Some(MI / 2)).await;
+    let env = &w.env;
+    w.ready_snapshot("snap", "x").await;
+    let class = env.class("", json!({})).await;
+    let _p = env.provisioner(&["--retry-interval-start=100ms", "--retry-interval-max=1s"]);
+    let claim = env
+        .claim("small", &class, "1Mi", restore_from("snap"))
+        .await;
+    let volume = Env::volume_name_of(&claim.uid().unwrap());
+    let msg = env.wait_event(&env.ns, "small", "ProvisioningFailed").await;
+    assert_eq!(
+        msg,
+        format!(
+            "failed to provision volume with StorageClass \"{class}\": created volume capacity 524288 less than requested capacity 1048576"
+        )
+    );
+    poll("DeleteVolume and a retry", || async {
+        (env.calls
+            .delete_requests()
+            .iter()
+            .any(|d| d.volume_id == volume)
+            && env.calls.count(Method::CreateVolume) >= 2)
+            .then_some(())
+    })
+    .await;
+    assert!(env.volumes().get_opt(&volume).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_restore_of_unknown_capacity_gets_the_requested_size() {
+    let w = world(|c| c.reported_capacity = Some(0)).await;
+    let env = &w.env;
+    w.ready_snapshot("snap", "x").await;
+    let class = env.class("", json!({})).await;
+    let _p = env.provisioner(&["--retry-interval-start=100ms"]);
+    env.claim("sized", &class, "3Mi", restore_from("snap"))
+        .await;
+    let claim = env.wait_bound("sized").await;
+    let pv = env
+        .volumes()
+        .get(claim.spec.unwrap().volume_name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(pv.spec.unwrap().capacity.unwrap()["storage"].0, "3Mi");
+}
+
+/// A clone the driver answers without the content source: upstream's background error
+/// "volume content source missing", the volume deleted again, CreateVolume retried, no PV.
+#[tokio::test]
+async fn a_clone_answered_without_its_content_source_is_deleted() {
+    let w = world(|c| c.omit_content_source = true).await;
+    let env = &w.env;
+    let class = env.class("", json!({})).await;
+    let _p = env.provisioner(&["--retry-interval-start=100ms", "--retry-interval-max=1s"]);
+    env.claim("src", &class, "1Mi", json!({})).await;
+    env.wait_bound("src").await;
+    let claim = env.claim("copy", &class, "1Mi", clone_of("src")).await;
+    let volume = Env::volume_name_of(&claim.uid().unwrap());
+    let msg = env.wait_event(&env.ns, "copy", "ProvisioningFailed").await;
+    assert_eq!(
+        msg,
+        format!(
+            "failed to provision volume with StorageClass \"{class}\": volume content source missing"
+        )
+    );
+    poll("DeleteVolume and a retry", || async {
+        (env.calls
+            .delete_requests()
+            .iter()
+            .any(|d| d.volume_id == volume)
+            && env
+                .calls
+                .create_requests()
+                .iter()
+                .filter(|r| r.name == volume)
+                .count()
+                >= 2)
+            .then_some(())
+    })
+    .await;
+    assert!(env.volumes().get_opt(&volume).await.unwrap().is_none());
+}

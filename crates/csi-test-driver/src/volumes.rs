@@ -771,10 +771,13 @@ impl Controller for Driver {
             }
             return Ok(Response::new(CreateVolumeResponse {
                 volume: Some(Volume {
-                    capacity_bytes: v.capacity,
+                    capacity_bytes: self.config.reported_capacity.unwrap_or(v.capacity),
                     volume_id: id.clone(),
                     volume_context: Default::default(),
-                    content_source: r.volume_content_source.clone(),
+                    content_source: r
+                        .volume_content_source
+                        .clone()
+                        .filter(|_| !self.config.omit_content_source),
                     accessible_topology,
                 }),
             }));
@@ -813,10 +816,12 @@ impl Controller for Driver {
         );
         Ok(Response::new(CreateVolumeResponse {
             volume: Some(Volume {
-                capacity_bytes: capacity,
+                capacity_bytes: self.config.reported_capacity.unwrap_or(capacity),
                 volume_id: id,
                 volume_context: Default::default(),
-                content_source: r.volume_content_source,
+                content_source: r
+                    .volume_content_source
+                    .filter(|_| !self.config.omit_content_source),
                 accessible_topology,
             }),
         }))
