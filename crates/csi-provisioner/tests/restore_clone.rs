@@ -940,3 +940,205 @@ async fn a_clone_answered_without_its_content_source_is_deleted() {
     .await;
     assert!(env.volumes().get_opt(&volume).await.unwrap().is_none());
 }
+
+/// The rules of `deploy/base/controller/rbac.yaml`'s provisioner ClusterRole (upstream's sample),
+/// with or without `update` on volumesnapshots.
+fn sample_rules(snapshot_update: bool) -> serde_json::Value {
+    let snapshot_verbs = if snapshot_update {
+        json!(["get", "list", "watch", "update"])
+    } else {
+        json!(["get", "list", "watch"])
+    };
+    json!([
+        {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "watch", "update"]},
+        {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create", "update", "patch"]},
+        {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots"], "verbs": snapshot_verbs},
+        {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshotcontents"], "verbs": ["get", "list"]},
+        {"apiGroups": ["storage.k8s.io"], "resources": ["csinodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattributesclasses"], "verbs": ["get"]},
+    ])
+}
+
+/// A kubeconfig for a ServiceAccount of the test's namespace bound to `rules` (and to the
+/// sample's Lease rules in `default`, where the in-flight record lives).
+async fn service_account(env: &Env, rules: serde_json::Value) -> PathBuf {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let pp = PostParams::default();
+    let account = "provisioner";
+    let accounts: Api<ServiceAccount> = env.api();
+    accounts
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": account}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let subject = json!([{"kind": "ServiceAccount", "name": account, "namespace": env.ns}]);
+    let name = format!("{}-provisioner", env.name);
+    Api::<ClusterRole>::all(env.client.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": name}, "subjects": subject,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<Role>::namespaced(env.client.clone(), "default")
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                           "verbs": ["get", "watch", "list", "delete", "update", "create"]}],
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(env.client.clone(), "default")
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": name}, "subjects": subject,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let token = accounts
+        .create_token_request(
+            account,
+            &pp,
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    audiences: vec![],
+                    expiration_seconds: Some(3600),
+                    bound_object_ref: None,
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let api = &env.cluster.api;
+    let path = env.dir.path().join("provisioner.kubeconfig");
+    let kc = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": api.url(), "certificate-authority": api.ca_cert_path()}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    });
+    std::fs::write(&path, kc.to_string()).unwrap();
+    path
+}
+
+/// Under the sample RBAC a restore and a clone work, with both protections: the sample is
+/// enough.
+#[tokio::test]
+async fn the_sample_rbac_is_enough_for_restore_and_clone() {
+    let w = world(slow_first_create).await;
+    let env = &w.env;
+    w.ready_snapshot("snap", "x").await;
+    let class = env.class("", json!({})).await;
+    let kubeconfig = service_account(env, sample_rules(true)).await;
+    let _p = env.provisioner_as(&kubeconfig, &["--retry-interval-start=100ms"]);
+    env.claim("restored", &class, "1Mi", restore_from("snap"))
+        .await;
+    env.calls.wait_for(Method::CreateVolume, 1).await;
+    assert!(
+        w.snapshot_finalizers("snap")
+            .await
+            .unwrap()
+            .iter()
+            .any(|f| f == SNAPSHOT_FINALIZER)
+    );
+    env.wait_bound("restored").await;
+    poll("the restore protection removed", || async {
+        (!w.snapshot_finalizers("snap")
+            .await
+            .unwrap()
+            .iter()
+            .any(|f| f == SNAPSHOT_FINALIZER))
+        .then_some(())
+    })
+    .await;
+    env.claim("copy", &class, "1Mi", clone_of("restored")).await;
+    env.wait_bound("copy").await;
+    let src = env
+        .api::<PersistentVolumeClaim>()
+        .get("restored")
+        .await
+        .unwrap();
+    assert!(src.finalizers().iter().any(|f| f == CLONE_FINALIZER));
+}
+
+/// Without `update` on volumesnapshots the restore protection is skipped (Forbidden is
+/// tolerated, as upstream) and the restore still succeeds.
+#[tokio::test]
+async fn a_forbidden_snapshot_update_is_tolerated() {
+    let w = world(slow_first_create).await;
+    let env = &w.env;
+    w.ready_snapshot("snap", "x").await;
+    let class = env.class("", json!({})).await;
+    let kubeconfig = service_account(env, sample_rules(false)).await;
+    let p = env.provisioner_as(&kubeconfig, &["--retry-interval-start=100ms"]);
+    env.claim("restored", &class, "1Mi", restore_from("snap"))
+        .await;
+    env.calls.wait_for(Method::CreateVolume, 1).await;
+    p.wait_log_line("not allowed to add the volumesnapshot-as-source-protection finalizer")
+        .await;
+    assert!(
+        !w.snapshot_finalizers("snap")
+            .await
+            .unwrap()
+            .iter()
+            .any(|f| f == SNAPSHOT_FINALIZER)
+    );
+    env.wait_bound("restored").await;
+}
+
+/// `--prevent-volume-mode-conversion=false`: a Block snapshot restores into a Filesystem claim
+/// without the content's permission.
+#[tokio::test]
+async fn mode_conversion_is_allowed_when_not_prevented() {
+    let w = world(|_| {}).await;
+    let env = &w.env;
+    let handle = w.seed_snapshot("s", MI, "x").await;
+    w.snapshot(
+        "block",
+        &handle,
+        json!({"sourceVolumeMode": "Block"}),
+        json!({"snapshotHandle": handle, "readyToUse": true, "restoreSize": MI}),
+    )
+    .await;
+    let class = env.class("", json!({})).await;
+    let _p = env.provisioner(&[
+        "--retry-interval-start=100ms",
+        "--prevent-volume-mode-conversion=false",
+    ]);
+    let mut spec = restore_from("block");
+    spec["spec"]["volumeMode"] = json!("Filesystem");
+    env.claim("converted", &class, "1Mi", spec).await;
+    env.wait_bound("converted").await;
+}
