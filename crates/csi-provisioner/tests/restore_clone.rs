@@ -1142,3 +1142,116 @@ async fn mode_conversion_is_allowed_when_not_prevented() {
     env.claim("converted", &class, "1Mi", spec).await;
     env.wait_bound("converted").await;
 }
+
+/// A source claim `src` bound to a pre-provisioned volume of the driver holding `data.txt`
+/// (made through the second instance, so the provisioner's driver has seen no call yet).
+async fn seeded_source(w: &World, class: &str, text: &str) -> String {
+    let env = &w.env;
+    let mut c = client(&w.seed_socket).await;
+    let id = c
+        .create_volume(CreateVolumeRequest {
+            name: format!("seed-src-{}", env.ns),
+            capacity_range: Some(CapacityRange {
+                required_bytes: MI,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![VolumeCapability {
+                access_type: Some(volume_capability::AccessType::Mount(Default::default())),
+                access_mode: Some(volume_capability::AccessMode {
+                    mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                }),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    write(env, &id, "data.txt", text);
+    let pv = format!("{}-src", env.ns);
+    env.volumes()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": pv},
+                "spec": {
+                    "capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": class,
+                    "csi": {"driver": env.name, "volumeHandle": id},
+                    "claimRef": {"namespace": env.ns, "name": "src"},
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    env.claim("src", class, "1Mi", json!({"spec": {"volumeName": pv}}))
+        .await;
+    env.wait_bound("src").await;
+    id
+}
+
+/// No leak (P3) for a clone: SIGKILL mid-CreateVolume; the recorded request carries the source
+/// volume, so the next provisioner repeats the same call and the clone is Bound with the
+/// source's data, or, if the clone's claim was deleted meanwhile, deletes the volume.
+async fn clone_interrupted(delete_claim: bool) {
+    let w = world(hang_first_create).await;
+    let env = &w.env;
+    let class = env.class("", json!({"reclaimPolicy": "Delete"})).await;
+    let src = seeded_source(&w, &class, "cloned").await;
+    let mut first = env.provisioner(&[]);
+    let claim = env.claim("copy", &class, "1Mi", clone_of("src")).await;
+    let volume = Env::volume_name_of(&claim.uid().unwrap());
+    env.calls.wait_for(Method::CreateVolume, 1).await;
+    assert!(env.record().await.contains(&volume));
+    first.kill();
+    let claims = env.api::<PersistentVolumeClaim>();
+    if delete_claim {
+        claims
+            .delete("copy", &DeleteParams::default())
+            .await
+            .unwrap();
+        poll("claim gone", || async {
+            matches!(claims.get_opt("copy").await, Ok(None)).then_some(())
+        })
+        .await;
+    }
+    let _second = env.provisioner(&[]);
+    if delete_claim {
+        poll("DeleteVolume", || async {
+            (!env.calls.delete_requests().is_empty()).then_some(())
+        })
+        .await;
+        assert_eq!(env.calls.delete_requests()[0].volume_id, volume);
+        assert!(read(env, &volume, "data.txt").is_none());
+    } else {
+        env.wait_bound("copy").await;
+        assert_eq!(read(env, &volume, "data.txt").as_deref(), Some("cloned"));
+    }
+    env.wait_record_empty().await;
+    let creates = env.calls.create_requests();
+    assert_eq!(creates.len(), 2);
+    assert_eq!(creates[0], creates[1]);
+    assert_eq!(source_volume_id(&creates[1]), Some(src.as_str()));
+    assert!(
+        claims
+            .get("src")
+            .await
+            .unwrap()
+            .finalizers()
+            .iter()
+            .any(|f| f == CLONE_FINALIZER)
+    );
+}
+
+#[tokio::test]
+async fn a_clone_interrupted_by_a_restart_finishes() {
+    clone_interrupted(false).await;
+}
+
+#[tokio::test]
+async fn a_clone_whose_claim_is_deleted_mid_create_leaks_nothing() {
+    clone_interrupted(true).await;
+}
