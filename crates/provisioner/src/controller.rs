@@ -1,6 +1,12 @@
 //! The controller: watch caches (kube-runtime reflectors) for claims, volumes, classes, CSINodes,
 //! Nodes and VolumeAttachments; three work queues (claims, PVs, recorded volumes) with
-//! `--worker-threads` workers each, as upstream's provisioner controller.
+//! `--worker-threads` workers each, as upstream's provisioner controller; with CLONE_VOLUME the
+//! cloning-protection queue (`--cloning-protection-threads` workers), and with
+//! CREATE_DELETE_SNAPSHOT the sweeper of restore finalizers left on VolumeSnapshots.
+//!
+//! Restore and clone read their source live (the snapshot and its content; the source claim
+//! and its PV) and check it with [`crate::source`]; the content source is part of the recorded
+//! request, so a restore or clone cut short ends like any other volume: as a PV, or deleted.
 //!
 //! Each worker gathers a view of the caches and of the in-flight memory ([`InFlight`]), asks
 //! [`crate::decide`] what to do, and does it: the decisions are pure and tested without I/O,
