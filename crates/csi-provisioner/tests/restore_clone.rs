@@ -1175,10 +1175,11 @@ async fn seeded_source(w: &World, class: &str, text: &str) -> String {
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({
-                "metadata": {"name": pv},
+                "metadata": {"name": pv, "annotations": {"pv.kubernetes.io/provisioned-by": env.name}},
                 "spec": {
                     "capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
                     "storageClassName": class,
+                    "persistentVolumeReclaimPolicy": "Delete",
                     "csi": {"driver": env.name, "volumeHandle": id},
                     "claimRef": {"namespace": env.ns, "name": "src"},
                 },
@@ -1209,8 +1210,14 @@ async fn clone_interrupted(delete_claim: bool) {
     first.kill();
     let claims = env.api::<PersistentVolumeClaim>();
     if delete_claim {
+        // The source goes too: its protection must hold it until the recorded clone, whose
+        // deletion repeats CreateVolume from it, is settled.
         claims
             .delete("copy", &DeleteParams::default())
+            .await
+            .unwrap();
+        claims
+            .delete("src", &DeleteParams::default())
             .await
             .unwrap();
         poll("claim gone", || async {
@@ -1220,16 +1227,30 @@ async fn clone_interrupted(delete_claim: bool) {
     }
     let _second = env.provisioner(&[]);
     if delete_claim {
-        poll("DeleteVolume", || async {
-            (!env.calls.delete_requests().is_empty()).then_some(())
+        poll("src gone", || async {
+            matches!(claims.get_opt("src").await, Ok(None)).then_some(())
         })
         .await;
-        assert_eq!(env.calls.delete_requests()[0].volume_id, volume);
+        poll("DeleteVolume of the source", || async {
+            (env.calls.delete_requests().len() == 2).then_some(())
+        })
+        .await;
+        let deleted: Vec<String> = env
+            .calls
+            .delete_requests()
+            .into_iter()
+            .map(|d| d.volume_id)
+            .collect();
+        assert_eq!(deleted, [volume.clone(), src.clone()]);
         assert!(read(env, &volume, "data.txt").is_none());
-    } else {
-        env.wait_bound("copy").await;
-        assert_eq!(read(env, &volume, "data.txt").as_deref(), Some("cloned"));
+        env.wait_record_empty().await;
+        let creates = env.calls.create_requests();
+        assert_eq!(creates.len(), 2);
+        assert_eq!(creates[0], creates[1]);
+        return;
     }
+    env.wait_bound("copy").await;
+    assert_eq!(read(env, &volume, "data.txt").as_deref(), Some("cloned"));
     env.wait_record_empty().await;
     let creates = env.calls.create_requests();
     assert_eq!(creates.len(), 2);

@@ -57,7 +57,7 @@ use crate::request::{self, ANN_SELECTED_NODE, RequestOptions};
 use crate::secrets::go_quote;
 use crate::topology::TopologySource;
 use crate::{pv, secrets, source};
-use plugreg_proto::csi::v1::VolumeContentSource;
+use plugreg_proto::csi::v1::{VolumeContentSource, volume_content_source};
 use plugreg_sidecar_kit::snapshot::{self, VolumeSnapshot, VolumeSnapshotContent};
 
 /// Upstream's effective resync of claims and volumes.
@@ -1144,6 +1144,23 @@ impl Controller {
             );
             return Err(Requeue);
         }
+        // A recorded clone of it not settled yet (its claim may be gone) still needs the
+        // source: finishing or deleting it repeats CreateVolume, which the driver answers only
+        // while the source volume exists.
+        let handle = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.as_deref())
+            .and_then(|v| self.caches.volumes.get(&ObjectRef::new(v)))
+            .and_then(|pv| Some(pv.spec.as_ref()?.csi.as_ref()?.volume_handle.clone()));
+        if let Some(handle) = handle
+            && self.recorded_sources().iter().any(
+                |s| matches!(s, volume_content_source::Type::Volume(v) if v.volume_id == handle),
+            )
+        {
+            info!(claim = %format!("{ns}/{name}"), "a recorded clone of it is in flight; keeping the cloning-protection finalizer");
+            return Err(Requeue);
+        }
         match self
             .update_claim(&ns, &name, |o| {
                 edit_finalizer(o, source::CLONE_FINALIZER, false)
@@ -1208,7 +1225,7 @@ impl Controller {
                     v.entry.request().ok().is_some_and(|r| {
                         matches!(
                             r.volume_content_source.and_then(|c| c.r#type),
-                            Some(plugreg_proto::csi::v1::volume_content_source::Type::Snapshot(_))
+                            Some(volume_content_source::Type::Snapshot(_))
                         )
                     })
                 })
@@ -1241,6 +1258,16 @@ impl Controller {
                 }
             }
         }
+    }
+
+    /// The content sources of the recorded in-flight volumes.
+    fn recorded_sources(&self) -> Vec<volume_content_source::Type> {
+        self.inflight
+            .volumes()
+            .iter()
+            .filter_map(|v| self.inflight.volume(v))
+            .filter_map(|v| v.entry.request().ok()?.volume_content_source?.r#type)
+            .collect()
     }
 
     /// Whether a Pending (or phase-less) claim of `ns` restores from the snapshot `name`.
