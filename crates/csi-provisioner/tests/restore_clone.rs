@@ -1276,3 +1276,52 @@ async fn a_clone_interrupted_by_a_restart_finishes() {
 async fn a_clone_whose_claim_is_deleted_mid_create_leaks_nothing() {
     clone_interrupted(true).await;
 }
+
+/// A restore whose claim is deleted while its CreateVolume is cut short, and whose snapshot is
+/// deleted from the storage meanwhile (a content of policy Delete goes with its snapshot): the
+/// repeated CreateVolume answers NOT_FOUND, no volume of its name exists, and the record lets
+/// it go instead of retrying forever.
+#[tokio::test]
+async fn a_restore_whose_claim_and_snapshot_are_gone_settles() {
+    let w = world(hang_first_create).await;
+    let env = &w.env;
+    let handle = w.ready_snapshot("snap", "gone").await;
+    let class = env.class("", json!({})).await;
+    let mut first = env.provisioner(&[]);
+    let claim = env
+        .claim("restored", &class, "1Mi", restore_from("snap"))
+        .await;
+    let volume = Env::volume_name_of(&claim.uid().unwrap());
+    env.calls.wait_for(Method::CreateVolume, 1).await;
+    assert!(env.record().await.contains(&volume));
+    first.kill();
+    let claims = env.api::<PersistentVolumeClaim>();
+    claims
+        .delete("restored", &DeleteParams::default())
+        .await
+        .unwrap();
+    client(&w.seed_socket)
+        .await
+        .delete_snapshot(plugreg_proto::csi::v1::DeleteSnapshotRequest {
+            snapshot_id: handle,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    poll("claim gone", || async {
+        matches!(claims.get_opt("restored").await, Ok(None)).then_some(())
+    })
+    .await;
+    let _second = env.provisioner(&[]);
+    env.wait_record_empty().await;
+    let msg = env
+        .wait_event(&env.ns, "restored", "ProvisioningCancelled")
+        .await;
+    assert_eq!(
+        msg,
+        format!("Volume {volume} that was being provisioned was never created: its source is gone")
+    );
+    assert_eq!(env.calls.count(Method::CreateVolume), 2);
+    assert!(env.calls.delete_requests().is_empty());
+    assert!(read(env, &volume, "data.txt").is_none());
+}

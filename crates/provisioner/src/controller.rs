@@ -1518,12 +1518,31 @@ impl Controller {
             }
         }
         let secrets = request.secrets.clone();
-        let created = self
-            .clients
-            .driver
-            .create_volume(request)
-            .await
-            .map_err(|e| ActError::Driver(e.to_status()))?;
+        let restore_or_clone = request.volume_content_source.is_some();
+        let created = match self.clients.driver.create_volume(request).await {
+            Ok(c) => c,
+            Err(err) => {
+                let status = err.to_status();
+                // A restore or clone whose source is gone (a deleted snapshot's content goes
+                // with it): a driver answers a repeated request by name first, so NOT_FOUND
+                // means no volume of this name exists and there is nothing to delete.
+                if restore_or_clone && status.code() == tonic::Code::NotFound {
+                    self.drop_record(&e.volume);
+                    info!(volume = %e.volume, claim = %e.claim_key(), "the in-flight volume's source is gone and the driver has no volume of its name: {}", status.message());
+                    self.event(
+                        &entry_claim_ref(e),
+                        EventType::Normal,
+                        CANCELLED_REASON,
+                        &format!(
+                            "Volume {} that was being provisioned was never created: its source is gone",
+                            e.volume
+                        ),
+                    );
+                    return Ok(());
+                }
+                return Err(ActError::Driver(status));
+            }
+        };
         let id = created
             .volume
             .map(|v| v.volume_id)
