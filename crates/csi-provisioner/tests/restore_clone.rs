@@ -1,5 +1,6 @@
 //! Restore and clone (issue 21) against a real kube-apiserver, kube-controller-manager and the
-//! real Go snapshot-controller v8.6.0 (v1.36.2 only: the snapshot CRDs need it), with the test
+//! real Go snapshot-controller v8.6.0 (v1.36.2: the snapshot CRDs need it; one clone test runs
+//! on v1.20.2 too), with the test
 //! driver serving snapshots and clones: a restored or cloned volume starts as a copy of its
 //! source's files, so the tests read the data back from the driver's directory.
 //!
@@ -1324,4 +1325,45 @@ async fn a_restore_whose_claim_and_snapshot_are_gone_settles() {
     assert_eq!(env.calls.count(Method::CreateVolume), 2);
     assert!(env.calls.delete_requests().is_empty());
     assert!(read(env, &volume, "data.txt").is_none());
+}
+
+/// A clone on Kubernetes 1.20 (no snapshot API there, no `dataSourceRef`): the same request,
+/// data and protection as on 1.36.
+#[tokio::test]
+async fn a_clone_works_on_v1_20_2() {
+    let env = Env::new(KubeVersion::V1_20_2, |c| {
+        c.clone_volume = true;
+        c.persistent = true;
+    })
+    .await;
+    let class = env.class("", json!({})).await;
+    let _p = env.provisioner(&["--retry-interval-start=100ms"]);
+    env.claim("src", &class, "1Mi", json!({})).await;
+    let src = env.wait_bound("src").await;
+    let src_volume = src.spec.unwrap().volume_name.unwrap();
+    write(&env, &src_volume, "data.txt", "old but cloned");
+    env.claim("copy", &class, "1Mi", clone_of("src")).await;
+    let copy = env.wait_bound("copy").await;
+    let copy_volume = copy.spec.unwrap().volume_name.unwrap();
+    let create = env
+        .calls
+        .create_requests()
+        .into_iter()
+        .find(|r| r.name == copy_volume)
+        .unwrap();
+    assert_eq!(source_volume_id(&create), Some(src_volume.as_str()));
+    assert_eq!(
+        read(&env, &copy_volume, "data.txt").as_deref(),
+        Some("old but cloned")
+    );
+    let claims = env.api::<PersistentVolumeClaim>();
+    assert!(
+        claims
+            .get("src")
+            .await
+            .unwrap()
+            .finalizers()
+            .iter()
+            .any(|f| f == CLONE_FINALIZER)
+    );
 }
