@@ -966,9 +966,10 @@ async fn a_claim_with_a_selector_is_refused() {
     assert_eq!(env.calls.count(Method::CreateVolume), 0);
 }
 
-/// A VolumeSnapshot data source: a final error saying snapshot restore is not supported yet.
+/// A VolumeSnapshot data source with a driver without CREATE_DELETE_SNAPSHOT: upstream's final
+/// error, and no CreateVolume.
 #[tokio::test]
-async fn a_snapshot_source_is_not_supported_yet() {
+async fn a_snapshot_source_needs_create_delete_snapshot() {
     let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
     let class = env.class("", json!({})).await;
     let _p = env.provisioner(&["--retry-interval-start=100ms"]);
@@ -985,7 +986,7 @@ async fn a_snapshot_source_is_not_supported_yet() {
     assert_eq!(
         msg,
         format!(
-            "failed to provision volume with StorageClass \"{class}\": plugreg's csi-provisioner does not support snapshot restore yet (claim restore has data source VolumeSnapshot snap)"
+            "failed to provision volume with StorageClass \"{class}\": CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported"
         )
     );
     assert_eq!(env.calls.count(Method::CreateVolume), 0);

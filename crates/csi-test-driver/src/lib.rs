@@ -587,6 +587,12 @@ pub struct DriverConfig {
     /// With [`controller`](Self::controller): advertise CLONE_VOLUME and accept another volume
     /// as CreateVolume's content source (the new volume starts as its copy).
     pub clone_volume: bool,
+    /// A fault of a driver that breaks the spec: CreateVolume reports this capacity instead of
+    /// the volume's (0: unknown; less than required: a volume too small).
+    pub reported_capacity: Option<i64>,
+    /// A fault of a driver that breaks the spec: CreateVolume's answer leaves out the content
+    /// source it was asked for (the volume still starts as its copy).
+    pub omit_content_source: bool,
     /// Where calls are counted; clone it before handing the config over to watch the driver.
     pub calls: Calls,
 }
@@ -624,6 +630,8 @@ impl Default for DriverConfig {
             snapshots: false,
             snapshot_ready_after: 0,
             clone_volume: false,
+            reported_capacity: None,
+            omit_content_source: false,
             calls: Calls::default(),
         }
     }
