@@ -1070,6 +1070,33 @@ async fn metrics_count_a_provisioned_claim() {
     );
 }
 
+/// For a CSI-migration target the CSI call metrics carry upstream's `migrated` label: `false`
+/// on CreateVolume (no claim is translated), empty on the calls that concern no volume.
+#[tokio::test]
+async fn a_migration_targets_metrics_carry_migrated() {
+    const TARGET: &str = "disk.csi.azure.com";
+    let mut env = Env::new(KubeVersion::V1_36_2, |c| c.name = TARGET.into()).await;
+    env.name = TARGET.into();
+    let class = env.class("", json!({})).await;
+    let addr = free_local_addr();
+    let p = env.provisioner(&[&format!("--http-endpoint={addr}")]);
+    p.wait_http(addr).await;
+    env.claim("data", &class, "1Mi", json!({})).await;
+    env.wait_bound("data").await;
+    let create = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/CreateVolume\",migrated=\"false\"}} 1"
+    );
+    let body = poll("CreateVolume in /metrics", || async {
+        let (code, body) = http_get(addr, "/metrics");
+        (code == 200 && body.lines().any(|l| l == create)).then_some(body)
+    })
+    .await;
+    let probe = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\"}}"
+    );
+    assert!(body.contains(&probe), "{body}");
+}
+
 /// Without `--leader-election` there is no leader health check: 404.
 #[tokio::test]
 async fn leader_health_is_not_served_without_leader_election() {
