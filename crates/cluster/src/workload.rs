@@ -74,9 +74,49 @@ pub async fn pod_with_claim(
     file: &str,
     text: &str,
 ) -> Result<Pod, Error> {
-    let script = format!(
-        "echo '{text}' > /data/{file} && trap 'exit 0' TERM && while :; do sleep 1 & wait $!; done"
-    );
+    pod_running(
+        cluster,
+        ns,
+        name,
+        image,
+        claim,
+        &format!("echo '{text}' > /data/{file}"),
+    )
+    .await
+}
+
+/// Like [`pod_with_claim`], but the pod prints `/data/<file>` to its log (where
+/// [`Cluster::container_log`] reads it) instead of writing it.
+pub async fn pod_reading_claim(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    image: &str,
+    claim: &str,
+    file: &str,
+) -> Result<Pod, Error> {
+    pod_running(
+        cluster,
+        ns,
+        name,
+        image,
+        claim,
+        &format!("cat /data/{file}"),
+    )
+    .await
+}
+
+/// Pod `ns/name` that mounts claim `claim` at `/data`, runs `first` (a shell command), then
+/// waits, ending at once on SIGTERM.
+async fn pod_running(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    image: &str,
+    claim: &str,
+    first: &str,
+) -> Result<Pod, Error> {
+    let script = format!("{first} && trap 'exit 0' TERM && while :; do sleep 1 & wait $!; done");
     let pod = Pod {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),

@@ -732,3 +732,100 @@ on_both_releases!(
     hung_driver_is_restarted_through_the_livenessprobe,
     hung_driver_is_restarted_through_the_livenessprobe
 );
+
+/// Flow of snapshots (issue 21), on v1.36.2 (the snapshot CRDs need it): a pod writes a file,
+/// its claim is snapshotted (the real snapshot-controller makes the content, plugreg's
+/// csi-snapshotter has the driver cut it), a new claim names the snapshot as its data source
+/// (plugreg's csi-provisioner restores it with the snapshot as CreateVolume's content source),
+/// and a second pod, on the restored claim, reads the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_is_restored_into_a_new_claim() {
+    use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
+    let (cluster, _snapshot_controller) = cluster_with_snapshots().await;
+    let ns = "snapshot";
+    cluster.create_namespace(ns).await.expect("namespace");
+    storage_class(&cluster, "snapshot-wffc").await;
+    claim(&cluster, ns, "data", "snapshot-wffc").await;
+    pod_with_claim(
+        &cluster,
+        ns,
+        "writer",
+        "data",
+        "hello",
+        "written before the snapshot",
+    )
+    .await;
+    wait_running(&cluster, ns, "writer").await;
+    let source = bound_volume(&cluster, ns, "data").await;
+    let source_file = cluster.node().host_path(format!(
+        "{BACKING_STORE}/{}/hello",
+        source.metadata.name.clone().unwrap_or_default()
+    ));
+    wait(&cluster, "the writer's file in the backing store", || {
+        let f = source_file.clone();
+        async move { Ok(std::fs::read_to_string(&f).ok().filter(|t| !t.is_empty())) }
+    })
+    .await;
+
+    cluster
+        .apply(serde_json::json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+            "metadata": {"name": "snapshots"}, "driver": DRIVER, "deletionPolicy": "Delete",
+        }))
+        .await
+        .expect("the VolumeSnapshotClass");
+    let classes: Api<VolumeSnapshotClass> = Api::all(cluster.client());
+    assert!(classes.get_opt("snapshots").await.expect("get").is_some());
+    cluster
+        .apply(serde_json::json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": {"name": "snap", "namespace": ns},
+            "spec": {"volumeSnapshotClassName": "snapshots",
+                "source": {"persistentVolumeClaimName": "data"}},
+        }))
+        .await
+        .expect("the VolumeSnapshot");
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(cluster.client(), ns);
+    let ready = wait(&cluster, "the VolumeSnapshot readyToUse", || {
+        let snapshots = snapshots.clone();
+        async move {
+            let s = snapshots.get("snap").await?;
+            Ok(s.status
+                .clone()
+                .filter(|st| st.ready_to_use == Some(true))
+                .map(|_| s))
+        }
+    })
+    .await;
+    let status = ready.status.expect("status");
+    assert!(status.bound_volume_snapshot_content_name.is_some());
+    assert!(status.restore_size.is_some(), "{status:?}");
+
+    cluster
+        .apply(serde_json::json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "restored", "namespace": ns},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "snapshot-wffc",
+                "resources": {"requests": {"storage": "1Mi"}},
+                "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                    "name": "snap"}},
+        }))
+        .await
+        .expect("the restored claim");
+    let reader = pod_reading_claim(&cluster, ns, "reader", "restored", "hello").await;
+    wait_running(&cluster, ns, "reader").await;
+    let restored = bound_volume(&cluster, ns, "restored").await;
+    assert_ne!(restored.metadata.name, source.metadata.name);
+    let log = wait(&cluster, "the reader's log", || {
+        let log = cluster.container_log(&reader, "app");
+        async move { Ok(log.contains("written before the snapshot").then_some(log)) }
+    })
+    .await;
+    assert!(log.contains("written before the snapshot"), "{log}");
+    let controller_calls = driver_calls(&cluster, &controller_pod(&cluster).await);
+    assert!(
+        controller_calls.iter().any(|m| m == "CreateSnapshot"),
+        "{controller_calls:?}"
+    );
+    cluster.shutdown().await.expect("tear down");
+}

@@ -42,8 +42,30 @@ pub fn images() -> &'static ImageSet {
 /// A cluster of `version` with `deploy/test` (or `overlay`) applied, and the driver
 /// registered by the kubelet (the CSINode lists it).
 pub async fn cluster_with_driver(version: KubeVersion, overlay: Option<&Path>) -> Cluster {
+    let cluster = start_cluster(version).await;
+    deploy_driver(&cluster, overlay).await;
+    cluster
+}
+
+/// A cluster of v1.36.2 with the snapshot CRDs of external-snapshotter v8.6.0 and the real Go
+/// snapshot-controller (a process of the host, as the control plane's are) before
+/// `deploy/test` is applied, as a cluster that offers snapshots has them. The controller ends
+/// when the returned handle is dropped.
+pub async fn cluster_with_snapshots() -> (Cluster, plugreg_testpeers::SnapshotController) {
+    let cluster = start_cluster(KubeVersion::V1_36_2).await;
+    plugreg_testpeers::install_snapshot_crds(cluster.api_server())
+        .await
+        .expect("installing the snapshot CRDs");
+    let controller = plugreg_testpeers::SnapshotController::start(cluster.api_server())
+        .await
+        .expect("starting the snapshot-controller");
+    deploy_driver(&cluster, None).await;
+    (cluster, controller)
+}
+
+/// A started cluster of `version` with this build's images, nothing deployed.
+async fn start_cluster(version: KubeVersion) -> Cluster {
     let images = images();
-    let overlay = overlay.map_or_else(|| repo().join("deploy/test"), Path::to_owned);
     let kustomization = std::fs::read_to_string(repo().join("deploy/test/kustomization.yaml"))
         .expect("deploy/test/kustomization.yaml");
     assert!(
@@ -51,15 +73,19 @@ pub async fn cluster_with_driver(version: KubeVersion, overlay: Option<&Path>) -
         "deploy/test names another tag than the images carry ({}): update its images",
         images.version
     );
-    let cluster = Cluster::start(ClusterOptions::new(version, images.files.clone()))
+    Cluster::start(ClusterOptions::new(version, images.files.clone()))
         .await
-        .expect("starting the cluster");
+        .expect("starting the cluster")
+}
+
+/// Applies `deploy/test` (or `overlay`) and waits until the kubelet registered the driver.
+async fn deploy_driver(cluster: &Cluster, overlay: Option<&Path>) {
+    let overlay = overlay.map_or_else(|| repo().join("deploy/test"), Path::to_owned);
     cluster
         .deploy(&overlay)
         .await
         .expect("applying the overlay");
-    wait_registered(&cluster).await;
-    cluster
+    wait_registered(cluster).await;
 }
 
 /// Waits until the CSINode lists the driver (the kubelet registered it).
@@ -151,6 +177,20 @@ pub async fn pod_with_claim(
     text: &str,
 ) -> Pod {
     workload::pod_with_claim(cluster, ns, name, &images().busybox, claim, file, text)
+        .await
+        .expect("create the pod")
+}
+
+/// A host-network busybox pod that mounts claim `claim` at /data and prints /data/<file> to
+/// its log, then waits.
+pub async fn pod_reading_claim(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    claim: &str,
+    file: &str,
+) -> Pod {
+    workload::pod_reading_claim(cluster, ns, name, &images().busybox, claim, file)
         .await
         .expect("create the pod")
 }
