@@ -386,3 +386,63 @@ async fn a_create_cut_short_by_sigkill_is_sent_again_and_the_deletion_waits_for_
     assert!(left.entries.is_empty(), "{left:?}");
     drop(sidecar);
 }
+
+/// The being-created annotation stays after an error that may mean the snapshot is still being
+/// cut (UNAVAILABLE here; also CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED) and
+/// goes after a final one (INVALID_ARGUMENT here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_annotation_stays_after_an_error_in_progress_and_goes_after_a_final_one() {
+    let failing = |code: Code| {
+        move |d: &mut plugreg_csi_test_driver::DriverConfig| {
+            d.faults.insert(
+                Method::CreateSnapshot,
+                Fault {
+                    error: Some(Failure::new(code, "no")),
+                    ..Fault::default()
+                },
+            );
+        }
+    };
+    let mut env = Env::new(failing(Code::Unavailable)).await;
+    env.class("cls", "Delete", json!({})).await;
+    env.bound_claim("data", "vol-d").await;
+    let mut sidecar = env.snapshotter(&["--retry-interval-start=30s"]);
+    let uid = env.snapshot("busy", "data", "cls").await;
+    let name = format!("snapcontent-{uid}");
+    let content = env
+        .wait_content(&name, "the UNAVAILABLE error", |c| {
+            error_message(c).is_some_and(|m| m.contains("code = Unavailable"))
+        })
+        .await;
+    assert!(annotated(&content, ANN_BEING_CREATED), "{content:?}");
+    sidecar.kill();
+
+    // The same driver, now refusing for good.
+    env.driver.take().unwrap().stop().await.unwrap();
+    let mut cfg = plugreg_csi_test_driver::DriverConfig {
+        name: env.name.clone(),
+        controller: true,
+        snapshots: true,
+        volumes: common::VOLUMES.iter().map(|v| (*v).to_owned()).collect(),
+        data_dir: Some(env.dir.path().join("volumes")),
+        mount: plugreg_csi_test_driver::MountMode::Directory,
+        ..Default::default()
+    };
+    failing(Code::InvalidArgument)(&mut cfg);
+    env.driver = Some(
+        plugreg_csi_test_driver::start(cfg, &env.socket)
+            .await
+            .unwrap(),
+    );
+    let sidecar = env.snapshotter(&["--retry-interval-start=30s"]);
+    let uid = env.snapshot("refused", "data", "cls").await;
+    let name = format!("snapcontent-{uid}");
+    let want = "Failed to create snapshot: failed to take snapshot of the volume vol-d: \"rpc error: code = InvalidArgument desc = no\"";
+    let content = env
+        .wait_content(&name, "the INVALID_ARGUMENT error", |c| {
+            error_message(c).as_deref() == Some(want)
+        })
+        .await;
+    assert!(!annotated(&content, ANN_BEING_CREATED), "{content:?}");
+    drop(sidecar);
+}
