@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Env, NS};
+use common::{Env, NS, Snapshotter};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams};
 use plugreg_csi_test_driver::{Code, Failure, Fault, Method};
@@ -444,5 +444,65 @@ async fn the_annotation_stays_after_an_error_in_progress_and_goes_after_a_final_
         })
         .await;
     assert!(!annotated(&content, ANN_BEING_CREATED), "{content:?}");
+    drop(sidecar);
+}
+
+/// Only the driver's contents are touched (not another driver's, nor one whose class is another
+/// driver's), and with `--node-deployment` only those labelled with its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_its_own_contents_and_with_node_deployment_only_its_nodes() {
+    let env = Env::new(|_| {}).await;
+    let foreign_class = json!({
+        "metadata": {"name": "foreign"},
+        "driver": "other.csi.plugreg.test", "deletionPolicy": "Retain",
+    });
+    env.create::<plugreg_sidecar_kit::snapshot::VolumeSnapshotClass>(foreign_class)
+        .await;
+    let content = |name: &str, driver: &str, class: Option<&str>, node: Option<&str>| {
+        let mut c = json!({
+            "metadata": {"name": name},
+            "spec": {"driver": driver, "deletionPolicy": "Retain",
+                     "source": {"snapshotHandle": "h-1"},
+                     "volumeSnapshotRef": {"name": name, "namespace": NS}},
+        });
+        if let Some(class) = class {
+            c["spec"]["volumeSnapshotClassName"] = json!(class);
+        }
+        if let Some(node) = node {
+            c["metadata"]["labels"] = json!({"snapshot.storage.kubernetes.io/managed-by": node});
+        }
+        c
+    };
+    let ours = env.name.clone();
+    for c in [
+        content("other-driver", "other.csi.plugreg.test", None, None),
+        content("foreign-class", &ours, Some("foreign"), None),
+        content("elsewhere", &ours, None, Some("node-2")),
+        content("here", &ours, None, Some("node-1")),
+    ] {
+        env.create::<VolumeSnapshotContent>(c).await;
+    }
+    // With --node-deployment on node-1: only "here" (the unknown handle gives the list error).
+    let sidecar = Snapshotter::start_env(&env, &["--node-deployment"], Some("node-1"));
+    let listed = |c: &VolumeSnapshotContent| c.status.is_some();
+    env.wait_content("here", "here's status", listed).await;
+    // A later event that must come after the first sync of every content: "here"'s second
+    // status write would not happen (same error), so wait for its second ListSnapshots.
+    env.calls.wait_for(Method::ListSnapshots, 2).await;
+    for name in ["other-driver", "foreign-class", "elsewhere"] {
+        let c = env.contents().get(name).await.unwrap();
+        assert!(c.status.is_none(), "{name} was touched: {c:?}");
+    }
+    drop(sidecar);
+    // Without it, "elsewhere" is its too; the other driver's and the foreign class's never.
+    let sidecar = env.snapshotter(&[]);
+    env.wait_content("elsewhere", "elsewhere's status", listed)
+        .await;
+    let lists = env.calls.count(Method::ListSnapshots);
+    env.calls.wait_for(Method::ListSnapshots, lists + 2).await;
+    for name in ["other-driver", "foreign-class"] {
+        let c = env.contents().get(name).await.unwrap();
+        assert!(c.status.is_none(), "{name} was touched: {c:?}");
+    }
     drop(sidecar);
 }

@@ -325,20 +325,47 @@ pub struct Snapshotter {
 }
 
 impl Snapshotter {
+    /// Starts one for `env`'s driver with `args`, and `NODE_NAME` set to `node` if given.
+    pub fn start_env(env: &Env, args: &[&str], node: Option<&str>) -> Snapshotter {
+        let s = Self::spawn(
+            &env.socket,
+            env.api.kubeconfig_path(),
+            args,
+            env.dir.path(),
+            node,
+        );
+        env.logs.lock().unwrap().push(s.log.clone());
+        s
+    }
+
     pub fn start(socket: &Path, kubeconfig: &Path, args: &[&str], dir: &Path) -> Snapshotter {
+        Self::spawn(socket, kubeconfig, args, dir, None)
+    }
+
+    fn spawn(
+        socket: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+        dir: &Path,
+        node: Option<&str>,
+    ) -> Snapshotter {
         static N: AtomicUsize = AtomicUsize::new(0);
         let log = dir.join(format!(
             "csi-snapshotter-{}.log",
             N.fetch_add(1, Ordering::SeqCst)
         ));
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_csi-snapshotter"))
-            .arg(format!("--csi-address={}", socket.display()))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_csi-snapshotter"));
+        cmd.arg(format!("--csi-address={}", socket.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg("--v=5")
             .args(args)
             .env_remove("KUBECONFIG")
-            .env_remove("NODE_NAME")
+            .env_remove("NODE_NAME");
+        if let Some(node) = node {
+            cmd.env("NODE_NAME", node);
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
