@@ -166,6 +166,14 @@ async fn errors_are_written_as_upstream_writes_them_once_and_cleared_when_ready(
         .await;
     assert_eq!(error_message(&content), None);
     let inner = "failed to take snapshot of the volume vol-a: \"rpc error: code = Internal desc = boom \\\"quoted\\\"\"";
+    // Events are written in the background: wait for the second failure's.
+    env.wait_event(
+        "default",
+        &name,
+        "SnapshotContentCheckandUpdateFailed",
+        "Failed to check and update snapshot content",
+    )
+    .await;
     let created = content_events(&env, &name, "SnapshotCreationFailed").await;
     assert_eq!(
         created,
@@ -504,5 +512,49 @@ async fn only_its_own_contents_and_with_node_deployment_only_its_nodes() {
         let c = env.contents().get(name).await.unwrap();
         assert!(c.status.is_none(), "{name} was touched: {c:?}");
     }
+    drop(sidecar);
+}
+
+/// A failed DeleteSnapshot is a `SnapshotDeleteError` event and a retry; the finalizer stays
+/// until the driver has deleted the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delete_is_an_event_and_retried_with_the_finalizer_kept() {
+    let env = Env::new(|d| {
+        d.faults.insert(
+            Method::DeleteSnapshot,
+            Fault {
+                error: Some(Failure::new(Code::Internal, "busy")),
+                fail_first: Some(2),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    env.class("cls", "Delete", json!({})).await;
+    env.bound_claim("data", "vol-a").await;
+    let sidecar = env.snapshotter(&["--retry-interval-start=500ms"]);
+    let uid = env.snapshot("snap1", "data", "cls").await;
+    let name = format!("snapcontent-{uid}");
+    env.wait_content(&name, "ready", ready).await;
+    env.snapshots()
+        .delete("snap1", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.calls.wait_for(Method::DeleteSnapshot, 1).await;
+    env.wait_content_gone(&name).await;
+    assert_eq!(env.calls.count(Method::DeleteSnapshot), 3);
+    // The same event twice is one Event with count 2 (client-go's aggregation); events are
+    // written in the background, so wait for the second.
+    let events = env
+        .poll("the second SnapshotDeleteError", || async {
+            let events = content_events(&env, &name, "SnapshotDeleteError").await;
+            events.iter().any(|e| e.1 >= 2).then_some(events)
+        })
+        .await;
+    assert_eq!(
+        events,
+        vec![("Failed to delete snapshot".to_owned(), 2)],
+        "{events:?}"
+    );
     drop(sidecar);
 }
