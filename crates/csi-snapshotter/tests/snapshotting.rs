@@ -558,3 +558,40 @@ async fn a_failed_delete_is_an_event_and_retried_with_the_finalizer_kept() {
     );
     drop(sidecar);
 }
+
+/// The sidecar's own writes (annotation, error status) do not wake it; a label put on the
+/// content by someone else does, and the failed create is sent again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn its_own_writes_do_not_wake_it_and_a_label_change_does() {
+    let env = Env::new(|d| {
+        d.faults.insert(
+            Method::CreateSnapshot,
+            Fault {
+                error: Some(Failure::new(Code::Unavailable, "later")),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    env.class("cls", "Delete", json!({})).await;
+    env.bound_claim("data", "vol-b").await;
+    // A back-off far longer than the test: only a change can bring the content back.
+    let sidecar = env.snapshotter(&["--retry-interval-start=1h", "--retry-interval-max=1h"]);
+    let uid = env.snapshot("snap1", "data", "cls").await;
+    let name = format!("snapcontent-{uid}");
+    env.wait_content(&name, "the first error", |c| error_message(c).is_some())
+        .await;
+    assert_eq!(env.calls.count(Method::CreateSnapshot), 1);
+    env.contents()
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    env.calls.wait_for(Method::CreateSnapshot, 2).await;
+    // The annotation and the error status written by the first attempt did not count.
+    assert_eq!(env.calls.count(Method::CreateSnapshot), 2);
+    drop(sidecar);
+}
