@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
-use crate::cached::Compact;
+use crate::cached::{Compact, Pv, Va};
 use crate::csi::{Driver, RpcFailure};
 use crate::decide::{self, Action, DriverCaps};
 
@@ -175,8 +175,8 @@ struct Controller {
     cfg: Config,
     fin: String,
     clients: Clients,
-    vas: Store<Compact<VolumeAttachment>>,
-    pvs: Store<Compact<PersistentVolume>>,
+    vas: Store<Compact<Va>>,
+    pvs: Store<Compact<Pv>>,
     csinodes: Option<Store<CSINode>>,
     attach_q: Queue,
     detach_q: Queue,
@@ -269,13 +269,13 @@ pub async fn run(
         Arc::clone(&pv_q),
         cfg.driver.clone(),
     );
-    let vas = cache::watch::<Compact<VolumeAttachment>>(
+    let vas = cache::watch::<Compact<Va>>(
         &client,
         &shutdown,
         &mut ready,
         |_| {},
         move |va, deleted| {
-            let va = &va.full();
+            let va = &va.object();
             let name = va.name_any();
             if deleted {
                 fingerprints
@@ -303,13 +303,13 @@ pub async fn run(
         },
     );
     let (pq, f2, driver) = (Arc::clone(&pv_q), fin.clone(), cfg.driver.clone());
-    let pvs = cache::watch::<Compact<PersistentVolume>>(
+    let pvs = cache::watch::<Compact<Pv>>(
         &client,
         &shutdown,
         &mut ready,
         |_| {},
         move |pv, deleted| {
-            if !deleted && decide::pv_needs_sync(&pv.full(), &f2, &driver) {
+            if !deleted && decide::pv_needs_sync(&pv.object(), &f2, &driver) {
                 pq.add(pv.name_any());
             }
         },
@@ -456,12 +456,12 @@ impl Controller {
 
     /// The cached VolumeAttachment `name`, as the decisions read it.
     fn va(&self, name: &str) -> Option<VolumeAttachment> {
-        Some(self.vas.get(&reflector::ObjectRef::new(name))?.full())
+        Some(self.vas.get(&reflector::ObjectRef::new(name))?.object())
     }
 
     /// The cached PersistentVolume `name`, as the decisions read it.
     fn pv(&self, name: &str) -> Option<PersistentVolume> {
-        Some(self.pvs.get(&reflector::ObjectRef::new(name))?.full())
+        Some(self.pvs.get(&reflector::ObjectRef::new(name))?.object())
     }
 
     fn csinode(&self, node: &str) -> Option<Arc<CSINode>> {
@@ -480,13 +480,13 @@ impl Controller {
     /// Every cached object into its queue again (`--resync`).
     fn resync(&self) {
         for va in self.vas.state() {
-            let va = va.full();
+            let va = va.object();
             if decide::is_ours(&va, &self.cfg.driver) {
                 route(&self.attach_q, &self.detach_q, &va, va.name_any());
             }
         }
         for pv in self.pvs.state() {
-            if decide::pv_needs_sync(&pv.full(), &self.fin, &self.cfg.driver) {
+            if decide::pv_needs_sync(&pv.object(), &self.fin, &self.cfg.driver) {
                 self.pv_q.add(pv.name_any());
             }
         }
@@ -798,7 +798,7 @@ impl Controller {
             debug!(PersistentVolume = name, "finalizer kept");
             return Ok(());
         }
-        let vas: Vec<VolumeAttachment> = self.vas.state().iter().map(|va| va.full()).collect();
+        let vas: Vec<VolumeAttachment> = self.vas.state().iter().map(|va| va.object()).collect();
         let names = vas
             .iter()
             .filter_map(|va| va.spec.source.persistent_volume_name.as_deref());
@@ -834,7 +834,7 @@ impl Controller {
             }
         };
         for va in self.vas.state() {
-            let va = va.full();
+            let va = va.object();
             if !decide::is_ours(&va, &self.cfg.driver) {
                 continue;
             }

@@ -149,14 +149,20 @@ impl Driver {
     /// Runs one call, logged at `-v=5` as csi-lib-utils logs it ("GRPC call" with the request,
     /// secrets stripped; "GRPC response" capped at `--max-grpc-log-length`, and the error) and
     /// recorded in `csi_sidecar_operations_seconds`.
+    /// `migrated` is the `migrated` metrics label of a call for a volume (always `false`: this
+    /// attacher translates no in-tree volume), `None` for the others.
     async fn timed<T: std::fmt::Debug + Default>(
         &self,
         method: &str,
+        migrated: Option<bool>,
         request: &(dyn std::fmt::Debug + Sync),
         call: impl Future<Output = Result<T, CallError>>,
     ) -> Result<T, CallError> {
         tracing::debug!(target: V5, method, request = ?request, "GRPC call");
-        let res = timed(&self.metrics, method, call).await;
+        let res = self
+            .metrics
+            .timed_csi_call_as(method, migrated, call, CallError::code)
+            .await;
         if tracing::enabled!(target: V5, tracing::Level::DEBUG) {
             let (response, err) = match &res {
                 Ok(r) => (format!("{r:?}"), "<nil>".to_owned()),
@@ -173,6 +179,7 @@ impl Driver {
         let info = self
             .timed(
                 GET_PLUGIN_INFO,
+                None,
                 &GetPluginInfoRequest {},
                 conn.get_plugin_info(),
             )
@@ -193,6 +200,7 @@ impl Driver {
         let plugin = self
             .timed(
                 GET_PLUGIN_CAPABILITIES,
+                None,
                 &GetPluginCapabilitiesRequest {},
                 self.conn.with_timeout(left()).get_plugin_capabilities(),
             )
@@ -216,6 +224,7 @@ impl Driver {
         let ctrl = self
             .timed(
                 CONTROLLER_GET_CAPABILITIES,
+                None,
                 &ControllerGetCapabilitiesRequest {},
                 self.conn
                     .with_timeout(remaining)
@@ -271,7 +280,7 @@ impl Driver {
             secrets: stripped(&req.secrets),
             ..req.clone()
         };
-        self.timed(CONTROLLER_PUBLISH, &shown, call)
+        self.timed(CONTROLLER_PUBLISH, Some(false), &shown, call)
             .await
             .map(|r| r.publish_context.into_iter().collect())
     }
@@ -297,7 +306,7 @@ impl Driver {
             secrets: stripped(&req.secrets),
             ..req.clone()
         };
-        self.timed(CONTROLLER_UNPUBLISH, &shown, call)
+        self.timed(CONTROLLER_UNPUBLISH, Some(false), &shown, call)
             .await
             .map(drop)
     }
@@ -330,7 +339,7 @@ impl Driver {
                 async move { c.list_volumes(r).await }
             });
             let page = self
-                .timed(LIST_VOLUMES, &req, call)
+                .timed(LIST_VOLUMES, None, &req, call)
                 .await
                 .map_err(|e| report::grpc(&e.to_status()))?;
             for entry in page.entries {
@@ -344,13 +353,4 @@ impl Driver {
             token = page.next_token;
         }
     }
-}
-
-/// Runs one call and records it in `csi_sidecar_operations_seconds` (the kit's timing).
-async fn timed<T>(
-    metrics: &Metrics,
-    method: &str,
-    call: impl Future<Output = Result<T, CallError>>,
-) -> Result<T, CallError> {
-    metrics.timed_csi_call(method, call, CallError::code).await
 }

@@ -24,6 +24,7 @@ use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
 use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
 use plugreg_sidecar_kit::metrics::Metrics;
+use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::ratelimit::kube_config;
 use tokio_util::sync::CancellationToken;
 
@@ -35,17 +36,6 @@ const OWN: &[&str] = &["plugreg_attacher", LOG];
 const UNKNOWN_DRIVER: &str = "unknown-driver";
 /// How long a signalled process without leader election lets its workers finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// The CSI drivers csi-translation-lib migrates in-tree volumes to.
-const MIGRATION_TARGETS: &[&str] = &[
-    "ebs.csi.aws.com",
-    "pd.csi.storage.gke.io",
-    "disk.csi.azure.com",
-    "file.csi.azure.com",
-    "cinder.csi.openstack.org",
-    "csi.vsphere.vmware.com",
-    "pxd.portworx.com",
-];
 
 const PROGRAM: Program = Program {
     name: "csi-attacher",
@@ -161,9 +151,17 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             }
         };
         tracing::debug!(target: LOG, driver = %name, "CSI driver name");
-        // Step 11: CSI migration (translation of in-tree PVs) is not implemented; say so.
-        if MIGRATION_TARGETS.contains(&name.as_str()) {
+        // Step 11: for a CSI-migration target upstream starts a metrics registry for the
+        // driver with the `migrated` label (the calls so far stay with the old one) and probes
+        // again. Translation of in-tree PVs is not implemented; say so.
+        if migration::in_tree_plugin(&name).is_some() {
             tracing::warn!(target: LOG, driver = %name, "CSI driver is a migration target; VolumeAttachments of in-tree (migrated) volumes are not translated by this csi-attacher and keep failing with an attach error");
+            metrics = Metrics::new(&name);
+            metrics.with_migrated_label();
+            if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
+                tracing::error!(target: LOG, err = %e, "Failed to probe the CSI driver");
+                return Err(1);
+            }
         }
         // Step 12.
         metrics.set_driver(&name);

@@ -715,3 +715,179 @@ async fn release_on_exit_clears_the_lease_holder() {
             .contains("Received SIGTERM or SIGINT signal, shutting down controller.")
     );
 }
+
+/// Checklist 5 and 6: a Block PV that many nodes write reaches the driver as a block
+/// capability with MULTI_NODE_MULTI_WRITER, and the PV's `readOnly` is passed through to a
+/// driver with PUBLISH_READONLY (the driver without it gets `false`: see `attach_and_detach`).
+/// The test driver keeps volumes as directories and refuses a block capability with
+/// FAILED_PRECONDITION: that refusal, stored as the attach error, is the end of this test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_volumes_and_publish_readonly_reach_the_driver() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| c.publish_readonly = true).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(
+        &pv,
+        "vol-b",
+        json!({"spec": {"volumeMode": "Block", "accessModes": ["ReadWriteMany"],
+            "csi": {"readOnly": true}}}),
+    )
+    .await;
+    let _a = env.attacher(&[]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    let failed = env
+        .wait_attach_error(
+            &va,
+            "rpc error: code = FailedPrecondition desc = block volumes are not supported by this driver",
+        )
+        .await;
+    assert!(!failed.status.unwrap().attached);
+    let reqs = env.calls.publish_requests();
+    let r = &reqs[0];
+    assert!(
+        r.readonly,
+        "PUBLISH_READONLY: the PV's readOnly goes through"
+    );
+    let cap = r.volume_capability.as_ref().unwrap();
+    assert!(
+        matches!(cap.access_type, Some(AccessType::Block(_))),
+        "{cap:?}"
+    );
+    assert_eq!(
+        cap.access_mode.unwrap().mode,
+        Mode::MultiNodeMultiWriter as i32
+    );
+}
+
+/// Checklist 14: a finalizer another client adds to the PV after the attach survives the
+/// attacher's own finalizer removal (the removal names only its own entry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_clients_pv_finalizer_is_not_undone() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-d", json!({})).await;
+    let _a = env.attacher(&[]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    let fin = env.finalizer();
+    env.wait_pv(&pv, "our PV finalizer", |p| {
+        p.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.contains(&fin))
+    })
+    .await;
+    // Another client adds its finalizer after ours (a JSON Patch append, as controllers do).
+    env.pvs()
+        .patch(
+            &pv,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::<()>::Json(
+                serde_json::from_value(json!([
+                    {"op": "add", "path": "/metadata/finalizers/-", "value": "example.com/late"}
+                ]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    env.pvs()
+        .delete(&pv, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.delete_va(&va).await;
+    env.wait_va_gone(&va).await;
+    let p = env
+        .wait_pv(&pv, "our PV finalizer removed", |p| {
+            !p.metadata.finalizers.as_ref().unwrap().contains(&fin)
+        })
+        .await;
+    assert!(
+        p.metadata
+            .finalizers
+            .unwrap()
+            .contains(&"example.com/late".to_owned()),
+        "the other client's finalizer stays"
+    );
+}
+
+/// Checklist 15: a failing ListVolumes is logged as upstream logs it, and the attacher goes
+/// on: it neither exits nor stops attaching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_list_volumes_is_logged_and_not_fatal() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.list_volumes = true;
+        c.faults.insert(
+            Method::ListVolumes,
+            Fault {
+                error: Some(Failure {
+                    code: Code::Internal,
+                    message: "backend unreachable".into(),
+                }),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let mut a = env.attacher(&["--reconcile-sync=1s"]);
+    // Two reconciles have failed.
+    env.calls.wait_for(Method::ListVolumes, 2).await;
+    let log = poll("the failure logged", || async {
+        let log = a.log();
+        (log.matches("failed to ListVolumes").count() >= 2).then_some(log)
+    })
+    .await;
+    assert!(log.contains("backend unreachable"), "{log}");
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-e", json!({})).await;
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    assert!(
+        a.running(),
+        "a failing ListVolumes is not fatal\n{}",
+        a.log()
+    );
+}
+
+/// Checklist 18: a CSI-migration target's metrics carry `migrated` (`false` on the publish,
+/// which concerns a CSI volume; empty on the calls that concern none), as upstream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_targets_metrics_carry_migrated() {
+    const TARGET: &str = "pd.csi.storage.gke.io";
+    let mut env = Env::new(KubeVersion::V1_36_2, |c| c.name = TARGET.into()).await;
+    env.name = TARGET.into();
+    let node = env.unique("node");
+    env.csinode(&node, &[(TARGET, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-f", json!({})).await;
+    let addr = free_local_addr();
+    let a = env.attacher(&[&format!("--http-endpoint={addr}")]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    let publish = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerPublishVolume\",migrated=\"false\"}} 1"
+    );
+    let body = poll("publish in /metrics", || async {
+        let (_, body) = http_get(addr, "/metrics")?;
+        body.lines().any(|l| l == publish).then_some(body)
+    })
+    .await;
+    let probe = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\"}}"
+    );
+    assert!(body.contains(&probe), "{body}");
+    assert!(
+        a.log().contains("CSI driver is a migration target"),
+        "{}",
+        a.log()
+    );
+}

@@ -167,15 +167,46 @@ async fn service_account_kubeconfig(env: &Env) -> PathBuf {
     path
 }
 
-/// Checklist 19: with exactly the sample RBAC, an attach, a detach and the PV finalizer's
-/// removal work, under leader election, and the API server refuses nothing.
+/// Checklist 19: with exactly the sample RBAC, plus `get` on the one Secret a PV names for
+/// ControllerPublish (what upstream's README asks of a driver that uses secrets), an attach
+/// with that secret, a detach and the PV finalizer's removal work, under leader election, and
+/// the API server refuses nothing.
 async fn runs_with_the_sample_rbac(version: KubeVersion) {
     let env = Env::new(version, |_| {}).await;
     let kubeconfig = service_account_kubeconfig(&env).await;
+    env.secret("publish", &[("user", "admin")]).await;
+    let pp = PostParams::default();
+    let get_secret: Role = serde_json::from_value(json!({
+        "metadata": {"name": "publish-secret-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["publish"],
+            "verbs": ["get"]}]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(env.client.clone(), &env.ns)
+        .create(&pp, &get_secret)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "publish-secret-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+            "name": "publish-secret-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": env.ns}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(env.client.clone(), &env.ns)
+        .create(&pp, &binding)
+        .await
+        .unwrap();
     let node = env.unique("node");
     env.csinode(&node, &[(&env.name, NODE_ID)]).await;
     let pv = env.unique("pv");
-    env.pv(&pv, "vol-a", json!({})).await;
+    env.pv(
+        &pv,
+        "vol-a",
+        json!({"spec": {"csi": {
+            "controllerPublishSecretRef": {"name": "publish", "namespace": env.ns}}}}),
+    )
+    .await;
     let mut a = env.attacher_as(
         &kubeconfig,
         &[
@@ -224,7 +255,12 @@ async fn runs_with_the_sample_rbac(version: KubeVersion) {
         "{version}: something else was refused:\n{}",
         refused.join("\n")
     );
-    assert_eq!(env.calls.publish_requests().len(), 1, "{log}");
+    let publish = env.calls.publish_requests();
+    assert_eq!(publish.len(), 1, "{log}");
+    assert_eq!(
+        publish[0].secrets.get("user").map(String::as_str),
+        Some("admin")
+    );
     assert_eq!(env.calls.unpublish_requests().len(), 1, "{log}");
 }
 

@@ -24,6 +24,7 @@ use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
 use plugreg_sidecar_kit::leader::{self, LeaderElection, LeaderHealth};
+use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::ratelimit::kube_config;
 use tokio_util::sync::CancellationToken;
 
@@ -36,18 +37,6 @@ const OWN: &[&str] = &["plugreg_provisioner", LOG];
 
 /// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
 const UNKNOWN_DRIVER: &str = "unknown-driver";
-
-/// In-tree volume plugins whose CSI drivers csi-translation-lib lists (§2 step 13): the driver
-/// name and the in-tree provisioner name.
-const MIGRATION_TARGETS: &[(&str, &str)] = &[
-    ("ebs.csi.aws.com", "kubernetes.io/aws-ebs"),
-    ("pd.csi.storage.gke.io", "kubernetes.io/gce-pd"),
-    ("disk.csi.azure.com", "kubernetes.io/azure-disk"),
-    ("file.csi.azure.com", "kubernetes.io/azure-file"),
-    ("cinder.csi.openstack.org", "kubernetes.io/cinder"),
-    ("csi.vsphere.vmware.com", "kubernetes.io/vsphere-volume"),
-    ("pxd.portworx.com", "kubernetes.io/portworx-volume"),
-];
 
 /// The binary, for the kit's `main` skeleton.
 const PROGRAM: Program = Program {
@@ -212,12 +201,20 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         };
         tracing::debug!(target: LOG, "Detected CSI driver {name}");
         metrics.set_driver(&name);
-        // Step 13: CSI migration is not supported; say so for the drivers it concerns.
-        if let Some((_, in_tree)) = MIGRATION_TARGETS.iter().find(|(d, _)| *d == name) {
+        // Step 13: for a CSI-migration target upstream starts a metrics registry for the
+        // driver with the `migrated` label (the calls so far stay with the old one) and probes
+        // again. Migration itself is not supported; say so.
+        if let Some(in_tree) = migration::in_tree_plugin(&name) {
             tracing::warn!(
             target: LOG,
                 "CSI driver {name} is the migration target of the in-tree plugin {in_tree}; migrated claims are not provisioned by this csi-provisioner"
             );
+            metrics = Metrics::new(&name);
+            metrics.with_migrated_label();
+            if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
+                tracing::error!(target: LOG, "{e}");
+                return Err(1);
+            }
         }
         // Step 14.
         let metrics = Arc::new(metrics);
@@ -306,11 +303,17 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             single_node_multi_writer: started.capabilities.single_node_multi_writer,
             volume_attributes_class,
             modify_volume: started.capabilities.modify_volume,
+            create_delete_snapshot: started.capabilities.create_delete_snapshot,
+            clone_volume: started.capabilities.clone_volume,
+            prevent_volume_mode_conversion: options.prevent_volume_mode_conversion,
         },
         workers: usize::try_from(options.worker_threads).unwrap_or(usize::MAX),
         retry_start: options.retry_interval_start,
         retry_max: options.retry_interval_max,
         timeout: options.timeout,
+        clone_protection_workers: usize::try_from(options.cloning_protection_threads)
+            .unwrap_or(usize::MAX),
+        snapshot_sweep: options.snapshot_orphan_sweep_interval,
         record_namespace: leader::namespace(&controller.leader_election_namespace),
         leader,
         health: started.health.clone(),

@@ -966,9 +966,10 @@ async fn a_claim_with_a_selector_is_refused() {
     assert_eq!(env.calls.count(Method::CreateVolume), 0);
 }
 
-/// A VolumeSnapshot data source: a final error saying snapshot restore is not supported yet.
+/// A VolumeSnapshot data source with a driver without CREATE_DELETE_SNAPSHOT: upstream's final
+/// error, and no CreateVolume.
 #[tokio::test]
-async fn a_snapshot_source_is_not_supported_yet() {
+async fn a_snapshot_source_needs_create_delete_snapshot() {
     let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
     let class = env.class("", json!({})).await;
     let _p = env.provisioner(&["--retry-interval-start=100ms"]);
@@ -985,7 +986,7 @@ async fn a_snapshot_source_is_not_supported_yet() {
     assert_eq!(
         msg,
         format!(
-            "failed to provision volume with StorageClass \"{class}\": plugreg's csi-provisioner does not support snapshot restore yet (claim restore has data source VolumeSnapshot snap)"
+            "failed to provision volume with StorageClass \"{class}\": CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported"
         )
     );
     assert_eq!(env.calls.count(Method::CreateVolume), 0);
@@ -1067,6 +1068,33 @@ async fn metrics_count_a_provisioned_claim() {
         http_get(addr, "/healthz/leader-election"),
         (200, "ok".to_owned())
     );
+}
+
+/// For a CSI-migration target the CSI call metrics carry upstream's `migrated` label: `false`
+/// on CreateVolume (no claim is translated), empty on the calls that concern no volume.
+#[tokio::test]
+async fn a_migration_targets_metrics_carry_migrated() {
+    const TARGET: &str = "disk.csi.azure.com";
+    let mut env = Env::new(KubeVersion::V1_36_2, |c| c.name = TARGET.into()).await;
+    env.name = TARGET.into();
+    let class = env.class("", json!({})).await;
+    let addr = free_local_addr();
+    let p = env.provisioner(&[&format!("--http-endpoint={addr}")]);
+    p.wait_http(addr).await;
+    env.claim("data", &class, "1Mi", json!({})).await;
+    env.wait_bound("data").await;
+    let create = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/CreateVolume\",migrated=\"false\"}} 1"
+    );
+    let body = poll("CreateVolume in /metrics", || async {
+        let (code, body) = http_get(addr, "/metrics");
+        (code == 200 && body.lines().any(|l| l == create)).then_some(body)
+    })
+    .await;
+    let probe = format!(
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\"}}"
+    );
+    assert!(body.contains(&probe), "{body}");
 }
 
 /// Without `--leader-election` there is no leader health check: 404.

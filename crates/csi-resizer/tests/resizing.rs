@@ -318,6 +318,8 @@ async fn trivial_resizer_v1_20() {
     trivial_resizer(KubeVersion::V1_20_2).await;
 }
 
+/// Checklist 6: another driver's PV, a label-only change, and a claim that is not bound
+/// (its PV is bound to another claim UID, so KCM leaves it Pending) get no call.
 #[tokio::test]
 async fn other_drivers_and_unchanged_claims_are_ignored_v1_36() {
     let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
@@ -325,7 +327,39 @@ async fn other_drivers_and_unchanged_claims_are_ignored_v1_36() {
         .await;
     env.bound_claim("same", "1Gi", "vol-2").await;
     env.bound_claim("data", "1Gi", "vol-0").await;
+    // A PV that names a claim "stale" of another UID, and the claim "stale" naming the PV.
+    let stale_pv = env.pv_name("stale");
+    env.volumes()
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": stale_pv},
+                "spec": {
+                    "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain", "storageClassName": env.class,
+                    "claimRef": {"namespace": env.ns, "name": "stale", "uid": "0b0e7e1e-0000-4000-8000-000000000000"},
+                    "csi": {"driver": env.name, "volumeHandle": "vol-3"},
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    env.claims()
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "stale"},
+                "spec": {"storageClassName": env.class, "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}}, "volumeName": stale_pv}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     // One worker: the claims are taken in the order they change.
+    // (The API server refuses a new request on an unbound claim: its request above its
+    // capacity, which it has none of, is what the resizer sees at start.)
     let _resizer = env.resizer(&["--workers=1"]);
     env.request("other", "2Gi").await;
     env.claims()
@@ -350,6 +384,12 @@ async fn other_drivers_and_unchanged_claims_are_ignored_v1_36() {
     assert_eq!(ids, ["vol-0"]);
     let other = env.volumes().get(&env.pv_name("other")).await.unwrap();
     assert_eq!(pv_capacity(&other), "1Gi");
+    let stale = env.claims().get("stale").await.unwrap();
+    assert_ne!(
+        stale.status.and_then(|s| s.phase).as_deref(),
+        Some("Bound"),
+        "KCM does not bind a claim to a PV of another claim UID"
+    );
 }
 
 #[tokio::test]

@@ -574,6 +574,9 @@ pub struct DriverConfig {
     pub controller_modify: bool,
     /// Also advertise SINGLE_NODE_MULTI_WRITER.
     pub single_node_multi_writer: bool,
+    /// Also advertise PUBLISH_READONLY (the driver honours ControllerPublishVolume's
+    /// `readonly`).
+    pub publish_readonly: bool,
     /// With [`controller`](Self::controller): advertise CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS
     /// and GET_SNAPSHOT, serve them (a snapshot is a copy of its volume's directory), and accept
     /// a snapshot as CreateVolume's content source (the new volume starts as its copy).
@@ -584,6 +587,12 @@ pub struct DriverConfig {
     /// With [`controller`](Self::controller): advertise CLONE_VOLUME and accept another volume
     /// as CreateVolume's content source (the new volume starts as its copy).
     pub clone_volume: bool,
+    /// A fault of a driver that breaks the spec: CreateVolume reports this capacity instead of
+    /// the volume's (0: unknown; less than required: a volume too small).
+    pub reported_capacity: Option<i64>,
+    /// A fault of a driver that breaks the spec: CreateVolume's answer leaves out the content
+    /// source it was asked for (the volume still starts as its copy).
+    pub omit_content_source: bool,
     /// Where calls are counted; clone it before handing the config over to watch the driver.
     pub calls: Calls,
 }
@@ -617,9 +626,12 @@ impl Default for DriverConfig {
             node_expansion_required: false,
             controller_modify: false,
             single_node_multi_writer: false,
+            publish_readonly: false,
             snapshots: false,
             snapshot_ready_after: 0,
             clone_volume: false,
+            reported_capacity: None,
+            omit_content_source: false,
             calls: Calls::default(),
         }
     }

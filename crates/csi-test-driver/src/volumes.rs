@@ -273,6 +273,17 @@ impl Driver {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether a volume of CreateVolume name `name` exists (for a persistent driver, also one
+    /// another instance created).
+    fn has_volume_named(&self, name: &str) -> bool {
+        let state = if self.config.persistent {
+            self.lock_with(name)
+        } else {
+            self.lock()
+        };
+        state.volumes.values().any(|v| v.name == name)
+    }
+
     /// [`lock`](Self::lock), having loaded volume `id` from the data directory first when
     /// the driver is persistent and does not know it yet (another instance created it).
     pub(crate) fn lock_with(&self, id: &str) -> std::sync::MutexGuard<'_, State> {
@@ -688,8 +699,16 @@ impl Controller for Driver {
             capability(Some(c), "volume_capabilities")?;
         }
         // A restore or a clone starts as a copy of its source, and is at least as large.
+        // A volume of this name answers for itself, whatever became of its source since: the
+        // spec matches a repeated CreateVolume by name (and capacity, capabilities and
+        // parameters), so a caller repeating its request after the source is gone still learns
+        // the volume's id.
         let source = match &r.volume_content_source {
-            Some(c) => Some(self.content_source(c)?),
+            Some(c) => match self.content_source(c) {
+                Ok(s) => Some(s),
+                Err(_) if self.has_volume_named(name) => None,
+                Err(e) => return Err(e),
+            },
             None => None,
         };
         let (required_bytes, limit) = r
@@ -771,10 +790,13 @@ impl Controller for Driver {
             }
             return Ok(Response::new(CreateVolumeResponse {
                 volume: Some(Volume {
-                    capacity_bytes: v.capacity,
+                    capacity_bytes: self.config.reported_capacity.unwrap_or(v.capacity),
                     volume_id: id.clone(),
                     volume_context: Default::default(),
-                    content_source: r.volume_content_source.clone(),
+                    content_source: r
+                        .volume_content_source
+                        .clone()
+                        .filter(|_| !self.config.omit_content_source),
                     accessible_topology,
                 }),
             }));
@@ -813,10 +835,12 @@ impl Controller for Driver {
         );
         Ok(Response::new(CreateVolumeResponse {
             volume: Some(Volume {
-                capacity_bytes: capacity,
+                capacity_bytes: self.config.reported_capacity.unwrap_or(capacity),
                 volume_id: id,
                 volume_context: Default::default(),
-                content_source: r.volume_content_source,
+                content_source: r
+                    .volume_content_source
+                    .filter(|_| !self.config.omit_content_source),
                 accessible_topology,
             }),
         }))
@@ -886,6 +910,9 @@ impl Controller for Driver {
         }
         if self.config.single_node_multi_writer {
             types.push(Type::SingleNodeMultiWriter);
+        }
+        if self.config.publish_readonly {
+            types.push(Type::PublishReadonly);
         }
         if self.config.snapshots {
             types.extend([

@@ -421,3 +421,30 @@ async fn without_snapshots_the_calls_are_unimplemented_and_sources_refused() {
     }
     d.stop().await.unwrap();
 }
+
+/// A repeated restore is answered by name, even once its snapshot is gone (the spec matches a
+/// repeated CreateVolume by name, capacity, capabilities and parameters); a new one from a
+/// missing snapshot is NOT_FOUND.
+#[tokio::test]
+async fn a_repeated_restore_is_answered_by_name_after_its_snapshot_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, data) = (dir.path().join("csi.sock"), dir.path().join("data"));
+    let _d = start(config(&data), &sock).await.unwrap();
+    let mut ctl = client(&sock).await;
+    let src = new_volume(&mut ctl, create("src", 1024, None)).await;
+    let s = new_snapshot(&mut ctl, snap("s", &src.volume_id)).await;
+    let restored = new_volume(&mut ctl, create("r", 1024, from_snapshot(&s.snapshot_id))).await;
+    ctl.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: s.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let again = new_volume(&mut ctl, create("r", 1024, from_snapshot(&s.snapshot_id))).await;
+    assert_eq!(again.volume_id, restored.volume_id);
+    let e = ctl
+        .create_volume(create("other", 1024, from_snapshot(&s.snapshot_id)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+}

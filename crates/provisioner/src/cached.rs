@@ -105,6 +105,12 @@ impl CachedClaim {
         }
     }
 
+    /// Whether the trimmed rest of the claim contains `text` (a cheap filter before
+    /// [`CachedClaim::claim`] decodes it).
+    pub fn mentions(&self, text: &str) -> bool {
+        self.rest.contains(text)
+    }
+
     /// The bytes the rest of the claim takes (for tests and sizing).
     pub fn rest_len(&self) -> usize {
         self.rest.len()
@@ -145,7 +151,8 @@ impl kube::Resource for CachedClaim {
 }
 
 /// A claim as the decisions read it: no labels, no owner references, no managed fields, no
-/// kubectl copy, no finalizer but a previous version's, only the phase of its status. A Bound claim (without a previous version's
+/// kubectl copy, no finalizer but a previous version's and the cloning protection, only the
+/// phase of its status. A Bound claim (without a previous version's
 /// intent) needs nothing more than its identity, volume and class: a later change comes as a
 /// new object anyway.
 pub fn trim_claim(c: &mut PersistentVolumeClaim) {
@@ -158,13 +165,16 @@ pub fn trim_claim(c: &mut PersistentVolumeClaim) {
         uid: m.uid.take(),
         resource_version: m.resource_version.take(),
         annotations: m.annotations.take(),
-        // Only a previous version's finalizer is read (and released by a read-modify-write).
+        // Only a previous version's finalizer and the cloning protection are read (and
+        // released by a read-modify-write).
         finalizers: m
             .finalizers
             .take()
             .map(|f| {
                 f.into_iter()
-                    .filter(|f| f == decide::LEGACY_FINALIZER)
+                    .filter(|f| {
+                        f == decide::LEGACY_FINALIZER || f == crate::source::CLONE_FINALIZER
+                    })
                     .collect::<Vec<_>>()
             })
             .filter(|f| !f.is_empty()),

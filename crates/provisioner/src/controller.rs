@@ -1,6 +1,12 @@
 //! The controller: watch caches (kube-runtime reflectors) for claims, volumes, classes, CSINodes,
 //! Nodes and VolumeAttachments; three work queues (claims, PVs, recorded volumes) with
-//! `--worker-threads` workers each, as upstream's provisioner controller.
+//! `--worker-threads` workers each, as upstream's provisioner controller; with CLONE_VOLUME the
+//! cloning-protection queue (`--cloning-protection-threads` workers), and with
+//! CREATE_DELETE_SNAPSHOT the sweeper of restore finalizers left on VolumeSnapshots.
+//!
+//! Restore and clone read their source live (the snapshot and its content; the source claim
+//! and its PV) and check it with [`crate::source`]; the content source is part of the recorded
+//! request, so a restore or clone cut short ends like any other volume: as a PV, or deleted.
 //!
 //! Each worker gathers a view of the caches and of the in-flight memory ([`InFlight`]), asks
 //! [`crate::decide`] what to do, and does it: the decisions are pure and tested without I/O,
@@ -48,8 +54,11 @@ use crate::metrics::{Metrics, ProvisionMetrics};
 use crate::pv::FINALIZER as PV_FINALIZER;
 use crate::record::{Entry, Journal, RecordError};
 use crate::request::{self, ANN_SELECTED_NODE, RequestOptions};
+use crate::secrets::go_quote;
 use crate::topology::TopologySource;
-use crate::{pv, secrets};
+use crate::{pv, secrets, source};
+use plugreg_proto::csi::v1::{VolumeContentSource, volume_content_source};
+use plugreg_sidecar_kit::snapshot::{self, VolumeSnapshot, VolumeSnapshotContent};
 
 /// Upstream's effective resync of claims and volumes.
 const RESYNC: Duration = Duration::from_secs(15 * 60);
@@ -80,6 +89,12 @@ pub struct Config {
     pub retry_max: Duration,
     /// CSI call deadline (`--timeout`), for the cleanup after a too-small volume.
     pub timeout: Duration,
+    /// Workers of the cloning-protection controller (`--cloning-protection-threads`; it runs
+    /// only when the driver reports CLONE_VOLUME).
+    pub clone_protection_workers: usize,
+    /// How often left-over restore finalizers are swept from VolumeSnapshots
+    /// (`--snapshot-orphan-sweep-interval`; zero: never).
+    pub snapshot_sweep: Duration,
 }
 
 /// The controller's failure.
@@ -188,7 +203,32 @@ struct Controller {
     claims: Arc<WorkQueue<ObjectRef<CachedClaim>>>,
     volumes: Arc<WorkQueue<String>>,
     records: Arc<WorkQueue<String>>,
+    /// Source claims of clones whose cloning protection may be released.
+    clone_sources: Arc<WorkQueue<ObjectRef<CachedClaim>>>,
     inflight: Arc<InFlight>,
+}
+
+/// Whether a claim event concerns the cloning protection: the claim may carry it, or may be a
+/// clone (whose change can release its source). A substring test on the cached JSON first,
+/// so that the other claims cost nothing.
+fn clone_protection_keys(c: &CachedClaim) -> Vec<ObjectRef<CachedClaim>> {
+    let mut keys = Vec::new();
+    if !c.mentions(source::CLONE_FINALIZER) && !c.mentions("\"PersistentVolumeClaim\"") {
+        return keys;
+    }
+    let claim = c.claim();
+    if claim.metadata.deletion_timestamp.is_some()
+        && claim
+            .finalizers()
+            .iter()
+            .any(|f| f == source::CLONE_FINALIZER)
+    {
+        keys.push(claim_key(&claim));
+    }
+    if let Ok(request::DataSource::Claim { name, namespace }) = request::data_source(&claim) {
+        keys.push(ObjectRef::new(&name).within(&namespace));
+    }
+    keys
 }
 
 /// Runs the controller until `shutdown`: fills the caches, reads the in-flight record, then
@@ -220,6 +260,14 @@ pub async fn run(
         Arc::clone(&metrics),
         shutdown.clone(),
     );
+    let clone_sources_q: Arc<WorkQueue<ObjectRef<CachedClaim>>> = WorkQueue::new(
+        "cloning-protection",
+        cfg.retry_start,
+        cfg.retry_max,
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    );
+    let clone_protection = cfg.capabilities.clone_volume;
     let inflight = Arc::new(InFlight::default());
     let client = clients.high.clone();
     let topology = cfg.request.topology;
@@ -233,10 +281,11 @@ pub async fn run(
     }
 
     let mut ready = Vec::new();
-    let (q, r, m) = (
+    let (q, r, m, cp) = (
         Arc::clone(&claims_q),
         Arc::clone(&records_q),
         Arc::clone(&inflight),
+        Arc::clone(&clone_sources_q),
     );
     // Trimmed as they are decoded (`CachedClaim`'s deserialiser).
     let claims = cache::watch::<CachedClaim>(
@@ -245,6 +294,11 @@ pub async fn run(
         &mut ready,
         |_| {},
         move |c, deleted| {
+            if clone_protection {
+                for key in clone_protection_keys(c) {
+                    cp.add(key);
+                }
+            }
             if deleted {
                 // A deleted claim's recorded volume is finished by the record's worker.
                 if let Some(v) = m.volume_of_claim(c.metadata.uid.as_deref().unwrap_or_default()) {
@@ -350,10 +404,35 @@ pub async fn run(
         claims: claims_q,
         volumes: volumes_q,
         records: records_q,
+        clone_sources: clone_sources_q,
         inflight,
     });
-
     let mut workers = tokio::task::JoinSet::new();
+    if clone_protection {
+        info!(
+            "starting {} cloning-protection workers",
+            ctl.cfg.clone_protection_workers.max(1)
+        );
+        for _ in 0..ctl.cfg.clone_protection_workers.max(1) {
+            let c = Arc::clone(&ctl);
+            workers.spawn(async move {
+                while let Some(item) = c.clone_sources.next().await {
+                    let key = item.key.clone();
+                    match c.sync_clone_source(&key).await {
+                        Ok(()) => c.clone_sources.forget(&key),
+                        Err(Requeue) => {
+                            c.clone_sources.add_rate_limited(key.clone());
+                        }
+                    }
+                    c.clone_sources.done(item);
+                }
+            });
+        }
+    }
+    if !ctl.cfg.snapshot_sweep.is_zero() && ctl.cfg.capabilities.create_delete_snapshot {
+        workers.spawn(Arc::clone(&ctl).sweep_snapshots(shutdown.clone()));
+    }
+
     workers.spawn(Arc::clone(&ctl.clients.journal).run(shutdown.clone()));
     let c = Arc::clone(&ctl);
     let stop = shutdown.clone();
@@ -736,6 +815,15 @@ impl Controller {
             })?;
             request::apply_attributes_class(&mut prepared, &vac, driver).map_err(Failure::Error)?;
         }
+        // A restore or a clone: the source, read live and checked as upstream does (a request
+        // already recorded keeps the source it had), then protected by its finalizer until the
+        // volume exists.
+        let source = request::data_source(claim).map_err(Failure::Error)?;
+        if !ambiguous {
+            prepared.request.volume_content_source =
+                self.content_source(claim, class, &source).await?;
+        }
+        self.protect_source(&source).await?;
         // A CreateVolume that may have run is repeated as it was: the driver answers a
         // repeated request with the volume it made.
         let (mut request, secret) = match record.as_ref().filter(|_| ambiguous) {
@@ -830,8 +918,14 @@ impl Controller {
                     Err(status) => {
                         // The volume exists: the record keeps it until a retry cleans it up.
                         self.inflight.mark_ambiguous(volume);
+                        // Upstream's two texts differ in the case of one letter.
+                        let cleanup = if msg == "volume content source missing" {
+                            "cleanup"
+                        } else {
+                            "Cleanup"
+                        };
                         format!(
-                            "{msg}. Cleanup of volume {volume} failed, volume is orphaned: {}",
+                            "{msg}. {cleanup} of volume {volume} failed, volume is orphaned: {}",
                             plugreg_runtime::report::grpc(&status)
                         )
                     }
@@ -859,6 +953,13 @@ impl Controller {
         // The PV is the volume's record now; the memory stays until the cache shows it.
         self.inflight.mark_saved(volume, Instant::now());
         self.clients.journal.forget(volume);
+        // Only a `spec.dataSource` snapshot loses its finalizer here, as upstream; any other
+        // is left to the sweeper.
+        if let Some(ds) = claim.spec.as_ref().and_then(|s| s.data_source.as_ref())
+            && ds.kind == "VolumeSnapshot"
+        {
+            self.release_snapshot(&ns, &ds.name).await;
+        }
         info!(claim = %format!("{ns}/{}", claim.name_any()), pv = %volume, "successfully created PV");
         self.event(
             &r,
@@ -867,6 +968,322 @@ impl Controller {
             &format!("Successfully provisioned volume {volume}"),
         );
         Ok(())
+    }
+
+    /// The content source of a restore or a clone (`None` for an empty volume): the snapshot
+    /// and its content, or the source claim and its PersistentVolume, read live and checked in
+    /// upstream's order. A failed check is upstream's no-change error: a `ProvisioningFailed`
+    /// event and a retry with back-off (a snapshot not ready yet is provisioned once it is).
+    async fn content_source(
+        &self,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+        source: &request::DataSource,
+    ) -> Result<Option<VolumeContentSource>, Failure> {
+        let Some((kind, name)) = source.kind_and_name() else {
+            return Ok(None);
+        };
+        let wrap = |msg: String| {
+            Failure::Error(ProvisionError::no_change(format!(
+                "error getting handle for DataSource Type {kind} by Name {name}: {msg}"
+            )))
+        };
+        let high = &self.clients.high;
+        match source {
+            request::DataSource::Snapshot { name, namespace } => {
+                let api: Api<VolumeSnapshot> = Api::namespaced(high.clone(), namespace);
+                let vs = api.get(name).await.map_err(|e| {
+                    wrap(format!(
+                        "error getting snapshot {name} from api server: {}",
+                        go_error(&e)
+                    ))
+                })?;
+                let content = source::snapshot_content_name(&vs).map_err(wrap)?;
+                let contents: Api<VolumeSnapshotContent> = Api::all(high.clone());
+                let vsc = contents.get(&content).await.map_err(|e| {
+                    warn!(
+                        "error getting snapshotcontent {content} for snapshot {namespace}/{name} from api server: {}",
+                        go_error(&e)
+                    );
+                    wrap(source::not_bound(name))
+                })?;
+                source::restore_source(
+                    claim,
+                    class,
+                    &vs,
+                    &vsc,
+                    self.cfg.request.prevent_volume_mode_conversion,
+                )
+                .map(Some)
+                .map_err(wrap)
+            }
+            request::DataSource::Claim { name, namespace } => {
+                // Read live: the cache keeps of a Bound claim only what provisioning it needs.
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(high.clone(), namespace);
+                let src = api.get(name).await.map_err(|e| {
+                    // The text of upstream's lister for a claim it does not have.
+                    let why = match &e {
+                        kube::Error::Api(s) if s.code == 404 => {
+                            format!("persistentvolumeclaim {} not found", go_quote(name))
+                        }
+                        e => go_error(e),
+                    };
+                    wrap(format!(
+                        "error getting PVC {name} (namespace {}) from api server: {why}",
+                        go_quote(&claim.namespace().unwrap_or_default())
+                    ))
+                })?;
+                let volume = source::clone_claim_checks(claim, &src).map_err(wrap)?;
+                let pvs: Api<PersistentVolume> = Api::all(high.clone());
+                let pv = match pvs.get(&volume).await {
+                    Ok(pv) => Some(pv),
+                    Err(e) => {
+                        warn!(
+                            "error getting volume {volume} for PVC {namespace}/{name}: {}",
+                            go_error(&e)
+                        );
+                        None
+                    }
+                };
+                source::clone_source(claim, class, &src, pv.as_ref())
+                    .map(Some)
+                    .map_err(wrap)
+            }
+            request::DataSource::None | request::DataSource::ExternalPopulator { .. } => Ok(None),
+        }
+    }
+
+    /// Puts the provisioner's finalizer on the source before CreateVolume: the cloning
+    /// protection on a source claim (any failure: no-change), the restore protection on a
+    /// snapshot (Forbidden is tolerated, as upstream: RBAC may not grant it). A source gone
+    /// meanwhile needs no protection.
+    async fn protect_source(&self, source: &request::DataSource) -> Result<(), Failure> {
+        let high = &self.clients.high;
+        match source {
+            request::DataSource::Claim { name, namespace } => {
+                let path = format!("/api/v1/namespaces/{namespace}/persistentvolumeclaims");
+                update_json(high, &path, name, |o| {
+                    edit_finalizer(o, source::CLONE_FINALIZER, true)
+                })
+                .await
+                .map_err(|e| Failure::Error(ProvisionError::no_change(go_error(&e))))?;
+            }
+            request::DataSource::Snapshot { name, namespace } => {
+                match update_json(high, &snapshots_path(namespace), name, |o| {
+                    edit_finalizer(o, source::SNAPSHOT_FINALIZER, true)
+                })
+                .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 403 => {
+                        info!(snapshot = %format!("{namespace}/{name}"), "not allowed to add the volumesnapshot-as-source-protection finalizer: {}", s.message);
+                    }
+                    Err(e) => {
+                        return Err(Failure::Error(ProvisionError::no_change(format!(
+                            "failed to add finalizer {} to snapshot {namespace}/{name}: {}",
+                            source::SNAPSHOT_FINALIZER,
+                            go_error(&e)
+                        ))));
+                    }
+                }
+            }
+            request::DataSource::None | request::DataSource::ExternalPopulator { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Removes the restore protection from the snapshot `ns/name` after its restore succeeded.
+    /// A snapshot gone, or a finalizer RBAC does not let us touch, is fine; any other failure
+    /// is logged and left to the sweeper (provisioning still succeeded).
+    async fn release_snapshot(&self, ns: &str, name: &str) {
+        match update_json(&self.clients.high, &snapshots_path(ns), name, |o| {
+            edit_finalizer(o, source::SNAPSHOT_FINALIZER, false)
+        })
+        .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {}
+            Err(e) => warn!(
+                "Failed to remove snapshot finalizer from {ns}/{name}: {}",
+                go_error(&e)
+            ),
+        }
+    }
+
+    /// The cloning-protection controller: a source claim being deleted keeps its finalizer
+    /// while a clone of it in its namespace is still Pending, and loses it after.
+    async fn sync_clone_source(&self, key: &ObjectRef<CachedClaim>) -> Result<(), Requeue> {
+        let Some(cached) = self.caches.claims.get(key) else {
+            return Ok(());
+        };
+        let claim = cached.claim();
+        drop(cached);
+        if claim.metadata.deletion_timestamp.is_none()
+            || !claim
+                .finalizers()
+                .iter()
+                .any(|f| f == source::CLONE_FINALIZER)
+        {
+            return Ok(());
+        }
+        let ns = claim.namespace().unwrap_or_default();
+        let name = claim.name_any();
+        let quoted = format!("\"{name}\"");
+        let cloning = self.caches.claims.state().iter().any(|o| {
+            o.metadata.namespace.as_deref() == Some(ns.as_str()) && o.mentions(&quoted) && {
+                let o = o.claim();
+                let pending = o.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
+                let source = o.spec.as_ref().and_then(|s| s.data_source.as_ref());
+                pending
+                    && source.is_some_and(|d| d.kind == "PersistentVolumeClaim" && d.name == name)
+            }
+        });
+        if cloning {
+            warn!(
+                "Retrying to sync claim {ns}/{name}: PVC '{name}' is in 'Pending' state, cloning in progress"
+            );
+            return Err(Requeue);
+        }
+        // A recorded clone of it not settled yet (its claim may be gone) still needs the
+        // source: finishing or deleting it repeats CreateVolume, which the driver answers only
+        // while the source volume exists.
+        let handle = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.as_deref())
+            .and_then(|v| self.caches.volumes.get(&ObjectRef::new(v)))
+            .and_then(|pv| Some(pv.spec.as_ref()?.csi.as_ref()?.volume_handle.clone()));
+        if let Some(handle) = handle
+            && self.recorded_sources().iter().any(
+                |s| matches!(s, volume_content_source::Type::Volume(v) if v.volume_id == handle),
+            )
+        {
+            info!(claim = %format!("{ns}/{name}"), "a recorded clone of it is in flight; keeping the cloning-protection finalizer");
+            return Err(Requeue);
+        }
+        match self
+            .update_claim(&ns, &name, |o| {
+                edit_finalizer(o, source::CLONE_FINALIZER, false)
+            })
+            .await
+        {
+            Ok(_) => {
+                info!(claim = %format!("{ns}/{name}"), "removed the cloning-protection finalizer");
+                Ok(())
+            }
+            Err(e) => {
+                warn!(claim = %format!("{ns}/{name}"), "{e}");
+                Err(Requeue)
+            }
+        }
+    }
+
+    /// The sweeper of restore finalizers left on VolumeSnapshots (a restore whose claim was
+    /// deleted, or whose removal failed): every `snapshot_sweep`, the finalizer goes from each
+    /// snapshot that no Pending claim restores from and no recorded in-flight restore of its
+    /// namespace may still need. Off when the snapshot API is not served or RBAC does not let
+    /// it list snapshots.
+    async fn sweep_snapshots(self: Arc<Self>, stop: CancellationToken) {
+        let api: Api<VolumeSnapshot> = Api::all(self.clients.low.clone());
+        match api.list(&kube::api::ListParams::default().limit(1)).await {
+            Ok(_) => {}
+            Err(e) => {
+                info!(
+                    "snapshot finalizer sweeper disabled: cannot list volumesnapshots: {}",
+                    go_error(&e)
+                );
+                return;
+            }
+        }
+        let mut tick = tokio::time::interval_at(
+            Instant::now() + self.cfg.snapshot_sweep,
+            self.cfg.snapshot_sweep,
+        );
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            let list = match api.list(&kube::api::ListParams::default()).await {
+                Ok(l) => l,
+                Err(e) => {
+                    warn!(
+                        "snapshot finalizer sweep: cannot list volumesnapshots: {}",
+                        go_error(&e)
+                    );
+                    continue;
+                }
+            };
+            // Namespaces with a recorded restore in flight: their snapshots stay protected
+            // until the record is settled (its retry or its deletion repeats the restore).
+            let restoring: std::collections::HashSet<String> = self
+                .inflight
+                .volumes()
+                .iter()
+                .filter_map(|v| self.inflight.volume(v))
+                .filter(|v| {
+                    v.entry.request().ok().is_some_and(|r| {
+                        matches!(
+                            r.volume_content_source.and_then(|c| c.r#type),
+                            Some(volume_content_source::Type::Snapshot(_))
+                        )
+                    })
+                })
+                .map(|v| v.entry.namespace.clone())
+                .collect();
+            for vs in list.items {
+                if !vs
+                    .finalizers()
+                    .iter()
+                    .any(|f| f == source::SNAPSHOT_FINALIZER)
+                {
+                    continue;
+                }
+                let ns = vs.namespace().unwrap_or_default();
+                let name = vs.name_any();
+                if restoring.contains(&ns) || self.restoring_from(&ns, &name) {
+                    continue;
+                }
+                match update_json(&self.clients.low, &snapshots_path(&ns), &name, |o| {
+                    edit_finalizer(o, source::SNAPSHOT_FINALIZER, false)
+                })
+                .await
+                {
+                    Ok(_) => {
+                        info!(snapshot = %format!("{ns}/{name}"), "removed the orphaned volumesnapshot-as-source-protection finalizer")
+                    }
+                    Err(e) => {
+                        warn!(snapshot = %format!("{ns}/{name}"), "failed to remove the orphaned volumesnapshot-as-source-protection finalizer: {}", go_error(&e))
+                    }
+                }
+            }
+        }
+    }
+
+    /// The content sources of the recorded in-flight volumes.
+    fn recorded_sources(&self) -> Vec<volume_content_source::Type> {
+        self.inflight
+            .volumes()
+            .iter()
+            .filter_map(|v| self.inflight.volume(v))
+            .filter_map(|v| v.entry.request().ok()?.volume_content_source?.r#type)
+            .collect()
+    }
+
+    /// Whether a Pending (or phase-less) claim of `ns` restores from the snapshot `name`.
+    fn restoring_from(&self, ns: &str, name: &str) -> bool {
+        let quoted = format!("\"{name}\"");
+        self.caches.claims.state().iter().any(|o| {
+            o.metadata.namespace.as_deref() == Some(ns) && o.mentions(&quoted) && {
+                let o = o.claim();
+                let phase = o.status.as_ref().and_then(|s| s.phase.as_deref());
+                matches!(phase, None | Some("Pending"))
+                    && matches!(
+                        request::data_source(&o),
+                        Ok(request::DataSource::Snapshot { name: n, .. }) if n == name
+                    )
+            }
+        })
     }
 
     /// Drops a volume of which nothing exists in the driver from the record.
@@ -934,43 +1351,13 @@ impl Controller {
         name: &str,
         edit: impl FnOnce(&mut serde_json::Value) -> bool,
     ) -> Result<Option<(String, String)>, ActError> {
-        let claim = format!("{ns}/{name}");
-        let fail = |source| ActError::UpdateClaim {
-            claim: claim.clone(),
-            source,
-        };
         let path = format!("/api/v1/namespaces/{ns}/persistentvolumeclaims");
-        let client = &self.clients.high;
-        let req = kube::core::Request::new(&path)
-            .get(name, &kube::api::GetParams::default())
-            .map_err(|e| fail(kube::Error::BuildRequest(e)))?;
-        let mut obj: serde_json::Value = match client.request(req).await {
-            Ok(o) => o,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-            Err(e) => return Err(fail(e)),
-        };
-        let before = obj["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if !edit(&mut obj) {
-            return Ok(None);
-        }
-        let body = serde_json::to_vec(&obj).map_err(|e| fail(kube::Error::SerdeError(e)))?;
-        let req = kube::core::Request::new(&path)
-            .replace(name, &PostParams::default(), body)
-            .map_err(|e| fail(kube::Error::BuildRequest(e)))?;
-        match client.request::<serde_json::Value>(req).await {
-            Ok(written) => Ok(Some((
-                before,
-                written["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-            ))),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-            Err(e) => Err(fail(e)),
-        }
+        update_json(&self.clients.high, &path, name, edit)
+            .await
+            .map_err(|source| ActError::UpdateClaim {
+                claim: format!("{ns}/{name}"),
+                source,
+            })
     }
 
     /// Removes the selected-node annotation so that the scheduler picks another node (upstream's
@@ -1131,12 +1518,31 @@ impl Controller {
             }
         }
         let secrets = request.secrets.clone();
-        let created = self
-            .clients
-            .driver
-            .create_volume(request)
-            .await
-            .map_err(|e| ActError::Driver(e.to_status()))?;
+        let restore_or_clone = request.volume_content_source.is_some();
+        let created = match self.clients.driver.create_volume(request).await {
+            Ok(c) => c,
+            Err(err) => {
+                let status = err.to_status();
+                // A restore or clone whose source is gone (a deleted snapshot's content goes
+                // with it): a driver answers a repeated request by name first, so NOT_FOUND
+                // means no volume of this name exists and there is nothing to delete.
+                if restore_or_clone && status.code() == tonic::Code::NotFound {
+                    self.drop_record(&e.volume);
+                    info!(volume = %e.volume, claim = %e.claim_key(), "the in-flight volume's source is gone and the driver has no volume of its name: {}", status.message());
+                    self.event(
+                        &entry_claim_ref(e),
+                        EventType::Normal,
+                        CANCELLED_REASON,
+                        &format!(
+                            "Volume {} that was being provisioned was never created: its source is gone",
+                            e.volume
+                        ),
+                    );
+                    return Ok(());
+                }
+                return Err(ActError::Driver(status));
+            }
+        };
         let id = created
             .volume
             .map(|v| v.volume_id)
@@ -1295,6 +1701,90 @@ impl Controller {
         self.inflight.set_deleted(&uid, true, Instant::now());
         Ok(())
     }
+}
+
+/// Updates the object `name` under the collection `path` with `edit` applied to it as the API
+/// server has it now: it is read first, so the Update keeps every field (also those this build
+/// does not know) and a concurrent change makes it fail with a Conflict instead of being
+/// overwritten. Returns the resourceVersions before and after, or `None` if the object is gone
+/// or `edit` changed nothing.
+async fn update_json(
+    client: &Client,
+    path: &str,
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value) -> bool,
+) -> Result<Option<(String, String)>, kube::Error> {
+    let req = kube::core::Request::new(path)
+        .get(name, &kube::api::GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    let mut obj: serde_json::Value = match client.request(req).await {
+        Ok(o) => o,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let before = obj["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if !edit(&mut obj) {
+        return Ok(None);
+    }
+    let body = serde_json::to_vec(&obj).map_err(kube::Error::SerdeError)?;
+    let req = kube::core::Request::new(path)
+        .replace(name, &PostParams::default(), body)
+        .map_err(kube::Error::BuildRequest)?;
+    match client.request::<serde_json::Value>(req).await {
+        Ok(written) => Ok(Some((
+            before,
+            written["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        ))),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Adds (`on`) or removes `finalizer` in the object JSON `obj`; whether that changed it.
+fn edit_finalizer(obj: &mut serde_json::Value, finalizer: &str, on: bool) -> bool {
+    let meta = &mut obj["metadata"];
+    let has = meta["finalizers"]
+        .as_array()
+        .is_some_and(|l| l.iter().any(|f| f.as_str() == Some(finalizer)));
+    match (on, has) {
+        (true, false) => {
+            match meta["finalizers"].as_array_mut() {
+                Some(list) => list.push(json!(finalizer)),
+                None => meta["finalizers"] = json!([finalizer]),
+            }
+            true
+        }
+        (false, true) => {
+            if let Some(list) = meta["finalizers"].as_array_mut() {
+                list.retain(|f| f.as_str() != Some(finalizer));
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A Kubernetes error as Go prints it: the API server's message, or the client's error.
+fn go_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        e => e.to_string(),
+    }
+}
+
+/// The collection path of VolumeSnapshots in `ns`.
+fn snapshots_path(ns: &str) -> String {
+    format!(
+        "/apis/{}/{}/namespaces/{ns}/volumesnapshots",
+        snapshot::GROUP,
+        snapshot::VERSION
+    )
 }
 
 /// Removes `key` from the JSON object `map`; whether it was there.

@@ -89,9 +89,14 @@ impl Driver {
 
     /// GetPluginInfo: the driver name (the provisioner name); an empty one is an error.
     pub async fn plugin_info(&self) -> Result<String, CsiError> {
-        let info = timed(&self.metrics, GET_PLUGIN_INFO, self.conn.get_plugin_info())
-            .await
-            .map_err(CsiError::Call)?;
+        let info = timed(
+            &self.metrics,
+            GET_PLUGIN_INFO,
+            None,
+            self.conn.get_plugin_info(),
+        )
+        .await
+        .map_err(CsiError::Call)?;
         if info.name.is_empty() {
             return Err(CsiError::EmptyName);
         }
@@ -103,6 +108,7 @@ impl Driver {
         let plugin = timed(
             &self.metrics,
             GET_PLUGIN_CAPABILITIES,
+            None,
             self.conn.get_plugin_capabilities(),
         )
         .await
@@ -110,6 +116,7 @@ impl Driver {
         let ctrl = timed(
             &self.metrics,
             CONTROLLER_GET_CAPABILITIES,
+            None,
             self.conn.controller_get_capabilities(),
         )
         .await
@@ -148,7 +155,13 @@ impl Driver {
         &self,
         req: CreateVolumeRequest,
     ) -> Result<CreateVolumeResponse, CallError> {
-        timed(&self.metrics, CREATE_VOLUME, self.conn.create_volume(&req)).await
+        timed(
+            &self.metrics,
+            CREATE_VOLUME,
+            Some(false),
+            self.conn.create_volume(&req),
+        )
+        .await
     }
 
     /// DeleteVolume within the timeout.
@@ -161,19 +174,29 @@ impl Driver {
             volume_id: volume_id.to_owned(),
             secrets,
         };
-        timed(&self.metrics, DELETE_VOLUME, self.conn.delete_volume(&req))
-            .await
-            .map(drop)
+        timed(
+            &self.metrics,
+            DELETE_VOLUME,
+            Some(false),
+            self.conn.delete_volume(&req),
+        )
+        .await
+        .map(drop)
     }
 }
 
 /// Runs one call and records it in `csi_sidecar_operations_seconds` (the kit's timing).
+/// `migrated` is the `migrated` label of a call for a volume (always `false`: no in-tree
+/// claim is translated here), `None` for the others; it shows only for a migration target.
 async fn timed<T>(
     metrics: &Metrics,
     method: &str,
+    migrated: Option<bool>,
     call: impl Future<Output = Result<T, CallError>>,
 ) -> Result<T, CallError> {
-    metrics.timed_csi_call(method, call, CallError::code).await
+    metrics
+        .timed_csi_call_as(method, migrated, call, CallError::code)
+        .await
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! - [`flags`]: upstream's command line (pflag syntax) and its defaults;
 //! - [`csi`]: the driver's Identity and Controller calls with `--timeout`, the start-up order;
 //! - [`request`], [`secrets`], [`topology`]: the CreateVolumeRequest, pure;
+//! - [`source`]: restore and clone, the checks that make CreateVolume's content source, pure;
 //! - [`pv`]: the PersistentVolume made from a created volume, pure;
 //! - [`quantity`]: Kubernetes resource quantities as byte counts, both ways;
 //! - [`classify`]: what a failed call means (final, background, reschedule);
@@ -38,4 +39,5 @@ pub mod record;
 pub mod request;
 pub mod secrets;
 pub mod service;
+pub mod source;
 pub mod topology;

@@ -87,10 +87,16 @@ pub struct RequestOptions {
     pub volume_attributes_class: bool,
     /// The controller reports MODIFY_VOLUME.
     pub modify_volume: bool,
+    /// The controller reports CREATE_DELETE_SNAPSHOT (restores are possible).
+    pub create_delete_snapshot: bool,
+    /// The controller reports CLONE_VOLUME (clones are possible).
+    pub clone_volume: bool,
+    /// `--prevent-volume-mode-conversion`.
+    pub prevent_volume_mode_conversion: bool,
 }
 
 impl Default for RequestOptions {
-    /// Upstream's flag defaults, no topology, no SINGLE_NODE_MULTI_WRITER.
+    /// Upstream's flag defaults, no topology, no SINGLE_NODE_MULTI_WRITER, no snapshots, no clones.
     fn default() -> Self {
         Self {
             volume_name_prefix: "pvc".into(),
@@ -104,6 +110,9 @@ impl Default for RequestOptions {
             single_node_multi_writer: false,
             volume_attributes_class: true,
             modify_volume: false,
+            create_delete_snapshot: false,
+            clone_volume: false,
+            prevent_volume_mode_conversion: true,
         }
     }
 }
@@ -206,11 +215,28 @@ pub fn selected_node(claim: &PersistentVolumeClaim) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The API group of a VolumeSnapshot data source.
+pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
+
 /// What the claim's data source asks of the provisioner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DataSource {
     /// None: an empty volume.
     None,
+    /// Restore the VolumeSnapshot `name` of `namespace` (the claim's).
+    Snapshot {
+        /// The VolumeSnapshot's name.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+    },
+    /// Clone the claim `name` of `namespace` (the claim's).
+    Claim {
+        /// The source claim's name.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+    },
     /// A kind the provisioner does not handle: an external populator fills the volume. The
     /// controller emits Normal `Provisioning` [`POPULATOR_EVENT`] and stops (no requeue, no
     /// failure event).
@@ -220,12 +246,28 @@ pub enum DataSource {
     },
 }
 
-/// §7.1's data-source checks. VolumeSnapshot and PersistentVolumeClaim sources are a final
-/// error: plugreg's csi-provisioner does not restore snapshots or clone yet.
+impl DataSource {
+    /// The source's kind and name, as upstream names them in its errors.
+    pub fn kind_and_name(&self) -> Option<(&'static str, &str)> {
+        match self {
+            DataSource::Snapshot { name, .. } => Some(("VolumeSnapshot", name)),
+            DataSource::Claim { name, .. } => Some(("PersistentVolumeClaim", name)),
+            DataSource::None | DataSource::ExternalPopulator { .. } => None,
+        }
+    }
+}
+
+/// The claim's data source, normalised as upstream does: `spec.dataSource` if set (in the
+/// claim's namespace), else `spec.dataSourceRef` (whose own namespace needs the
+/// CrossNamespaceVolumeDataSource gate, which this build does not support: a final error).
+/// An empty name, or a VolumeSnapshot of another API group, is a final error; a
+/// PersistentVolumeClaim is a clone whatever API group it names; any other kind is left to an
+/// external populator.
 pub fn data_source(claim: &PersistentVolumeClaim) -> Result<DataSource, ProvisionError> {
     let Some(spec) = claim.spec.as_ref() else {
         return Ok(DataSource::None);
     };
+    let claim_ns = claim.metadata.namespace.clone().unwrap_or_default();
     let (kind, name, group) = if let Some(ds) = &spec.data_source {
         (ds.kind.as_str(), ds.name.as_str(), ds.api_group.as_deref())
     } else if let Some(dsr) = &spec.data_source_ref {
@@ -251,21 +293,40 @@ pub fn data_source(claim: &PersistentVolumeClaim) -> Result<DataSource, Provisio
     match kind {
         "VolumeSnapshot" => {
             let group = group.unwrap_or_default();
-            if group != "snapshot.storage.k8s.io" {
+            if group != SNAPSHOT_GROUP {
                 return Err(ProvisionError::final_(format!(
-                    "the PVC source does not belong to the right APIGroup. Expected snapshot.storage.k8s.io, Got {group}"
+                    "the PVC source does not belong to the right APIGroup. Expected {SNAPSHOT_GROUP}, Got {group}"
                 )));
             }
-            Err(ProvisionError::final_(format!(
-                "plugreg's csi-provisioner does not support snapshot restore yet (claim {claim_name} has data source VolumeSnapshot {name})"
-            )))
+            Ok(DataSource::Snapshot {
+                name: name.to_owned(),
+                namespace: claim_ns,
+            })
         }
-        "PersistentVolumeClaim" => Err(ProvisionError::final_(format!(
-            "plugreg's csi-provisioner does not support cloning yet (claim {claim_name} has data source PersistentVolumeClaim {name})"
-        ))),
+        "PersistentVolumeClaim" => Ok(DataSource::Claim {
+            name: name.to_owned(),
+            namespace: claim_ns,
+        }),
         other => Ok(DataSource::ExternalPopulator {
             kind: other.to_owned(),
         }),
+    }
+}
+
+/// The capability a data source needs (final errors with upstream's texts): a restore needs
+/// CREATE_DELETE_SNAPSHOT (LIST_SNAPSHOTS does not matter), a clone CLONE_VOLUME.
+pub fn check_source_capabilities(
+    source: &DataSource,
+    opts: &RequestOptions,
+) -> Result<(), ProvisionError> {
+    match source {
+        DataSource::Snapshot { .. } if !opts.create_delete_snapshot => Err(ProvisionError::final_(
+            "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported",
+        )),
+        DataSource::Claim { .. } if !opts.clone_volume => Err(ProvisionError::final_(
+            "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported",
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -427,11 +488,13 @@ pub fn prepare_as(
     topo: &dyn TopologySource,
     name: Option<&str>,
 ) -> Result<Prepared, ProvisionError> {
-    if let DataSource::ExternalPopulator { kind } = data_source(claim)? {
+    let source = data_source(claim)?;
+    if let DataSource::ExternalPopulator { kind } = &source {
         return Err(ProvisionError::final_(format!(
             "data source ({kind}) is not handled by the provisioner, assuming an external populator will provision it"
         )));
     }
+    check_source_capabilities(&source, opts)?;
     let spec = claim.spec.clone().unwrap_or_default();
     if spec.selector.is_some() {
         return Err(ProvisionError::final_("claim Selector is not supported"));
@@ -856,17 +919,59 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn snapshot_and_clone_sources_are_final_not_supported_errors() {
+    fn snapshot_and_clone_sources_need_their_capability() {
         let opts = RequestOptions::default();
         let c = with_source("VolumeSnapshot", "snap", Some("snapshot.storage.k8s.io"));
         assert_eq!(
-            final_err(&c, &class(), &opts),
-            "plugreg's csi-provisioner does not support snapshot restore yet (claim data has data source VolumeSnapshot snap)"
+            data_source(&c),
+            Ok(DataSource::Snapshot {
+                name: "snap".into(),
+                namespace: "apps".into()
+            })
         );
-        let c = with_source("PersistentVolumeClaim", "src", None);
         assert_eq!(
             final_err(&c, &class(), &opts),
-            "plugreg's csi-provisioner does not support cloning yet (claim data has data source PersistentVolumeClaim src)"
+            "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported"
+        );
+        let snapshots = RequestOptions {
+            create_delete_snapshot: true,
+            ..RequestOptions::default()
+        };
+        // The content source is the controller's (it reads the snapshot); none here.
+        let p = prep(&c, &class(), &snapshots).unwrap();
+        assert_eq!(p.request.volume_content_source, None);
+        // A claim of any API group is a clone.
+        let c = with_source("PersistentVolumeClaim", "src", Some("whatever.example.com"));
+        assert_eq!(
+            data_source(&c),
+            Ok(DataSource::Claim {
+                name: "src".into(),
+                namespace: "apps".into()
+            })
+        );
+        assert_eq!(
+            final_err(&c, &class(), &snapshots),
+            "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported"
+        );
+        let clones = RequestOptions {
+            clone_volume: true,
+            ..RequestOptions::default()
+        };
+        prep(&c, &class(), &clones).unwrap();
+        // dataSourceRef alone, without a namespace: the claim's.
+        let mut c = claim();
+        spec(&mut c).data_source_ref = Some(TypedObjectReference {
+            kind: "VolumeSnapshot".into(),
+            name: "s".into(),
+            api_group: Some(SNAPSHOT_GROUP.into()),
+            namespace: Some(String::new()),
+        });
+        assert_eq!(
+            data_source(&c),
+            Ok(DataSource::Snapshot {
+                name: "s".into(),
+                namespace: "apps".into()
+            })
         );
     }
 

@@ -48,6 +48,10 @@ pub struct Service {
     pub retry_max: Duration,
     /// `--timeout`.
     pub timeout: Duration,
+    /// `--cloning-protection-threads`.
+    pub clone_protection_workers: usize,
+    /// `--snapshot-orphan-sweep-interval`.
+    pub snapshot_sweep: Duration,
     /// The namespace of the in-flight record's Leases (the leader election's namespace, also
     /// without `--leader-election`).
     pub record_namespace: String,
@@ -99,6 +103,8 @@ impl Service {
             retry_start: self.retry_start,
             retry_max: self.retry_max,
             timeout: self.timeout,
+            clone_protection_workers: self.clone_protection_workers,
+            snapshot_sweep: self.snapshot_sweep,
         };
         let clients = Clients {
             high: high.clone(),

@@ -6,180 +6,58 @@
 //! single string (every volume source inline), a claim with its conditions some 3 KiB of heap
 //! (`BTreeMap` nodes of one or two entries, `None` fields), and the objects the API server
 //! returns for our own patches carry their managed fields on top (a `serde_json::Value` tree
-//! per field manager, which grows with every status patch). [`Cached`] keeps an object's
-//! identity typed (what the reflector and the controller's freshness check need) and the
-//! rest, trimmed by [`Trim`], as one JSON string: a few hundred bytes. A sync decodes it
-//! again ([`Cached::object`]), microseconds against the writes it then makes.
+//! per field manager, which grows with every status patch). The kit's [`Compact`] keeps an
+//! object's identity typed (what the reflector and the controller's freshness check need) and
+//! the rest, trimmed by [`Claim`] and [`Pv`], as one JSON string: a few hundred bytes. A sync
+//! decodes it again ([`Compact::object`]), microseconds against the writes it then makes.
 //!
 //! Writes never come from these copies' missing parts: every claim write is a merge patch of
 //! the fields it sets (the conditions, which a patch replaces whole, are kept), every PV write
 //! a merge patch too.
 
 use std::borrow::Cow;
-use std::marker::PhantomData;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use plugreg_sidecar_kit::compact::trim_meta;
+pub use plugreg_sidecar_kit::compact::{Compact, Trim};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 
 use crate::kube as k;
 
-/// An object type whose cached form keeps only what the resizer reads.
-pub trait Trim: kube::Resource<DynamicType = ()> + serde::Serialize + DeserializeOwned {
-    /// Drops what no decision and no write reads (the identity is kept apart by [`Cached`]).
-    fn trim(&mut self);
-}
-
-/// An object as cached: its identity typed, the rest as compact JSON (see the module docs).
+/// What the resizer keeps of a claim: spec and status whole (the conditions are rewritten
+/// whole by every status patch; the rest is small) and of its metadata only the identity and
+/// the annotation the decisions read (who resizes a migrated claim).
 #[derive(Debug)]
-pub struct Cached<K> {
-    /// Name, namespace, UID and resourceVersion only.
-    pub metadata: ObjectMeta,
-    rest: Box<str>,
-    kind: PhantomData<fn() -> K>,
-}
+pub enum Claim {}
 
-impl<K> Clone for Cached<K> {
-    fn clone(&self) -> Self {
-        Cached {
-            metadata: self.metadata.clone(),
-            rest: self.rest.clone(),
-            kind: PhantomData,
-        }
+impl Trim for Claim {
+    type Object = PersistentVolumeClaim;
+    fn trim(c: &mut PersistentVolumeClaim) {
+        trim_meta(&mut c.metadata, &[k::ANN_STORAGE_RESIZER], false);
     }
 }
 
-impl<K: Trim> Cached<K> {
-    /// The cached form of `o`, trimmed by [`Trim::trim`] (managed fields always dropped).
-    pub fn new(mut o: K) -> Self {
-        o.trim();
-        let m = o.meta_mut();
-        m.managed_fields = None;
-        let metadata = ObjectMeta {
-            name: m.name.take(),
-            namespace: m.namespace.take(),
-            uid: m.uid.take(),
-            resource_version: m.resource_version.take(),
-            ..ObjectMeta::default()
-        };
-        // k8s-openapi's types serialise into a string without fail (string keys only).
-        let rest = serde_json::to_string(&o).unwrap_or_default();
-        Cached {
-            metadata,
-            rest: rest.into_boxed_str(),
-            kind: PhantomData,
-        }
-    }
+/// What the resizer keeps of a PV: what the expand and modify requests and the ownership
+/// check read: capacity, CSI source (without its volume attributes and other secrets), claim
+/// reference, access modes, volume mode, mount options, and the pre-resize and modify-secret
+/// annotations.
+#[derive(Debug)]
+pub enum Pv {}
 
-    /// The object as the decisions read it (trimmed).
-    pub fn object(&self) -> K {
-        // Written by `new` from the same type: it decodes.
-        let mut o: K = match serde_json::from_str(&self.rest) {
-            Ok(o) => o,
-            Err(e) => unreachable!("a cached object that does not decode: {e}"),
-        };
-        let m = o.meta_mut();
-        m.name.clone_from(&self.metadata.name);
-        m.namespace.clone_from(&self.metadata.namespace);
-        m.uid.clone_from(&self.metadata.uid);
-        m.resource_version
-            .clone_from(&self.metadata.resource_version);
-        o
-    }
-
-    /// The bytes the rest of the object takes (for tests and sizing).
-    pub fn rest_len(&self) -> usize {
-        self.rest.len()
-    }
-}
-
-impl<'de, K: Trim> Deserialize<'de> for Cached<K> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        K::deserialize(d).map(Cached::new)
-    }
-}
-
-impl<K: Trim> kube::Resource for Cached<K> {
-    type DynamicType = ();
-    type Scope = K::Scope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        K::kind(&())
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        K::group(&())
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        K::version(&())
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        K::api_version(&())
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        K::plural(&())
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-/// Keeps of `annotations` only the keys in `keep`.
-fn keep_annotations(m: &mut ObjectMeta, keep: &[&str]) {
-    let annotations = m.annotations.take().map(|mut a| {
-        a.retain(|key, _| keep.contains(&key.as_str()));
-        a
-    });
-    *m = ObjectMeta {
-        annotations: annotations.filter(|a| !a.is_empty()),
-        ..ObjectMeta::default()
-    };
-}
-
-/// A claim keeps its spec and status whole (the conditions are rewritten whole by every
-/// status patch; the rest is small) and of its metadata only the annotation the decisions
-/// read (who resizes a migrated claim).
-impl Trim for PersistentVolumeClaim {
-    fn trim(&mut self) {
-        let (name, ns, uid, rv) = (
-            self.metadata.name.take(),
-            self.metadata.namespace.take(),
-            self.metadata.uid.take(),
-            self.metadata.resource_version.take(),
-        );
-        keep_annotations(&mut self.metadata, &[k::ANN_STORAGE_RESIZER]);
-        self.metadata.name = name;
-        self.metadata.namespace = ns;
-        self.metadata.uid = uid;
-        self.metadata.resource_version = rv;
-    }
-}
-
-/// A PV keeps what the expand and modify requests and the ownership check read: capacity,
-/// CSI source (without its volume attributes and other secrets), claim reference, access
-/// modes, volume mode, mount options, and the pre-resize and modify-secret annotations.
-impl Trim for PersistentVolume {
-    fn trim(&mut self) {
-        let (name, uid, rv) = (
-            self.metadata.name.take(),
-            self.metadata.uid.take(),
-            self.metadata.resource_version.take(),
-        );
-        keep_annotations(
-            &mut self.metadata,
+impl Trim for Pv {
+    type Object = PersistentVolume;
+    fn trim(pv: &mut PersistentVolume) {
+        trim_meta(
+            &mut pv.metadata,
             &[
                 k::ANN_PRE_RESIZE_CAPACITY,
                 k::ANN_MODIFY_SECRET_NAME,
                 k::ANN_MODIFY_SECRET_NAMESPACE,
             ],
+            false,
         );
-        self.metadata.name = name;
-        self.metadata.uid = uid;
-        self.metadata.resource_version = rv;
-        if let Some(s) = self.spec.take() {
+        if let Some(s) = pv.spec.take() {
             let csi = s.csi.map(|mut c| {
                 c.volume_attributes = None;
                 c.node_publish_secret_ref = None;
@@ -196,7 +74,7 @@ impl Trim for PersistentVolume {
                     uid: r.uid,
                     ..Default::default()
                 });
-            self.spec = Some(PersistentVolumeSpec {
+            pv.spec = Some(PersistentVolumeSpec {
                 capacity: s.capacity,
                 csi,
                 claim_ref,
@@ -207,7 +85,7 @@ impl Trim for PersistentVolume {
                 ..Default::default()
             });
         }
-        self.status = None;
+        pv.status = None;
     }
 }
 
@@ -345,7 +223,7 @@ mod tests {
                 "modifyVolumeStatus": {"status": "InProgress", "targetVolumeAttributesClassName": "gold"}},
         });
         let full: PersistentVolumeClaim = serde_json::from_value(wire.clone()).unwrap();
-        let cached: Cached<PersistentVolumeClaim> = serde_json::from_value(wire).unwrap();
+        let cached: Compact<Claim> = serde_json::from_value(wire).unwrap();
         assert_eq!(cached.resource_version().as_deref(), Some("7"));
         let got = cached.object();
         assert_eq!(got.name_any(), "data");
@@ -386,7 +264,7 @@ mod tests {
             "status": {"phase": "Bound"},
         });
         let full: PersistentVolume = serde_json::from_value(wire.clone()).unwrap();
-        let cached: Cached<PersistentVolume> = serde_json::from_value(wire).unwrap();
+        let cached: Compact<Pv> = serde_json::from_value(wire).unwrap();
         let got = cached.object();
         assert_eq!(got.name_any(), "pv-1");
         assert_eq!(k::pv_capacity(&got), k::pv_capacity(&full));
@@ -410,10 +288,7 @@ mod tests {
         assert_eq!(s.mount_options, f.mount_options);
         assert!(s.node_affinity.is_none());
         assert!(cached.rest_len() < 640, "{}", cached.rest_len());
-        assert!(
-            std::mem::size_of::<Cached<PersistentVolume>>() * 4
-                < std::mem::size_of::<PersistentVolume>()
-        );
+        assert!(std::mem::size_of::<Compact<Pv>>() * 4 < std::mem::size_of::<PersistentVolume>());
     }
 
     #[test]

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cached::{Cached, PodUse, Trim};
+use crate::cached::{Claim, Compact, PodUse, Pv, Trim};
 use crate::csi::{Driver, Resizer, error_text};
 use crate::decide::{self, ClaimView, Failure, Memory, Modify, Resize, SlowSet};
 use crate::kube::{self as k, VolumeAttributesClass, claim_key};
@@ -137,11 +137,11 @@ impl SlowSetMap {
 /// something newer): the watch drops each as it delivers its successor, so none outlives the
 /// write that made it by more than a watch event.
 #[derive(Debug)]
-struct Fresh<K> {
-    objects: Mutex<HashMap<String, Cached<K>>>,
+struct Fresh<T: Trim> {
+    objects: Mutex<HashMap<String, Compact<T>>>,
 }
 
-impl<K> Default for Fresh<K> {
+impl<T: Trim> Default for Fresh<T> {
     fn default() -> Self {
         Fresh {
             objects: Mutex::default(),
@@ -157,15 +157,15 @@ fn rv_of<K: Resource>(o: &K) -> u64 {
         .unwrap_or(0)
 }
 
-impl<K: Trim> Fresh<K> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached<K>>> {
+impl<T: Trim> Fresh<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Compact<T>>> {
         self.objects.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn put(&self, key: String, o: K) {
-        self.lock().insert(key, Cached::new(o));
+    fn put(&self, key: String, o: T::Object) {
+        self.lock().insert(key, Compact::new(o));
     }
     /// The watch delivered `o` of `key` (or its deletion): ours goes if it is not newer.
-    fn seen(&self, key: &str, o: &Cached<K>, deleted: bool) {
+    fn seen(&self, key: &str, o: &Compact<T>, deleted: bool) {
         let mut m = self.lock();
         if let Some(ours) = m.get(key)
             && (deleted || rv_of(ours) <= rv_of(o))
@@ -175,7 +175,7 @@ impl<K: Trim> Fresh<K> {
     }
     /// The newer of the cached object and ours (none when the cache has none: an object we
     /// wrote was in the cache before, so it has been deleted since).
-    fn pick(&self, key: &str, cached: Option<Arc<Cached<K>>>) -> Option<Arc<K>> {
+    fn pick(&self, key: &str, cached: Option<Arc<Compact<T>>>) -> Option<Arc<T::Object>> {
         let mut m = self.lock();
         let Some(ours) = m.get(key) else {
             return cached.map(|c| Arc::new(c.object()));
@@ -190,18 +190,32 @@ impl<K: Trim> Fresh<K> {
     }
 }
 
+/// Whether the resizer of `driver` handles the claim's PV: the driver's CSI volume, bound to
+/// this claim (namespace and UID: a PV whose claim was deleted and made again under the same
+/// name belongs to the old claim).
+fn supports(driver: &str, pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
+    let spec = pv.spec.as_ref();
+    let ours = spec
+        .and_then(|s| s.csi.as_ref())
+        .is_some_and(|c| c.driver == driver);
+    let bound_here = spec
+        .and_then(|s| s.claim_ref.as_ref())
+        .is_some_and(|r| r.namespace == pvc.metadata.namespace && r.uid == pvc.metadata.uid);
+    ours && bound_here
+}
+
 /// What the pods say about claims in use.
 type Pods = Store<PodUse>;
 
 struct Controller {
     cfg: Config,
     c: Clients,
-    claims: Store<Cached<PersistentVolumeClaim>>,
-    volumes: Store<Cached<PersistentVolume>>,
+    claims: Store<Compact<Claim>>,
+    volumes: Store<Compact<Pv>>,
     pods: Option<Pods>,
     classes: Option<Store<VolumeAttributesClass>>,
-    fresh_claims: Arc<Fresh<PersistentVolumeClaim>>,
-    fresh_volumes: Arc<Fresh<PersistentVolume>>,
+    fresh_claims: Arc<Fresh<Claim>>,
+    fresh_volumes: Arc<Fresh<Pv>>,
     resize_q: Arc<WorkQueue<String>>,
     modify_q: Arc<WorkQueue<String>>,
     /// Claims (by key) whose last expansion ended with a final error.
@@ -242,10 +256,10 @@ pub async fn run(
     let modifying = cfg.modify;
     // The last view of each claim, for the update filters.
     let mut seen: HashMap<String, (ClaimView, String)> = HashMap::new();
-    let fresh_claims = Arc::new(Fresh::<PersistentVolumeClaim>::default());
-    let fresh_volumes = Arc::new(Fresh::<PersistentVolume>::default());
+    let fresh_claims = Arc::new(Fresh::<Claim>::default());
+    let fresh_volumes = Arc::new(Fresh::<Pv>::default());
     let fresh = Arc::clone(&fresh_claims);
-    let claims = cache::watch::<Cached<PersistentVolumeClaim>>(
+    let claims = cache::watch::<Compact<Claim>>(
         &c.client,
         &shutdown,
         &mut ready,
@@ -284,7 +298,7 @@ pub async fn run(
         },
     );
     let fresh = Arc::clone(&fresh_volumes);
-    let volumes = cache::watch::<Cached<PersistentVolume>>(
+    let volumes = cache::watch::<Compact<Pv>>(
         &c.client,
         &shutdown,
         &mut ready,
@@ -573,19 +587,6 @@ impl Controller {
         })
     }
 
-    /// Whether this resizer handles the claim's PV: our driver's CSI volume, bound to this
-    /// claim (namespace and UID).
-    fn can_support(&self, pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
-        let spec = pv.spec.as_ref();
-        let ours = spec
-            .and_then(|s| s.csi.as_ref())
-            .is_some_and(|c| c.driver == self.cfg.driver);
-        let bound_here = spec
-            .and_then(|s| s.claim_ref.as_ref())
-            .is_some_and(|r| r.namespace == pvc.metadata.namespace && r.uid == pvc.metadata.uid);
-        ours && bound_here
-    }
-
     // ---- resizing
 
     async fn sync_resize(&self, key: &str) -> Result<(), Retry> {
@@ -613,7 +614,7 @@ impl Controller {
             debug!(target: "plugreg_resizer::v4", pvc = key, "No need to resize PVC");
             return Ok(());
         }
-        if !self.can_support(&pv, &pvc) {
+        if !supports(&self.cfg.driver, &pv, &pvc) {
             debug!(target: "plugreg_resizer::v4", pvc = key, "Resizer doesn't support PV");
             return Ok(());
         }
@@ -1399,11 +1400,44 @@ mod tests {
         .unwrap()
     }
 
+    /// Checklist 6: only our driver's PV bound to this very claim (namespace and UID).
+    #[test]
+    fn supports_only_our_pv_bound_to_this_claim() {
+        let pvc = |uid: &str| -> PersistentVolumeClaim {
+            serde_json::from_value(
+                json!({"metadata": {"name": "c", "namespace": "ns", "uid": uid}}),
+            )
+            .unwrap()
+        };
+        let pv = |driver: &str, ns: &str, uid: &str| -> PersistentVolume {
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {
+                "csi": {"driver": driver, "volumeHandle": "h"},
+                "claimRef": {"namespace": ns, "name": "c", "uid": uid}}}))
+            .unwrap()
+        };
+        assert!(supports("d", &pv("d", "ns", "u1"), &pvc("u1")));
+        assert!(
+            !supports("d", &pv("d", "ns", "u0"), &pvc("u1")),
+            "UID mismatch"
+        );
+        assert!(
+            !supports("d", &pv("d", "other", "u1"), &pvc("u1")),
+            "namespace"
+        );
+        assert!(
+            !supports("d", &pv("e", "ns", "u1"), &pvc("u1")),
+            "other driver"
+        );
+        let mut unbound = pv("d", "ns", "u1");
+        unbound.spec.as_mut().unwrap().claim_ref = None;
+        assert!(!supports("d", &unbound, &pvc("u1")), "no claimRef");
+    }
+
     /// The answer to our own write is kept only until the watch delivers it (or something
     /// newer): before, each claim's last answer stayed for good, managed fields and all.
     #[test]
     fn our_writes_answers_go_once_the_watch_has_them() {
-        let fresh = Fresh::<PersistentVolumeClaim>::default();
+        let fresh = Fresh::<Claim>::default();
         fresh.put("ns/c".into(), claim("7"));
         assert!(
             fresh.lock()["ns/c"]
@@ -1413,16 +1447,16 @@ mod tests {
                 .is_none()
         );
         // An older object from the watch: ours stays, and is what a sync reads.
-        fresh.seen("ns/c", &Cached::new(claim("6")), false);
-        let older = Arc::new(Cached::new(claim("6")));
+        fresh.seen("ns/c", &Compact::<Claim>::new(claim("6")), false);
+        let older = Arc::new(Compact::<Claim>::new(claim("6")));
         let picked = fresh.pick("ns/c", Some(older)).unwrap();
         assert_eq!(picked.metadata.resource_version.as_deref(), Some("7"));
         // The watch catches up: ours goes.
-        fresh.seen("ns/c", &Cached::new(claim("7")), false);
+        fresh.seen("ns/c", &Compact::<Claim>::new(claim("7")), false);
         assert!(fresh.lock().is_empty());
         // A deletion drops ours too.
         fresh.put("ns/c".into(), claim("9"));
-        fresh.seen("ns/c", &Cached::new(claim("8")), true);
+        fresh.seen("ns/c", &Compact::<Claim>::new(claim("8")), true);
         assert!(fresh.lock().is_empty());
     }
 

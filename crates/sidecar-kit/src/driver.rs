@@ -257,3 +257,22 @@ pub async fn plugin_name(
     }
     Ok(info.name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checklist (attacher 2, snapshotter 2): the text goes into an existing termination log,
+    /// replacing what was there; a missing one is not created.
+    #[test]
+    fn connection_loss_writes_an_existing_termination_log_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("termination-log");
+        std::fs::write(&log, "an older, longer message from before").unwrap();
+        report_connection_loss(&log);
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), LOST_MESSAGE);
+        let missing = dir.path().join("missing");
+        report_connection_loss(&missing);
+        assert!(!missing.exists());
+    }
+}

@@ -24,12 +24,13 @@
 //! - [`metrics`]: the registry with `csi_sidecar_operations_seconds`, the work-queue, leader and
 //!   process metrics, and the sidecar's own families through a [`metrics::Collector`];
 //! - [`quantity`]: Kubernetes resource quantities as byte counts, both ways;
+//! - [`migration`]: the CSI-migration target drivers;
 //! - [`http`]: a small HTTP/1 diagnostics server with the bounds a network endpoint needs and one
 //!   shared health check in flight;
 //! - with the feature `controller` (kube and k8s-openapi; node sidecars leave it out):
 //!   [`driver`] (the CSI driver reached, probed and watched at start-up, as csi-lib-utils
 //!   does), [`leader`] (leader election on a Lease, [`leader::run_elected`] for a controller that
-//!   works only while it leads), [`cache`] (trimmed watch caches), [`events`] (client-go's
+//!   works only while it leads), [`cache`] (trimmed watch caches), [`compact`] (their compact entries), [`events`] (client-go's
 //!   event recorder),
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
 //!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`vac`] (the
@@ -40,6 +41,8 @@
 pub mod cache;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "controller")]
+pub mod compact;
 pub mod connect;
 #[cfg(feature = "controller")]
 pub mod diagnostics;
@@ -55,6 +58,7 @@ pub mod http;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod migration;
 pub mod pflag;
 pub mod quantity;
 #[cfg(feature = "controller")]

@@ -118,10 +118,26 @@ pub trait Collector: Debug + Send + Sync {
 
 /// csi-lib-utils' `csi_sidecar_operations_seconds`: gRPC calls to the driver by driver, status
 /// code and method, at most [`MAX_SERIES`] label sets (further methods count as [`OTHER`]).
+///
+/// For a CSI-migration target driver upstream's controller sidecars add the label `migrated`
+/// ([`with_migrated_label`](Self::with_migrated_label)): `true`/`false` on the calls made for
+/// a volume, empty on the others (Probe, GetPluginInfo, capabilities, ListVolumes).
 #[derive(Debug, Clone, Default)]
 pub struct CsiOperations {
-    /// (driver_name, grpc_status_code, method_name): the labels' sorted order.
-    calls: BTreeMap<(String, &'static str, String), Histogram>,
+    /// (driver_name, grpc_status_code, method_name, migrated): the labels' sorted order.
+    calls: BTreeMap<(String, &'static str, String, &'static str), Histogram>,
+    /// Whether the series carry the `migrated` label.
+    migrated_label: bool,
+}
+
+/// The `migrated` label's value for a call: `true`, `false`, or empty when the call concerns
+/// no volume (csi-lib-utils leaves a label without a value empty).
+fn migrated_value(migrated: Option<bool>) -> &'static str {
+    match migrated {
+        Some(true) => "true",
+        Some(false) => "false",
+        None => "",
+    }
 }
 
 impl CsiOperations {
@@ -135,14 +151,33 @@ impl CsiOperations {
         code: Option<tonic::Code>,
         elapsed: Duration,
     ) {
+        self.record_as(driver, method, None, code, elapsed);
+    }
+
+    /// [`record`](Self::record) for a call that concerns a volume migrated (`Some(true)`) or
+    /// not (`Some(false)`); the value shows only [`with_migrated_label`](Self::with_migrated_label).
+    pub fn record_as(
+        &mut self,
+        driver: &str,
+        method: &str,
+        migrated: Option<bool>,
+        code: Option<tonic::Code>,
+        elapsed: Duration,
+    ) {
         let code = code.map_or("unknown-non-grpc", plugreg_runtime::report::go_code);
+        let migrated = migrated_value(migrated);
         bounded(
             &mut self.calls,
-            (driver.to_owned(), code, method.to_owned()),
-            |(d, c, _)| (d, c, OTHER.to_owned()),
+            (driver.to_owned(), code, method.to_owned(), migrated),
+            |(d, c, _, m)| (d, c, OTHER.to_owned(), m),
             || Histogram::new(&prom::CSI_OPERATION_BUCKETS),
         )
         .observe(elapsed.as_secs_f64());
+    }
+
+    /// Adds the `migrated` label to every series (upstream does for a CSI-migration target).
+    pub fn with_migrated_label(&mut self) {
+        self.migrated_label = true;
     }
 
     /// The label sets held.
@@ -159,7 +194,7 @@ impl CsiOperations {
     pub fn get(&self, driver: &str, code: &str, method: &str) -> Option<&Histogram> {
         self.calls
             .iter()
-            .find(|((d, c, m), _)| d == driver && *c == code && m == method)
+            .find(|((d, c, m, _), _)| d == driver && *c == code && m == method)
             .map(|(_, h)| h)
     }
 
@@ -168,14 +203,19 @@ impl CsiOperations {
         families.histograms(
             prom::CSI_OPERATIONS,
             prom::CSI_OPERATIONS_HELP,
-            self.calls.iter().map(|((driver, code, method), h)| {
-                let l = prom::labels(&[
-                    ("driver_name", driver.as_str()),
-                    ("grpc_status_code", code),
-                    ("method_name", method.as_str()),
-                ]);
-                (l, h)
-            }),
+            self.calls
+                .iter()
+                .map(|((driver, code, method, migrated), h)| {
+                    let mut labels = vec![
+                        ("driver_name", driver.as_str()),
+                        ("grpc_status_code", *code),
+                        ("method_name", method.as_str()),
+                    ];
+                    if self.migrated_label {
+                        labels.push(("migrated", *migrated));
+                    }
+                    (prom::labels(&labels), h)
+                }),
         );
     }
 }
@@ -241,6 +281,12 @@ impl Metrics {
         self.driver = driver.to_owned();
     }
 
+    /// Adds the label `migrated` to `csi_sidecar_operations_seconds`, as upstream's controller
+    /// sidecars do for a CSI-migration target driver ([`crate::migration`]).
+    pub fn with_migrated_label(&mut self) {
+        self.lock().csi.with_migrated_label();
+    }
+
     /// Sets `process_start_time_seconds` (for tests of the exact output; the default is read
     /// from procfs).
     pub fn set_start_time(&mut self, seconds: f64) {
@@ -264,7 +310,21 @@ impl Metrics {
     /// `code` its status (`Ok` for success; `None` when the call failed without a gRPC status:
     /// `unknown-non-grpc`).
     pub fn csi_call(&self, method: &str, code: Option<tonic::Code>, elapsed: Duration) {
-        self.lock().csi.record(&self.driver, method, code, elapsed);
+        self.csi_call_as(method, None, code, elapsed);
+    }
+
+    /// [`csi_call`](Self::csi_call) for a call that concerns a volume, migrated or not (the
+    /// `migrated` label's value, see [`CsiOperations`]).
+    pub fn csi_call_as(
+        &self,
+        method: &str,
+        migrated: Option<bool>,
+        code: Option<tonic::Code>,
+        elapsed: Duration,
+    ) {
+        self.lock()
+            .csi
+            .record_as(&self.driver, method, migrated, code, elapsed);
     }
 
     /// Runs one CSI call and records it with [`csi_call`](Self::csi_call): `code` tells the
@@ -275,13 +335,25 @@ impl Metrics {
         call: impl Future<Output = Result<T, E>>,
         code: impl FnOnce(&E) -> Option<tonic::Code>,
     ) -> Result<T, E> {
+        self.timed_csi_call_as(method, None, call, code).await
+    }
+
+    /// [`timed_csi_call`](Self::timed_csi_call) for a call that concerns a volume, migrated or
+    /// not (see [`csi_call_as`](Self::csi_call_as)).
+    pub async fn timed_csi_call_as<T, E>(
+        &self,
+        method: &str,
+        migrated: Option<bool>,
+        call: impl Future<Output = Result<T, E>>,
+        code: impl FnOnce(&E) -> Option<tonic::Code>,
+    ) -> Result<T, E> {
         let started = std::time::Instant::now();
         let result = call.await;
         let status = match &result {
             Ok(_) => Some(tonic::Code::Ok),
             Err(e) => code(e),
         };
-        self.csi_call(method, status, started.elapsed());
+        self.csi_call_as(method, migrated, status, started.elapsed());
         result
     }
 
@@ -560,5 +632,29 @@ mod tests {
         );
         assert!(text.ends_with("zz_last 2\n"), "{text}");
         assert!(text.contains("\nprocess_start_time_seconds 1.70000000025e+09\n"));
+    }
+
+    /// A migration target's series carry `migrated`: `false` for a volume's call, empty for
+    /// the others; without the label the series are as before.
+    #[test]
+    fn migrated_label_only_when_asked() {
+        let mut m = Metrics::new("ebs.csi.aws.com");
+        m.csi_call_as(
+            "/csi.v1.Controller/ControllerPublishVolume",
+            Some(false),
+            Some(tonic::Code::Ok),
+            Duration::from_millis(1),
+        );
+        m.csi_call(
+            "/csi.v1.Identity/Probe",
+            Some(tonic::Code::Ok),
+            Duration::from_millis(1),
+        );
+        let plain = m.render();
+        assert!(!plain.contains("migrated="), "{plain}");
+        m.with_migrated_label();
+        let out = m.render();
+        assert!(out.contains("csi_sidecar_operations_seconds_count{driver_name=\"ebs.csi.aws.com\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerPublishVolume\",migrated=\"false\"} 1"), "{out}");
+        assert!(out.contains("csi_sidecar_operations_seconds_count{driver_name=\"ebs.csi.aws.com\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\"} 1"), "{out}");
     }
 }

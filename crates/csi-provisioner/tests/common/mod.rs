@@ -200,6 +200,12 @@ impl Env {
         )
     }
 
+    /// Starts `csi-provisioner` for this driver with the kubeconfig at `kubeconfig` (another
+    /// user's credentials) and `args` added.
+    pub fn provisioner_as(&self, kubeconfig: &Path, args: &[&str]) -> Provisioner {
+        Provisioner::start(&self.socket, kubeconfig, args, self.dir.path(), None)
+    }
+
     /// Starts `csi-provisioner` in its own UTS namespace with host name `host` (its leader
     /// election identity, as two pods of a Deployment have), with `args` added. Needs root.
     pub fn provisioner_on(&self, host: &str, args: &[&str]) -> Provisioner {

@@ -1,0 +1,233 @@
+//! Compact watch-cache entries: an object kept as its identity, typed, and the rest, trimmed
+//! to what a sidecar's decisions read, as one JSON string.
+//!
+//! A controller sidecar caches every object of a kind it watches: one PersistentVolume per
+//! volume, one claim, one VolumeAttachment per attached volume. Typed, k8s-openapi keeps every
+//! volume source inline: a `PersistentVolume` is about 3.4 KiB before a single string, nearly
+//! all of it `None`, and the objects the API server returns carry their managed fields on top.
+//! [`Compact`] keeps the name, namespace, UID and resource version typed (what the reflector,
+//! the watch and a freshness check need) and the rest, trimmed by the sidecar's [`Trim`], as
+//! JSON without the `None`s, `apiVersion` and `kind`: a few hundred bytes. A sync decodes it
+//! again ([`Compact::object`]), microseconds against the API writes and the driver call it then
+//! makes. Each object of a list page or watch event is decoded whole, trimmed and encoded before
+//! the next one is read, so a page never holds more than one full object at a time.
+//!
+//! Writes must never come from these copies: what a trim dropped would be lost. Sidecars change
+//! objects with patches that name only what they change.
+//!
+//! The trim is a type of the sidecar's own ([`Trim`] on a marker type with the object as its
+//! [`Trim::Object`]), so that two sidecars can keep different parts of the same kind.
+
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What a sidecar keeps of one kind of object.
+pub trait Trim {
+    /// The object kind.
+    type Object: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Default;
+
+    /// Drops of `obj` what no decision reads. The identity (name, namespace, UID, resource
+    /// version) is kept by [`Compact`] whatever this does; managed fields are always dropped.
+    fn trim(obj: &mut Self::Object);
+}
+
+/// An object as cached (see the module docs).
+pub struct Compact<T: Trim> {
+    /// Name, namespace, UID and resourceVersion only.
+    metadata: ObjectMeta,
+    /// The trimmed rest, JSON without `apiVersion` and `kind`.
+    rest: Box<str>,
+    trim: PhantomData<fn() -> T>,
+}
+
+impl<T: Trim> std::fmt::Debug for Compact<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compact")
+            .field("metadata", &self.metadata)
+            .field("rest", &self.rest)
+            .finish()
+    }
+}
+
+impl<T: Trim> Clone for Compact<T> {
+    fn clone(&self) -> Self {
+        Self {
+            metadata: self.metadata.clone(),
+            rest: self.rest.clone(),
+            trim: PhantomData,
+        }
+    }
+}
+
+impl<T: Trim> Compact<T> {
+    /// The cached form of `obj`.
+    pub fn new(mut obj: T::Object) -> Self {
+        T::trim(&mut obj);
+        let m = obj.meta_mut();
+        m.managed_fields = None;
+        let metadata = ObjectMeta {
+            name: m.name.take(),
+            namespace: m.namespace.take(),
+            uid: m.uid.take(),
+            resource_version: m.resource_version.take(),
+            ..ObjectMeta::default()
+        };
+        // Serialising k8s-openapi types and plain serde structs cannot fail (string keys only).
+        let mut rest = serde_json::to_value(&obj).unwrap_or_default();
+        if let Value::Object(o) = &mut rest {
+            o.remove("apiVersion");
+            o.remove("kind");
+            if o.get("metadata")
+                .is_some_and(|m| m.as_object().is_some_and(|m| m.is_empty()))
+            {
+                o.remove("metadata");
+            }
+        }
+        Self {
+            metadata,
+            rest: rest.to_string().into_boxed_str(),
+            trim: PhantomData,
+        }
+    }
+
+    /// The object as the decisions read it (trimmed, see [`Trim`]).
+    pub fn object(&self) -> T::Object {
+        // Written by `new` from the same type: it decodes.
+        let mut obj: T::Object = serde_json::from_str(&self.rest).unwrap_or_default();
+        let m = obj.meta_mut();
+        m.name.clone_from(&self.metadata.name);
+        m.namespace.clone_from(&self.metadata.namespace);
+        m.uid.clone_from(&self.metadata.uid);
+        m.resource_version
+            .clone_from(&self.metadata.resource_version);
+        obj
+    }
+
+    /// The bytes the rest of the object takes (for tests and sizing).
+    pub fn rest_len(&self) -> usize {
+        self.rest.len()
+    }
+}
+
+impl<'de, T: Trim> Deserialize<'de> for Compact<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::Object::deserialize(d).map(Compact::new)
+    }
+}
+
+impl<T: Trim> Resource for Compact<T> {
+    type DynamicType = ();
+    type Scope = <T::Object as Resource>::Scope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        T::Object::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        T::Object::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        T::Object::version(&())
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        T::Object::api_version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        T::Object::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Keeps of `m` the identity, the annotations named in `keep` and, with `lifecycle`, the
+/// finalizers and the deletion time; drops the rest (labels, owner references, timestamps, ...).
+pub fn trim_meta(m: &mut ObjectMeta, keep: &[&str], lifecycle: bool) {
+    let annotations = m.annotations.take().map(|mut a| {
+        a.retain(|key, _| keep.contains(&key.as_str()));
+        a
+    });
+    *m = ObjectMeta {
+        name: m.name.take(),
+        namespace: m.namespace.take(),
+        uid: m.uid.take(),
+        resource_version: m.resource_version.take(),
+        finalizers: m.finalizers.take().filter(|_| lifecycle),
+        deletion_timestamp: m.deletion_timestamp.take().filter(|_| lifecycle),
+        annotations: annotations.filter(|a| !a.is_empty()),
+        ..ObjectMeta::default()
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt;
+    use serde_json::json;
+
+    /// A trim that keeps the data and one annotation.
+    enum Cm {}
+    impl Trim for Cm {
+        type Object = ConfigMap;
+        fn trim(obj: &mut ConfigMap) {
+            trim_meta(&mut obj.metadata, &["keep"], true);
+            obj.binary_data = None;
+        }
+    }
+
+    fn wire() -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+                "labels": {"a": "b"}, "finalizers": ["f"],
+                "annotations": {"keep": "1", "drop": "2"},
+                "managedFields": [{"manager": "m", "operation": "Update"}]},
+            "data": {"k": "v"},
+            "binaryData": {"b": "AAAA"},
+        })
+    }
+
+    #[test]
+    fn keeps_the_identity_and_what_the_trim_keeps() {
+        let c: Compact<Cm> = serde_json::from_value(wire()).unwrap();
+        assert_eq!(
+            (c.name_any(), c.namespace(), c.uid(), c.resource_version()),
+            (
+                "c".to_owned(),
+                Some("ns".to_owned()),
+                Some("u".to_owned()),
+                Some("7".to_owned())
+            )
+        );
+        let o = c.object();
+        assert_eq!(o.data, Some([("k".to_owned(), "v".to_owned())].into()));
+        assert_eq!(o.binary_data, None);
+        assert_eq!(o.metadata.finalizers, Some(vec!["f".to_owned()]));
+        assert_eq!(
+            o.metadata.annotations,
+            Some([("keep".to_owned(), "1".to_owned())].into())
+        );
+        assert_eq!((o.metadata.labels, o.metadata.managed_fields), (None, None));
+        assert_eq!(o.metadata.uid.as_deref(), Some("u"));
+        assert!(!c.rest.contains("ConfigMap"), "{}", c.rest);
+    }
+
+    /// `null` metadata and missing fields read as the full type reads them.
+    #[test]
+    fn reads_nulls_as_the_full_type_does() {
+        let w = json!({"metadata": null, "data": null});
+        let c: Compact<Cm> = serde_json::from_value(w.clone()).unwrap();
+        let full: ConfigMap = serde_json::from_value(w).unwrap();
+        assert_eq!(c.object(), full);
+        assert_eq!(Compact::<Cm>::plural(&()), "configmaps");
+    }
+}
