@@ -21,6 +21,7 @@ pub const SIDECARS: &[&str] = &[
     "csi-provisioner",
     "csi-attacher",
     "csi-resizer",
+    "csi-snapshotter",
 ];
 /// The test driver's image (`images/test-images.conf`).
 pub const TEST_DRIVER: &str = "csi-test-driver";

@@ -43,6 +43,7 @@ const CASES: &[Case] = &[
             ("csi-provisioner", "plugreg/csi-provisioner:v0.1.0"),
             ("csi-attacher", "plugreg/csi-attacher:v0.1.0"),
             ("csi-resizer", "plugreg/csi-resizer:v0.1.0"),
+            ("csi-snapshotter", "plugreg/csi-snapshotter:v0.1.0"),
         ],
     },
     Case {
@@ -73,6 +74,10 @@ const CASES: &[Case] = &[
             (
                 "csi-resizer",
                 "registry.example.com/plugreg/csi-resizer:v0.1.0",
+            ),
+            (
+                "csi-snapshotter",
+                "registry.example.com/plugreg/csi-snapshotter:v0.1.0",
             ),
         ],
     },
@@ -194,6 +199,17 @@ async fn check_case(
             want.insert((kind.to_owned(), namespace.to_owned(), name.clone()));
         }
     }
+    // csi-snapshotter's leader-election Role keeps upstream's name.
+    let runner = format!("{}-external-snapshotter-runner", case.driver);
+    let cfg = "external-snapshotter-leaderelection".to_owned();
+    for (kind, namespace, name) in [
+        ("ClusterRole", "", &runner),
+        ("ClusterRoleBinding", "", &runner),
+        ("Role", ns, &cfg),
+        ("RoleBinding", ns, &cfg),
+    ] {
+        want.insert((kind.to_owned(), namespace.to_owned(), name.clone()));
+    }
     let got: BTreeSet<(String, String, String)> = objects
         .iter()
         .map(|o| {
@@ -279,6 +295,7 @@ async fn check_case(
         ("csi-provisioner", 8080, "http-endpoint"),
         ("csi-attacher", 8081, "attacher-http"),
         ("csi-resizer", 8082, "resizer-http"),
+        ("csi-snapshotter", 8083, "snapshot-http"),
     ] {
         let container = deployment["spec"]["template"]["spec"]["containers"]
             .as_array()

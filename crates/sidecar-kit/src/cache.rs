@@ -22,6 +22,35 @@ pub fn watch<K>(
     shutdown: &CancellationToken,
     ready: &mut Readiness,
     trim: impl Fn(&mut K) + Send + 'static,
+    on_event: impl FnMut(&K, bool) + Send + 'static,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    watch_selected(
+        client,
+        watcher::Config::default(),
+        shutdown,
+        ready,
+        trim,
+        on_event,
+    )
+}
+
+/// [`watch`] of only the objects `config` selects (a label selector, as csi-snapshotter's
+/// `--node-deployment` watches only its node's contents).
+pub fn watch_selected<K>(
+    client: &Client,
+    config: watcher::Config,
+    shutdown: &CancellationToken,
+    ready: &mut Readiness,
+    trim: impl Fn(&mut K) + Send + 'static,
     mut on_event: impl FnMut(&K, bool) + Send + 'static,
 ) -> Store<K>
 where
@@ -35,7 +64,7 @@ where
 {
     let api: Api<K> = Api::all(client.clone());
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, config)
         .default_backoff()
         .modify(move |o: &mut K| {
             o.meta_mut().managed_fields = None;

@@ -132,6 +132,12 @@ impl SnapshotController {
     /// Fails with [`Error::MissingPeer`] if it is not unpacked (`interop/build-peers.sh` does
     /// it), and with [`Error::NotReady`] (holding its log) if it exits or never answers.
     pub async fn start(api: &ApiServer) -> Result<Self, Error> {
+        Self::start_with(api, &[]).await
+    }
+
+    /// [`start`](Self::start) with `extra` flags after the test's own (a benchmark raises the
+    /// controller's `--kube-api-qps` so that it is not the one measured).
+    pub async fn start_with(api: &ApiServer, extra: &[&str]) -> Result<Self, Error> {
         let bin = peer(SNAPSHOT_CONTROLLER)?;
         install_snapshot_crds(api).await?;
         let http = std::net::SocketAddr::from((
@@ -145,7 +151,9 @@ impl SnapshotController {
                 format!("--kubeconfig={}", api.kubeconfig_path().display()),
                 "--leader-election=false".to_owned(),
                 format!("--http-endpoint={http}"),
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().map(|a| (*a).to_owned())),
         )?;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

@@ -1,0 +1,566 @@
+//! csi-snapshotter benchmark (issue 21):
+//!
+//! ```sh
+//! cargo bench -p plugreg-csi-snapshotter --bench snapshotter -- --out BENCHMARKS.md
+//! cargo bench -p plugreg-csi-snapshotter --bench snapshotter -- --quick   # 100 VolumeSnapshots
+//! ```
+//!
+//! A fresh real kube-apiserver v1.36.2 with the snapshot CRDs, the real Go snapshot-controller
+//! v8.6.0 (given `--kube-api-qps 1000 --kube-api-burst 2000 --worker-threads 50` so that it is
+//! not what is measured), the test CSI driver in-process (snapshots ready at the first
+//! CreateSnapshot), and the release `csi-snapshotter` as a process with upstream's defaults
+//! (`--kube-api-qps 5 --kube-api-burst 10`, 10 workers) and `--leader-election` (the Lease has
+//! its own client and bucket, as upstream). One CSI PV and its bound claim exist; N
+//! VolumeSnapshots of that claim are created at once (the bench's own unlimited client, 32 at a
+//! time). The run ends when a watch of its own has seen every VolumeSnapshot `readyToUse: true`.
+//!
+//! Reported: the time to all ready, the snapshotter's API writes per snapshot (its own
+//! `plugreg_kube_requests_total`, every verb but get, list and watch) against upstream's count
+//! (the being-created annotation, the status, the annotation's removal: 3 per snapshot ready at
+//! the first call), the time against the write floor (upstream's writes / QPS), and the peak
+//! RSS (VmHWM) with the highest anonymous and file-backed parts sampled, and the idle RSS.
+//! `PLUGREG_SNAPSHOTTER_BIN` measures another build with the same flags.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, watcher};
+use plugreg_csi_test_driver::{DriverConfig, MountMode};
+use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
+use plugreg_testpeers::{ApiServer, KubeVersion, SnapshotController};
+use serde_json::json;
+
+const START: &str = "<!-- bench:csi-snapshotter:start -->";
+const END: &str = "<!-- bench:csi-snapshotter:end -->";
+const DRIVER: &str = "bench.csi.plugreg.test";
+const NS: &str = "bench";
+const QPS: f64 = 5.0;
+const BURST: f64 = 10.0;
+/// Upstream's API writes per snapshot ready at the first CreateSnapshot (the spec of
+/// external-snapshotter v8.6.0: annotation, status, annotation removal).
+const UPSTREAM_WRITES: f64 = 3.0;
+
+fn bin() -> String {
+    std::env::var("PLUGREG_SNAPSHOTTER_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_csi-snapshotter").to_owned())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The snapshotter's request counter, by `verb resource`.
+fn requests(port: u16) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return out;
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("plugreg_kube_requests_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let get = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        if let Ok(v) = value.trim().parse::<f64>() {
+            out.insert(format!("{} {}", get("verb"), get("resource")), v as u64);
+        }
+    }
+    out
+}
+
+fn writes(r: &BTreeMap<String, u64>) -> u64 {
+    r.iter()
+        .filter(|(k, _)| {
+            let verb = k.split(' ').next().unwrap_or("");
+            !matches!(verb, "get" | "list" | "watch" | "GET" | "LIST" | "WATCH")
+        })
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn date() -> String {
+    let out = Command::new("date").args(["-u", "+%Y-%m-%d"]).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn commit() -> String {
+    let out = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+async fn create_all<F, Fut>(n: usize, make: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    futures::stream::iter(0..n)
+        .map(make)
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// Samples the resident anonymous and file-backed memory of `pid` every 100 ms until `stop`,
+/// and returns the highest of each.
+fn sample_peaks(
+    pid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(u64, u64)> {
+    std::thread::spawn(move || {
+        let pid = pid.to_string();
+        let (mut anon, mut file) = (0, 0);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let a = plugreg_runtime::procfs::status_kib(&pid, "RssAnon").unwrap_or(0);
+            let f = plugreg_runtime::procfs::status_kib(&pid, "RssFile").unwrap_or(0);
+            (anon, file) = (anon.max(a), file.max(f));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (anon, file)
+    })
+}
+
+/// Prints the resident KiB of each file mapped by `pid` (where the file-backed part comes from).
+fn print_file_mappings(pid: u32) {
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return;
+    };
+    let mut per_file: BTreeMap<String, u64> = BTreeMap::new();
+    let mut current = None;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields
+            .first()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
+            current = fields
+                .get(5)
+                .map(|p| format!("{p} {}", fields.get(1).unwrap_or(&"")));
+        } else if fields.first() == Some(&"Rss:")
+            && let Some(file) = &current
+            && file.starts_with('/')
+        {
+            *per_file.entry(file.clone()).or_default() += fields
+                .get(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    for (file, kib) in per_file {
+        println!("resident file pages: {kib} KiB {file}");
+    }
+}
+
+fn rss(pid: u32) -> (u64, u64, u64) {
+    let pid = pid.to_string();
+    let f = |k| plugreg_runtime::procfs::status_kib(&pid, k).unwrap_or(0);
+    (f("VmRSS"), f("RssAnon"), f("RssFile"))
+}
+
+struct Run {
+    n: usize,
+    ready: Duration,
+    /// When the snapshotter's last write of the run was seen.
+    settled: Duration,
+    requests: BTreeMap<String, u64>,
+    hwm_kib: u64,
+    /// Resident anonymous and file-backed memory at the end.
+    anon_kib: u64,
+    file_kib: u64,
+    /// The highest resident anonymous and file-backed memory sampled (every 100 ms).
+    peak_anon_kib: u64,
+    peak_file_kib: u64,
+    /// Resident memory (VmRSS, anonymous, file-backed) once the caches are filled, before the
+    /// first VolumeSnapshot.
+    idle_kib: (u64, u64, u64),
+    load_start: String,
+    exited: bool,
+}
+
+/// Counts the VolumeSnapshots a watch has seen ready.
+fn count_ready(client: kube::Client) -> tokio::sync::watch::Receiver<usize> {
+    let (tx, rx) = tokio::sync::watch::channel(0usize);
+    tokio::spawn(async move {
+        let api: Api<VolumeSnapshot> = Api::namespaced(client, NS);
+        let mut ready = std::collections::HashSet::new();
+        let mut s = std::pin::pin!(watcher(api, watcher::Config::default()));
+        while let Some(ev) = s.next().await {
+            if let Ok(watcher::Event::Apply(v) | watcher::Event::InitApply(v)) = ev
+                && v.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+                && ready.insert(v.metadata.name.clone().unwrap_or_default())
+            {
+                tx.send_replace(ready.len());
+            }
+        }
+    });
+    rx
+}
+
+/// Creates a snapshot API object (the kit's types do not write `apiVersion` and `kind`).
+async fn create<K: kube::Resource<DynamicType = ()>>(
+    client: &kube::Client,
+    mut object: serde_json::Value,
+) {
+    let ar = ApiResource::erase::<K>(&());
+    object["apiVersion"] = json!(ar.api_version);
+    object["kind"] = json!(ar.kind);
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(object).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+async fn run(n: usize) -> Run {
+    let load_start = load();
+    let api = ApiServer::start_version(KubeVersion::V1_36_2)
+        .await
+        .unwrap();
+    let _controller = SnapshotController::start_with(
+        &api,
+        &[
+            "--kube-api-qps=1000",
+            "--kube-api-burst=2000",
+            "--worker-threads=50",
+        ],
+    )
+    .await
+    .unwrap();
+    let client = api.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    std::fs::create_dir_all(dir.path().join("volumes").join("vol-0")).unwrap();
+    let _driver = plugreg_csi_test_driver::start(
+        DriverConfig {
+            name: DRIVER.into(),
+            controller: true,
+            snapshots: true,
+            volumes: vec!["vol-0".into()],
+            data_dir: Some(dir.path().join("volumes")),
+            mount: MountMode::Directory,
+            ..DriverConfig::default()
+        },
+        &socket,
+    )
+    .await
+    .unwrap();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+    let pvc = pvcs
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-0",
+                         "storageClassName": "",
+                         "resources": {"requests": {"storage": "1Gi"}}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "pv-0"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "claimRef": {"namespace": NS, "name": "data", "uid": pvc.metadata.uid},
+                "csi": {"driver": DRIVER, "volumeHandle": "vol-0"},
+            }
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let bound = Patch::Merge(json!({"status": {"phase": "Bound"}}));
+    pvs.patch_status("pv-0", &PatchParams::default(), &bound)
+        .await
+        .unwrap();
+    pvcs.patch_status("data", &PatchParams::default(), &bound)
+        .await
+        .unwrap();
+    create::<VolumeSnapshotClass>(
+        &client,
+        json!({"metadata": {"name": "cls"}, "driver": DRIVER, "deletionPolicy": "Delete"}),
+    )
+    .await;
+
+    let port = free_port();
+    let log = std::fs::File::create(dir.path().join("snapshotter.log")).unwrap();
+    let mut child = Command::new(bin())
+        .arg(format!("--csi-address={}", socket.display()))
+        .arg(format!("--kubeconfig={}", api.kubeconfig_path().display()))
+        .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+        .arg("--v=1")
+        .arg("--leader-election")
+        .arg(format!("--leader-election-namespace={NS}"))
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let t = Instant::now();
+    while requests(port).is_empty() && t.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let the caches fill before the clock starts (its LISTs are not the work measured).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = requests(port);
+    let idle_kib = rss(pid);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_peaks(pid, std::sync::Arc::clone(&stop));
+
+    let mut ready_rx = count_ready(client.clone());
+    let start = Instant::now();
+    create_all(n, |i| {
+        let client = client.clone();
+        async move {
+            create::<VolumeSnapshot>(
+                &client,
+                json!({
+                    "metadata": {"name": format!("snap-{i}"), "namespace": NS},
+                    "spec": {"source": {"persistentVolumeClaimName": "data"},
+                             "volumeSnapshotClassName": "cls"},
+                }),
+            )
+            .await;
+        }
+    })
+    .await;
+    let _ = ready_rx.wait_for(|c| *c >= n).await;
+    let ready = start.elapsed();
+    // The last snapshots' annotation removals may still wait in the token bucket: the run
+    // settles when the writes stop (3 s without one, or upstream's count reached).
+    let mut after = requests(port);
+    let mut settled = start.elapsed();
+    let mut quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(3)
+        && (writes(&delta(&after, &before)) as f64) < UPSTREAM_WRITES * n as f64
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = requests(port);
+        if writes(&now) != writes(&after) {
+            settled = start.elapsed();
+            quiet = Instant::now();
+        }
+        after = now;
+    }
+    print_file_mappings(pid);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (peak_anon_kib, peak_file_kib) = sampler.join().unwrap_or_default();
+    let hwm_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "VmHWM").unwrap_or(0);
+    let anon_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "RssAnon").unwrap_or(0);
+    let file_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "RssFile").unwrap_or(0);
+    let exited = child.try_wait().ok().flatten().is_some();
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Ok(keep) = std::env::var("PLUGREG_BENCH_LOGS") {
+        let _ = std::fs::copy(
+            dir.path().join("snapshotter.log"),
+            Path::new(&keep).join(format!("snapshotter-{n}.log")),
+        );
+    }
+    Run {
+        n,
+        ready,
+        settled,
+        requests: delta(&after, &before),
+        hwm_kib,
+        anon_kib,
+        file_kib,
+        peak_anon_kib,
+        peak_file_kib,
+        idle_kib,
+        load_start,
+        exited,
+    }
+}
+
+fn block(r: &Run, commit: &str) -> String {
+    let n = r.n as f64;
+    let writes = writes(&r.requests) as f64;
+    // The floor: upstream's writes through the token bucket (the burst comes free).
+    let floor = (UPSTREAM_WRITES * n - BURST).max(0.0) / QPS;
+    let mib = r.hwm_kib as f64 / 1024.0;
+    let fmt = |m: &BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
+    let mut t = format!(
+        "{START}\n## csi-snapshotter: VolumeSnapshots made ready (issue 21)\n\n{}, commit {}, load average {} at the \
+         start and {} at the end (2 cores, shared). Real kube-apiserver v1.36.2 (fresh) with the snapshot CRDs, the real \
+         Go snapshot-controller v8.6.0 (`--kube-api-qps 1000 --kube-api-burst 2000 --worker-threads 50`, so that it is \
+         not what is measured), the test CSI driver in-process (snapshots ready at the first CreateSnapshot), the release \
+         `csi-snapshotter` with upstream's defaults (`--kube-api-qps 5 --kube-api-burst 10`, 10 workers) and \
+         `--leader-election`. One CSI PV and its bound claim exist; {} VolumeSnapshots of it are then created at once. \
+         The clock stops when every VolumeSnapshot shows `readyToUse: true` (ready); the run settles when the \
+         snapshotter's last write (an annotation's removal, after the status) is done. The write floor is upstream's writes \
+         through the token bucket: (writes x N - burst) / QPS, with upstream's 3 writes per snapshot (the being-created \
+         annotation, the status, the annotation's removal).\n\n\
+         ```sh\ncargo bench -p plugreg-csi-snapshotter --bench snapshotter -- --out BENCHMARKS.md\n```\n\n\
+         | phase | time | write floor | time / floor | API writes per snapshot (upstream) | requests |\n\
+         |---|---|---|---|---|---|\n",
+        date(),
+        commit,
+        r.load_start,
+        load(),
+        r.n,
+    );
+    t.push_str(&format!(
+        "| {} ready | {:.1} s | {:.1} s | {:.3} | | |\n",
+        r.n,
+        r.ready.as_secs_f64(),
+        floor,
+        r.ready.as_secs_f64() / floor,
+    ));
+    t.push_str(&format!(
+        "| {} settled | {:.1} s | {:.1} s | {:.3} | {:.2} ({UPSTREAM_WRITES}) | {} |\n\n",
+        r.n,
+        r.settled.as_secs_f64(),
+        floor,
+        r.settled.as_secs_f64() / floor,
+        writes / n,
+        fmt(&r.requests)
+    ));
+    let m = |k: u64| k as f64 / 1024.0;
+    t.push_str(&format!(
+        "Peak RSS (VmHWM) {mib:.1} MiB; the highest sampled (every 100 ms) {:.1} MiB anonymous (heap, caches, \
+         stacks) and {:.1} MiB file-backed (the binary's and the C libraries' pages); at the end {:.1} MiB anonymous \
+         and {:.1} MiB file-backed. Idle (caches filled, before the first VolumeSnapshot): {:.1} MiB, {:.1} MiB \
+         anonymous and {:.1} MiB file-backed.\n\n",
+        m(r.peak_anon_kib),
+        m(r.peak_file_kib),
+        m(r.anon_kib),
+        m(r.file_kib),
+        m(r.idle_kib.0),
+        m(r.idle_kib.1),
+        m(r.idle_kib.2),
+    ));
+    t.push_str("| goal | measured | verdict |\n|---|---|---|\n");
+    for (goal, measured, ok) in [
+        (
+            format!("at most upstream's {UPSTREAM_WRITES} writes per snapshot"),
+            format!("{:.2}", writes / n),
+            writes / n <= UPSTREAM_WRITES,
+        ),
+        (
+            "all ready within 1.1x the write floor".to_owned(),
+            format!("{:.3}x", r.ready.as_secs_f64() / floor),
+            r.ready.as_secs_f64() <= 1.1 * floor,
+        ),
+        (
+            format!("peak RSS under 16 MiB at {} VolumeSnapshots", r.n),
+            format!("{mib:.1} MiB"),
+            mib < 16.0,
+        ),
+        (
+            "the snapshotter kept running (Lease kept)".to_owned(),
+            if r.exited { "exited" } else { "running" }.to_owned(),
+            !r.exited,
+        ),
+    ] {
+        t.push_str(&format!("| {goal} | {measured} | {} |\n", verdict(ok)));
+    }
+    t.push_str(
+        "\nNo Go csi-snapshotter runs on this machine (only the snapshot-controller is among the prebuilt peers), so \
+         upstream's figures are its write count from the spec, not a side-by-side run.\n",
+    );
+    t.push_str(&format!("{END}\n"));
+    t
+}
+
+#[tokio::main]
+async fn main() {
+    let mut out = None;
+    let mut n = 1000;
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "--out" => out = it.next(),
+            "--quick" => n = 100,
+            "--n" => n = it.next().and_then(|v| v.parse().ok()).unwrap_or(n),
+            _ => {} // cargo bench passes --bench
+        }
+    }
+    let commit = commit();
+    let r = run(n).await;
+    let t = block(&r, &commit);
+    println!("{t}");
+    if let Some(out) = out {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let p = &root.join(&out);
+        let mut text = std::fs::read_to_string(p).unwrap_or_default();
+        text = match (text.find(START), text.find(END)) {
+            (Some(s), Some(e)) if s < e => {
+                format!("{}{}{}", &text[..s], t.trim_end(), &text[e + END.len()..])
+            }
+            _ => format!("{text}\n{t}"),
+        };
+        std::fs::write(p, text).unwrap();
+    }
+}

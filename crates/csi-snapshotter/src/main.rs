@@ -1,0 +1,291 @@
+//! `csi-snapshotter`: a drop-in replacement of the Kubernetes CSI external-snapshotter v8.6.0
+//! sidecar. This binary is thin: it parses upstream's command line (Go `flag` syntax), walks
+//! upstream's start-up order with its log lines and exit codes, and hands over to the
+//! controller (`plugreg-snapshotter`):
+//!
+//! - 0: `--version`, `-h`/`--help`, a clean stop (SIGTERM/SIGINT without leader election);
+//! - 1: every start-up error (node deployment with leader election, no Kubernetes config,
+//!   both HTTP flags, CSI connect, name, probe or capability failure, a driver without
+//!   CREATE_DELETE_SNAPSHOT, an empty name prefix, values upstream would panic on later,
+//!   group snapshots asked for), the CSI connection lost later, leadership lost;
+//! - 2: a command-line error;
+//! - 255: upstream's fatal errors: an unknown feature gate, `--node-deployment` without
+//!   `NODE_NAME`, the HTTP server failing to listen.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use plugreg_sidecar_kit::VERSION;
+use plugreg_sidecar_kit::cli::Program;
+use plugreg_sidecar_kit::diagnostics;
+use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
+use plugreg_sidecar_kit::metrics::Metrics;
+use plugreg_sidecar_kit::ratelimit::kube_config;
+use plugreg_snapshotter::controller::Config;
+use plugreg_snapshotter::csi::{self, Driver, DriverCaps};
+use plugreg_snapshotter::decide;
+use plugreg_snapshotter::flags::{self, COMMAND, FeatureGates, Flags, Options};
+use plugreg_snapshotter::service::{DRAIN, Service, ServiceError};
+use tokio_util::sync::CancellationToken;
+
+/// The target of this program's lines.
+const LOG: &str = "plugreg_csi_snapshotter";
+/// Target prefixes of this program's own lines (their debug lines are upstream's V(2)).
+const OWN: &[&str] = &["plugreg_snapshotter", LOG];
+/// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
+const UNKNOWN_DRIVER: &str = "unknown-driver";
+/// How long a signalled process without leader election lets its workers finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// `klog.Fatal`'s exit code.
+const FATAL: i32 = 255;
+
+const PROGRAM: Program = Program {
+    name: "csi-snapshotter",
+    version: VERSION,
+    log_targets: OWN,
+    legacy_warning: "Ignoring removed klog flag: csi-snapshotter no longer registers it and it has no effect",
+};
+
+fn main() -> ExitCode {
+    // Flags, then logging, are the kit's.
+    PROGRAM.main(&COMMAND, start)
+}
+
+/// The synchronous checks, then the asynchronous rest on a runtime.
+fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
+    let gates = match FeatureGates::from_requested(&flags.options.feature_gates) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(target: LOG, "Error while parsing feature gates: {e}");
+            return Ok(FATAL);
+        }
+    };
+    if PROGRAM.version(argv0, &flags) {
+        return Ok(0);
+    }
+    tracing::info!(target: LOG, version = VERSION, "Version");
+    PROGRAM.warn_legacy(&flags.legacy);
+    let options = flags.options;
+    if options.automaxprocs {
+        tracing::warn!(target: LOG, "Ignoring --automaxprocs: it tunes the Go runtime and has no effect here");
+    }
+    for gate in &gates.ignored {
+        tracing::info!(target: LOG, gate = %gate, "Ignoring feature gate: it has no effect on the snapshotter");
+    }
+    if let Err(e) = flags::validate(&options) {
+        tracing::error!(target: LOG, "{e}");
+        return Ok(1);
+    }
+    // One thread: the work waits on the API server's token bucket and the driver, never on
+    // the CPU, and one thread keeps one malloc arena.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the runtime")?;
+    Ok(runtime.block_on(run(options, gates)))
+}
+
+/// What start-up found out.
+struct Started {
+    name: String,
+    driver: Driver,
+    caps: DriverCaps,
+    metrics: Arc<Metrics>,
+    health: LeaderHealth,
+    http: Option<CancellationToken>,
+}
+
+/// The rest of the start-up, then the run; returns the exit code.
+async fn run(options: Options, gates: FeatureGates) -> i32 {
+    let mut signals = match plugreg_runtime::signal::Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(target: LOG, "installing signal handlers: {e}");
+            return 1;
+        }
+    };
+    let kube_config = match kube_config(&options.controller).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(target: LOG, err = %e, "Failed to build a Kubernetes config");
+            return 1;
+        }
+    };
+    let node = if options.node_deployment {
+        match std::env::var("NODE_NAME") {
+            Ok(n) if !n.is_empty() => Some(n),
+            _ => {
+                tracing::error!(target: LOG, "{}", flags::NO_NODE_NAME);
+                return FATAL;
+            }
+        }
+    } else {
+        None
+    };
+    if let Err(e) = options.controller.http_address() {
+        tracing::error!(target: LOG, "{e}");
+        return 1;
+    }
+    let connected = match csi::connect_watched(&options.csi_address, csi::CONNECT_WINDOW).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(target: LOG, "error connecting to CSI driver: {e}");
+            return 1;
+        }
+    };
+    let lost = connected.lost.clone();
+    let channel = connected.channel;
+    let startup = async {
+        let mut metrics = Metrics::new(UNKNOWN_DRIVER);
+        let probe_metrics = Arc::new(metrics);
+        let name = Driver::new(channel.clone(), options.timeout, probe_metrics.clone())
+            .plugin_info()
+            .await;
+        metrics = Arc::into_inner(probe_metrics).expect("the temporary driver is gone");
+        let name = match name {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(target: LOG, "error getting CSI driver name: {e}");
+                return Err(1);
+            }
+        };
+        tracing::debug!(target: LOG, driver = %name, "CSI driver name");
+        metrics.set_driver(&name);
+        let metrics = Arc::new(metrics);
+        let health = LeaderHealth::new();
+        // The HTTP server starts before the Probe, whatever the leadership.
+        let http = match diagnostics::spawn(&options.controller, metrics.clone(), &health).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!(
+                    target: LOG,
+                    "Failed to start HTTP server at specified address ({:?}) and metrics path ({:?}): {e}",
+                    options.controller.http_address().unwrap_or_default(),
+                    options.controller.metrics_path
+                );
+                return Err(FATAL);
+            }
+        };
+        if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
+            tracing::error!(target: LOG, "error waiting for CSI driver to be ready: {e}");
+            return Err(1);
+        }
+        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone());
+        let caps = match driver.capabilities().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(target: LOG, "error determining if driver supports create/delete snapshot operations: {e}");
+                return Err(1);
+            }
+        };
+        if !caps.create_delete_snapshot {
+            tracing::error!(target: LOG, "CSI driver {name} does not support ControllerCreateSnapshot");
+            return Err(1);
+        }
+        if options.snapshot_name_prefix.is_empty() {
+            tracing::error!(target: LOG, "{}", flags::EMPTY_PREFIX);
+            return Err(1);
+        }
+        if gates.volume_group_snapshot {
+            tracing::error!(target: LOG, "--feature-gates=CSIVolumeGroupSnapshot=true: volume group snapshots are not implemented by this csi-snapshotter (upstream has them off by default)");
+            return Err(1);
+        }
+        Ok(Started {
+            name,
+            driver,
+            caps,
+            metrics,
+            health,
+            http,
+        })
+    };
+    let started = tokio::select! {
+        started = startup => started,
+        code = csi::exit_on_connection_loss(lost.clone()) => Err(code),
+        signal = signals.shutdown() => {
+            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
+            Err(0)
+        }
+    };
+    let started = match started {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+
+    // RSS follows the live heap, not the highest peak of work so far.
+    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(Duration::from_secs(10)));
+
+    let controller = &options.controller;
+    let leader = controller.leader_election.then(|| {
+        let mut le = LeaderElection::from_flags(controller, &started.name);
+        le.lease_name = decide::lease_name(&started.name);
+        le.release_on_cancel = gates.release_leader_election_on_exit;
+        le.metrics = Some(started.metrics.clone());
+        le
+    });
+    let leading = leader.is_some();
+    let (qps, burst) = controller.rate_limit();
+    let service = Service {
+        kube_config,
+        qps,
+        burst,
+        driver: started.driver,
+        config: Config {
+            driver: started.name.clone(),
+            caps: started.caps,
+            name_prefix: options.snapshot_name_prefix.clone(),
+            uuid_length: options.snapshot_name_uuid_length,
+            extra_create_metadata: options.extra_create_metadata,
+            workers: usize::try_from(options.worker_threads).unwrap_or(1),
+            retry_start: options.retry_interval_start,
+            retry_max: options.retry_interval_max,
+            resync: options.resync_period,
+            node,
+        },
+        leader,
+        health: started.health.clone(),
+        metrics: started.metrics.clone(),
+    };
+    let shutdown = CancellationToken::new();
+    let run = service.run(shutdown.clone());
+    tokio::pin!(run);
+    let code = tokio::select! {
+        result = &mut run => match result {
+            Ok(()) => 0,
+            Err(ServiceError::Leader(e)) => {
+                tracing::error!(target: LOG, err = %e, "Stopped leading");
+                1
+            }
+            Err(e) => {
+                tracing::error!(target: LOG, "{e}");
+                1
+            }
+        },
+        signal = signals.shutdown() => {
+            if leading && !gates.release_leader_election_on_exit {
+                // Upstream then stays up idle (SIGINT) or is killed (SIGTERM); here the
+                // process ends at once and the Lease expires by itself.
+                tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
+                return 1;
+            }
+            tracing::info!(target: LOG, "Received SIGTERM or SIGINT signal, shutting down controller.");
+            shutdown.cancel();
+            let grace = if leading { DRAIN } else { SHUTDOWN_GRACE };
+            let _ = tokio::time::timeout(grace, &mut run).await;
+            if leading {
+                tracing::error!(target: LOG, "Stopped leading");
+                1
+            } else {
+                0
+            }
+        }
+        code = csi::exit_on_connection_loss(lost) => code,
+    };
+    if let Some(token) = started.http {
+        token.cancel();
+    }
+    trim.abort();
+    code
+}

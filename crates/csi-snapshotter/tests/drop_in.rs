@@ -1,0 +1,310 @@
+//! What makes `csi-snapshotter` a drop-in beyond snapshotting, against a real kube-apiserver
+//! v1.36.2 with the Go snapshot-controller v8.6.0 (the snapshot CRDs need 1.25 or later):
+//! * it runs with exactly upstream's sample RBAC (`deploy/base`'s snapshotter part) under a
+//!   token of its ServiceAccount, with leader election on its Lease
+//!   `external-snapshotter-leader-<driver>`: a snapshot is taken and deleted, nothing is
+//!   refused;
+//! * `/metrics` shows `csi_sidecar_operations_seconds` per method and the workqueue
+//!   `csi-snapshotter-content`, `/healthz/leader-election` answers `ok`;
+//! * a Lease taken by another holder makes it exit 1 with "Stopped leading", as upstream.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{Env, NS};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const ACCOUNT: &str = "csi-controller";
+const LEASE: &str = "external-snapshotter-leader-snap-csi-plugreg-test";
+
+/// The snapshotter's documents of `deploy/base/controller/rbac.yaml`, for `driver`'s
+/// snapshotter running as `ACCOUNT` in `ns`.
+fn snapshotter_rbac(driver: &str, ns: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/controller/rbac.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    docs.into_iter()
+        .filter(|d| {
+            d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.contains("external-snapshotter"))
+        })
+        .map(|d| {
+            let mut d: Value =
+                serde_json::from_str(&d.to_string().replace("$(DRIVER_NAME)", driver)).unwrap();
+            if let Some(subjects) = d["subjects"].as_array_mut() {
+                for s in subjects {
+                    s["namespace"] = json!(ns);
+                }
+            }
+            d
+        })
+        .collect()
+}
+
+fn from_doc<T: k8s_openapi::serde::de::DeserializeOwned>(v: &Value) -> T {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+/// The rules of a role as (API group, resource, sorted verbs).
+fn rules(role: &Value) -> Vec<(String, String, Vec<String>)> {
+    let mut out = Vec::new();
+    for r in role["rules"].as_array().unwrap() {
+        let mut verbs: Vec<String> = r["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        verbs.sort();
+        for g in r["apiGroups"].as_array().unwrap() {
+            for res in r["resources"].as_array().unwrap() {
+                out.push((
+                    g.as_str().unwrap().to_owned(),
+                    res.as_str().unwrap().to_owned(),
+                    verbs.clone(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn rule(group: &str, resource: &str, verbs: &[&str]) -> (String, String, Vec<String>) {
+    let mut verbs: Vec<String> = verbs.iter().map(|v| (*v).to_owned()).collect();
+    verbs.sort();
+    (group.to_owned(), resource.to_owned(), verbs)
+}
+
+/// Creates the snapshotter's RBAC of `deploy/` and its ServiceAccount in [`NS`]; returns a
+/// kubeconfig with a token of that account.
+async fn service_account_kubeconfig(env: &Env) -> PathBuf {
+    let docs = snapshotter_rbac(&env.name, NS);
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    );
+    // Exactly upstream's sample (external-snapshotter v8.6.0).
+    let g = "groupsnapshot.storage.k8s.io";
+    let s = "snapshot.storage.k8s.io";
+    let mut want = vec![
+        rule(
+            "",
+            "events",
+            &["list", "watch", "create", "update", "patch"],
+        ),
+        rule(s, "volumesnapshotclasses", &["get", "list", "watch"]),
+        rule(
+            s,
+            "volumesnapshotcontents",
+            &["get", "list", "watch", "update", "patch"],
+        ),
+        rule(s, "volumesnapshotcontents/status", &["update", "patch"]),
+        rule(g, "volumegroupsnapshotclasses", &["get", "list", "watch"]),
+        rule(
+            g,
+            "volumegroupsnapshotcontents",
+            &["get", "list", "watch", "update", "patch"],
+        ),
+        rule(
+            g,
+            "volumegroupsnapshotcontents/status",
+            &["update", "patch"],
+        ),
+    ];
+    want.sort();
+    assert_eq!(rules(&docs[0]), want);
+    assert_eq!(
+        rules(&docs[2]),
+        vec![rule(
+            "coordination.k8s.io",
+            "leases",
+            &["get", "watch", "list", "delete", "update", "create"]
+        )]
+    );
+    let pp = PostParams::default();
+    let c = env.client.clone();
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": ACCOUNT}})).unwrap();
+    Api::<ServiceAccount>::namespaced(c.clone(), NS)
+        .create(&pp, &sa)
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(c.clone())
+        .create(&pp, &from_doc(&docs[0]))
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(c.clone())
+        .create(&pp, &from_doc(&docs[1]))
+        .await
+        .unwrap();
+    Api::<Role>::namespaced(c.clone(), NS)
+        .create(&pp, &from_doc(&docs[2]))
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(c.clone(), NS)
+        .create(&pp, &from_doc(&docs[3]))
+        .await
+        .unwrap();
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            bound_object_ref: None,
+        },
+        ..Default::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(c, NS)
+        .create_token_request(ACCOUNT, &pp, &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let path = env.dir.path().join("sa.kubeconfig");
+    let kc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {
+            "server": env.api.url(),
+            "certificate-authority": env.api.ca_cert_path(),
+        }}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    });
+    std::fs::write(&path, kc.to_string()).unwrap();
+    path
+}
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let code = response.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_with_the_sample_rbac_and_serves_its_metrics() {
+    let env = Env::new(|_| {}).await;
+    let kubeconfig = service_account_kubeconfig(&env).await;
+    env.class("cls", "Delete", json!({})).await;
+    env.bound_claim("data", "vol-a").await;
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let sidecar = common::Snapshotter::start(
+        &env.socket,
+        &kubeconfig,
+        &[
+            "--leader-election",
+            &format!("--leader-election-namespace={NS}"),
+            &format!("--http-endpoint={addr}"),
+        ],
+        env.dir.path(),
+    );
+    env.logs.lock().unwrap().push(sidecar.log.clone());
+    let uid = env.snapshot("snap1", "data", "cls").await;
+    let name = format!("snapcontent-{uid}");
+    env.wait_snapshot("snap1", "snap1 ready", |s| {
+        s.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), NS);
+    let lease = leases.get(LEASE).await.unwrap();
+    assert!(lease.spec.unwrap().holder_identity.is_some());
+
+    let (code, body) = get(addr, "/metrics");
+    assert_eq!(code, 200);
+    for want in [
+        "csi_sidecar_operations_seconds_count{driver_name=\"snap.csi.plugreg.test\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/CreateSnapshot\"} 1",
+        "csi_sidecar_operations_seconds_count{driver_name=\"snap.csi.plugreg.test\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerGetCapabilities\"} 1",
+        "workqueue_adds_total{name=\"csi-snapshotter-content\"}",
+    ] {
+        assert!(body.contains(want), "{want} missing:\n{body}");
+    }
+    assert_eq!(get(addr, "/healthz/leader-election"), (200, "ok".into()));
+
+    env.snapshots()
+        .delete("snap1", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_content_gone(&name).await;
+    assert_eq!(env.calls.delete_snapshot_requests().len(), 1);
+    let log = sidecar.log();
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden") || l.contains(" 403"))
+        .collect();
+    assert!(refused.is_empty(), "refused:\n{}", refused.join("\n"));
+}
+
+/// Another holder takes the Lease; the snapshotter cannot renew within
+/// `--leader-election-renew-deadline`, logs "Stopped leading" and exits 1, as upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_exit_1() {
+    let env = Env::new(|_| {}).await;
+    let mut sidecar = env.snapshotter(&[
+        "--leader-election",
+        &format!("--leader-election-namespace={NS}"),
+        "--leader-election-lease-duration=4s",
+        "--leader-election-renew-deadline=2s",
+        "--leader-election-retry-period=500ms",
+    ]);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), NS);
+    env.poll("the Lease held", || async {
+        let l = leases.get_opt(LEASE).await.ok().flatten()?;
+        l.spec?.holder_identity.filter(|h| !h.is_empty())
+    })
+    .await;
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S.000000Z")
+        .to_string();
+    leases
+        .patch(
+            LEASE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": "another-replica",
+                "leaseDurationSeconds": 3600,
+                "acquireTime": now,
+                "renewTime": now,
+            }})),
+        )
+        .await
+        .unwrap();
+    let child = std::sync::Mutex::new(&mut sidecar.child);
+    let status = env
+        .poll("the sidecar's exit", || async {
+            child.lock().unwrap().try_wait().unwrap()
+        })
+        .await;
+    let log = sidecar.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("Stopped leading"), "{log}");
+}

@@ -1,0 +1,834 @@
+//! The controller: watch caches of VolumeSnapshotContents and VolumeSnapshotClasses, the work
+//! queue `csi-snapshotter-content` with `--worker-threads` workers, and the sync of one
+//! content (create, readiness, pre-provisioned status, deletion). Decisions are
+//! [`crate::decide`]'s; this module carries them out.
+//!
+//! The caches keep of each content only what the decisions read: name, UID, resource version,
+//! finalizers, deletion time, labels and the snapshot annotations, spec and status (a few
+//! hundred bytes); of each class its driver and parameters.
+//!
+//! Writes are JSON merge patches that name only what they change (one annotation, the status
+//! fields, the finalizer list with the resource version it was read at), never a whole
+//! object. The sidecar's own writes do not wake it (upstream's `ShouldEnqueueContentChange`);
+//! a sync that finds the cache older than its own last write of the content waits for the
+//! watch to catch up instead of acting on what it already changed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use plugreg_sidecar_kit::cache;
+use plugreg_sidecar_kit::events::{EventType, Recorder};
+use plugreg_sidecar_kit::metrics::Metrics;
+use plugreg_sidecar_kit::queue::WorkQueue;
+use plugreg_sidecar_kit::snapshot::{
+    ANN_BEING_CREATED, ANN_BEING_DELETED, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
+    ANN_GROUP_SNAPSHOT_HANDLE, FINALIZER_CONTENT_BOUND, LABEL_MANAGED_BY, VolumeSnapshotClass,
+    VolumeSnapshotContent,
+};
+use serde_json::json;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info};
+
+use crate::csi::{Driver, DriverCaps, Failed};
+use crate::decide::{self, Action, SecretRef, Taken};
+
+/// The content queue's name (upstream's).
+pub const CONTENT_QUEUE: &str = "csi-snapshotter-content";
+
+/// How long a sync that found the cache behind its own last write waits before looking again.
+const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
+
+/// What the controller needs to know.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The driver name (GetPluginInfo).
+    pub driver: String,
+    /// What the driver can do.
+    pub caps: DriverCaps,
+    /// `--snapshot-name-prefix`.
+    pub name_prefix: String,
+    /// `--snapshot-name-uuid-length`.
+    pub uuid_length: i64,
+    /// `--extra-create-metadata`.
+    pub extra_create_metadata: bool,
+    /// `--worker-threads`.
+    pub workers: usize,
+    /// `--retry-interval-start`.
+    pub retry_start: Duration,
+    /// `--retry-interval-max`.
+    pub retry_max: Duration,
+    /// `--resync-period`.
+    pub resync: Duration,
+    /// With `--node-deployment`: this node's name (`NODE_NAME`); only contents labelled
+    /// `snapshot.storage.kubernetes.io/managed-by=<node>` are watched.
+    pub node: Option<String>,
+}
+
+/// Who the controller talks to.
+#[derive(Clone)]
+pub struct Clients {
+    /// The rate-limited Kubernetes client of the work.
+    pub kube: Client,
+    /// The client events are written with (lower priority than the work).
+    pub events: Client,
+    /// The driver.
+    pub driver: Driver,
+    /// Where the queue metrics go.
+    pub metrics: Arc<Metrics>,
+}
+
+/// How the controller ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// A watch cache never filled.
+    #[error("Cannot sync caches")]
+    Sync,
+}
+
+/// How one sync ended.
+enum Outcome {
+    /// Nothing more to do until the content changes.
+    Done,
+    /// Not ready yet, or failed: again after the back-off.
+    Retry(String),
+    /// The cache is behind our last write: look again shortly.
+    Later,
+}
+
+type Queue = Arc<WorkQueue<String>>;
+
+/// A failed create or check: the content as last written (its status decides whether the
+/// error is written again) and the error.
+type SyncFailure = Box<(VolumeSnapshotContent, String)>;
+
+/// Resource versions of our own last write of each content (see the module docs).
+#[derive(Default)]
+struct Written(Mutex<HashMap<String, u64>>);
+
+impl Written {
+    fn record(&self, c: &VolumeSnapshotContent) {
+        if let Some(rv) = rv(&c.metadata) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(c.name_any(), rv);
+        }
+    }
+
+    fn forget(&self, name: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
+
+    fn cache_behind(&self, c: &VolumeSnapshotContent) -> bool {
+        let mine = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&c.name_any())
+            .copied();
+        matches!((mine, rv(&c.metadata)), (Some(mine), Some(cached)) if cached < mine)
+    }
+}
+
+/// The resource version as a number (etcd's revision); opaque ones are never compared.
+fn rv(m: &ObjectMeta) -> Option<u64> {
+    m.resource_version.as_deref()?.parse().ok()
+}
+
+/// The annotations a decision reads; the rest of a content's are dropped from the cache.
+const KEPT_ANNOTATIONS: [&str; 5] = [
+    ANN_BEING_CREATED,
+    ANN_BEING_DELETED,
+    ANN_DELETION_SECRET_NAME,
+    ANN_DELETION_SECRET_NAMESPACE,
+    ANN_GROUP_SNAPSHOT_HANDLE,
+];
+
+/// Keeps of a content's metadata what the decisions and the events read.
+fn trim_content(c: &mut VolumeSnapshotContent) {
+    let m = &mut c.metadata;
+    let annotations = m.annotations.take().map(|mut a| {
+        a.retain(|k, _| KEPT_ANNOTATIONS.contains(&k.as_str()));
+        a
+    });
+    *m = ObjectMeta {
+        name: m.name.take(),
+        uid: m.uid.take(),
+        resource_version: m.resource_version.take(),
+        finalizers: m.finalizers.take(),
+        deletion_timestamp: m.deletion_timestamp.take(),
+        annotations: annotations.filter(|a| !a.is_empty()),
+        ..ObjectMeta::default()
+    };
+    // Only the reference's identity is read (name, namespace, UID).
+    let r = &mut c.spec.volume_snapshot_ref;
+    r.api_version = None;
+    r.field_path = None;
+    r.kind = None;
+    r.resource_version = None;
+}
+
+/// Keeps of a class what the decisions read: its driver and parameters.
+fn trim_class(c: &mut VolumeSnapshotClass) {
+    let m = &mut c.metadata;
+    *m = ObjectMeta {
+        name: m.name.take(),
+        resource_version: m.resource_version.take(),
+        ..ObjectMeta::default()
+    };
+}
+
+struct Controller {
+    cfg: Config,
+    clients: Clients,
+    recorder: Recorder,
+    contents: Store<VolumeSnapshotContent>,
+    classes: Store<VolumeSnapshotClass>,
+    queue: Queue,
+    written: Written,
+}
+
+/// Runs until `shutdown` (Ok) or until a cache cannot be filled (Err).
+pub async fn run(
+    cfg: Config,
+    clients: Clients,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let queue: Queue = WorkQueue::new(
+        CONTENT_QUEUE,
+        cfg.retry_start,
+        cfg.retry_max,
+        Arc::clone(&clients.metrics),
+        shutdown.clone(),
+    );
+    let client = clients.kube.clone();
+    let mut ready = Vec::new();
+
+    // The fingerprint of the object being delivered, computed before the trim drops what it
+    // covers (labels and annotations the cache does not keep); the trim and the event of one
+    // object run one after the other on the watch's task.
+    let pending_fp: Arc<Mutex<u64>> = Arc::default();
+    let seen: Mutex<HashMap<String, (u64, bool)>> = Mutex::default();
+    let written = Arc::new(Written::default());
+    let (q, driver, fp_in, fp_out, w) = (
+        Arc::clone(&queue),
+        cfg.driver.clone(),
+        Arc::clone(&pending_fp),
+        Arc::clone(&pending_fp),
+        Arc::clone(&written),
+    );
+    let mut selector = watcher::Config::default();
+    if let Some(node) = &cfg.node {
+        selector = selector.labels(&format!("{LABEL_MANAGED_BY}={node}"));
+    }
+    let contents = cache::watch_selected::<VolumeSnapshotContent>(
+        &client,
+        selector,
+        &shutdown,
+        &mut ready,
+        move |c| {
+            *fp_in.lock().unwrap_or_else(|e| e.into_inner()) = decide::fingerprint(c);
+            trim_content(c);
+        },
+        move |c, deleted| {
+            let name = c.name_any();
+            let fp = *fp_out.lock().unwrap_or_else(|e| e.into_inner());
+            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            if deleted {
+                seen.remove(&name);
+                w.forget(&name);
+                return;
+            }
+            if c.spec.driver != driver {
+                return;
+            }
+            let is_ready = c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true);
+            let before = seen.insert(name.clone(), (fp, is_ready));
+            let wake = match before {
+                None => true,
+                Some((old_fp, was_ready)) => old_fp != fp || (is_ready && !was_ready),
+            };
+            if wake {
+                q.add(name);
+            }
+        },
+    );
+    let classes =
+        cache::watch::<VolumeSnapshotClass>(&client, &shutdown, &mut ready, trim_class, |_, _| {});
+
+    info!("Starting CSI snapshotter");
+    for r in ready {
+        tokio::select! {
+            res = r => if res.is_err() {
+                error!("Cannot sync caches");
+                return Err(ControllerError::Sync);
+            },
+            () = shutdown.cancelled() => return Ok(()),
+        }
+    }
+
+    let recorder = Recorder::start(
+        clients.events.clone(),
+        &format!("csi-snapshotter {}", cfg.driver),
+        "",
+        shutdown.clone(),
+    );
+    let written = Arc::into_inner(written).unwrap_or_default();
+    let ctl = Arc::new(Controller {
+        clients,
+        recorder,
+        contents,
+        classes,
+        queue,
+        written,
+        cfg,
+    });
+
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..ctl.cfg.workers.max(1) {
+        let c = Arc::clone(&ctl);
+        workers.spawn(async move {
+            while let Some(item) = c.queue.next().await {
+                let key = item.key.clone();
+                match c.sync(&key).await {
+                    Outcome::Done => c.queue.forget(&key),
+                    Outcome::Retry(why) => {
+                        debug!(content = %key, why = %why, "content needs another sync");
+                        c.queue.add_rate_limited(key);
+                    }
+                    Outcome::Later => c.queue.add_after(key, CACHE_CATCH_UP),
+                }
+                c.queue.done(item);
+            }
+        });
+    }
+    // Upstream's informer resync: every content is synced again every --resync-period.
+    let c = Arc::clone(&ctl);
+    let stop = shutdown.clone();
+    workers.spawn(async move {
+        if c.cfg.resync.is_zero() {
+            return;
+        }
+        let mut tick = tokio::time::interval_at(Instant::now() + c.cfg.resync, c.cfg.resync);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    for content in c.contents.state() {
+                        if content.spec.driver == c.cfg.driver {
+                            c.queue.add(content.name_any());
+                        }
+                    }
+                }
+                () = stop.cancelled() => return,
+            }
+        }
+    });
+    shutdown.cancelled().await;
+    while workers.join_next().await.is_some() {}
+    info!("Shutting down CSI snapshotter");
+    Ok(())
+}
+
+/// The message of an API error as client-go prints it (`secrets "x" not found`).
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+impl Controller {
+    fn api(&self) -> Api<VolumeSnapshotContent> {
+        Api::all(self.clients.kube.clone())
+    }
+
+    fn class(&self, name: &str) -> Option<Arc<VolumeSnapshotClass>> {
+        self.classes.get(&ObjectRef::new(name))
+    }
+
+    /// The reference events about `c` name.
+    fn reference(c: &VolumeSnapshotContent) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("snapshot.storage.k8s.io/v1".into()),
+            kind: Some("VolumeSnapshotContent".into()),
+            name: c.metadata.name.clone(),
+            uid: c.metadata.uid.clone(),
+            resource_version: c.metadata.resource_version.clone(),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn warn(&self, c: &VolumeSnapshotContent, reason: &str, message: &str) {
+        self.recorder
+            .event(&Self::reference(c), EventType::Warning, reason, message);
+    }
+
+    /// One sync of the content `name`.
+    async fn sync(&self, name: &str) -> Outcome {
+        let Some(cached) = self.contents.get(&ObjectRef::new(name)) else {
+            debug!(content = name, "content was deleted, ignoring");
+            return Outcome::Done;
+        };
+        let content = (*cached).clone();
+        drop(cached);
+        let class_driver = content
+            .spec
+            .volume_snapshot_class_name
+            .as_deref()
+            .and_then(|n| self.class(n))
+            .map(|c| c.driver.clone());
+        if !decide::is_ours(&content, &self.cfg.driver, class_driver.as_deref()) {
+            return Outcome::Done;
+        }
+        if self.written.cache_behind(&content) {
+            return Outcome::Later;
+        }
+        let action = decide::action(&content);
+        let result = match action {
+            Action::Delete => return self.delete(content).await,
+            Action::Create | Action::CreateAgain => self.create(content.clone()).await,
+            Action::CheckStatic => self.check_static(content.clone()).await,
+            Action::Ready => {
+                if decide::being_created(&content) {
+                    match self.remove_being_created(&content).await {
+                        Ok(_) => return Outcome::Done,
+                        Err(e) => {
+                            return Outcome::Retry(format!(
+                                "failed to remove VolumeSnapshotBeingCreated annotation on the content {name}: {}",
+                                decide::go_quote(&e)
+                            ));
+                        }
+                    }
+                }
+                return Outcome::Done;
+            }
+            Action::Nothing => return Outcome::Done,
+        };
+        match result {
+            Ok(true) => Outcome::Done,
+            Ok(false) => Outcome::Retry("snapshot not ready yet".into()),
+            Err(failure) => {
+                let (current, err) = *failure;
+                let (reason, message) = decide::failure(action, &err);
+                self.record_error(&current, reason, &message).await;
+                error!(content = name, err = %err, "could not sync content");
+                Outcome::Retry(err)
+            }
+        }
+    }
+
+    /// Writes `message` into the content's `status.error` (unless it is there already, then
+    /// neither the write nor the event happens) and records the event.
+    async fn record_error(&self, c: &VolumeSnapshotContent, reason: &str, message: &str) {
+        let Some(patch) = decide::error_patch(c.status.as_ref(), message, &now_rfc3339()) else {
+            return;
+        };
+        match self
+            .api()
+            .patch_status(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(updated) => self.written.record(&updated),
+            Err(e) => {
+                error!(content = %c.name_any(), err = %api_message(&e), "failed to write the content's error status")
+            }
+        }
+        self.warn(c, reason, message);
+    }
+
+    /// The data of the Secret `r`, values as strings.
+    async fn secret(&self, r: &SecretRef) -> Result<HashMap<String, String>, String> {
+        let api: Api<Secret> = Api::namespaced(self.clients.kube.clone(), &r.0);
+        let s = api.get(&r.1).await.map_err(|e| api_message(&e))?;
+        Ok(s.data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect())
+    }
+
+    /// The CreateSnapshot and DeleteSnapshot secrets of `c` (from its annotations).
+    async fn annotated_secrets(
+        &self,
+        c: &VolumeSnapshotContent,
+    ) -> Result<HashMap<String, String>, String> {
+        match decide::annotated_secret(c)? {
+            None => Ok(HashMap::new()),
+            Some(r) => self.secret(&r).await.map_err(|e| {
+                error!(content = %c.name_any(), err = %e, "failed to get credentials");
+                format!(
+                    "cannot get credentials for snapshot content {:?}",
+                    c.name_any()
+                )
+            }),
+        }
+    }
+
+    async fn patch_meta(
+        &self,
+        c: &VolumeSnapshotContent,
+        patch: serde_json::Value,
+    ) -> Result<VolumeSnapshotContent, String> {
+        let updated = self
+            .api()
+            .patch(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| api_message(&e))?;
+        self.written.record(&updated);
+        Ok(updated)
+    }
+
+    async fn remove_being_created(
+        &self,
+        c: &VolumeSnapshotContent,
+    ) -> Result<VolumeSnapshotContent, String> {
+        self.patch_meta(
+            c,
+            json!({"metadata": {"annotations": {ANN_BEING_CREATED: null}}}),
+        )
+        .await
+    }
+
+    /// Writes the status after `taken` (if it changes anything).
+    async fn write_status(
+        &self,
+        c: &VolumeSnapshotContent,
+        taken: &Taken,
+    ) -> Result<VolumeSnapshotContent, String> {
+        let Some(next) = decide::status_after(c.status.as_ref(), taken) else {
+            return Ok(c.clone());
+        };
+        let name = c.name_any();
+        let updated = self
+            .api()
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(decide::status_patch(&next)),
+            )
+            .await
+            .map_err(|e| {
+                format!(
+                    "error updating status for volume snapshot content {name}: snapshot controller failed to update {name} on API server: {}",
+                    api_message(&e)
+                )
+            })?;
+        self.written.record(&updated);
+        Ok(updated)
+    }
+
+    /// CreateSnapshot for `c` (the first or a re-sent one) and the status after it: `Ok(ready)`,
+    /// or the content as last written and the error.
+    async fn create(&self, c: VolumeSnapshotContent) -> Result<bool, SyncFailure> {
+        let name = c.name_any();
+        let fail = |c: &VolumeSnapshotContent, e: String| Err(Box::new((c.clone(), e)));
+        // 1-2: class and secrets.
+        let inputs = async {
+            let class = match c.spec.volume_snapshot_class_name.as_deref() {
+                None => {
+                    return Err(format!(
+                        "failed to take snapshot {name} without a snapshot class"
+                    ));
+                }
+                Some(n) => self.class(n).ok_or_else(|| {
+                    format!("volumesnapshotclass.snapshot.storage.k8s.io {n:?} not found")
+                })?,
+            };
+            let secrets = self.annotated_secrets(&c).await?;
+            Ok((class, secrets))
+        };
+        let (class, secrets) = match inputs.await {
+            Ok(x) => x,
+            Err(e) => {
+                return fail(
+                    &c,
+                    format!(
+                        "failed to get input parameters to create snapshot for content {name}: {}",
+                        decide::go_quote(&e)
+                    ),
+                );
+            }
+        };
+        // 3: the being-created annotation, before anything may reach the driver.
+        let c = if decide::being_created(&c) {
+            c
+        } else {
+            match self
+                .patch_meta(
+                    &c,
+                    json!({"metadata": {"annotations": {ANN_BEING_CREATED: "yes"}}}),
+                )
+                .await
+            {
+                Ok(updated) => updated,
+                Err(e) => {
+                    return fail(
+                        &c,
+                        format!(
+                            "failed to add VolumeSnapshotBeingCreated annotation on the content {name}: {}",
+                            decide::go_quote(&e)
+                        ),
+                    );
+                }
+            }
+        };
+        // 4-5: parameters. Upstream checks them only now, so an unknown reserved key leaves
+        // the annotation on (and the content undeletable until the class is fixed): kept, as
+        // the snapshot-controller and tools rely on the same order.
+        let empty = BTreeMap::new();
+        let mut params = match decide::strip_parameters(class.parameters.as_ref().unwrap_or(&empty))
+        {
+            Ok(p) => p,
+            Err(e) => return fail(&c, e),
+        };
+        if self.cfg.extra_create_metadata {
+            decide::add_metadata(&mut params, &c);
+        }
+        // 6: the handler's checks.
+        let Some(uid) = c
+            .spec
+            .volume_snapshot_ref
+            .uid
+            .clone()
+            .filter(|u| !u.is_empty())
+        else {
+            return fail(
+                &c,
+                format!("cannot create snapshot. Snapshot content {name} not bound to a snapshot"),
+            );
+        };
+        let Some(volume) = c.spec.source.volume_handle.clone() else {
+            return fail(
+                &c,
+                format!(
+                    "cannot create snapshot. Volume handle not found in snapshot content {name}"
+                ),
+            );
+        };
+        let snapshot_name =
+            decide::snapshot_name(&self.cfg.name_prefix, &uid, self.cfg.uuid_length);
+        let taken = match self
+            .clients
+            .driver
+            .create_snapshot(&volume, &snapshot_name, params, secrets)
+            .await
+        {
+            Ok(t) => t,
+            Err(Failed { message, code }) => {
+                let mut err = format!(
+                    "failed to take snapshot of the volume {volume}: {}",
+                    decide::go_quote(&message)
+                );
+                let mut current = c.clone();
+                if !decide::may_be_in_progress(code) {
+                    // Final: nothing is being created any more.
+                    match self.remove_being_created(&c).await {
+                        Ok(updated) => current = updated,
+                        Err(e) => {
+                            err = format!(
+                                "failed to remove VolumeSnapshotBeingCreated annotation from the content {name}: {e}"
+                            );
+                        }
+                    }
+                }
+                return Err(Box::new((current, err)));
+            }
+        };
+        debug!(content = %name, handle = %taken.handle, ready = taken.ready, "CreateSnapshot answered");
+        let c = match self.write_status(&c, &taken).await {
+            Ok(updated) => updated,
+            Err(e) => return fail(&c, e),
+        };
+        if let Err(e) = self.remove_being_created(&c).await {
+            return fail(
+                &c,
+                format!(
+                    "failed to remove VolumeSnapshotBeingCreated annotation on the content {name}: {}",
+                    decide::go_quote(&e)
+                ),
+            );
+        }
+        Ok(taken.ready)
+    }
+
+    /// The status of a pre-provisioned content from ListSnapshots (or ready at once when the
+    /// driver cannot list).
+    async fn check_static(&self, c: VolumeSnapshotContent) -> Result<bool, SyncFailure> {
+        let name = c.name_any();
+        let fail = |e: String| Err(Box::new((c.clone(), e)));
+        let secrets = match c.spec.volume_snapshot_class_name.as_deref() {
+            None => HashMap::new(),
+            Some(n) => {
+                let Some(class) = self.class(n) else {
+                    return fail(format!(
+                        "failed to get snapshot class {n} for snapshot content {name}: volumesnapshotclass.snapshot.storage.k8s.io {n:?} not found"
+                    ));
+                };
+                let empty = BTreeMap::new();
+                match decide::list_secret(class.parameters.as_ref().unwrap_or(&empty), &name) {
+                    Ok(None) => HashMap::new(),
+                    Ok(Some(r)) => match self.secret(&r).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            return fail(format!(
+                                "failed to get credentials for snapshot content {name}: {e}"
+                            ));
+                        }
+                    },
+                    Err(e) => {
+                        return fail(format!(
+                            "failed to get secret reference for snapshot content {name}: {e}"
+                        ));
+                    }
+                }
+            }
+        };
+        let handle = c
+            .status
+            .as_ref()
+            .and_then(|s| s.snapshot_handle.clone())
+            .or_else(|| c.spec.source.snapshot_handle.clone())
+            .unwrap_or_default();
+        let taken = if self.cfg.caps.list_snapshots {
+            match self.clients.driver.list_snapshot(&handle, secrets).await {
+                Ok(Some(t)) => t,
+                Ok(None) => {
+                    return fail(format!(
+                        "failed to list snapshot for content {name}: {}",
+                        decide::go_quote(&format!("can not find snapshot for snapshotID {handle}"))
+                    ));
+                }
+                Err(f) => {
+                    return fail(format!(
+                        "failed to list snapshot for content {name}: {}",
+                        decide::go_quote(&f.message)
+                    ));
+                }
+            }
+        } else {
+            Taken {
+                handle: handle.clone(),
+                creation_time: now_nanos(),
+                size: 0,
+                ready: true,
+                group_handle: String::new(),
+            }
+        };
+        // The handle written is the content's own, whatever the driver listed.
+        let taken = Taken {
+            handle: c.spec.source.snapshot_handle.clone().unwrap_or(handle),
+            ..taken
+        };
+        match self.write_status(&c, &taken).await {
+            Ok(_) => Ok(taken.ready),
+            Err(e) => fail(e),
+        }
+    }
+
+    /// Deletion: DeleteSnapshot by policy, the status cleared, then the finalizer removed.
+    async fn delete(&self, c: VolumeSnapshotContent) -> Outcome {
+        let name = c.name_any();
+        let status = c.status.as_ref();
+        let handle = status.and_then(|s| s.snapshot_handle.clone());
+        let member = status.is_some_and(|s| s.volume_group_snapshot_handle.is_some());
+        let mut current = c.clone();
+        if c.spec.deletion_policy == "Delete"
+            && let Some(handle) = handle
+            && !member
+        {
+            let secrets = match self.annotated_secrets(&c).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.warn(
+                        &c,
+                        decide::REASON_DELETE_ERROR,
+                        "Failed to get snapshot credentials",
+                    );
+                    return Outcome::Retry(format!(
+                        "failed to get input parameters to delete snapshot for content {name}: {}",
+                        decide::go_quote(&e)
+                    ));
+                }
+            };
+            if let Err(f) = self.clients.driver.delete_snapshot(&handle, secrets).await {
+                self.warn(&c, decide::REASON_DELETE_ERROR, "Failed to delete snapshot");
+                let err = format!(
+                    "failed to delete snapshot {name:?}, err: failed to delete snapshot content {name}: {}",
+                    decide::go_quote(&f.message)
+                );
+                error!(content = %name, err = %err, "could not sync content");
+                return Outcome::Retry(err);
+            }
+            match self
+                .api()
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(decide::cleared_status_patch()),
+                )
+                .await
+            {
+                Ok(updated) => {
+                    self.written.record(&updated);
+                    current = updated;
+                }
+                Err(e) => {
+                    self.warn(
+                        &c,
+                        decide::REASON_DELETE_ERROR,
+                        "Failed to clear content status",
+                    );
+                    return Outcome::Retry(api_message(&e));
+                }
+            }
+        }
+        let finalizers = current.metadata.finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == FINALIZER_CONTENT_BOUND) {
+            return Outcome::Done;
+        }
+        let rest: Vec<&String> = finalizers
+            .iter()
+            .filter(|f| *f != FINALIZER_CONTENT_BOUND)
+            .collect();
+        let rest = if rest.is_empty() {
+            json!(null)
+        } else {
+            json!(rest)
+        };
+        // The resource version read with the list: a finalizer added meanwhile is not lost.
+        let patch = json!({"metadata": {
+            "finalizers": rest,
+            "resourceVersion": current.metadata.resource_version,
+        }});
+        match self.patch_meta(&current, patch).await {
+            Ok(_) => Outcome::Done,
+            Err(e) => Outcome::Retry(format!(
+                "snapshot controller failed to update {name} on API server: {e}"
+            )),
+        }
+    }
+}
