@@ -26,6 +26,7 @@ use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::ratelimit::kube_config;
+use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
 
 /// The target of this program's lines.
@@ -239,9 +240,14 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     let leading = leader.is_some();
     let (qps, burst) = controller.rate_limit();
     let service = Service {
-        kube_config,
-        qps,
-        burst,
+        kube: Kube {
+            config: kube_config,
+            qps,
+            burst,
+            leader,
+            health: started.health.clone(),
+            metrics: started.metrics.clone(),
+        },
         driver: started.driver,
         config: Config {
             driver: started.name.clone(),
@@ -256,9 +262,6 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             max_entries: options.max_entries as i32,
             error_codes: gates.mutable_csinode_allocatable_count,
         },
-        leader,
-        health: started.health.clone(),
-        metrics: started.metrics.clone(),
     };
     let shutdown = CancellationToken::new();
     let run = service.run(shutdown.clone());

@@ -27,6 +27,7 @@ use plugreg_sidecar_kit::driver as conn;
 use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::ratelimit::kube_config;
+use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
 
 /// The target of this program's lines (the log filter shows plugreg's info lines at `-v=0`).
@@ -234,9 +235,14 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
     });
     let (qps, burst) = controller.rate_limit();
     let service = Service {
-        kube_config,
-        qps,
-        burst,
+        kube: Kube {
+            config: kube_config,
+            qps,
+            burst,
+            leader,
+            health,
+            metrics,
+        },
         config: Config {
             driver: name,
             resizer: found.resizer,
@@ -251,9 +257,6 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
             extra_modify_metadata: options.extra_modify_metadata,
         },
         driver,
-        leader,
-        health,
-        metrics,
     };
     let shutdown = CancellationToken::new();
     let run = service.run(shutdown.clone());

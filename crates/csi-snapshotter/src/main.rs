@@ -23,6 +23,7 @@ use plugreg_sidecar_kit::diagnostics;
 use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::ratelimit::kube_config;
+use plugreg_sidecar_kit::service::Kube;
 use plugreg_snapshotter::controller::Config;
 use plugreg_snapshotter::csi::{self, Driver, DriverCaps};
 use plugreg_snapshotter::decide;
@@ -228,9 +229,14 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     let leading = leader.is_some();
     let (qps, burst) = controller.rate_limit();
     let service = Service {
-        kube_config,
-        qps,
-        burst,
+        kube: Kube {
+            config: kube_config,
+            qps,
+            burst,
+            leader,
+            health: started.health.clone(),
+            metrics: started.metrics.clone(),
+        },
         driver: started.driver,
         config: Config {
             driver: started.name.clone(),
@@ -244,9 +250,6 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             resync: options.resync_period,
             node,
         },
-        leader,
-        health: started.health.clone(),
-        metrics: started.metrics.clone(),
     };
     let shutdown = CancellationToken::new();
     let run = service.run(shutdown.clone());

@@ -33,7 +33,8 @@
 //!   works only while it leads), [`cache`] (trimmed watch caches), [`compact`] (their compact entries), [`events`] (client-go's
 //!   event recorder),
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
-//!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`vac`] (the
+//!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`service`] (the clients, the
+//!   election and the controllers of a run), [`vac`] (the
 //!   VolumeAttributesClass type and its discovery check), [`snapshot`] (the snapshot API's
 //!   types and the annotations and finalizers its controllers agree on).
 
@@ -65,6 +66,8 @@ pub mod quantity;
 pub mod queue;
 #[cfg(feature = "controller")]
 pub mod ratelimit;
+#[cfg(feature = "controller")]
+pub mod service;
 #[cfg(feature = "controller")]
 pub mod snapshot;
 #[cfg(feature = "controller")]

@@ -2,12 +2,9 @@
 //! the controller, run directly or only while this process holds the Lease
 //! (`external-snapshotter-leader-<driver>`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use plugreg_sidecar_kit::leader::{LeaderElection, LeaderError, LeaderHealth, run_elected};
-use plugreg_sidecar_kit::metrics::Metrics;
-use plugreg_sidecar_kit::ratelimit;
+use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, Clients, Config};
@@ -15,37 +12,16 @@ use crate::csi::Driver;
 
 /// Everything the run needs, gathered by the binary's start-up.
 pub struct Service {
-    /// The Kubernetes client configuration.
-    pub kube_config: kube::Config,
-    /// `--kube-api-qps`.
-    pub qps: f64,
-    /// `--kube-api-burst`.
-    pub burst: u32,
+    /// Kubernetes: the clients' settings, leader election, health and metrics.
+    pub kube: Kube,
     /// The driver.
     pub driver: Driver,
     /// The controller's settings.
     pub config: Config,
-    /// Leader election, when `--leader-election`.
-    pub leader: Option<LeaderElection>,
-    /// Shared with `/healthz/leader-election`.
-    pub health: LeaderHealth,
-    /// The metrics.
-    pub metrics: Arc<Metrics>,
 }
 
 /// How the run ended badly.
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    /// The clients could not be built.
-    #[error("failed to build the Kubernetes clients: {0}")]
-    Clients(#[from] ratelimit::Error),
-    /// Leadership was lost (`Stopped leading`): upstream exits 1.
-    #[error("Stopped leading: {0}")]
-    Leader(#[from] LeaderError),
-    /// The caches never filled.
-    #[error(transparent)]
-    Controller(#[from] controller::ControllerError),
-}
+pub type ServiceError = plugreg_sidecar_kit::service::ServiceError<controller::ControllerError>;
 
 /// How long the leader lets its workers finish after a shutdown before the lease goes.
 pub const DRAIN: Duration = Duration::from_secs(10);
@@ -53,27 +29,21 @@ pub const DRAIN: Duration = Duration::from_secs(10);
 impl Service {
     /// Runs until `shutdown` (Ok) or until leadership is lost or the caches fail (Err).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServiceError> {
-        let (high, low, limiter) =
-            ratelimit::clients(self.kube_config.clone(), self.qps, self.burst)?;
-        self.metrics.register(limiter);
-        let clients = Clients {
-            kube: high,
-            events: low,
-            driver: self.driver,
-            metrics: Arc::clone(&self.metrics),
-        };
-        let leader = match self.leader {
-            // Its own client and bucket: renewing the Lease never waits behind the work.
-            Some(le) => Some((
-                le,
-                ratelimit::own_client(self.kube_config, self.qps, self.burst)?,
-            )),
-            None => None,
-        };
-        let config = self.config;
-        Ok(run_elected(leader, self.health, shutdown, |token| {
+        let Service {
+            kube,
+            driver,
+            config,
+        } = self;
+        let metrics = kube.metrics.clone();
+        kube.run(shutdown, |c, token| {
+            let clients = Clients {
+                kube: c.high,
+                events: c.low,
+                driver,
+                metrics,
+            };
             controller::run(config, clients, token)
         })
-        .await??)
+        .await
     }
 }

@@ -1,0 +1,84 @@
+//! The Kubernetes side of a controller sidecar's run, after its start-up checks: the
+//! rate-limited clients (one bucket, two priorities, [`ratelimit::clients`]), leader election
+//! on a client and bucket of its own (renewing the Lease never waits behind the work; upstream
+//! gives it its own clientset too), and the sidecar's controllers, run directly or only while
+//! this process holds the Lease ([`run_elected`]).
+//!
+//! A sidecar's `Service` is its driver and controller settings beside a [`Kube`]; its `run`
+//! hands [`Kube::run`] the closure that starts its controllers with the [`Clients`].
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::leader::{LeaderElection, LeaderError, LeaderHealth, run_elected};
+use crate::metrics::Metrics;
+use crate::ratelimit;
+
+/// What the run needs of Kubernetes, gathered by the binary's start-up.
+pub struct Kube {
+    /// The Kubernetes client configuration.
+    pub config: kube::Config,
+    /// `--kube-api-qps`.
+    pub qps: f64,
+    /// `--kube-api-burst`.
+    pub burst: u32,
+    /// Leader election, when `--leader-election`.
+    pub leader: Option<LeaderElection>,
+    /// Shared with `/healthz/leader-election`.
+    pub health: LeaderHealth,
+    /// The metrics (the token bucket's are registered here).
+    pub metrics: Arc<Metrics>,
+}
+
+/// The clients of the work, sharing one token bucket.
+pub struct Clients {
+    /// Object writes and reads: first in the bucket's line.
+    pub high: kube::Client,
+    /// Events and other bulk writes: after every waiting high-priority request.
+    pub low: kube::Client,
+}
+
+/// How a run ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError<E: std::error::Error + 'static> {
+    /// The clients could not be built.
+    #[error("failed to build the Kubernetes clients: {0}")]
+    Clients(#[from] ratelimit::Error),
+    /// Leadership was lost (`Stopped leading`): upstream's sidecars exit 1.
+    #[error("Stopped leading: {0}")]
+    Leader(#[from] LeaderError),
+    /// The controllers failed (their caches never filled).
+    #[error(transparent)]
+    Controller(E),
+}
+
+impl Kube {
+    /// Builds the clients, then runs `work` with them until `shutdown` (Ok), until leadership
+    /// is lost or until `work` fails (Err). `work` gets the token that ends it: `shutdown`,
+    /// or with leader election the end of this process's leadership.
+    pub async fn run<E, F, Fut>(
+        self,
+        shutdown: CancellationToken,
+        work: F,
+    ) -> Result<(), ServiceError<E>>
+    where
+        E: std::error::Error + 'static,
+        F: FnOnce(Clients, CancellationToken) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        let (high, low, limiter) = ratelimit::clients(self.config.clone(), self.qps, self.burst)?;
+        self.metrics.register(limiter);
+        let leader = match self.leader {
+            Some(le) => Some((
+                le,
+                ratelimit::own_client(self.config, self.qps, self.burst)?,
+            )),
+            None => None,
+        };
+        let clients = Clients { high, low };
+        run_elected(leader, self.health, shutdown, |token| work(clients, token))
+            .await?
+            .map_err(ServiceError::Controller)
+    }
+}
