@@ -10,81 +10,24 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{Env, NODE_ID, poll};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use plugreg_testpeers::KubeVersion;
-use serde_json::{Value, json};
+use plugreg_testpeers::rbac::{self, rule, rules};
+use serde_json::json;
+
+/// `deploy/`'s controller RBAC, upstream's samples.
+fn rbac_yaml() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/controller/rbac.yaml")
+}
 
 const ACCOUNT: &str = "csi-controller";
-
-/// The attacher's documents of `deploy/base/controller/rbac.yaml` (the names that say
-/// `external-attacher`), for `driver`'s attacher running as `ACCOUNT` in `ns`.
-fn attacher_rbac(driver: &str, ns: &str) -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/controller/rbac.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    docs.into_iter()
-        .filter(|d| {
-            d["metadata"]["name"]
-                .as_str()
-                .is_some_and(|n| n.contains("external-attacher"))
-        })
-        .map(|d| {
-            // What kustomize does: the driver name in, the namespace on the subjects.
-            let mut d: Value =
-                serde_json::from_str(&d.to_string().replace("$(DRIVER_NAME)", driver)).unwrap();
-            if let Some(subjects) = d["subjects"].as_array_mut() {
-                for s in subjects {
-                    s["namespace"] = json!(ns);
-                }
-            }
-            d
-        })
-        .collect()
-}
-
-fn from_doc<T: k8s_openapi::serde::de::DeserializeOwned>(v: &Value) -> T {
-    serde_json::from_value(v.clone()).unwrap()
-}
-
-/// The rules of a role as (API group, resource, sorted verbs).
-fn rules(role: &Value) -> Vec<(String, String, Vec<String>)> {
-    let mut out = Vec::new();
-    for r in role["rules"].as_array().unwrap() {
-        let mut verbs: Vec<String> = r["verbs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap().to_owned())
-            .collect();
-        verbs.sort();
-        for g in r["apiGroups"].as_array().unwrap() {
-            for res in r["resources"].as_array().unwrap() {
-                out.push((
-                    g.as_str().unwrap().to_owned(),
-                    res.as_str().unwrap().to_owned(),
-                    verbs.clone(),
-                ));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-fn rule(group: &str, resource: &str, verbs: &[&str]) -> (String, String, Vec<String>) {
-    let mut verbs: Vec<String> = verbs.iter().map(|v| (*v).to_owned()).collect();
-    verbs.sort();
-    (group.to_owned(), resource.to_owned(), verbs)
-}
 
 /// Creates the attacher's RBAC of `deploy/` and its ServiceAccount; returns a kubeconfig with a
 /// token of that account.
 async fn service_account_kubeconfig(env: &Env) -> PathBuf {
-    let docs = attacher_rbac(&env.name, &env.ns);
+    let docs = rbac::sample(&rbac_yaml(), "external-attacher", &env.name, &env.ns).unwrap();
     let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
@@ -112,58 +55,14 @@ async fn service_account_kubeconfig(env: &Env) -> PathBuf {
             &["get", "watch", "list", "delete", "update", "create"]
         )]
     );
-    let pp = PostParams::default();
-    let c = env.client.clone();
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": ACCOUNT}})).unwrap();
-    Api::<ServiceAccount>::namespaced(c.clone(), &env.ns)
-        .create(&pp, &sa)
+    rbac::create(&env.client, &env.ns, ACCOUNT, &docs)
         .await
         .unwrap();
-    Api::<ClusterRole>::all(c.clone())
-        .create(&pp, &from_doc(&docs[0]))
-        .await
-        .unwrap();
-    Api::<ClusterRoleBinding>::all(c.clone())
-        .create(&pp, &from_doc(&docs[1]))
-        .await
-        .unwrap();
-    Api::<Role>::namespaced(c.clone(), &env.ns)
-        .create(&pp, &from_doc(&docs[2]))
-        .await
-        .unwrap();
-    Api::<RoleBinding>::namespaced(c.clone(), &env.ns)
-        .create(&pp, &from_doc(&docs[3]))
-        .await
-        .unwrap();
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            bound_object_ref: None,
-        },
-        ..Default::default()
-    };
-    let token = Api::<ServiceAccount>::namespaced(c, &env.ns)
-        .create_token_request(ACCOUNT, &pp, &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token;
     let path = env.dir.path().join("sa.kubeconfig");
-    let kc = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {
-            "server": env.api.url(),
-            "certificate-authority": env.api.ca_cert_path(),
-        }}],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    });
-    std::fs::write(&path, kc.to_string()).unwrap();
+    env.api
+        .service_account_kubeconfig(&env.ns, ACCOUNT, &path)
+        .await
+        .unwrap();
     path
 }
 

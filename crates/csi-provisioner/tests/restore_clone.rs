@@ -967,7 +967,6 @@ fn sample_rules(snapshot_update: bool) -> serde_json::Value {
 /// A kubeconfig for a ServiceAccount of the test's namespace bound to `rules` (and to the
 /// sample's Lease rules in `default`, where the in-flight record lives).
 async fn service_account(env: &Env, rules: serde_json::Value) -> PathBuf {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     let pp = PostParams::default();
@@ -1023,34 +1022,12 @@ async fn service_account(env: &Env, rules: serde_json::Value) -> PathBuf {
         )
         .await
         .unwrap();
-    let token = accounts
-        .create_token_request(
-            account,
-            &pp,
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    audiences: vec![],
-                    expiration_seconds: Some(3600),
-                    bound_object_ref: None,
-                },
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token;
-    let api = &env.cluster.api;
     let path = env.dir.path().join("provisioner.kubeconfig");
-    let kc = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": api.url(), "certificate-authority": api.ca_cert_path()}}],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    });
-    std::fs::write(&path, kc.to_string()).unwrap();
+    env.cluster
+        .api
+        .service_account_kubeconfig(&env.ns, account, &path)
+        .await
+        .unwrap();
     path
 }
 

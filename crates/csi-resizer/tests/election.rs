@@ -17,9 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::*;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use plugreg_resizer::kube::VolumeAttributesClass;
@@ -116,34 +114,12 @@ fn apply_resizer_rbac(env: &Env) {
 
 /// A kubeconfig that authenticates with a fresh token of the ServiceAccount.
 async fn service_account_kubeconfig(env: &Env) -> PathBuf {
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            bound_object_ref: None,
-        },
-        ..Default::default()
-    };
-    let token = Api::<ServiceAccount>::namespaced(env.client.clone(), NAMESPACE)
-        .create_token_request(ACCOUNT, &PostParams::default(), &request)
-        .await
-        .expect("TokenRequest")
-        .status
-        .expect("a token")
-        .token;
     let path = env.dir.path().join("service-account.kubeconfig");
-    let kc = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {
-            "server": env.cluster.api.url(),
-            "certificate-authority": env.cluster.api.ca_cert_path(),
-        }}],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    });
-    std::fs::write(&path, kc.to_string()).unwrap();
+    env.cluster
+        .api
+        .service_account_kubeconfig(NAMESPACE, ACCOUNT, &path)
+        .await
+        .expect("a ServiceAccount kubeconfig");
     path
 }
 

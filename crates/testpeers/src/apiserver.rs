@@ -293,6 +293,37 @@ impl ApiServer {
         client_from(&self.kubeconfig).await
     }
 
+    /// Writes to `path` a kubeconfig that authenticates as ServiceAccount `ns/account` (which
+    /// must exist) with a fresh token of it (TokenRequest, one hour): a sidecar started with it
+    /// has exactly the rights RBAC gives that account.
+    pub async fn service_account_kubeconfig(
+        &self,
+        ns: &str,
+        account: &str,
+        path: &Path,
+    ) -> Result<(), Error> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![],
+                expiration_seconds: Some(3600),
+                bound_object_ref: None,
+            },
+            ..Default::default()
+        };
+        let status = kube::Api::<ServiceAccount>::namespaced(self.client().await?, ns)
+            .create_token_request(account, &kube::api::PostParams::default(), &request)
+            .await?
+            .status
+            .ok_or_else(|| Error::Unsupported("a TokenRequest answered without a token".into()))?;
+        self.write_kubeconfig(
+            path,
+            &format!("system:serviceaccount:{ns}:{account}"),
+            &status.token,
+        )
+    }
+
     fn write_kubeconfig(&self, path: &Path, user: &str, token: &str) -> Result<(), Error> {
         let kc = serde_json::json!({
             "apiVersion": "v1",

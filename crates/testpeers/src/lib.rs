@@ -35,6 +35,7 @@ pub mod goplugin;
 mod kubelet;
 mod peers;
 mod process;
+pub mod rbac;
 mod scheduler;
 mod snapshot;
 
