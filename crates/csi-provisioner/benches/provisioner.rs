@@ -18,8 +18,6 @@
 //! `PLUGREG_BENCH_LOGS=<dir>` keeps the provisioner's and KCM's log of each run there.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,6 +28,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, PostParams};
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{DriverConfig, MountMode};
+use plugreg_testpeers::bench::{commit, date, free_port, load, requests};
 use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
 use serde_json::json;
 
@@ -82,44 +81,6 @@ fn bin() -> String {
 /// A kB field of `/proc/<pid>/status` (0 once the process is gone).
 fn status_kib(pid: u32, field: &str) -> u64 {
     plugreg_runtime::procfs::status_kib(&pid.to_string(), field).unwrap_or(0)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The provisioner's request counter, by `verb resource`.
-fn requests(port: u16) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return out;
-    };
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("plugreg_kube_requests_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let get = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
-                .map(|v| v.trim_end_matches('"').to_owned())
-                .unwrap_or_default()
-        };
-        if let Ok(v) = value.trim().parse::<f64>() {
-            out.insert(format!("{} {}", get("verb"), get("resource")), v as u64);
-        }
-    }
-    out
 }
 
 /// The pids of processes whose command line names `dir` (a peer's temp dir), with their names.
@@ -497,31 +458,6 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
         peak_at,
         peak_file_kib,
     }
-}
-
-fn date() -> String {
-    Command::new("date")
-        .args(["-u", "+%Y-%m-%d"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
-}
-
-fn commit() -> String {
-    Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 #[tokio::main]

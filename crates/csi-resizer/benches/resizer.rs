@@ -18,8 +18,6 @@
 //! resizer's peak RSS (VmHWM). `PLUGREG_RESIZER_BIN` measures another build.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -28,6 +26,7 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeCl
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use plugreg_csi_test_driver::{DriverConfig, MountMode};
+use plugreg_testpeers::bench::{free_port, requests};
 use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
 use serde_json::json;
 
@@ -71,44 +70,6 @@ fn args() -> Args {
 fn bin() -> String {
     std::env::var("PLUGREG_RESIZER_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_csi-resizer").to_owned())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The resizer's request counter, by `verb resource`.
-fn requests(port: u16) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return out;
-    };
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("plugreg_kube_requests_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let get = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
-                .map(|v| v.trim_end_matches('"').to_owned())
-                .unwrap_or_default()
-        };
-        if let Ok(v) = value.trim().parse::<f64>() {
-            out.insert(format!("{} {}", get("verb"), get("resource")), v as u64);
-        }
-    }
-    out
 }
 
 fn is_write(key: &str) -> bool {

@@ -22,8 +22,6 @@
 //! `PLUGREG_SNAPSHOTTER_BIN` measures another build with the same flags.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,6 +32,10 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams}
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{DriverConfig, MountMode};
 use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
+use plugreg_testpeers::bench::{
+    commit, create_all, date, delta, free_port, load, print_file_mappings, requests, rss,
+    sample_peaks, writes,
+};
 use plugreg_testpeers::{ApiServer, KubeVersion, SnapshotController};
 use serde_json::json;
 
@@ -50,154 +52,6 @@ const UPSTREAM_WRITES: f64 = 3.0;
 fn bin() -> String {
     std::env::var("PLUGREG_SNAPSHOTTER_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_csi-snapshotter").to_owned())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The snapshotter's request counter, by `verb resource`.
-fn requests(port: u16) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return out;
-    };
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("plugreg_kube_requests_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let get = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
-                .map(|v| v.trim_end_matches('"').to_owned())
-                .unwrap_or_default()
-        };
-        if let Ok(v) = value.trim().parse::<f64>() {
-            out.insert(format!("{} {}", get("verb"), get("resource")), v as u64);
-        }
-    }
-    out
-}
-
-fn writes(r: &BTreeMap<String, u64>) -> u64 {
-    r.iter()
-        .filter(|(k, _)| {
-            let verb = k.split(' ').next().unwrap_or("");
-            !matches!(verb, "get" | "list" | "watch" | "GET" | "LIST" | "WATCH")
-        })
-        .map(|(_, v)| *v)
-        .sum()
-}
-
-fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
-        .filter(|(_, v)| *v > 0)
-        .collect()
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn date() -> String {
-    let out = Command::new("date").args(["-u", "+%Y-%m-%d"]).output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
-}
-
-fn commit() -> String {
-    let out = Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
-}
-
-async fn create_all<F, Fut>(n: usize, make: F)
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    futures::stream::iter(0..n)
-        .map(make)
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await;
-}
-
-/// Samples the resident anonymous and file-backed memory of `pid` every 100 ms until `stop`,
-/// and returns the highest of each.
-fn sample_peaks(
-    pid: u32,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<(u64, u64)> {
-    std::thread::spawn(move || {
-        let pid = pid.to_string();
-        let (mut anon, mut file) = (0, 0);
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let a = plugreg_runtime::procfs::status_kib(&pid, "RssAnon").unwrap_or(0);
-            let f = plugreg_runtime::procfs::status_kib(&pid, "RssFile").unwrap_or(0);
-            (anon, file) = (anon.max(a), file.max(f));
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        (anon, file)
-    })
-}
-
-/// Prints the resident KiB of each file mapped by `pid` (where the file-backed part comes from).
-fn print_file_mappings(pid: u32) {
-    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
-        return;
-    };
-    let mut per_file: BTreeMap<String, u64> = BTreeMap::new();
-    let mut current = None;
-    for line in smaps.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields
-            .first()
-            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
-        {
-            current = fields
-                .get(5)
-                .map(|p| format!("{p} {}", fields.get(1).unwrap_or(&"")));
-        } else if fields.first() == Some(&"Rss:")
-            && let Some(file) = &current
-            && file.starts_with('/')
-        {
-            *per_file.entry(file.clone()).or_default() += fields
-                .get(1)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    for (file, kib) in per_file {
-        println!("resident file pages: {kib} KiB {file}");
-    }
-}
-
-fn rss(pid: u32) -> (u64, u64, u64) {
-    let pid = pid.to_string();
-    let f = |k| plugreg_runtime::procfs::status_kib(&pid, k).unwrap_or(0);
-    (f("VmRSS"), f("RssAnon"), f("RssFile"))
 }
 
 struct Run {

@@ -28,6 +28,7 @@
 //!   one test body covers every release in [`KubeVersion::ALL`].
 
 mod apiserver;
+pub mod bench;
 mod component;
 mod controller_manager;
 mod error;
