@@ -4,140 +4,20 @@
 //! No API server is needed before the controller starts: `--master` builds a kube config
 //! without a call, and the start-up steps tested here come before the first API call.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, Method};
+use plugreg_testpeers::sidecar::{self, SOON, Sidecar as Proc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-attacher");
-/// A bound for things that happen at once (a slow machine is not a failure).
-const SOON: Duration = Duration::from_secs(20);
 /// A kube config that builds without contacting anything.
 const MASTER: &str = "--master=http://127.0.0.1:1";
 
 /// Runs the binary to completion; returns (exit code, stdout, stderr).
 fn run_to_end(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-type Lines = Arc<(Mutex<(Vec<String>, bool)>, Condvar)>;
-
-/// The attacher as a running process, its stderr lines collected; killed on drop.
-struct Proc {
-    child: Child,
-    lines: Lines,
-}
-
-impl Proc {
-    fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .env_remove("NODE_NAME")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let lines: Lines = Arc::new((Mutex::new((Vec::new(), false)), Condvar::new()));
-        let keep = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                keep.0.lock().unwrap().0.push(line);
-                keep.1.notify_all();
-            }
-            keep.0.lock().unwrap().1 = true;
-            keep.1.notify_all();
-        });
-        Self { child, lines }
-    }
-
-    /// Waits until `n` log lines contain `needle`; returns the last of them.
-    fn wait_for_lines(&self, needle: &str, n: usize, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        let mut guard = self.lines.0.lock().unwrap();
-        loop {
-            let found: Vec<&String> = guard.0.iter().filter(|l| l.contains(needle)).collect();
-            if found.len() >= n {
-                return found[n - 1].clone();
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || guard.1 {
-                let log = guard.0.join("\n");
-                drop(guard);
-                panic!("no {n} log lines with {needle:?}; log:\n{log}");
-            }
-            guard = self.lines.1.wait_timeout(guard, left).unwrap().0;
-        }
-    }
-
-    fn wait_for_line(&self, needle: &str) -> String {
-        self.wait_for_lines(needle, 1, SOON)
-    }
-
-    fn log(&self) -> String {
-        self.lines.0.lock().unwrap().0.join("\n")
-    }
-
-    fn is_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for the exit (at most `within`); returns the code and the whole log.
-    fn exit_within(&mut self, within: Duration) -> (i32, String) {
-        let deadline = Instant::now() + within;
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "still running; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let mut guard = self.lines.0.lock().unwrap();
-        while !guard.1 {
-            guard = self.lines.1.wait_timeout(guard, SOON).unwrap().0;
-        }
-        (status.code().unwrap_or(-1), guard.0.join("\n"))
-    }
-
-    fn exit(&mut self) -> (i32, String) {
-        self.exit_within(SOON)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    sidecar::run_to_end(BIN, args)
 }
 
 fn controller() -> DriverConfig {
@@ -157,21 +37,7 @@ fn args(socket: &Path, extra: &[&str]) -> Vec<String> {
 }
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, SOON).unwrap();
-    stream.set_read_timeout(Some(SOON)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let code = response.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (code, body)
+    sidecar::http_get(addr, path)
 }
 
 fn publishing() -> DriverConfig {
@@ -301,7 +167,7 @@ async fn starts_against_a_publishing_driver_in_upstreams_order() {
     let config = publishing();
     let calls = config.calls.clone();
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let mut p = Proc::spawn(&args(&sock, &["--v=5"]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &["--v=5"]));
     p.wait_for_line("\"Version\" version=");
     p.wait_for_line("Probing CSI driver for readiness");
     p.wait_for_line("\"CSI driver name\" driver=\"csi.plugreg.test\"");
@@ -325,7 +191,7 @@ async fn handler_choice_is_logged() {
     let _driver = plugreg_csi_test_driver::start(controller(), &sock)
         .await
         .unwrap();
-    let p = Proc::spawn(&args(&sock, &["--v=2"]));
+    let p = Proc::spawn(BIN, &args(&sock, &["--v=2"]));
     p.wait_for_line(
         "CSI driver does not support ControllerPublishUnpublish, using trivial handler",
     );
@@ -335,7 +201,7 @@ async fn handler_choice_is_logged() {
     let _driver2 = plugreg_csi_test_driver::start(config, &sock2)
         .await
         .unwrap();
-    let p2 = Proc::spawn(&args(&sock2, &["--v=2"]));
+    let p2 = Proc::spawn(BIN, &args(&sock2, &["--v=2"]));
     p2.wait_for_line(
         "CSI driver does not support Plugin Controller Service, using trivial handler",
     );
@@ -354,7 +220,7 @@ async fn probe_not_ready_loops_and_unimplemented_exits_1() {
     };
     let calls = config.calls.clone();
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     p.wait_for_lines("CSI driver is not ready", 2, SOON);
     assert!(p.is_running());
     assert!(calls.count(Method::Probe) >= 2);
@@ -370,7 +236,7 @@ async fn probe_not_ready_loops_and_unimplemented_exits_1() {
         },
     );
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     let (code, log) = p.exit();
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("Failed to probe the CSI driver"), "{log}");
@@ -385,7 +251,7 @@ async fn an_empty_driver_name_is_exit_1() {
         ..publishing()
     };
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     let (code, log) = p.exit();
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("Failed to get the CSI driver name"), "{log}");
@@ -407,7 +273,7 @@ async fn slow_capabilities_are_exit_1() {
         },
     );
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let mut p = Proc::spawn(&args(&sock, &["--timeout=1m"]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &["--timeout=1m"]));
     let (code, log) = p.exit();
     assert_eq!(code, 1, "{log}");
     assert!(
@@ -424,7 +290,7 @@ async fn losing_the_driver_after_start_exits_1() {
     let driver = plugreg_csi_test_driver::start(publishing(), &sock)
         .await
         .unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     p.wait_for_line("Starting CSI attacher");
     driver.stop().await.unwrap();
     let (code, log) = p.exit();
@@ -458,7 +324,7 @@ async fn http_endpoint_serves_metrics_with_the_driver_name() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let p = Proc::spawn(&args(&sock, &[&format!("--http-endpoint={addr}")]));
+    let p = Proc::spawn(BIN, &args(&sock, &[&format!("--http-endpoint={addr}")]));
     // The line after the bind (the kit logs "ServeMux listening at" before it).
     p.wait_for_line("\"ServeMux listening\" address=");
     let want = "csi_sidecar_operations_seconds_count{driver_name=\"csi.plugreg.test\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerGetCapabilities\"} 1";

@@ -3,141 +3,21 @@
 //!
 //! No API server is needed up to step 18: `--master` builds a kube config without a call.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, Method};
+use plugreg_testpeers::sidecar::{self, SOON, Sidecar as Proc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-provisioner");
-/// A bound for things that happen at once (a slow machine is not a failure).
-const SOON: Duration = Duration::from_secs(20);
 /// A kube config that builds without contacting anything.
 const MASTER: &str = "--master=http://127.0.0.1:1";
 
 /// Runs the binary to completion; returns (exit code, stdout, stderr).
 fn run_to_end(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env_remove("KUBECONFIG")
-        .env_remove("NODE_NAME")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-type Lines = Arc<(Mutex<(Vec<String>, bool)>, Condvar)>;
-
-/// The provisioner as a running process, its stderr lines collected; killed on drop.
-struct Proc {
-    child: Child,
-    lines: Lines,
-}
-
-impl Proc {
-    fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .env_remove("NODE_NAME")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let lines: Lines = Arc::new((Mutex::new((Vec::new(), false)), Condvar::new()));
-        let keep = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                keep.0.lock().unwrap().0.push(line);
-                keep.1.notify_all();
-            }
-            keep.0.lock().unwrap().1 = true;
-            keep.1.notify_all();
-        });
-        Self { child, lines }
-    }
-
-    /// Waits until `n` log lines contain `needle`; returns the last of them.
-    fn wait_for_lines(&self, needle: &str, n: usize, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        let mut guard = self.lines.0.lock().unwrap();
-        loop {
-            let found: Vec<&String> = guard.0.iter().filter(|l| l.contains(needle)).collect();
-            if found.len() >= n {
-                return found[n - 1].clone();
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || guard.1 {
-                let log = guard.0.join("\n");
-                drop(guard);
-                panic!("no {n} log lines with {needle:?}; log:\n{log}");
-            }
-            guard = self.lines.1.wait_timeout(guard, left).unwrap().0;
-        }
-    }
-
-    fn wait_for_line(&self, needle: &str) -> String {
-        self.wait_for_lines(needle, 1, SOON)
-    }
-
-    fn log(&self) -> String {
-        self.lines.0.lock().unwrap().0.join("\n")
-    }
-
-    fn is_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for the exit (at most `within`); returns the code and the whole log.
-    fn exit_within(&mut self, within: Duration) -> (i32, String) {
-        let deadline = Instant::now() + within;
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "still running; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let mut guard = self.lines.0.lock().unwrap();
-        while !guard.1 {
-            guard = self.lines.1.wait_timeout(guard, SOON).unwrap().0;
-        }
-        (status.code().unwrap_or(-1), guard.0.join("\n"))
-    }
-
-    fn exit(&mut self) -> (i32, String) {
-        self.exit_within(SOON)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    sidecar::run_to_end(BIN, args)
 }
 
 fn controller() -> DriverConfig {
@@ -157,21 +37,7 @@ fn args(socket: &Path, extra: &[&str]) -> Vec<String> {
 }
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, SOON).unwrap();
-    stream.set_read_timeout(Some(SOON)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let code = response.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (code, body)
+    sidecar::http_get(addr, path)
 }
 
 #[test]
@@ -338,7 +204,7 @@ async fn starts_against_a_healthy_driver_and_stops_on_sigterm() {
     let config = controller();
     let calls = config.calls.clone();
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let mut p = Proc::spawn(&args(&sock, &["--v=2", "positional-arg"]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &["--v=2", "positional-arg"]));
     p.wait_for_line("\"Version\" version=");
     p.wait_for_line("Either master or kubeconfig specified. building kube config from that..");
     p.wait_for_line("Probing CSI driver for readiness");
@@ -365,7 +231,7 @@ async fn reports_publish_unpublish_support() {
         ..controller()
     };
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let p = Proc::spawn(&args(&sock, &[]));
+    let p = Proc::spawn(BIN, &args(&sock, &[]));
     p.wait_for_line("CSI driver supports PUBLISH_UNPUBLISH_VOLUME, watching VolumeAttachments");
     // Upstream's V(2) line is hidden at -v=0.
     assert!(!p.log().contains("Detected CSI driver"), "{}", p.log());
@@ -381,7 +247,7 @@ async fn probe_not_ready_is_retried_every_second() {
     };
     let calls = config.calls.clone();
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     p.wait_for_lines("CSI driver is not ready", 3, SOON);
     assert!(p.is_running());
     assert!(calls.count(Method::Probe) >= 3);
@@ -407,7 +273,7 @@ async fn probe_timeouts_are_retried_until_the_driver_answers() {
         },
     );
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let p = Proc::spawn(&args(&sock, &["--timeout=300ms"]));
+    let p = Proc::spawn(BIN, &args(&sock, &["--timeout=300ms"]));
     p.wait_for_lines("CSI driver probe timed out", 2, SOON);
     p.wait_for_line("not watching VolumeAttachments");
 }
@@ -425,7 +291,7 @@ async fn probe_unimplemented_exits_1() {
         },
     );
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     let (code, log) = p.exit();
     assert_eq!(code, 1, "{log}");
     assert!(
@@ -445,7 +311,7 @@ async fn an_empty_driver_name_is_fatal() {
         ..controller()
     };
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     let (code, log) = p.exit();
     assert_eq!(code, 255, "{log}");
     assert!(
@@ -461,7 +327,7 @@ async fn a_driver_without_controller_service_is_fatal() {
     let _driver = plugreg_csi_test_driver::start(DriverConfig::default(), &sock)
         .await
         .unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     let (code, log) = p.exit();
     assert_eq!(code, 255, "{log}");
     assert!(
@@ -477,7 +343,7 @@ async fn losing_the_driver_after_start_exits_1() {
     let driver = plugreg_csi_test_driver::start(controller(), &sock)
         .await
         .unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     p.wait_for_line("not watching VolumeAttachments");
     driver.stop().await.unwrap();
     let (code, log) = p.exit();
@@ -492,7 +358,7 @@ async fn losing_the_driver_after_start_exits_1() {
 async fn the_socket_may_appear_late() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("csi.sock");
-    let p = Proc::spawn(&args(&sock, &["--v=5"]));
+    let p = Proc::spawn(BIN, &args(&sock, &["--v=5"]));
     p.wait_for_line("\"Version\"");
     let _driver = plugreg_csi_test_driver::start(controller(), &sock)
         .await
@@ -506,7 +372,7 @@ fn no_driver_within_30_seconds_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("absent.sock");
     let started = Instant::now();
-    let mut p = Proc::spawn(&args(&sock, &[]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[]));
     let (code, log) = p.exit_within(Duration::from_secs(60));
     assert_eq!(code, 1, "{log}");
     assert!(started.elapsed() >= Duration::from_secs(30), "{log}");
@@ -531,10 +397,13 @@ async fn http_endpoint_serves_metrics_and_leader_health() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let p = Proc::spawn(&args(
-        &sock,
-        &[&format!("--http-endpoint={addr}"), "--leader-election"],
-    ));
+    let p = Proc::spawn(
+        BIN,
+        &args(
+            &sock,
+            &[&format!("--http-endpoint={addr}"), "--leader-election"],
+        ),
+    );
     p.wait_for_line(&format!("ServeMux listening at \\\"{addr}\\\""));
     // Listening follows the log line.
     let deadline = std::time::Instant::now() + SOON;
@@ -559,7 +428,7 @@ async fn http_listen_failure_is_fatal() {
         .unwrap();
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
-    let mut p = Proc::spawn(&args(&sock, &[&format!("--http-endpoint={addr}")]));
+    let mut p = Proc::spawn(BIN, &args(&sock, &[&format!("--http-endpoint={addr}")]));
     let (code, log) = p.exit();
     assert_eq!(code, 255, "{log}");
     assert!(

@@ -38,6 +38,7 @@ mod peers;
 mod process;
 pub mod rbac;
 mod scheduler;
+pub mod sidecar;
 mod snapshot;
 
 pub use apiserver::{ApiServer, ApiServerOptions};
