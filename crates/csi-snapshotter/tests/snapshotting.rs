@@ -330,6 +330,39 @@ async fn retained_and_pre_provisioned_contents() {
     drop(sidecar);
 }
 
+/// Checklist 10: a pre-provisioned content of a driver without LIST_SNAPSHOTS is taken as it
+/// is, as upstream: ready, `creationTime` the time the sidecar saw it, no `restoreSize`, and no
+/// ListSnapshots call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_provisioned_content_of_a_driver_that_cannot_list_is_ready() {
+    let env = Env::new(|c| c.no_list_snapshots = true).await;
+    let _sidecar = env.snapshotter(&[]);
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i64
+    };
+    let before = now();
+    env.create::<VolumeSnapshotContent>(json!({
+        "metadata": {"name": "unlisted-content"},
+        "spec": {"driver": env.name, "deletionPolicy": "Retain",
+                 "source": {"snapshotHandle": "snap-made-elsewhere"},
+                 "volumeSnapshotRef": {"name": "unlisted", "namespace": NS}},
+    }))
+    .await;
+    let c = env
+        .wait_content("unlisted-content", "unlisted-content ready", ready)
+        .await;
+    let after = now();
+    let s = c.status.unwrap();
+    assert_eq!(s.snapshot_handle.as_deref(), Some("snap-made-elsewhere"));
+    assert_eq!(s.restore_size, None);
+    let t = s.creation_time.unwrap();
+    assert!(before <= t && t <= after, "{before} <= {t} <= {after}");
+    assert_eq!(env.calls.count(Method::ListSnapshots), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_cut_short_by_sigkill_is_sent_again_and_the_deletion_waits_for_it() {
     let env = Env::new(|d| {

@@ -581,6 +581,9 @@ pub struct DriverConfig {
     /// and GET_SNAPSHOT, serve them (a snapshot is a copy of its volume's directory), and accept
     /// a snapshot as CreateVolume's content source (the new volume starts as its copy).
     pub snapshots: bool,
+    /// With [`snapshots`](Self::snapshots): do not advertise LIST_SNAPSHOTS, and answer
+    /// ListSnapshots UNIMPLEMENTED (a driver that can only create and delete).
+    pub no_list_snapshots: bool,
     /// CreateSnapshot answers `ready_to_use: false` this many times for a new snapshot before
     /// it is ready (a restore from it is UNAVAILABLE until then).
     pub snapshot_ready_after: u32,
@@ -628,6 +631,7 @@ impl Default for DriverConfig {
             single_node_multi_writer: false,
             publish_readonly: false,
             snapshots: false,
+            no_list_snapshots: false,
             snapshot_ready_after: 0,
             clone_volume: false,
             reported_capacity: None,

@@ -915,11 +915,11 @@ impl Controller for Driver {
             types.push(Type::PublishReadonly);
         }
         if self.config.snapshots {
-            types.extend([
-                Type::CreateDeleteSnapshot,
-                Type::ListSnapshots,
-                Type::GetSnapshot,
-            ]);
+            types.push(Type::CreateDeleteSnapshot);
+            if !self.config.no_list_snapshots {
+                types.push(Type::ListSnapshots);
+            }
+            types.push(Type::GetSnapshot);
         }
         if self.config.clone_volume {
             types.push(Type::CloneVolume);
@@ -1090,7 +1090,7 @@ impl Controller for Driver {
         &self,
         request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
-        if !self.config.snapshots {
+        if !self.config.snapshots || self.config.no_list_snapshots {
             return unimplemented("ListSnapshots");
         }
         self.do_list_snapshots(request.into_inner())
