@@ -293,16 +293,23 @@ fn handle_of(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> String {
         .clone()
 }
 
+/// The first CreateVolume of the provisioner's driver takes `delay`.
+fn first_create_takes(delay: Duration) -> impl FnOnce(&mut DriverConfig) {
+    move |c| {
+        c.faults.insert(
+            Method::CreateVolume,
+            Fault {
+                delay: Some(delay),
+                delay_first: Some(1),
+                ..Fault::default()
+            },
+        );
+    }
+}
+
 /// The first CreateVolume of the provisioner's driver takes 3 s.
 fn slow_first_create(c: &mut DriverConfig) {
-    c.faults.insert(
-        Method::CreateVolume,
-        Fault {
-            delay: Some(Duration::from_secs(3)),
-            delay_first: Some(1),
-            ..Fault::default()
-        },
-    );
+    first_create_takes(Duration::from_secs(3))(c);
 }
 
 /// A restore: CreateVolume names the content's snapshot handle and the claim's size (larger
@@ -743,14 +750,7 @@ async fn clone_checks_fail_with_upstreams_texts() {
 
 /// The first CreateVolume of the provisioner's driver never answers (until it is killed).
 fn hang_first_create(c: &mut DriverConfig) {
-    c.faults.insert(
-        Method::CreateVolume,
-        Fault {
-            delay: Some(Duration::from_secs(3600)),
-            delay_first: Some(1),
-            ..Fault::default()
-        },
-    );
+    first_create_takes(Duration::from_secs(3600))(c);
 }
 
 /// No leak (P3): SIGKILL mid-CreateVolume of a restore; the record's request carries the
