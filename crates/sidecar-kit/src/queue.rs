@@ -130,7 +130,11 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// Whether `key` waits out a delay (its back-off, after a failure) before it is added
     /// again: a sync of it now was asked for by something else.
-    pub fn is_waiting(&self, key: &K) -> bool {
+    pub fn is_waiting<Q>(&self, key: &Q) -> bool
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.lock().waiting.contains_key(key)
     }
 
@@ -286,7 +290,7 @@ mod tests {
         // A failure (1 s back-off), then, before that ends, a second one (2 s): the key comes
         // back once, after 1 s, and not again after 2 s.
         q.add_rate_limited("a".into());
-        assert!(q.is_waiting(&"a".to_owned()));
+        assert!(q.is_waiting("a"));
         q.add_rate_limited("a".into());
         let item = q.next().await.unwrap();
         assert_eq!(Instant::now() - t0, Duration::from_secs(1));
