@@ -2,14 +2,15 @@
 //! (v1.20.2 and v1.36.2):
 //! * it runs with exactly upstream's sample RBAC (`deploy/base`'s attacher part) under a token
 //!   of its ServiceAccount: attach, detach and the PV finalizer work, and nothing is refused;
-//! * a Lease taken by another holder makes it exit 1 with "Stopped leading", as upstream;
+//! * a Lease taken by another holder makes it exit 1 with "Stopped leading", as upstream, its
+//!   `/healthz/leader-election` answering 200 until then;
 //! * `--max-grpc-log-length` caps each logged gRPC response as csi-lib-utils does (-1: whole).
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Env, NODE_ID, poll};
+use common::{Env, NODE_ID, free_local_addr, http_get, poll};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -176,14 +177,23 @@ async fn runs_with_the_sample_rbac_v1_20() {
 /// Checklist 17: another holder takes the Lease (as a replica whose clock says ours expired
 /// would); the attacher cannot renew within `--leader-election-renew-deadline`, logs "Stopped
 /// leading" and exits 1, as upstream (client-go's OnStoppedLeading).
+///
+/// `/healthz/leader-election` answers 200 all along: it fails only for a process that still
+/// believes it leads and has not renewed for the lease duration + 20 s (a renew loop that
+/// hangs instead of giving up), and a renewal here gives up at the renew deadline, well before
+/// that: the process exits instead. (That rule itself is the kit's unit test
+/// `health_fails_only_for_a_leader_past_lease_plus_tolerance`, on a paused clock; the binary
+/// cannot be brought into that window without a fault of its own runtime.)
 async fn a_lost_lease_is_exit_1(version: KubeVersion) {
     let env = Env::new(version, |_| {}).await;
+    let addr = free_local_addr();
     let mut a = env.attacher(&[
         "--leader-election",
         &format!("--leader-election-namespace={}", env.ns),
         "--leader-election-lease-duration=4s",
         "--leader-election-renew-deadline=2s",
         "--leader-election-retry-period=500ms",
+        &format!("--http-endpoint={addr}"),
     ]);
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
     let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
@@ -192,6 +202,11 @@ async fn a_lost_lease_is_exit_1(version: KubeVersion) {
         l.spec?.holder_identity.filter(|h| !h.is_empty())
     })
     .await;
+    let health = poll("leader health", || async {
+        http_get(addr, "/healthz/leader-election")
+    })
+    .await;
+    assert_eq!(health, (200, "ok".to_owned()));
     // A MicroTime: the API server wants exactly six digits of fraction.
     let now = k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%S.000000Z")
@@ -209,6 +224,19 @@ async fn a_lost_lease_is_exit_1(version: KubeVersion) {
         )
         .await
         .unwrap();
+    // Until it exits, the leader that lost its Lease is not reported unhealthy.
+    let mut answers = 0;
+    while a.running() {
+        if let Some(answer) = http_get(addr, "/healthz/leader-election") {
+            assert_eq!(answer, (200, "ok".to_owned()), "{}", a.log());
+            answers += 1;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        answers > 0,
+        "no health answer between the takeover and the exit"
+    );
     assert_eq!(a.exit_code().await, 1, "{}", a.log());
     let log = a.log();
     assert!(log.contains("\"Stopped leading\""), "{log}");
