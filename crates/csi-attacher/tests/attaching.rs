@@ -876,6 +876,118 @@ async fn release_on_exit_clears_the_lease_holder() {
     );
 }
 
+/// Checklist 17 (ReleaseLeaderElectionOnExit): SIGTERM while a ControllerPublishVolume is in
+/// the driver: the leader lets that sync finish (the VolumeAttachment is marked attached after
+/// the signal) before it clears the Lease's holder and exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_exit_waits_for_the_running_publish() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerPublishVolume,
+            Fault {
+                delay: Some(Duration::from_secs(2)),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let mut a = env.attacher(&[
+        "--leader-election",
+        &format!("--leader-election-namespace={}", env.ns),
+        "--feature-gates=ReleaseLeaderElectionOnExit=true",
+    ]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.calls.wait_for(Method::ControllerPublishVolume, 1).await;
+    a.signal("TERM");
+    assert_eq!(a.exit_code().await, 1, "{}", a.log());
+    let done = env.vas().get(&va).await.unwrap();
+    assert!(
+        done.status.is_some_and(|s| s.attached),
+        "the running publish was finished and saved\n{}",
+        a.log()
+    );
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
+    let holder = leases
+        .get(&name)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert_eq!(holder.as_deref(), Some(""), "released after the drain");
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 1);
+}
+
+/// Checklist 17 (ReleaseLeaderElectionOnExit): a second SIGTERM while the first one's shutdown
+/// waits for a running publish (30 s in the driver; the wait would last up to 10 s) ends the
+/// process at once with exit 1, as upstream, leaving the Lease to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_does_not_wait_for_the_workers() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerPublishVolume,
+            Fault {
+                delay: Some(Duration::from_secs(30)),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let mut a = env.attacher(&[
+        "--leader-election",
+        &format!("--leader-election-namespace={}", env.ns),
+        "--feature-gates=ReleaseLeaderElectionOnExit=true",
+        "--timeout=60s",
+    ]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.calls.wait_for(Method::ControllerPublishVolume, 1).await;
+    a.signal("TERM");
+    poll("the first signal handled", || async {
+        a.log()
+            .contains("Received SIGTERM or SIGINT signal, shutting down controller.")
+            .then_some(())
+    })
+    .await;
+    let second = tokio::time::Instant::now();
+    a.signal("TERM");
+    assert_eq!(a.exit_code().await, 1, "{}", a.log());
+    let took = second.elapsed();
+    assert!(
+        a.log().contains("Received a second signal, exiting"),
+        "{}",
+        a.log()
+    );
+    // Well before the drain would have ended (10 s after the first signal).
+    assert!(
+        took < plugreg_attacher::service::DRAIN - Duration::from_secs(2),
+        "{took:?}"
+    );
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
+    let holder = leases
+        .get(&name)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert!(
+        holder.is_some_and(|h| !h.is_empty()),
+        "not released: the process did not wait"
+    );
+}
+
 /// Checklist 5 and 6: a Block PV that many nodes write reaches the driver as a block
 /// capability with MULTI_NODE_MULTI_WRITER, and the PV's `readOnly` is passed through to a
 /// driver with PUBLISH_READONLY (the driver without it gets `false`: see `attach_and_detach`).
