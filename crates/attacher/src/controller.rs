@@ -9,6 +9,13 @@
 //! and the age of its oldest waiting item are in `/metrics`
 //! (`csi_attacher_queue_backlog`, `csi_attacher_queue_oldest_waiting_seconds`).
 //!
+//! A failed sync waits out its back-off (`--retry-interval-start` doubling to
+//! `--retry-interval-max`): a watch event that brings nothing new since the failed attempt
+//! (its own finalizer write, its `attachError`) does not cut it short. Upstream's queue runs
+//! the key again at once when its own finalizer write comes back while the publish fails, so
+//! its first retry comes at once and its second after one start interval; here they come
+//! after one and two.
+//!
 //! A publish that may have attached something is never forgotten: the VolumeAttachment's
 //! finalizer is written before ControllerPublishVolume is called, so its deletion always goes
 //! through ControllerUnpublishVolume, whatever the publish answered.
@@ -91,6 +98,36 @@ pub enum ControllerError {
 /// A failed sync: the key goes back through its queue's back-off.
 #[derive(Debug)]
 struct Requeue(String);
+
+/// How a sync that did not fail ended.
+#[derive(Debug, PartialEq)]
+enum Synced {
+    /// Done: the key's back-off starts over.
+    Done,
+    /// Nothing changed since its last attempt failed: the back-off stands and brings it back.
+    Waiting,
+}
+
+/// For each VolumeAttachment whose last sync failed, the [`decide::sync_fingerprint`] of what
+/// that sync left (the object after its own writes, errors aside).
+#[derive(Default, Clone)]
+struct Failed(Arc<Mutex<HashMap<String, u64>>>);
+
+impl Failed {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the cached `va` is what the failed sync of it left.
+    fn unchanged(&self, name: &str, va: &VolumeAttachment) -> bool {
+        self.map().get(name) == Some(&decide::sync_fingerprint(va))
+    }
+}
+
+/// The fingerprint of `written` (a write's answer) as the watch cache will hold it.
+fn cached_fingerprint(written: VolumeAttachment) -> u64 {
+    decide::sync_fingerprint(&Compact::<Va>::new(written).object())
+}
 
 type Queue = Arc<WorkQueue<String>>;
 
@@ -188,6 +225,7 @@ struct Controller {
     /// The resource version of this process's last write of each VolumeAttachment that its
     /// watch will report as a change worth a sync (finalizer, `attached`).
     written: Written,
+    failed: Failed,
 }
 
 /// Resource versions of our own writes, by VolumeAttachment name. A sync that finds the cache
@@ -263,6 +301,8 @@ pub async fn run(
     let fingerprints: Mutex<HashMap<String, u64>> = Mutex::default();
     let written = Written::default();
     let w = written.clone();
+    let failed = Failed::default();
+    let f = failed.clone();
     let (aq, dq, pq, driver) = (
         Arc::clone(&attach_q),
         Arc::clone(&detach_q),
@@ -283,6 +323,7 @@ pub async fn run(
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&name);
                 w.forget(&name);
+                f.map().remove(&name);
                 if let Some(pv) = &va.spec.source.persistent_volume_name {
                     pq.add(pv.clone());
                 }
@@ -351,6 +392,7 @@ pub async fn run(
         locks: KeyLocks::default(),
         forced: Mutex::default(),
         written,
+        failed,
         cfg,
     });
 
@@ -362,7 +404,8 @@ pub async fn run(
                 while let Some(item) = q.next().await {
                     let key = item.key.clone();
                     match c.sync_va(&key, detach).await {
-                        Ok(()) => q.forget(&key),
+                        Ok(Synced::Done) => q.forget(&key),
+                        Ok(Synced::Waiting) => {}
                         Err(Requeue(e)) => {
                             debug!(VolumeAttachment = %key, err = %e, "Error processing");
                             q.add_rate_limited(key);
@@ -494,39 +537,63 @@ impl Controller {
 
     /// One sync of the VolumeAttachment `name` from the attach (`detach` false) or detach
     /// queue.
-    async fn sync_va(&self, name: &str, detach: bool) -> Result<(), Requeue> {
+    async fn sync_va(&self, name: &str, detach: bool) -> Result<Synced, Requeue> {
         let _guard = self.locks.lock(name).await;
         let Some(va) = self.va(name) else {
             debug!(
                 VolumeAttachment = name,
                 "VolumeAttachment was deleted, ignoring"
             );
-            return Ok(());
+            return Ok(Synced::Done);
         };
         if !decide::is_ours(&va, &self.cfg.driver) {
-            return Ok(());
+            return Ok(Synced::Done);
         }
         if decide::deleting(&va) != detach {
             // Its state changed after it was queued: the other queue's.
             route(&self.attach_q, &self.detach_q, &va, name.to_owned());
-            return Ok(());
+            return Ok(Synced::Done);
         }
         if self.written.cache_behind(&va) {
             debug!(
                 VolumeAttachment = name,
                 "cache older than our last write; its watch event queues it again"
             );
-            return Ok(());
+            return Ok(Synced::Done);
+        }
+        let queue = if detach {
+            &self.detach_q
+        } else {
+            &self.attach_q
+        };
+        if queue.is_waiting(name) && self.failed.unchanged(name, &va) {
+            debug!(
+                VolumeAttachment = name,
+                "unchanged since its last attempt failed; waiting out its back-off"
+            );
+            return Ok(Synced::Waiting);
         }
         let forced = self.take_forced(name);
-        match decide::decide(&va, &self.cfg.driver, &self.cfg.caps, forced) {
+        let mut left = decide::sync_fingerprint(&va);
+        let result = match decide::decide(&va, &self.cfg.driver, &self.cfg.caps, forced) {
             Action::Nothing(why) => {
                 debug!(VolumeAttachment = name, "{why}");
                 Ok(())
             }
             Action::MarkAttached => self.mark_attached(&va).await,
-            Action::Attach => self.attach(&va).await,
+            Action::Attach => self.attach(&va, &mut left).await,
             Action::Detach => self.detach(&va).await,
+        };
+        let mut failed = self.failed.map();
+        match result {
+            Ok(()) => {
+                failed.remove(name);
+                Ok(Synced::Done)
+            }
+            Err(e) => {
+                failed.insert(name.to_owned(), left);
+                Err(e)
+            }
         }
     }
 
@@ -624,7 +691,8 @@ impl Controller {
         Requeue(format!("failed to detach: {message}"))
     }
 
-    async fn attach(&self, va: &VolumeAttachment) -> Result<(), Requeue> {
+    /// Attaches `va`; `left` becomes the fingerprint of what its writes made of it.
+    async fn attach(&self, va: &VolumeAttachment, left: &mut u64) -> Result<(), Requeue> {
         let name = va.name_any();
         debug!(VolumeAttachment = %name, "Attaching");
         let pv = va
@@ -671,7 +739,10 @@ impl Controller {
                 .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                 .await
             {
-                Ok(written) => self.written.record(&written),
+                Ok(written) => {
+                    self.written.record(&written);
+                    *left = cached_fingerprint(written);
+                }
                 Err(e) => {
                     let msg = format!("could not save VolumeAttachment: {}", api_message(&e));
                     return Err(self.attach_failed(va, &msg, None).await);

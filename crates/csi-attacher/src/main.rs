@@ -6,7 +6,8 @@
 //! - 0: `--version`, `-h`/`--help`, a clean stop (SIGTERM/SIGINT without leader election);
 //! - 1: every start-up error (unknown feature gate, both HTTP flags, no Kubernetes config,
 //!   `--worker-threads=0`, CSI connect, probe, name or capability failure, HTTP listen
-//!   failure), the CSI connection lost later, leadership lost;
+//!   failure), the CSI connection lost later, leadership lost, a second SIGTERM/SIGINT while
+//!   the first one's shutdown waits for the workers;
 //! - 2: a command-line error.
 
 use std::process::ExitCode;
@@ -287,7 +288,15 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             tracing::info!(target: LOG, "Received SIGTERM or SIGINT signal, shutting down controller.");
             shutdown.cancel();
             let grace = if leading { DRAIN } else { SHUTDOWN_GRACE };
-            let _ = tokio::time::timeout(grace, &mut run).await;
+            tokio::select! {
+                _ = tokio::time::timeout(grace, &mut run) => {}
+                signal = signals.shutdown() => {
+                    // As upstream: a second signal ends the process at once, without waiting
+                    // for the workers or releasing the Lease.
+                    tracing::info!(target: LOG, signal = signal.name(), "Received a second signal, exiting");
+                    return 1;
+                }
+            }
             if leading {
                 tracing::error!(target: LOG, "Stopped leading");
                 1

@@ -299,6 +299,167 @@ async fn resource_exhausted_v1_20() {
     resource_exhausted(KubeVersion::V1_20_2).await;
 }
 
+/// Checklist 9: a failing ControllerPublishVolume is retried after `--retry-interval-start`,
+/// the wait doubling up to `--retry-interval-max` (here 0.5 s, 1 s, 2 s, then 2 s again where
+/// 4 s would come without the cap), as the driver's call times and the
+/// `csi_sidecar_operations_seconds` counts show. Neither the VolumeAttachment's finalizer nor
+/// its `attachError` coming back through the watch cuts a wait short: the first retry waits
+/// too (upstream's comes at once, when its own finalizer write comes back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_retries_back_off_exponentially_up_to_the_cap() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerPublishVolume,
+            Fault {
+                error: Some(Failure::new(Code::ResourceExhausted, "too many volumes")),
+                fail_first: Some(4),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let addr = free_local_addr();
+    let _a = env.attacher(&[
+        "--retry-interval-start=500ms",
+        "--retry-interval-max=2s",
+        &format!("--http-endpoint={addr}"),
+    ]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.wait_attached(&va).await;
+    let times = env.calls.arrivals(Method::ControllerPublishVolume);
+    assert_eq!(times.len(), 5, "four failures, then success");
+    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+
+    let metric = |name: &str, labels: String| format!("{name}{{{labels}}}");
+    let count = |code: &str| {
+        metric(
+            "csi_sidecar_operations_seconds_count",
+            format!(
+                "driver_name=\"{}\",grpc_status_code=\"{code}\",method_name=\"/csi.v1.Controller/ControllerPublishVolume\"",
+                env.name
+            ),
+        )
+    };
+    let (failed, ok) = (count("ResourceExhausted"), count("OK"));
+    let retries = metric("workqueue_retries_total", "name=\"csi-attacher-va\"".into());
+    let body = poll("the publishes in /metrics", || async {
+        let (_, body) = http_get(addr, "/metrics")?;
+        body.lines().any(|l| l.starts_with(&ok)).then_some(body)
+    })
+    .await;
+    let value = |prefix: &str| -> u32 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix}\n{body}"))
+    };
+    assert_eq!(value(&failed), 4, "{body}");
+    assert_eq!(value(&ok), 1, "{body}");
+    // Failures before the first publish (on a loaded machine the CSINode cache, which is not
+    // waited for at start, may not have the node yet) count towards the back-off as well.
+    let early = value(&retries)
+        .checked_sub(4)
+        .unwrap_or_else(|| panic!("fewer retries than failed publishes\n{body}"));
+    let backoff = |failures: u32| {
+        Duration::from_millis(500)
+            .saturating_mul(1 << failures.saturating_sub(1).min(10))
+            .min(Duration::from_secs(2))
+    };
+    let backoffs: Vec<Duration> = (1..=4).map(|n| backoff(early + n)).collect();
+    // Each wait starts when the failed sync ends, so a gap is its back-off plus the work
+    // around one publish: never shorter (the tolerance is for timer rounding).
+    let tolerance = Duration::from_millis(20);
+    for (i, (gap, backoff)) in gaps.iter().zip(&backoffs).enumerate() {
+        assert!(
+            *gap + tolerance >= *backoff,
+            "retry {} after {gap:?}, before its back-off of {backoff:?}: {gaps:?}",
+            i + 1
+        );
+    }
+    // The gaps grow while the back-off doubles.
+    for i in 1..gaps.len() {
+        if backoffs[i] > backoffs[i - 1] {
+            assert!(gaps[i] > gaps[i - 1], "{gaps:?} for {backoffs:?}");
+        }
+    }
+    if early == 0 {
+        assert_eq!(backoffs[..3], [500, 1000, 2000].map(Duration::from_millis));
+    }
+    // Capped: without --retry-interval-max the fourth wait would be 4 s or more.
+    assert!(gaps[3] < Duration::from_secs(4), "{gaps:?}");
+}
+
+/// Checklist 9: the attacher's own write of `attachError` comes back through the watch and
+/// does not bring another ControllerPublishVolume before the back-off (10 min here) ends.
+///
+/// A first VolumeAttachment attached shows the attacher ready (its CSINode cache, not waited
+/// for at start, has the node). The second names a volume the driver does not have (NotFound)
+/// and already carries the finalizer and node ID annotation, so that its `attachError` is the
+/// only write of its failed attach. A third, created once that error is stored, comes later
+/// in the watch and, with one worker, after anything the error's event queued: once it is
+/// attached, an extra publish of the second would have been made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_error_update_does_not_bring_another_publish() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let (pv0, pv1, pv2) = (env.unique("pv-0"), env.unique("pv-1"), env.unique("pv-2"));
+    env.pv(&pv0, "vol-a", json!({})).await;
+    env.pv(&pv1, "vol-missing", json!({})).await;
+    env.pv(&pv2, "vol-b", json!({})).await;
+    let _a = env.attacher(&["--retry-interval-start=10m", "--worker-threads=1"]);
+    let va0 = env.unique("va-0");
+    env.va(&va0, &pv0, &node).await;
+    env.wait_attached(&va0).await;
+
+    let va1 = env.unique("va-1");
+    env.vas()
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {
+                    "name": va1,
+                    "finalizers": [env.finalizer()],
+                    "annotations": {"csi.alpha.kubernetes.io/node-id": NODE_ID},
+                },
+                "spec": {
+                    "attacher": env.name,
+                    "nodeName": node,
+                    "source": {"persistentVolumeName": pv1},
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    env.wait_attach_error(
+        &va1,
+        "rpc error: code = NotFound desc = volume \"vol-missing\" does not exist",
+    )
+    .await;
+    let va2 = env.unique("va-2");
+    env.va(&va2, &pv2, &node).await;
+    env.wait_attached(&va2).await;
+    let published: Vec<String> = env
+        .calls
+        .publish_requests()
+        .into_iter()
+        .map(|r| r.volume_id)
+        .collect();
+    assert_eq!(
+        published,
+        ["vol-a", "vol-missing", "vol-b"],
+        "one publish each"
+    );
+    let second = env.vas().get(&va1).await.unwrap();
+    assert!(!second.status.unwrap().attached);
+}
+
 /// Checklist 10: a publish slower than `--timeout` is DeadlineExceeded, retried, and a later
 /// success clears the error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,9 +469,8 @@ async fn publish_timeout_is_stored_and_retried() {
             Method::ControllerPublishVolume,
             Fault {
                 delay: Some(Duration::from_secs(3)),
-                // The first retry comes at once (the finalizer's write queued the
-                // VolumeAttachment again while it was being worked on), the next after the
-                // back-off: two slow calls leave the error in place long enough to be seen.
+                // Two slow calls, the second a second after the first timed out: the error
+                // stays in place long enough for a poll to see it.
                 delay_first: Some(2),
                 ..Fault::default()
             },
@@ -713,6 +873,118 @@ async fn release_on_exit_clears_the_lease_holder() {
     assert!(
         a.log()
             .contains("Received SIGTERM or SIGINT signal, shutting down controller.")
+    );
+}
+
+/// Checklist 17 (ReleaseLeaderElectionOnExit): SIGTERM while a ControllerPublishVolume is in
+/// the driver: the leader lets that sync finish (the VolumeAttachment is marked attached after
+/// the signal) before it clears the Lease's holder and exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_exit_waits_for_the_running_publish() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerPublishVolume,
+            Fault {
+                delay: Some(Duration::from_secs(2)),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let mut a = env.attacher(&[
+        "--leader-election",
+        &format!("--leader-election-namespace={}", env.ns),
+        "--feature-gates=ReleaseLeaderElectionOnExit=true",
+    ]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.calls.wait_for(Method::ControllerPublishVolume, 1).await;
+    a.signal("TERM");
+    assert_eq!(a.exit_code().await, 1, "{}", a.log());
+    let done = env.vas().get(&va).await.unwrap();
+    assert!(
+        done.status.is_some_and(|s| s.attached),
+        "the running publish was finished and saved\n{}",
+        a.log()
+    );
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
+    let holder = leases
+        .get(&name)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert_eq!(holder.as_deref(), Some(""), "released after the drain");
+    assert_eq!(env.calls.count(Method::ControllerPublishVolume), 1);
+}
+
+/// Checklist 17 (ReleaseLeaderElectionOnExit): a second SIGTERM while the first one's shutdown
+/// waits for a running publish (30 s in the driver; the wait would last up to 10 s) ends the
+/// process at once with exit 1, as upstream, leaving the Lease to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_does_not_wait_for_the_workers() {
+    let env = Env::new(KubeVersion::V1_36_2, |c| {
+        c.faults.insert(
+            Method::ControllerPublishVolume,
+            Fault {
+                delay: Some(Duration::from_secs(30)),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    let node = env.unique("node");
+    env.csinode(&node, &[(&env.name, NODE_ID)]).await;
+    let pv = env.unique("pv");
+    env.pv(&pv, "vol-a", json!({})).await;
+    let mut a = env.attacher(&[
+        "--leader-election",
+        &format!("--leader-election-namespace={}", env.ns),
+        "--feature-gates=ReleaseLeaderElectionOnExit=true",
+        "--timeout=60s",
+    ]);
+    let va = env.unique("va");
+    env.va(&va, &pv, &node).await;
+    env.calls.wait_for(Method::ControllerPublishVolume, 1).await;
+    a.signal("TERM");
+    poll("the first signal handled", || async {
+        a.log()
+            .contains("Received SIGTERM or SIGINT signal, shutting down controller.")
+            .then_some(())
+    })
+    .await;
+    let second = tokio::time::Instant::now();
+    a.signal("TERM");
+    assert_eq!(a.exit_code().await, 1, "{}", a.log());
+    let took = second.elapsed();
+    assert!(
+        a.log().contains("Received a second signal, exiting"),
+        "{}",
+        a.log()
+    );
+    // Well before the drain would have ended (10 s after the first signal).
+    assert!(
+        took < plugreg_attacher::service::DRAIN - Duration::from_secs(2),
+        "{took:?}"
+    );
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
+    let holder = leases
+        .get(&name)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert!(
+        holder.is_some_and(|h| !h.is_empty()),
+        "not released: the process did not wait"
     );
 }
 

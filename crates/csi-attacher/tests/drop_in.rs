@@ -2,14 +2,16 @@
 //! (v1.20.2 and v1.36.2):
 //! * it runs with exactly upstream's sample RBAC (`deploy/base`'s attacher part) under a token
 //!   of its ServiceAccount: attach, detach and the PV finalizer work, and nothing is refused;
-//! * a Lease taken by another holder makes it exit 1 with "Stopped leading", as upstream;
+//! * a Lease taken by another holder makes it exit 1 with "Stopped leading", as upstream, its
+//!   `/healthz/leader-election` answering 200 until then; so does a leader cut off from the API
+//!   server (its renewals time out);
 //! * `--max-grpc-log-length` caps each logged gRPC response as csi-lib-utils does (-1: whole).
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Env, NODE_ID, poll};
+use common::{Env, NODE_ID, free_local_addr, http_get, poll};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -176,14 +178,23 @@ async fn runs_with_the_sample_rbac_v1_20() {
 /// Checklist 17: another holder takes the Lease (as a replica whose clock says ours expired
 /// would); the attacher cannot renew within `--leader-election-renew-deadline`, logs "Stopped
 /// leading" and exits 1, as upstream (client-go's OnStoppedLeading).
+///
+/// `/healthz/leader-election` answers 200 all along: it fails only for a process that still
+/// believes it leads and has not renewed for the lease duration + 20 s (a renew loop that
+/// hangs instead of giving up), and a renewal here gives up at the renew deadline, well before
+/// that: the process exits instead. (That rule itself is the kit's unit test
+/// `health_fails_only_for_a_leader_past_lease_plus_tolerance`, on a paused clock; the binary
+/// cannot be brought into that window without a fault of its own runtime.)
 async fn a_lost_lease_is_exit_1(version: KubeVersion) {
     let env = Env::new(version, |_| {}).await;
+    let addr = free_local_addr();
     let mut a = env.attacher(&[
         "--leader-election",
         &format!("--leader-election-namespace={}", env.ns),
         "--leader-election-lease-duration=4s",
         "--leader-election-renew-deadline=2s",
         "--leader-election-retry-period=500ms",
+        &format!("--http-endpoint={addr}"),
     ]);
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
     let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
@@ -192,6 +203,11 @@ async fn a_lost_lease_is_exit_1(version: KubeVersion) {
         l.spec?.holder_identity.filter(|h| !h.is_empty())
     })
     .await;
+    let health = poll("leader health", || async {
+        http_get(addr, "/healthz/leader-election")
+    })
+    .await;
+    assert_eq!(health, (200, "ok".to_owned()));
     // A MicroTime: the API server wants exactly six digits of fraction.
     let now = k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%S.000000Z")
@@ -209,6 +225,19 @@ async fn a_lost_lease_is_exit_1(version: KubeVersion) {
         )
         .await
         .unwrap();
+    // Until it exits, the leader that lost its Lease is not reported unhealthy.
+    let mut answers = 0;
+    while a.running() {
+        if let Some(answer) = http_get(addr, "/healthz/leader-election") {
+            assert_eq!(answer, (200, "ok".to_owned()), "{}", a.log());
+            answers += 1;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        answers > 0,
+        "no health answer between the takeover and the exit"
+    );
     assert_eq!(a.exit_code().await, 1, "{}", a.log());
     let log = a.log();
     assert!(log.contains("\"Stopped leading\""), "{log}");
@@ -231,6 +260,113 @@ async fn a_lost_lease_is_exit_1_v1_36() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lease_is_exit_1_v1_20() {
     a_lost_lease_is_exit_1(KubeVersion::V1_20_2).await;
+}
+
+/// A TCP relay from a port of 127.0.0.1 to the API server, which a test can cut: from then
+/// on every connection through it, open or new, stays open and silent (a network partition:
+/// requests neither fail nor get an answer).
+struct Relay {
+    addr: std::net::SocketAddr,
+    cut: tokio_util::sync::CancellationToken,
+}
+
+impl Relay {
+    async fn start(target: &str) -> Relay {
+        let target = target.strip_prefix("https://").unwrap_or(target).to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = tokio_util::sync::CancellationToken::new();
+        let c = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let (c, target) = (c.clone(), target.clone());
+                tokio::spawn(async move {
+                    if !c.is_cancelled()
+                        && let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await
+                    {
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
+                            () = c.cancelled() => {}
+                        }
+                    }
+                    // Cut: the connection (`inbound`, owned here) stays open and silent until
+                    // the test ends.
+                    std::future::pending::<()>().await;
+                });
+            }
+        });
+        Relay { addr, cut }
+    }
+
+    /// A copy of `kubeconfig` (the test API server's, JSON) that goes through the relay, in
+    /// `dir`.
+    fn kubeconfig(&self, kubeconfig: &Path, dir: &Path) -> PathBuf {
+        let mut kc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(kubeconfig).unwrap()).unwrap();
+        kc["clusters"][0]["cluster"]["server"] = json!(format!("https://{}", self.addr));
+        let path = dir.join("relayed.kubeconfig");
+        std::fs::write(&path, kc.to_string()).unwrap();
+        path
+    }
+}
+
+/// Checklist 17: a leader cut off from the API server (upstream's "leader election lost"
+/// path) cannot renew within `--leader-election-renew-deadline`: it logs "Stopped leading"
+/// and exits 1. Until then it still believes it leads, and `/healthz/leader-election`
+/// answers 200: it would fail only once the lease duration + 20 s had passed without a
+/// renewal, and the renew deadline ends the process long before.
+async fn a_leader_cut_off_from_the_api_server_exits_1(version: KubeVersion) {
+    let env = Env::new(version, |_| {}).await;
+    let relay = Relay::start(env.api.url()).await;
+    let kubeconfig = relay.kubeconfig(env.api.kubeconfig_path(), env.dir.path());
+    let addr = free_local_addr();
+    let mut a = env.attacher_as(
+        &kubeconfig,
+        &[
+            "--leader-election",
+            &format!("--leader-election-namespace={}", env.ns),
+            "--leader-election-lease-duration=4s",
+            "--leader-election-renew-deadline=2s",
+            "--leader-election-retry-period=500ms",
+            &format!("--http-endpoint={addr}"),
+        ],
+    );
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
+    poll("the Lease held", || async {
+        let l = leases.get_opt(&name).await.ok().flatten()?;
+        l.spec?.holder_identity.filter(|h| !h.is_empty())
+    })
+    .await;
+    let health = poll("leader health", || async {
+        http_get(addr, "/healthz/leader-election")
+    })
+    .await;
+    assert_eq!(health, (200, "ok".to_owned()));
+    relay.cut.cancel();
+    let mut answers = 0;
+    while a.running() {
+        if let Some(answer) = http_get(addr, "/healthz/leader-election") {
+            assert_eq!(answer, (200, "ok".to_owned()), "{}", a.log());
+            answers += 1;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(answers > 0, "no health answer between the cut and the exit");
+    assert_eq!(a.exit_code().await, 1, "{}", a.log());
+    let log = a.log();
+    assert!(log.contains("\"Stopped leading\""), "{log}");
+    assert!(log.contains("timed out waiting for the condition"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_exits_1_v1_36() {
+    a_leader_cut_off_from_the_api_server_exits_1(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_exits_1_v1_20() {
+    a_leader_cut_off_from_the_api_server_exits_1(KubeVersion::V1_20_2).await;
 }
 
 fn is_response(line: &str, method: &str) -> bool {

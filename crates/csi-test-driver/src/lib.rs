@@ -303,6 +303,8 @@ pub struct Calls {
 #[derive(Debug)]
 struct CallsInner {
     counts: [AtomicU64; Method::ALL.len()],
+    /// When the last [`KEEP_REQUESTS`] calls of each method arrived.
+    arrivals: [Mutex<std::collections::VecDeque<std::time::Instant>>; Method::ALL.len()],
     changed: Notify,
     events: broadcast::Sender<Call>,
     /// The last [`KEEP_REQUESTS`] CreateVolume and DeleteVolume requests.
@@ -336,6 +338,7 @@ impl Default for Calls {
         Self {
             inner: Arc::new(CallsInner {
                 counts: Default::default(),
+                arrivals: Default::default(),
                 changed: Notify::new(),
                 events: broadcast::Sender::new(256),
                 creates: Mutex::default(),
@@ -485,8 +488,22 @@ impl Calls {
         }
     }
 
-    /// Counts a call and returns its 0-based index.
+    /// When the calls of `method` arrived (the last [`KEEP_REQUESTS`]), oldest first: to
+    /// measure the spacing of a peer's retries.
+    pub fn arrivals(&self, method: Method) -> Vec<std::time::Instant> {
+        let q = self.inner.arrivals[method.index()].lock();
+        q.unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    /// Counts a call, notes when it arrived and returns its 0-based index.
     fn record(&self, method: Method) -> u64 {
+        keep(
+            &self.inner.arrivals[method.index()],
+            std::time::Instant::now(),
+        );
         self.inner.counts[method.index()].fetch_add(1, Ordering::SeqCst)
     }
 

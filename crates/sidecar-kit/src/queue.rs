@@ -2,6 +2,9 @@
 //! workers at the same time (a key added while it is being processed is queued again when its
 //! worker is done), and failed keys come back after a per-key exponential back-off
 //! (`--retry-interval-start` doubling to `--retry-interval-max`, reset by [`WorkQueue::forget`]).
+//! A key waits out at most one delay at a time: a delayed add while it already waits keeps the
+//! earlier of the two times (client-go's delaying queue), so failures that pile up while a key
+//! waits do not start a second chain of retries beside the first.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -20,6 +23,8 @@ struct State<K> {
     dirty: HashSet<K>,
     processing: HashSet<K>,
     failures: HashMap<K, u32>,
+    /// Keys waiting out a delay before they are added, with when it ends.
+    waiting: HashMap<K, Instant>,
 }
 
 /// A named work queue (the name is the `name` label of the `workqueue_*` metrics).
@@ -60,6 +65,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
                 failures: HashMap::new(),
+                waiting: HashMap::new(),
             }),
             ready: Notify::new(),
             start,
@@ -90,19 +96,46 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.ready.notify_one();
     }
 
-    /// Queues `key` after `delay`.
+    /// Queues `key` after `delay`; if it already waits for a shorter time, that one stands.
     pub fn add_after(self: &Arc<Self>, key: K, delay: Duration) {
         if delay.is_zero() {
             self.add(key);
             return;
         }
+        let at = Instant::now() + delay;
+        {
+            let mut s = self.lock();
+            if s.waiting.get(&key).is_some_and(|&t| t <= at) {
+                return;
+            }
+            s.waiting.insert(key.clone(), at);
+        }
         let q = Arc::clone(self);
         tokio::spawn(async move {
             tokio::select! {
-                () = tokio::time::sleep(delay) => q.add(key),
+                () = tokio::time::sleep_until(at) => {
+                    let mut s = q.lock();
+                    // A shorter delay that replaced this one has added the key already.
+                    if s.waiting.get(&key) != Some(&at) {
+                        return;
+                    }
+                    s.waiting.remove(&key);
+                    drop(s);
+                    q.add(key);
+                }
                 () = q.shutdown.cancelled() => {}
             }
         });
+    }
+
+    /// Whether `key` waits out a delay (its back-off, after a failure) before it is added
+    /// again: a sync of it now was asked for by something else.
+    pub fn is_waiting<Q>(&self, key: &Q) -> bool
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.lock().waiting.contains_key(key)
     }
 
     /// Queues `key` after its next back-off and counts the failure.
@@ -248,6 +281,35 @@ mod tests {
         q.forget(&item.key);
         q.done(item);
         assert_eq!(q.add_rate_limited("a".into()), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_while_a_key_waits_do_not_start_a_second_chain_of_retries() {
+        let q = queue();
+        let t0 = Instant::now();
+        // A failure (1 s back-off), then, before that ends, a second one (2 s): the key comes
+        // back once, after 1 s, and not again after 2 s.
+        q.add_rate_limited("a".into());
+        assert!(q.is_waiting("a"));
+        q.add_rate_limited("a".into());
+        let item = q.next().await.unwrap();
+        assert_eq!(Instant::now() - t0, Duration::from_secs(1));
+        assert!(!q.is_waiting(&item.key));
+        // It fails a third time: back in 4 s, at t0 + 5 s; nothing comes at t0 + 2 s.
+        q.add_rate_limited(item.key.clone());
+        q.done(item);
+        let item = q.next().await.unwrap();
+        assert_eq!(Instant::now() - t0, Duration::from_secs(5));
+        q.done(item);
+        // A shorter delay replaces a longer one.
+        q.add_after("b".into(), Duration::from_secs(10));
+        q.add_after("b".into(), Duration::from_secs(3));
+        let t1 = Instant::now();
+        let item = q.next().await.unwrap();
+        assert_eq!(Instant::now() - t1, Duration::from_secs(3));
+        q.done(item);
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert!(q.is_empty(), "the replaced delay adds nothing");
     }
 
     #[tokio::test(start_paused = true)]
