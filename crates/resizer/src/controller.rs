@@ -161,8 +161,22 @@ impl<T: Trim> Fresh<T> {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Compact<T>>> {
         self.objects.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn put(&self, key: String, o: T::Object) {
-        self.lock().insert(key, Compact::new(o));
+    /// Keeps `o`, the answer to our write of `key`, unless the watch has delivered it (or
+    /// something newer) already: `cached`, read now. The watch and the answer race (they come
+    /// on different connections); an answer kept after the watch had it would stay until the
+    /// object's next change, which after a finished expansion never comes.
+    fn put(&self, key: String, o: T::Object, cached: Option<Arc<Compact<T>>>) {
+        let mut m = self.lock();
+        if cached.is_some_and(|c| rv_of(&*c) >= rv_of(&o)) {
+            m.remove(&key);
+        } else {
+            m.insert(key, Compact::new(o));
+        }
+        // A burst of writes grows the table; it does not shrink by itself.
+        let (len, capacity) = (m.len(), m.capacity());
+        if capacity > 64 && len * 4 < capacity {
+            m.shrink_to(len * 2);
+        }
     }
     /// The watch delivered `o` of `key` (or its deletion): ours goes if it is not newer.
     fn seen(&self, key: &str, o: &Compact<T>, deleted: bool) {
@@ -255,7 +269,7 @@ pub async fn run(
     let (rq, mq) = (Arc::clone(&resize_q), Arc::clone(&modify_q));
     let modifying = cfg.modify;
     // The last view of each claim, for the update filters.
-    let mut seen: HashMap<String, (ClaimView, String)> = HashMap::new();
+    let mut seen: HashMap<String, decide::Seen> = HashMap::new();
     let fresh_claims = Arc::new(Fresh::<Claim>::default());
     let fresh_volumes = Arc::new(Fresh::<Pv>::default());
     let fresh = Arc::clone(&fresh_claims);
@@ -285,16 +299,16 @@ pub async fn run(
                         mq.add(key.clone());
                     }
                 }
-                Some((old, old_vac)) => {
+                Some(old) => {
                     if resizing && decide::resize_update_wanted(old, &view, recover) {
                         rq.add(key.clone());
                     }
-                    if modifying && decide::modify_update_wanted(old_vac, &mv, view.bound) {
+                    if modifying && decide::modify_update_wanted(old, &mv, view.bound) {
                         mq.add(key.clone());
                     }
                 }
             }
-            seen.insert(key, (view, mv.spec));
+            seen.insert(key, decide::Seen::of(&view, &mv.spec));
         },
     );
     let fresh = Arc::clone(&fresh_volumes);
@@ -535,7 +549,8 @@ impl Controller {
             .await
         {
             Ok(new) => {
-                self.fresh_claims.put(claim_key(&new), new.clone());
+                let cached = self.claims.get(&reflector::ObjectRef::new(name).within(ns));
+                self.fresh_claims.put(claim_key(&new), new.clone(), cached);
                 Ok(new)
             }
             Err(e) => Err(format!(
@@ -552,7 +567,8 @@ impl Controller {
             .await
         {
             Ok(new) => {
-                self.fresh_volumes.put(name.to_owned(), new.clone());
+                let cached = self.volumes.get(&reflector::ObjectRef::new(name));
+                self.fresh_volumes.put(name.to_owned(), new.clone(), cached);
                 Ok(new)
             }
             Err(e) => Err(kube_error(&e)),
@@ -1438,7 +1454,7 @@ mod tests {
     #[test]
     fn our_writes_answers_go_once_the_watch_has_them() {
         let fresh = Fresh::<Claim>::default();
-        fresh.put("ns/c".into(), claim("7"));
+        fresh.put("ns/c".into(), claim("7"), None);
         assert!(
             fresh.lock()["ns/c"]
                 .object()
@@ -1454,8 +1470,15 @@ mod tests {
         // The watch catches up: ours goes.
         fresh.seen("ns/c", &Compact::<Claim>::new(claim("7")), false);
         assert!(fresh.lock().is_empty());
+        // An answer the watch has delivered already (or something newer) is not kept: the
+        // watch came first, and nothing would drop it.
+        let delivered = Arc::new(Compact::<Claim>::new(claim("8")));
+        fresh.put("ns/c".into(), claim("8"), Some(Arc::clone(&delivered)));
+        assert!(fresh.lock().is_empty());
+        fresh.put("ns/c".into(), claim("7"), Some(delivered));
+        assert!(fresh.lock().is_empty());
         // A deletion drops ours too.
-        fresh.put("ns/c".into(), claim("9"));
+        fresh.put("ns/c".into(), claim("9"), None);
         fresh.seen("ns/c", &Compact::<Claim>::new(claim("8")), true);
         assert!(fresh.lock().is_empty());
     }
