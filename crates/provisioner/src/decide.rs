@@ -338,8 +338,8 @@ pub fn volume(v: &VolumeView<'_>) -> VolumeAction {
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .unwrap_or("");
-    let deleting = pv.metadata.deletion_timestamp.is_some();
-    let has_finalizer = pv.finalizers().iter().any(|f| f == PV_FINALIZER);
+    let deleting = pv.deletion_timestamp.is_some();
+    let has_finalizer = pv.finalizers.iter().any(|f| f == PV_FINALIZER);
     if policy == "Delete" && !deleting && phase == "Bound" && !has_finalizer {
         return VolumeAction::AddFinalizer;
     }
@@ -974,7 +974,7 @@ mod tests {
     }
 
     fn finalizer(v: &mut CachedPv) {
-        v.finalizers_mut().push(PV_FINALIZER.into());
+        v.finalizers.push(PV_FINALIZER.into());
     }
 
     fn policy(v: &mut CachedPv, p: &str) {
@@ -1040,7 +1040,7 @@ mod tests {
                 "being deleted without our finalizer",
                 pv(|v| {
                     phase(v, "Released");
-                    v.metadata.deletion_timestamp = Some(now());
+                    v.deletion_timestamp = Some(now());
                 }),
                 None,
                 Nothing,
@@ -1050,7 +1050,7 @@ mod tests {
                 pv(|v| {
                     phase(v, "Released");
                     finalizer(v);
-                    v.metadata.deletion_timestamp = Some(now());
+                    v.deletion_timestamp = Some(now());
                 }),
                 Some(Deleted::Volume),
                 RemoveFinalizer,
@@ -1060,7 +1060,7 @@ mod tests {
                 pv(|v| {
                     phase(v, "Released");
                     finalizer(v);
-                    v.metadata.deletion_timestamp = Some(now());
+                    v.deletion_timestamp = Some(now());
                 }),
                 Some(Deleted::Finalized),
                 Nothing,
@@ -1070,7 +1070,7 @@ mod tests {
                 pv(|v| {
                     phase(v, "Released");
                     finalizer(v);
-                    v.metadata.deletion_timestamp = Some(now());
+                    v.deletion_timestamp = Some(now());
                 }),
                 None,
                 Delete,
