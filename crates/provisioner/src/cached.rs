@@ -213,7 +213,7 @@ pub fn trim_claim(c: &mut PersistentVolumeClaim) {
     }
 }
 
-/// A PersistentVolume as cached: its identity, finalizers and deletion time, the annotations
+/// A PersistentVolume as cached: its identity, its finalizer and deletion time, the annotations
 /// read, and the parts of spec and status that decide.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CachedPv {
@@ -223,8 +223,9 @@ pub struct CachedPv {
     pub uid: Box<str>,
     /// Its resourceVersion (empty if it had none).
     pub resource_version: Box<str>,
-    /// Its finalizers.
-    pub finalizers: Vec<String>,
+    /// Whether it carries the provisioner's finalizer (`pv::FINALIZER`), the only one read:
+    /// a list of the others would cost a `Vec` and a string each per PV.
+    pub has_finalizer: bool,
     /// When its deletion was asked for.
     pub deletion_timestamp: Option<Time>,
     /// What the spec says that matters here.
@@ -279,7 +280,11 @@ impl From<WatchedPv> for CachedPv {
                 .take()
                 .unwrap_or_default()
                 .into_boxed_str(),
-            finalizers: m.finalizers.take().unwrap_or_default(),
+            has_finalizer: m
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == crate::pv::FINALIZER),
             deletion_timestamp: m.deletion_timestamp.take(),
             spec,
             status,
@@ -379,7 +384,7 @@ mod tests {
     fn reads_only_what_decides_and_is_small() {
         let v: CachedPv = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": "pv", "uid": "u", "finalizers": ["f"], "labels": {"a": "b"},
+            "metadata": {"name": "pv", "uid": "u", "finalizers": ["f", crate::pv::FINALIZER], "labels": {"a": "b"},
                 "annotations": {crate::pv::ANN_PROVISIONED_BY: "d", "pv.kubernetes.io/bound-by-controller": "yes",
                     crate::pv::ANN_DELETION_SECRET_NAME: "s", crate::pv::ANN_DELETION_SECRET_NAMESPACE: "n"}},
             "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
@@ -390,7 +395,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!((&*v.name, &*v.uid), ("pv", "u"));
-        assert_eq!(v.finalizers, ["f"]);
+        assert!(v.has_finalizer);
         assert_eq!(v.provisioned_by.as_deref(), Some("d"));
         assert_eq!(
             v.deletion_secret.as_deref(),
@@ -427,10 +432,7 @@ mod tests {
             serde_json::from_value(pv.clone()).unwrap();
         let cached: CachedPv = serde_json::from_value(pv).unwrap();
         assert_eq!(cached.name, full.metadata.name.unwrap_or_default().into());
-        assert_eq!(
-            cached.finalizers,
-            full.metadata.finalizers.unwrap_or_default()
-        );
+        assert!(!cached.has_finalizer);
         let csi = cached.spec.unwrap().csi.unwrap();
         assert_eq!((csi.driver.as_str(), csi.volume_handle.as_str()), ("", ""));
     }

@@ -422,7 +422,7 @@ pub async fn run(
             workers.spawn(async move {
                 while let Some(item) = c.clone_sources.next().await {
                     let key = item.key.clone();
-                    match c.sync_clone_source(&key).await {
+                    match Box::pin(c.sync_clone_source(&key)).await {
                         Ok(()) => c.clone_sources.forget(&key),
                         Err(Requeue) => {
                             c.clone_sources.add_rate_limited(key.clone());
@@ -450,12 +450,14 @@ pub async fn run(
             c.inflight.add(e, true);
         }
     });
+    // Each sync is boxed: its future (tens of KiB for a claim's) lives on the heap only while
+    // the key is worked on, not in each of the idle workers' tasks.
     for _ in 0..ctl.cfg.workers.max(1) {
         let c = Arc::clone(&ctl);
         workers.spawn(async move {
             while let Some(item) = c.claims.next().await {
                 let key = item.key.clone();
-                match c.sync_claim(&key).await {
+                match Box::pin(c.sync_claim(&key)).await {
                     Ok(()) => c.claims.forget(&key),
                     Err(Requeue) => {
                         let n = c.claims.add_rate_limited(key.clone());
@@ -469,7 +471,7 @@ pub async fn run(
         workers.spawn(async move {
             while let Some(item) = c.volumes.next().await {
                 let key = item.key.clone();
-                match c.sync_volume(&key).await {
+                match Box::pin(c.sync_volume(&key)).await {
                     Ok(()) => c.volumes.forget(&key),
                     Err(Requeue) => {
                         let n = c.volumes.add_rate_limited(key.clone());
@@ -483,7 +485,7 @@ pub async fn run(
         workers.spawn(async move {
             while let Some(item) = c.records.next().await {
                 let key = item.key.clone();
-                match c.sync_record(&key).await {
+                match Box::pin(c.sync_record(&key)).await {
                     Ok(()) => c.records.forget(&key),
                     Err(Requeue) => {
                         let n = c.records.add_rate_limited(key.clone());

@@ -16,7 +16,6 @@ use kube::ResourceExt;
 use crate::cached::CachedPv;
 use crate::classify::ProvisionError;
 use crate::inflight::{Deleted, Phase, Volume};
-use crate::pv::FINALIZER as PV_FINALIZER;
 use crate::request::{self, DataSource};
 
 /// The annotation of plugreg versions before the Lease record: the claim's volume name while
@@ -339,7 +338,7 @@ pub fn volume(v: &VolumeView<'_>) -> VolumeAction {
         .and_then(|s| s.phase.as_deref())
         .unwrap_or("");
     let deleting = pv.deletion_timestamp.is_some();
-    let has_finalizer = pv.finalizers.iter().any(|f| f == PV_FINALIZER);
+    let has_finalizer = pv.has_finalizer;
     if policy == "Delete" && !deleting && phase == "Bound" && !has_finalizer {
         return VolumeAction::AddFinalizer;
     }
@@ -974,7 +973,7 @@ mod tests {
     }
 
     fn finalizer(v: &mut CachedPv) {
-        v.finalizers.push(PV_FINALIZER.into());
+        v.has_finalizer = true;
     }
 
     fn policy(v: &mut CachedPv, p: &str) {

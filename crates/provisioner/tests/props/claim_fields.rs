@@ -482,7 +482,7 @@ fn check_pv(u: &mut Unstructured, json: &Value) -> Result<()> {
         let cached = cached.as_ref().unwrap_or_else(|e| {
             panic!("the cached form reads what the full type reads: {e}: {json}")
         });
-        // The cached form keeps name, UID, resourceVersion, finalizers and
+        // The cached form keeps name, UID, resourceVersion, whether its finalizer is there and
         // deletionTimestamp (a missing one as empty); of the annotations, the provisioner's own become fields.
         let m = &full.metadata;
         assert_eq!(
@@ -490,14 +490,17 @@ fn check_pv(u: &mut Unstructured, json: &Value) -> Result<()> {
                 &*cached.name,
                 &*cached.uid,
                 &*cached.resource_version,
-                &cached.finalizers[..],
+                cached.has_finalizer,
                 &cached.deletion_timestamp
             ),
             (
                 m.name.as_deref().unwrap_or_default(),
                 m.uid.as_deref().unwrap_or_default(),
                 m.resource_version.as_deref().unwrap_or_default(),
-                m.finalizers.as_deref().unwrap_or_default(),
+                m.finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == plugreg_provisioner::pv::FINALIZER),
                 &m.deletion_timestamp
             )
         );
