@@ -12,20 +12,24 @@
 //! - [`CachedClaim`]: a claim's decisions read much of it (its spec makes the CreateVolume
 //!   request; any annotation may name a secret), but typed it costs about 3 KiB of heap, most
 //!   of it `BTreeMap` nodes of one or two entries and `None` fields. The cache keeps its
-//!   identity typed (what the cache and the watch need) and the rest, trimmed to what the
-//!   decisions read ([`trim_claim`]), as compact JSON: a few hundred bytes. A sync decodes it
+//!   identity as strings and the rest, trimmed to what the decisions read ([`trim_claim`]), as compact JSON: a few hundred bytes. A sync decodes it
 //!   again ([`CachedClaim::claim`]), microseconds against the writes it then makes.
+//!
+//! Both are kept in the kit's compact store (`cache::watch_compact`), keyed by themselves:
+//! their identity (name, namespace, UID, resourceVersion) is a few boxed strings, not an
+//! `ObjectMeta` of 360 bytes beside a reflector's key of four more strings.
 //!
 //! Writes never come from these copies: a claim is changed by a read-modify-write of its
 //! whole JSON (so fields this build does not know survive), a PV's finalizer by a patch.
 
 use std::borrow::Cow;
 
+use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use plugreg_sidecar_kit::cache;
 use serde::{Deserialize, Serialize};
 
 use crate::{decide, request};
@@ -33,11 +37,16 @@ use crate::{decide, request};
 /// kubectl's copy of the applied object: large, and read by no decision.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// A claim as cached: its identity typed, the rest as compact JSON (see the module docs).
+/// A claim as cached: its identity as boxed strings, the rest as compact JSON (see the module
+/// docs).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CachedClaim {
-    /// Name, namespace, UID and resourceVersion only.
-    pub metadata: ObjectMeta,
+    /// `namespace/name`: the compact store's key (a namespace's name has no `/`).
+    key: Box<str>,
+    /// Its UID (empty if it had none).
+    uid: Box<str>,
+    /// Its resourceVersion (empty if it had none).
+    resource_version: Box<str>,
     /// The trimmed rest of the claim ([`Rest`]), JSON-encoded.
     rest: Box<str>,
 }
@@ -62,13 +71,13 @@ impl CachedClaim {
     pub fn new(mut claim: PersistentVolumeClaim) -> Self {
         trim_claim(&mut claim);
         let m = &mut claim.metadata;
-        let metadata = ObjectMeta {
-            name: m.name.take(),
-            namespace: m.namespace.take(),
-            uid: m.uid.take(),
-            resource_version: m.resource_version.take(),
-            ..ObjectMeta::default()
-        };
+        let key = cache::store_key(m);
+        let uid = m.uid.take().unwrap_or_default().into_boxed_str();
+        let resource_version = m
+            .resource_version
+            .take()
+            .unwrap_or_default()
+            .into_boxed_str();
         let rest = Rest {
             metadata: ObjectMeta {
                 annotations: m.annotations.take(),
@@ -82,7 +91,9 @@ impl CachedClaim {
         // Serialising these types into a string cannot fail (no maps with non-string keys).
         let rest = serde_json::to_string(&rest).unwrap_or_default();
         CachedClaim {
-            metadata,
+            key,
+            uid,
+            resource_version,
             rest: rest.into_boxed_str(),
         }
     }
@@ -92,17 +103,35 @@ impl CachedClaim {
         // Written by `new` from the same types: it decodes.
         let rest: Rest = serde_json::from_str(&self.rest).unwrap_or_default();
         let mut metadata = rest.metadata;
-        metadata.name.clone_from(&self.metadata.name);
-        metadata.namespace.clone_from(&self.metadata.namespace);
-        metadata.uid.clone_from(&self.metadata.uid);
-        metadata
-            .resource_version
-            .clone_from(&self.metadata.resource_version);
+        metadata.name = Some(self.name().to_owned());
+        metadata.namespace = Some(self.namespace().to_owned());
+        metadata.uid = non_empty(&self.uid);
+        metadata.resource_version = non_empty(&self.resource_version);
         PersistentVolumeClaim {
             metadata,
             spec: rest.spec,
             status: rest.status,
         }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        self.key.split_once('/').map_or(&self.key, |(_, n)| n)
+    }
+
+    /// Its namespace.
+    pub fn namespace(&self) -> &str {
+        self.key.split_once('/').map_or("", |(ns, _)| ns)
+    }
+
+    /// Its UID (empty if it had none).
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// Its resourceVersion (empty if it had none).
+    pub fn resource_version(&self) -> &str {
+        &self.resource_version
     }
 
     /// Whether the trimmed rest of the claim contains `text` (a cheap filter before
@@ -117,37 +146,14 @@ impl CachedClaim {
     }
 }
 
-impl<'de> Deserialize<'de> for CachedClaim {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        PersistentVolumeClaim::deserialize(d).map(CachedClaim::new)
+impl cache::Keyed for CachedClaim {
+    fn key(&self) -> &str {
+        &self.key
     }
 }
 
-impl kube::Resource for CachedClaim {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "PersistentVolumeClaim".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "persistentvolumeclaims".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
 }
 
 /// A claim as the decisions read it: no labels, no owner references, no managed fields, no
@@ -206,12 +212,21 @@ pub fn trim_claim(c: &mut PersistentVolumeClaim) {
     }
 }
 
-/// A PersistentVolume as cached: its identity, finalizers and deletion time, the annotations
+/// A PersistentVolume as cached: its identity, its finalizer and deletion time, the annotations
 /// read, and the parts of spec and status that decide.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CachedPv {
-    /// Name, UID, resourceVersion, finalizers and deletionTimestamp only.
-    pub metadata: ObjectMeta,
+    /// Its name (the compact store's key).
+    pub name: Box<str>,
+    /// Its UID (empty if it had none).
+    pub uid: Box<str>,
+    /// Its resourceVersion (empty if it had none).
+    pub resource_version: Box<str>,
+    /// Whether it carries the provisioner's finalizer (`pv::FINALIZER`), the only one read:
+    /// a list of the others would cost a `Vec` and a string each per PV.
+    pub has_finalizer: bool,
+    /// When its deletion was asked for.
+    pub deletion_timestamp: Option<Time>,
     /// What the spec says that matters here.
     pub spec: Option<CachedPvSpec>,
     /// The phase.
@@ -223,9 +238,10 @@ pub struct CachedPv {
     pub deletion_secret: Option<Box<(String, String)>>,
 }
 
-/// A PV as it comes from the API server, of which [`CachedPv`] keeps a part.
-#[derive(Deserialize)]
-struct WirePv {
+/// A PV as the watch decodes it: the fields [`CachedPv`] keeps, with the whole metadata (the
+/// watch reads its resourceVersion; the annotations read become fields of the cached form).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedPv {
     #[serde(default, deserialize_with = "null_as_default")]
     metadata: ObjectMeta,
     #[serde(default)]
@@ -236,11 +252,17 @@ struct WirePv {
 
 impl<'de> Deserialize<'de> for CachedPv {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let WirePv {
+        WatchedPv::deserialize(d).map(CachedPv::from)
+    }
+}
+
+impl From<WatchedPv> for CachedPv {
+    fn from(pv: WatchedPv) -> Self {
+        let WatchedPv {
             metadata: mut m,
             spec,
             status,
-        } = WirePv::deserialize(d)?;
+        } = pv;
         let mut annotations = m.annotations.take().unwrap_or_default();
         let deletion_secret = match (
             annotations.remove(crate::pv::ANN_DELETION_SECRET_NAME),
@@ -249,22 +271,33 @@ impl<'de> Deserialize<'de> for CachedPv {
             (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => Some(Box::new((n, ns))),
             _ => None,
         };
-        Ok(CachedPv {
-            metadata: ObjectMeta {
-                name: m.name.take(),
-                uid: m.uid.take(),
-                resource_version: m.resource_version.take(),
-                finalizers: m.finalizers.take(),
-                deletion_timestamp: m.deletion_timestamp.take(),
-                ..ObjectMeta::default()
-            },
+        CachedPv {
+            name: m.name.take().unwrap_or_default().into_boxed_str(),
+            uid: m.uid.take().unwrap_or_default().into_boxed_str(),
+            resource_version: m
+                .resource_version
+                .take()
+                .unwrap_or_default()
+                .into_boxed_str(),
+            has_finalizer: m
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == crate::pv::FINALIZER),
+            deletion_timestamp: m.deletion_timestamp.take(),
             spec,
             status,
             provisioned_by: annotations
                 .remove(crate::pv::ANN_PROVISIONED_BY)
                 .map(String::into_boxed_str),
             deletion_secret,
-        })
+        }
+    }
+}
+
+impl cache::Keyed for CachedPv {
+    fn key(&self) -> &str {
+        &self.name
     }
 }
 
@@ -313,7 +346,7 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-impl kube::Resource for CachedPv {
+impl kube::Resource for WatchedPv {
     type DynamicType = ();
     type Scope = ClusterResourceScope;
 
@@ -350,7 +383,7 @@ mod tests {
     fn reads_only_what_decides_and_is_small() {
         let v: CachedPv = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": "pv", "uid": "u", "finalizers": ["f"], "labels": {"a": "b"},
+            "metadata": {"name": "pv", "uid": "u", "finalizers": ["f", crate::pv::FINALIZER], "labels": {"a": "b"},
                 "annotations": {crate::pv::ANN_PROVISIONED_BY: "d", "pv.kubernetes.io/bound-by-controller": "yes",
                     crate::pv::ANN_DELETION_SECRET_NAME: "s", crate::pv::ANN_DELETION_SECRET_NAMESPACE: "n"}},
             "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
@@ -360,10 +393,8 @@ mod tests {
             "status": {"phase": "Bound", "message": "m"},
         }))
         .unwrap();
-        assert_eq!(v.name_any(), "pv");
-        assert_eq!(v.finalizers(), ["f"]);
-        assert_eq!(v.metadata.labels, None);
-        assert_eq!(v.metadata.annotations, None);
+        assert_eq!((&*v.name, &*v.uid), ("pv", "u"));
+        assert!(v.has_finalizer);
         assert_eq!(v.provisioned_by.as_deref(), Some("d"));
         assert_eq!(
             v.deletion_secret.as_deref(),
@@ -399,7 +430,8 @@ mod tests {
         let full: k8s_openapi::api::core::v1::PersistentVolume =
             serde_json::from_value(pv.clone()).unwrap();
         let cached: CachedPv = serde_json::from_value(pv).unwrap();
-        assert_eq!(cached.metadata, full.metadata);
+        assert_eq!(cached.name, full.metadata.name.unwrap_or_default().into());
+        assert!(!cached.has_finalizer);
         let csi = cached.spec.unwrap().csi.unwrap();
         assert_eq!((csi.driver.as_str(), csi.volume_handle.as_str()), ("", ""));
     }
@@ -423,15 +455,10 @@ mod tests {
                 "someFutureField": {"x": 1}},
             "status": {"phase": "Pending", "conditions": [{"type": "Resizing", "status": "True"}]},
         });
-        let cached: CachedClaim = serde_json::from_value(wire.clone()).unwrap();
-        assert_eq!(
-            (
-                cached.metadata.name.as_deref(),
-                cached.metadata.namespace.as_deref()
-            ),
-            (Some("data"), Some("ns"))
-        );
-        assert_eq!(cached.resource_version().as_deref(), Some("7"));
+        let cached = CachedClaim::new(serde_json::from_value(wire.clone()).unwrap());
+        assert_eq!((cached.name(), cached.namespace()), ("data", "ns"));
+        assert_eq!(cache::Keyed::key(&cached), "ns/data");
+        assert_eq!((cached.uid(), cached.resource_version()), ("u", "7"));
         let mut want: PersistentVolumeClaim = serde_json::from_value(wire).unwrap();
         trim_claim(&mut want);
         let got = cached.claim();

@@ -35,8 +35,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use plugreg_sidecar_kit::cache;
+use plugreg_sidecar_kit::cache::{self, CompactStore, Keyed as _};
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::queue::WorkQueue;
 use serde_json::json;
@@ -45,7 +46,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cached::{CachedClaim, CachedPv};
+use crate::cached::{CachedClaim, CachedPv, WatchedPv};
 use crate::classify::{ProvisionError, State};
 use crate::csi::{Capabilities, Driver};
 use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
@@ -173,8 +174,8 @@ enum ActError {
 struct Requeue;
 
 struct Caches {
-    claims: Store<CachedClaim>,
-    volumes: Store<CachedPv>,
+    claims: CompactStore<CachedClaim>,
+    volumes: CompactStore<CachedPv>,
     classes: Store<StorageClass>,
     nodes: Option<Store<Node>>,
     csinodes: Option<Store<CSINode>>,
@@ -200,18 +201,19 @@ struct Controller {
     cfg: Config,
     clients: Clients,
     caches: Caches,
-    claims: Arc<WorkQueue<ObjectRef<CachedClaim>>>,
+    /// Keyed `namespace/name`, as the claims' store.
+    claims: Arc<WorkQueue<Box<str>>>,
     volumes: Arc<WorkQueue<String>>,
     records: Arc<WorkQueue<String>>,
     /// Source claims of clones whose cloning protection may be released.
-    clone_sources: Arc<WorkQueue<ObjectRef<CachedClaim>>>,
+    clone_sources: Arc<WorkQueue<Box<str>>>,
     inflight: Arc<InFlight>,
 }
 
 /// Whether a claim event concerns the cloning protection: the claim may carry it, or may be a
 /// clone (whose change can release its source). A substring test on the cached JSON first,
 /// so that the other claims cost nothing.
-fn clone_protection_keys(c: &CachedClaim) -> Vec<ObjectRef<CachedClaim>> {
+fn clone_protection_keys(c: &CachedClaim) -> Vec<Box<str>> {
     let mut keys = Vec::new();
     if !c.mentions(source::CLONE_FINALIZER) && !c.mentions("\"PersistentVolumeClaim\"") {
         return keys;
@@ -226,7 +228,7 @@ fn clone_protection_keys(c: &CachedClaim) -> Vec<ObjectRef<CachedClaim>> {
         keys.push(claim_key(&claim));
     }
     if let Ok(request::DataSource::Claim { name, namespace }) = request::data_source(&claim) {
-        keys.push(ObjectRef::new(&name).within(&namespace));
+        keys.push(format!("{namespace}/{name}").into_boxed_str());
     }
     keys
 }
@@ -239,7 +241,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
     let metrics = Arc::clone(&clients.metrics);
-    let claims_q: Arc<WorkQueue<ObjectRef<CachedClaim>>> = WorkQueue::new(
+    let claims_q: Arc<WorkQueue<Box<str>>> = WorkQueue::new(
         "claims",
         cfg.retry_start,
         cfg.retry_max,
@@ -260,7 +262,7 @@ pub async fn run(
         Arc::clone(&metrics),
         shutdown.clone(),
     );
-    let clone_sources_q: Arc<WorkQueue<ObjectRef<CachedClaim>>> = WorkQueue::new(
+    let clone_sources_q: Arc<WorkQueue<Box<str>>> = WorkQueue::new(
         "cloning-protection",
         cfg.retry_start,
         cfg.retry_max,
@@ -287,13 +289,14 @@ pub async fn run(
         Arc::clone(&inflight),
         Arc::clone(&clone_sources_q),
     );
-    // Trimmed as they are decoded (`CachedClaim`'s deserialiser).
-    let claims = cache::watch::<CachedClaim>(
+    // Decoded whole, kept compact (`CachedClaim::new`).
+    let claims = cache::watch_compact::<PersistentVolumeClaim, _>(
         &client,
+        watcher::Config::default(),
         &shutdown,
         &mut ready,
-        |_| {},
-        move |c, deleted| {
+        CachedClaim::new,
+        move |c: &CachedClaim, deleted| {
             if clone_protection {
                 for key in clone_protection_keys(c) {
                     cp.add(key);
@@ -301,23 +304,24 @@ pub async fn run(
             }
             if deleted {
                 // A deleted claim's recorded volume is finished by the record's worker.
-                if let Some(v) = m.volume_of_claim(c.metadata.uid.as_deref().unwrap_or_default()) {
+                if let Some(v) = m.volume_of_claim(c.uid()) {
                     r.add(v.entry.volume);
                 }
             } else {
-                q.add(ObjectRef::from_obj(c));
+                q.add(c.key().into());
             }
         },
     );
     let q = Arc::clone(&volumes_q);
-    let volumes = cache::watch::<CachedPv>(
+    let volumes = cache::watch_compact::<WatchedPv, _>(
         &client,
+        watcher::Config::default(),
         &shutdown,
         &mut ready,
-        |_| {},
-        move |v, deleted| {
+        CachedPv::from,
+        move |v: &CachedPv, deleted| {
             if !deleted {
-                q.add(v.name_any());
+                q.add(v.name.to_string());
             }
         },
     );
@@ -418,7 +422,7 @@ pub async fn run(
             workers.spawn(async move {
                 while let Some(item) = c.clone_sources.next().await {
                     let key = item.key.clone();
-                    match c.sync_clone_source(&key).await {
+                    match Box::pin(c.sync_clone_source(&key)).await {
                         Ok(()) => c.clone_sources.forget(&key),
                         Err(Requeue) => {
                             c.clone_sources.add_rate_limited(key.clone());
@@ -446,12 +450,14 @@ pub async fn run(
             c.inflight.add(e, true);
         }
     });
+    // Each sync is boxed: its future (tens of KiB for a claim's) lives on the heap only while
+    // the key is worked on, not in each of the idle workers' tasks.
     for _ in 0..ctl.cfg.workers.max(1) {
         let c = Arc::clone(&ctl);
         workers.spawn(async move {
             while let Some(item) = c.claims.next().await {
                 let key = item.key.clone();
-                match c.sync_claim(&key).await {
+                match Box::pin(c.sync_claim(&key)).await {
                     Ok(()) => c.claims.forget(&key),
                     Err(Requeue) => {
                         let n = c.claims.add_rate_limited(key.clone());
@@ -465,7 +471,7 @@ pub async fn run(
         workers.spawn(async move {
             while let Some(item) = c.volumes.next().await {
                 let key = item.key.clone();
-                match c.sync_volume(&key).await {
+                match Box::pin(c.sync_volume(&key)).await {
                     Ok(()) => c.volumes.forget(&key),
                     Err(Requeue) => {
                         let n = c.volumes.add_rate_limited(key.clone());
@@ -479,7 +485,7 @@ pub async fn run(
         workers.spawn(async move {
             while let Some(item) = c.records.next().await {
                 let key = item.key.clone();
-                match c.sync_record(&key).await {
+                match Box::pin(c.sync_record(&key)).await {
                     Ok(()) => c.records.forget(&key),
                     Err(Requeue) => {
                         let n = c.records.add_rate_limited(key.clone());
@@ -499,10 +505,10 @@ pub async fn run(
             tokio::select! {
                 _ = tick.tick() => {
                     for claim in c.caches.claims.state() {
-                        c.claims.add(ObjectRef::from_obj(&*claim));
+                        c.claims.add(claim.key().into());
                     }
                     for v in c.caches.volumes.state() {
-                        c.volumes.add(v.name_any());
+                        c.volumes.add(v.name.to_string());
                     }
                     for v in c.inflight.volumes() {
                         c.records.add(v);
@@ -540,18 +546,18 @@ fn trim_attachment(a: &mut VolumeAttachment) {
     a.status = None;
 }
 
-/// The work queue's key of `claim`.
-fn claim_key(claim: &PersistentVolumeClaim) -> ObjectRef<CachedClaim> {
-    ObjectRef::new(&claim.name_any()).within(&claim.namespace().unwrap_or_default())
+/// The work queue's key of `claim` (its key in the claims' store).
+fn claim_key(claim: &PersistentVolumeClaim) -> Box<str> {
+    cache::store_key(&claim.metadata)
 }
 
 fn volume_ref(v: &CachedPv) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("PersistentVolume".into()),
-        name: v.metadata.name.clone(),
-        uid: v.metadata.uid.clone(),
-        resource_version: v.metadata.resource_version.clone(),
+        name: Some(v.name.to_string()),
+        uid: (!v.uid.is_empty()).then(|| v.uid.to_string()),
+        resource_version: (!v.resource_version.is_empty()).then(|| v.resource_version.to_string()),
         ..Default::default()
     }
 }
@@ -591,7 +597,7 @@ impl Controller {
         self.clients.events.event(obj, t, reason, msg);
     }
 
-    async fn sync_claim(&self, key: &ObjectRef<CachedClaim>) -> Result<(), Requeue> {
+    async fn sync_claim(&self, key: &str) -> Result<(), Requeue> {
         let Some(cached) = self.caches.claims.get(key) else {
             // A deleted claim's recorded volume went to the record's worker with the deletion.
             debug!(claim = %key, "claim in work queue no longer exists");
@@ -635,7 +641,7 @@ impl Controller {
             .or_else(|| name.clone().ok());
         let pv_cached = volume
             .as_ref()
-            .is_some_and(|v| self.caches.volumes.get(&ObjectRef::new(v)).is_some());
+            .is_some_and(|v| self.caches.volumes.get(v).is_some());
         let infeasible = class.as_ref().is_some_and(|c| {
             self.inflight
                 .infeasible(&uid, &c.uid().unwrap_or_default(), now)
@@ -1112,7 +1118,7 @@ impl Controller {
 
     /// The cloning-protection controller: a source claim being deleted keeps its finalizer
     /// while a clone of it in its namespace is still Pending, and loses it after.
-    async fn sync_clone_source(&self, key: &ObjectRef<CachedClaim>) -> Result<(), Requeue> {
+    async fn sync_clone_source(&self, key: &str) -> Result<(), Requeue> {
         let Some(cached) = self.caches.claims.get(key) else {
             return Ok(());
         };
@@ -1129,8 +1135,8 @@ impl Controller {
         let ns = claim.namespace().unwrap_or_default();
         let name = claim.name_any();
         let quoted = format!("\"{name}\"");
-        let cloning = self.caches.claims.state().iter().any(|o| {
-            o.metadata.namespace.as_deref() == Some(ns.as_str()) && o.mentions(&quoted) && {
+        let cloning = self.caches.claims.any(|o| {
+            o.namespace() == ns && o.mentions(&quoted) && {
                 let o = o.claim();
                 let pending = o.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
                 let source = o.spec.as_ref().and_then(|s| s.data_source.as_ref());
@@ -1151,7 +1157,7 @@ impl Controller {
             .spec
             .as_ref()
             .and_then(|s| s.volume_name.as_deref())
-            .and_then(|v| self.caches.volumes.get(&ObjectRef::new(v)))
+            .and_then(|v| self.caches.volumes.get(v))
             .and_then(|pv| Some(pv.spec.as_ref()?.csi.as_ref()?.volume_handle.clone()));
         if let Some(handle) = handle
             && self.recorded_sources().iter().any(
@@ -1273,8 +1279,8 @@ impl Controller {
     /// Whether a Pending (or phase-less) claim of `ns` restores from the snapshot `name`.
     fn restoring_from(&self, ns: &str, name: &str) -> bool {
         let quoted = format!("\"{name}\"");
-        self.caches.claims.state().iter().any(|o| {
-            o.metadata.namespace.as_deref() == Some(ns) && o.mentions(&quoted) && {
+        self.caches.claims.any(|o| {
+            o.namespace() == ns && o.mentions(&quoted) && {
                 let o = o.claim();
                 let phase = o.status.as_ref().and_then(|s| s.phase.as_deref());
                 matches!(phase, None | Some("Pending"))
@@ -1471,7 +1477,7 @@ impl Controller {
             debug!(volume = %volume, "in-flight volume is being worked on; retrying");
             return Err(Requeue);
         };
-        let key = ObjectRef::new(&v.entry.claim).within(&v.entry.namespace);
+        let key: Box<str> = format!("{}/{}", v.entry.namespace, v.entry.claim).into();
         let claim = self.caches.claims.get(&key).map(|c| c.claim());
         let class_cached = claim.as_ref().is_some_and(|c| {
             self.caches
@@ -1483,7 +1489,7 @@ impl Controller {
             volume: &v,
             claim: claim.as_ref(),
             class_cached,
-            pv_cached: self.caches.volumes.get(&ObjectRef::new(volume)).is_some(),
+            pv_cached: self.caches.volumes.get(volume).is_some(),
         };
         match decide::record_held(&view) {
             RecordAction::Claim => {
@@ -1573,10 +1579,10 @@ impl Controller {
     }
 
     async fn sync_volume(&self, name: &str) -> Result<(), Requeue> {
-        let Some(volume) = self.caches.volumes.get(&ObjectRef::new(name)) else {
+        let Some(volume) = self.caches.volumes.get(name) else {
             return Ok(());
         };
-        let uid = volume.uid().unwrap_or_default();
+        let uid = volume.uid.to_string();
         let view = decide::VolumeView {
             pv: &volume,
             driver: &self.cfg.driver,
@@ -1648,8 +1654,8 @@ impl Controller {
 
     /// §12 step 4-6: DeleteVolume, then the PV, then its finalizer.
     async fn delete(&self, v: &CachedPv) -> Result<(), ActError> {
-        let name = v.name_any();
-        let uid = v.uid().unwrap_or_default();
+        let name = v.name.to_string();
+        let uid = v.uid.to_string();
         let Some(csi) = v.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
             return Err(ActError::InvalidPv);
         };

@@ -16,7 +16,6 @@ use kube::ResourceExt;
 use crate::cached::CachedPv;
 use crate::classify::ProvisionError;
 use crate::inflight::{Deleted, Phase, Volume};
-use crate::pv::FINALIZER as PV_FINALIZER;
 use crate::request::{self, DataSource};
 
 /// The annotation of plugreg versions before the Lease record: the claim's volume name while
@@ -338,8 +337,8 @@ pub fn volume(v: &VolumeView<'_>) -> VolumeAction {
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .unwrap_or("");
-    let deleting = pv.metadata.deletion_timestamp.is_some();
-    let has_finalizer = pv.finalizers().iter().any(|f| f == PV_FINALIZER);
+    let deleting = pv.deletion_timestamp.is_some();
+    let has_finalizer = pv.has_finalizer;
     if policy == "Delete" && !deleting && phase == "Bound" && !has_finalizer {
         return VolumeAction::AddFinalizer;
     }
@@ -974,7 +973,7 @@ mod tests {
     }
 
     fn finalizer(v: &mut CachedPv) {
-        v.finalizers_mut().push(PV_FINALIZER.into());
+        v.has_finalizer = true;
     }
 
     fn policy(v: &mut CachedPv, p: &str) {
@@ -1040,7 +1039,7 @@ mod tests {
                 "being deleted without our finalizer",
                 pv(|v| {
                     phase(v, "Released");
-                    v.metadata.deletion_timestamp = Some(now());
+                    v.deletion_timestamp = Some(now());
                 }),
                 None,
                 Nothing,
@@ -1050,7 +1049,7 @@ mod tests {
                 pv(|v| {
                     phase(v, "Released");
                     finalizer(v);
-                    v.metadata.deletion_timestamp = Some(now());
+                    v.deletion_timestamp = Some(now());
                 }),
                 Some(Deleted::Volume),
                 RemoveFinalizer,
@@ -1060,7 +1059,7 @@ mod tests {
                 pv(|v| {
                     phase(v, "Released");
                     finalizer(v);
-                    v.metadata.deletion_timestamp = Some(now());
+                    v.deletion_timestamp = Some(now());
                 }),
                 Some(Deleted::Finalized),
                 Nothing,
@@ -1070,7 +1069,7 @@ mod tests {
                 pv(|v| {
                     phase(v, "Released");
                     finalizer(v);
-                    v.metadata.deletion_timestamp = Some(now());
+                    v.deletion_timestamp = Some(now());
                 }),
                 None,
                 Delete,

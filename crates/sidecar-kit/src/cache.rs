@@ -1,9 +1,19 @@
 //! Watch caches for the controller sidecars: a cluster-wide reflector of one kind that keeps of
 //! each object only what the sidecar's decisions read, tells the sidecar of every change, and
 //! says when its first list is in.
+//!
+//! [`watch`] keeps the trimmed object in kube-runtime's reflector store; [`watch_compact`] keeps
+//! a sidecar's own compact form of it, keyed by itself, for the kinds a cluster has as many of
+//! as it has volumes.
+
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, watcher};
@@ -96,4 +106,203 @@ where
         r.wait_until_ready().await.map_err(|_| ())
     }));
     reader
+}
+
+/// A value kept in a [`CompactStore`]: a sidecar's compact form of an object, which carries
+/// its own key (see [`store_key`]).
+pub trait Keyed {
+    /// The object's key in the store: `namespace/name`, or the name of a cluster-scoped
+    /// object.
+    fn key(&self) -> &str;
+}
+
+/// The key of the object `meta` describes in a [`CompactStore`]: `namespace/name`, or the name
+/// alone of a cluster-scoped object (a namespace's name has no `/`).
+pub fn store_key(meta: &ObjectMeta) -> Box<str> {
+    let name = meta.name.as_deref().unwrap_or_default();
+    match meta.namespace.as_deref() {
+        Some(ns) => format!("{ns}/{name}").into_boxed_str(),
+        None => name.into(),
+    }
+}
+
+/// A stored value, hashed and compared by its key, so that the set needs no key beside it.
+struct Entry<V>(Arc<V>);
+
+impl<V: Keyed> PartialEq for Entry<V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key() == other.0.key()
+    }
+}
+
+impl<V: Keyed> Eq for Entry<V> {}
+
+impl<V: Keyed> Hash for Entry<V> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `str` hashes: a lookup by `&str` finds it (`Borrow`'s contract).
+        self.0.key().hash(state);
+    }
+}
+
+impl<V: Keyed> Borrow<str> for Entry<V> {
+    fn borrow(&self) -> &str {
+        self.0.key()
+    }
+}
+
+/// The read side of a watch cache of compact values ([`watch_compact`]): of each object one
+/// value that holds its own key, and nothing else (kube-runtime's reflector `Store` keeps,
+/// beside a clone of the whole object, a key of four `String`s: name, namespace, UID and
+/// resourceVersion).
+pub struct CompactStore<V> {
+    objects: Arc<RwLock<HashSet<Entry<V>>>>,
+}
+
+impl<V> Clone for CompactStore<V> {
+    fn clone(&self) -> Self {
+        Self {
+            objects: Arc::clone(&self.objects),
+        }
+    }
+}
+
+impl<V: Keyed> CompactStore<V> {
+    /// An empty store, filled by [`watch_compact`] (or by hand, in tests).
+    pub fn new() -> Self {
+        Self {
+            objects: Arc::new(RwLock::new(HashSet::new())),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashSet<Entry<V>>> {
+        // A panic while the lock is held leaves the set whole (each change is one call).
+        self.objects.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashSet<Entry<V>>> {
+        self.objects.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The value stored under `key` ([`store_key`]).
+    pub fn get(&self, key: &str) -> Option<Arc<V>> {
+        self.read().get(key).map(|e| Arc::clone(&e.0))
+    }
+
+    /// Every stored value.
+    pub fn state(&self) -> Vec<Arc<V>> {
+        self.read().iter().map(|e| Arc::clone(&e.0)).collect()
+    }
+
+    /// Whether any stored value satisfies `pred` (without collecting them first).
+    pub fn any(&self, mut pred: impl FnMut(&V) -> bool) -> bool {
+        self.read().iter().any(|e| pred(&e.0))
+    }
+
+    /// How many values are stored.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// Stores `value`, replacing the value of the same key.
+    pub fn insert(&self, value: Arc<V>) {
+        self.write().replace(Entry(value));
+    }
+
+    /// Removes the value stored under `key`.
+    pub fn remove(&self, key: &str) -> Option<Arc<V>> {
+        self.write().take(key).map(|e| e.0)
+    }
+
+    /// Replaces every stored value with `set` (a full list's result).
+    fn replace_all(&self, set: HashSet<Entry<V>>) {
+        *self.write() = set;
+    }
+}
+
+impl<V: Keyed> Default for CompactStore<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A watch cache that keeps of each object `K` only `compact(object)`: [`watch_selected`]'s
+/// callbacks and readiness, with a [`CompactStore`] instead of a reflector's. Each decoded
+/// object is turned into its compact value once and stored without a copy (`on_event` sees the
+/// stored value). A full list (the first, or after the watch failed) is gathered apart and
+/// replaces the stored values when complete, as the reflector does.
+pub fn watch_compact<K, V>(
+    client: &Client,
+    config: watcher::Config,
+    shutdown: &CancellationToken,
+    ready: &mut Readiness,
+    compact: impl Fn(K) -> V + Send + 'static,
+    mut on_event: impl FnMut(&V, bool) + Send + 'static,
+) -> CompactStore<V>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    V: Keyed + Send + Sync + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let store = CompactStore::new();
+    let (synced, mut synced_rx) = tokio::sync::watch::channel(false);
+    let stream = watcher(api, config).default_backoff();
+    let stop = shutdown.clone();
+    let kind = K::kind(&()).into_owned();
+    let writer = store.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        // A full list in progress.
+        let mut listing: Option<HashSet<Entry<V>>> = None;
+        loop {
+            let ev = tokio::select! {
+                ev = stream.next() => ev,
+                () = stop.cancelled() => return,
+            };
+            match ev {
+                None => return,
+                Some(Ok(watcher::Event::Init)) => listing = Some(HashSet::new()),
+                Some(Ok(watcher::Event::InitApply(o))) => {
+                    let v = Arc::new(compact(o));
+                    listing
+                        .get_or_insert_default()
+                        .replace(Entry(Arc::clone(&v)));
+                    on_event(&v, false);
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    writer.replace_all(listing.take().unwrap_or_default());
+                    synced.send_replace(true);
+                }
+                Some(Ok(watcher::Event::Apply(o))) => {
+                    let v = Arc::new(compact(o));
+                    writer.insert(Arc::clone(&v));
+                    on_event(&v, false);
+                }
+                Some(Ok(watcher::Event::Delete(o))) => {
+                    let v = compact(o);
+                    writer.remove(v.key());
+                    on_event(&v, true);
+                }
+                Some(Err(e)) => tracing::warn!(kind = %kind, "watch failed (retrying): {e}"),
+            }
+        }
+    });
+    ready.push(Box::pin(async move {
+        synced_rx
+            .wait_for(|synced| *synced)
+            .await
+            .map(|_| ())
+            .map_err(|_| ())
+    }));
+    store
 }

@@ -482,22 +482,25 @@ fn check_pv(u: &mut Unstructured, json: &Value) -> Result<()> {
         let cached = cached.as_ref().unwrap_or_else(|e| {
             panic!("the cached form reads what the full type reads: {e}: {json}")
         });
-        // The cached metadata keeps name, UID, resourceVersion, finalizers and
-        // deletionTimestamp; of the annotations, the provisioner's own become fields.
+        // The cached form keeps name, UID, resourceVersion, whether its finalizer is there and
+        // deletionTimestamp (a missing one as empty); of the annotations, the provisioner's own become fields.
         let m = &full.metadata;
         assert_eq!(
             (
-                &cached.metadata.name,
-                &cached.metadata.uid,
-                &cached.metadata.resource_version,
-                &cached.metadata.finalizers,
-                &cached.metadata.deletion_timestamp
+                &*cached.name,
+                &*cached.uid,
+                &*cached.resource_version,
+                cached.has_finalizer,
+                &cached.deletion_timestamp
             ),
             (
-                &m.name,
-                &m.uid,
-                &m.resource_version,
-                &m.finalizers,
+                m.name.as_deref().unwrap_or_default(),
+                m.uid.as_deref().unwrap_or_default(),
+                m.resource_version.as_deref().unwrap_or_default(),
+                m.finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == plugreg_provisioner::pv::FINALIZER),
                 &m.deletion_timestamp
             )
         );
