@@ -251,22 +251,25 @@ async fn uncertain_error_keeps_the_allocated_size_v1_36() {
             Fault {
                 error: Some(Failure::new(Code::Unavailable, "try later")),
                 fail_first: Some(1),
+                // The first call is in the driver long enough for the request to be lowered
+                // while its outcome is unknown, whenever the retry then comes (lowered after
+                // the failure instead, a retry brought at once by the resizer's own status
+                // write could grow the volume first, and the API server then refused a request
+                // below the grown capacity).
+                delay: Some(std::time::Duration::from_secs(5)),
+                delay_first: Some(1),
                 ..Fault::default()
             },
         );
     })
     .await;
     env.bound_claim("data", "1Gi", "vol-0").await;
-    // The retry comes long after the failure, so the request below is certainly lowered while
-    // the outcome is unknown (with a 2 s retry a loaded machine let the retry succeed first,
-    // and the API server then refused a request below the grown capacity). The lowered
-    // request itself brings the claim back at once.
-    let _resizer = env.resizer(&["--retry-interval-start=30s"]);
+    let _resizer = env.resizer(&["--retry-interval-start=1s"]);
     env.request("data", "3Gi").await;
     env.wait_calls(Method::ControllerExpandVolume, 1).await;
-    env.wait_event("data", "VolumeResizeFailed").await;
     // The user lowers the request while the outcome is unknown: the driver still gets 3Gi.
     env.request("data", "2Gi").await;
+    env.wait_event("data", "VolumeResizeFailed").await;
     let pvc = env
         .wait_claim("data", "PV grown", |c| {
             capacity(c).as_deref() == Some("3Gi")
@@ -279,6 +282,7 @@ async fn uncertain_error_keeps_the_allocated_size_v1_36() {
         .iter()
         .map(|r| r.capacity_range.unwrap().required_bytes)
         .collect();
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
     assert!(sizes.iter().all(|s| *s == 3 * GI), "{sizes:?}");
 }
 
