@@ -36,6 +36,16 @@ pub fn command(bin: &str) -> Command {
     c
 }
 
+/// Sends the signal `name` (`TERM`, `INT`, ...) to `child` with kill(1).
+fn send_signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 /// Runs `bin` with `args` to completion; returns (exit code, stdout, stderr).
 pub fn run_to_end(bin: &str, args: &[&str]) -> (i32, String, String) {
     let out = command(bin).args(args).output().unwrap();
@@ -115,12 +125,7 @@ impl Sidecar {
 
     /// Sends signal `name` (`TERM`, `INT`, ...) with kill(1).
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        send_signal(&self.child, name);
     }
 
     /// Waits for the exit (at most `within`); returns the code and the whole log.
@@ -249,6 +254,17 @@ pub fn wait_for_body(addr: SocketAddr, path: &str, want: &str) -> String {
     }
 }
 
+/// A [`command`] for a controller sidecar `bin` against the driver at `socket` and the API
+/// server of `kubeconfig`, logging at `-v=5`, then `args`.
+pub fn controller_command(bin: &str, socket: &Path, kubeconfig: &Path, args: &[&str]) -> Command {
+    let mut cmd = command(bin);
+    cmd.arg(format!("--csi-address={}", socket.display()))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--v=5")
+        .args(args);
+    cmd
+}
+
 /// A sidecar process whose stdout and stderr go to a file (the log outlives the process, for
 /// tests that read it after the exit); killed when dropped.
 pub struct LoggedSidecar {
@@ -283,12 +299,7 @@ impl LoggedSidecar {
 
     /// Sends the signal `name` (`TERM`, `INT`) with kill(1).
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        send_signal(&self.child, name);
     }
 
     /// SIGKILL: no chance to clean up.

@@ -294,11 +294,8 @@ fn start_attacher(socket: &Path, kubeconfig: &Path, args: &[&str], dir: &Path) -
         "csi-attacher-{}.log",
         N.fetch_add(1, Ordering::SeqCst)
     ));
-    let mut cmd = sidecar::command(env!("CARGO_BIN_EXE_csi-attacher"));
-    cmd.arg(format!("--csi-address={}", socket.display()))
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg("--v=5")
-        .args(args);
+    let cmd =
+        sidecar::controller_command(env!("CARGO_BIN_EXE_csi-attacher"), socket, kubeconfig, args);
     LoggedSidecar::spawn(cmd, log)
 }
 

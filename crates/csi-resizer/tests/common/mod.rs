@@ -266,11 +266,12 @@ impl Env {
             "csi-resizer-{}.log",
             N.fetch_add(1, Ordering::SeqCst)
         ));
-        let mut cmd = sidecar::command(env!("CARGO_BIN_EXE_csi-resizer"));
-        cmd.arg(format!("--csi-address={}", self.socket.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--v=5")
-            .args(args);
+        let cmd = sidecar::controller_command(
+            env!("CARGO_BIN_EXE_csi-resizer"),
+            &self.socket,
+            kubeconfig,
+            args,
+        );
         LoggedSidecar::spawn(cmd, log)
     }
 

@@ -357,11 +357,12 @@ fn spawn(
         "csi-snapshotter-{}.log",
         N.fetch_add(1, Ordering::SeqCst)
     ));
-    let mut cmd = sidecar::command(env!("CARGO_BIN_EXE_csi-snapshotter"));
-    cmd.arg(format!("--csi-address={}", socket.display()))
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg("--v=5")
-        .args(args);
+    let mut cmd = sidecar::controller_command(
+        env!("CARGO_BIN_EXE_csi-snapshotter"),
+        socket,
+        kubeconfig,
+        args,
+    );
     if let Some(node) = node {
         cmd.env("NODE_NAME", node);
     }
