@@ -34,8 +34,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{DriverConfig, MountMode};
 use plugreg_testpeers::bench::{
-    commit, create_all, date, delta, free_port, load, print_file_mappings, requests, rss,
-    sample_peaks, writes,
+    BenchArgs, Memory, commit, create_all, date, delta, free_port, goals_table, load,
+    print_file_mappings, requests, rss, sample_peaks, write_block, writes,
 };
 use plugreg_testpeers::{ApiServer, KubeVersion};
 use serde_json::json;
@@ -61,16 +61,9 @@ struct Run {
     attach_requests: BTreeMap<String, u64>,
     detached: Duration,
     detach_requests: BTreeMap<String, u64>,
-    hwm_kib: u64,
-    /// Resident anonymous and file-backed memory at the end (after the detaches).
-    anon_kib: u64,
-    file_kib: u64,
-    /// The highest resident anonymous and file-backed memory sampled (every 100 ms).
-    peak_anon_kib: u64,
-    peak_file_kib: u64,
-    /// Resident memory (VmRSS, anonymous, file-backed) once the caches are filled, before the
-    /// first VolumeAttachment.
-    idle_kib: (u64, u64, u64),
+    /// The sidecar's memory: at the end, the sampled peaks (every 100 ms), and idle once the
+    /// caches are filled, before the first object.
+    mem: Memory,
     /// `--kube-api-qps` given to the attacher (upstream's default unless `--qps`).
     qps: f64,
     load_start: String,
@@ -246,10 +239,7 @@ async fn run(n: usize, qps: f64) -> Run {
     let after_detach = requests(port);
     print_file_mappings(pid);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (peak_anon_kib, peak_file_kib) = sampler.join().unwrap_or_default();
-    let hwm_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "VmHWM").unwrap_or(0);
-    let anon_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "RssAnon").unwrap_or(0);
-    let file_kib = plugreg_runtime::procfs::status_kib(&pid.to_string(), "RssFile").unwrap_or(0);
+    let mem = Memory::measure(pid, idle_kib, sampler.join().unwrap_or_default());
     let exited = child.try_wait().ok().flatten().is_some();
     let _ = child.kill();
     let _ = child.wait();
@@ -265,12 +255,7 @@ async fn run(n: usize, qps: f64) -> Run {
         attach_requests: delta(&after_attach, &before),
         detached,
         detach_requests: delta(&after_detach, &after_attach),
-        hwm_kib,
-        anon_kib,
-        file_kib,
-        peak_anon_kib,
-        peak_file_kib,
-        idle_kib,
+        mem,
         qps,
         load_start,
         exited,
@@ -284,14 +269,13 @@ fn block(r: &Run, commit: &str) -> String {
     // The floor: upstream's writes through the token bucket (the burst comes free).
     let attach_floor = (UPSTREAM_ATTACH_WRITES * n - BURST).max(0.0) / QPS;
     let detach_floor = (UPSTREAM_DETACH_WRITES * n - BURST).max(0.0) / QPS;
-    let mib = r.hwm_kib as f64 / 1024.0;
+    let mib = r.mem.hwm_mib();
     let fmt = |m: &BTreeMap<String, u64>| {
         m.iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
     let mut t = format!(
         "{START}\n## csi-attacher: VolumeAttachments attached and detached (issue 20)\n\n{}, commit {}, load average {} at the \
          start and {} at the end (2 cores, shared). Real kube-apiserver v1.36.2 (fresh), the test CSI driver in-process \
@@ -328,22 +312,8 @@ fn block(r: &Run, commit: &str) -> String {
         detach_writes / n,
         fmt(&r.detach_requests)
     ));
-    let m = |k: u64| k as f64 / 1024.0;
-    t.push_str(&format!(
-        "Peak RSS (VmHWM) {mib:.1} MiB; the highest sampled (every 100 ms) {:.1} MiB anonymous (heap, caches, \
-         stacks) and {:.1} MiB file-backed (the binary's and the C libraries' pages); at the end {:.1} MiB anonymous \
-         and {:.1} MiB file-backed. Idle (caches filled, before the first VolumeAttachment): {:.1} MiB, {:.1} MiB \
-         anonymous and {:.1} MiB file-backed.\n\n",
-        m(r.peak_anon_kib),
-        m(r.peak_file_kib),
-        m(r.anon_kib),
-        m(r.file_kib),
-        m(r.idle_kib.0),
-        m(r.idle_kib.1),
-        m(r.idle_kib.2),
-    ));
-    t.push_str("| goal | measured | verdict |\n|---|---|---|\n");
-    for (goal, measured, ok) in [
+    t.push_str(&r.mem.paragraph("the first VolumeAttachment"));
+    t.push_str(&goals_table(&[
         (
             format!(
                 "attach: at most upstream's {UPSTREAM_ATTACH_WRITES} writes per VolumeAttachment"
@@ -373,9 +343,7 @@ fn block(r: &Run, commit: &str) -> String {
             if r.exited { "exited" } else { "running" }.to_owned(),
             !r.exited,
         ),
-    ] {
-        t.push_str(&format!("| {goal} | {measured} | {} |\n", verdict(ok)));
-    }
+    ]));
     t.push_str(
         "\nNo Go external-attacher runs on this machine (neither its source nor a binary is reachable), so upstream's \
          figures are its write count from the spec, not a side-by-side run.\n",
@@ -386,22 +354,10 @@ fn block(r: &Run, commit: &str) -> String {
 
 #[tokio::main]
 async fn main() {
-    let mut out = None;
-    let mut n = 1000;
-    let mut qps = QPS;
-    let mut it = std::env::args().skip(1);
-    while let Some(x) = it.next() {
-        match x.as_str() {
-            "--out" => out = it.next(),
-            "--quick" => n = 100,
-            "--n" => n = it.next().and_then(|v| v.parse().ok()).unwrap_or(n),
-            // Memory studies only: the write figures assume upstream's QPS.
-            "--qps" => qps = it.next().and_then(|v| v.parse().ok()).unwrap_or(qps),
-            _ => {} // cargo bench passes --bench
-        }
-    }
+    // `--qps`: memory studies only; the write figures assume upstream's QPS.
+    let args = BenchArgs::parse(1000);
     let commit = commit();
-    let r = run(n, qps).await;
+    let r = run(args.n, args.qps.unwrap_or(QPS)).await;
     let t = block(&r, &commit);
     println!("{t}");
     if r.qps != QPS {
@@ -411,16 +367,7 @@ async fn main() {
         );
         return;
     }
-    if let Some(out) = out {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let p = &root.join(&out);
-        let mut text = std::fs::read_to_string(p).unwrap_or_default();
-        text = match (text.find(START), text.find(END)) {
-            (Some(s), Some(e)) if s < e => {
-                format!("{}{}{}", &text[..s], t.trim_end(), &text[e + END.len()..])
-            }
-            _ => format!("{text}\n{t}"),
-        };
-        std::fs::write(p, text).unwrap();
+    if let Some(out) = args.out {
+        write_block(&out, START, END, &t);
     }
 }

@@ -19,11 +19,12 @@ use plugreg_attacher::controller::Config;
 use plugreg_attacher::csi::{self, CapabilityError, Driver};
 use plugreg_attacher::decide::{self, DriverCaps};
 use plugreg_attacher::flags::{self, COMMAND, FeatureGates, Flags, Options};
-use plugreg_attacher::service::{DRAIN, Service, ServiceError};
+use plugreg_attacher::service::{DRAIN, Service};
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
-use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
+use plugreg_sidecar_kit::leader::LeaderHealth;
+use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::ratelimit::kube_config;
@@ -84,13 +85,7 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
         tracing::error!(target: LOG, "{e}");
         return Ok(1);
     }
-    // One thread: the work waits on the API server's token bucket and the driver, never on
-    // the CPU, and one thread keeps one malloc arena (several grow apart after a crowd).
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the runtime")?;
-    Ok(runtime.block_on(run(options, gates)))
+    lifecycle::block_on(run(options, gates)).context("building the runtime")
 }
 
 /// What start-up found out.
@@ -105,12 +100,9 @@ struct Started {
 
 /// Steps 5-16; returns the exit code.
 async fn run(options: Options, gates: FeatureGates) -> i32 {
-    let mut signals = match plugreg_runtime::signal::Signals::new() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(target: LOG, "installing signal handlers: {e}");
-            return 1;
-        }
+    let mut life = match Lifecycle::install() {
+        Ok(l) => l,
+        Err(code) => return code,
     };
     // Step 5.
     let kube_config = match kube_config(&options.controller).await {
@@ -121,15 +113,13 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         }
     };
     // Step 8.
-    let connected = match csi::connect_watched(&options.csi_address, csi::CONNECT_WINDOW).await {
+    let channel = match life.connect(&options.csi_address).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(target: LOG, csiAddress = %options.csi_address, err = %e, "Failed to connect to the CSI driver");
             return 1;
         }
     };
-    let lost = connected.lost.clone();
-    let channel = connected.channel;
     let startup = async {
         // Step 7: metrics before the name is known.
         let mut metrics = Metrics::new(UNKNOWN_DRIVER);
@@ -212,43 +202,25 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             http,
         })
     };
-    let started = tokio::select! {
-        started = startup => started,
-        code = csi::exit_on_connection_loss(lost.clone()) => Err(code),
-        signal = signals.shutdown() => {
-            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
-            Err(0)
-        }
-    };
-    let started = match started {
+    let started = match life.start(startup).await {
         Ok(s) => s,
         Err(code) => return code,
     };
 
-    // RSS follows the live heap, not the highest peak of work so far (a crowd of
-    // VolumeAttachments, the first LIST of every cache).
-    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(Duration::from_secs(10)));
-
     // Steps 15-16.
     let controller = &options.controller;
-    let leader = controller.leader_election.then(|| {
-        let mut le = LeaderElection::from_flags(controller, &started.name);
-        le.lease_name = decide::lease_name(&started.name);
-        le.release_on_cancel = gates.release_leader_election_on_exit;
-        le.metrics = Some(started.metrics.clone());
-        le
-    });
-    let leading = leader.is_some();
-    let (qps, burst) = controller.rate_limit();
+    let kube = Kube::from_flags(
+        controller,
+        kube_config,
+        &started.name,
+        decide::lease_name(&started.name),
+        gates.release_leader_election_on_exit,
+        started.health.clone(),
+        started.metrics.clone(),
+    );
+    let leading = kube.leader.is_some();
     let service = Service {
-        kube: Kube {
-            config: kube_config,
-            qps,
-            burst,
-            leader,
-            health: started.health.clone(),
-            metrics: started.metrics.clone(),
-        },
+        kube,
         driver: started.driver,
         config: Config {
             driver: started.name.clone(),
@@ -264,51 +236,18 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             error_codes: gates.mutable_csinode_allocatable_count,
         },
     };
-    let shutdown = CancellationToken::new();
-    let run = service.run(shutdown.clone());
-    tokio::pin!(run);
-    let code = tokio::select! {
-        result = &mut run => match result {
-            Ok(()) => 0,
-            Err(ServiceError::Leader(e)) => {
-                tracing::error!(target: LOG, err = %e, "Stopped leading");
-                1
-            }
-            Err(e) => {
-                tracing::error!(target: LOG, "{e}");
-                1
-            }
+    let stop = Stop {
+        on_signal: OnSignal::Controller {
+            leading,
+            release_on_exit: gates.release_leader_election_on_exit,
+            grace: SHUTDOWN_GRACE,
+            drain: DRAIN,
+            second_signal_exits: true,
         },
-        signal = signals.shutdown() => {
-            if leading && !gates.release_leader_election_on_exit {
-                // Go's default: the process ends at once, the Lease expires by itself.
-                tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
-                return 1;
-            }
-            tracing::info!(target: LOG, "Received SIGTERM or SIGINT signal, shutting down controller.");
-            shutdown.cancel();
-            let grace = if leading { DRAIN } else { SHUTDOWN_GRACE };
-            tokio::select! {
-                _ = tokio::time::timeout(grace, &mut run) => {}
-                signal = signals.shutdown() => {
-                    // As upstream: a second signal ends the process at once, without waiting
-                    // for the workers or releasing the Lease.
-                    tracing::info!(target: LOG, signal = signal.name(), "Received a second signal, exiting");
-                    return 1;
-                }
-            }
-            if leading {
-                tracing::error!(target: LOG, "Stopped leading");
-                1
-            } else {
-                0
-            }
-        }
-        code = csi::exit_on_connection_loss(lost) => code,
+        leader_lost: LeaderLostLine::ErrField,
+        failed: 1,
     };
-    if let Some(token) = started.http {
-        token.cancel();
-    }
-    trim.abort();
-    code
+    let shutdown = CancellationToken::new();
+    life.run(service.run(shutdown.clone()), shutdown, stop, started.http)
+        .await
 }

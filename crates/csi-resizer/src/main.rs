@@ -19,12 +19,13 @@ use anyhow::Context as _;
 use plugreg_resizer::controller::Config;
 use plugreg_resizer::csi::{Driver, Resizer, StartError};
 use plugreg_resizer::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags, Options};
-use plugreg_resizer::service::{Service, ServiceError};
+use plugreg_resizer::service::Service;
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
 use plugreg_sidecar_kit::driver as conn;
-use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
+use plugreg_sidecar_kit::leader::LeaderHealth;
+use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::ratelimit::kube_config;
 use plugreg_sidecar_kit::service::Kube;
@@ -91,13 +92,7 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
         tracing::error!(target: LOG, "{e}");
         return Ok(1);
     }
-    // One thread: the work waits on the API server's token bucket and the driver, never on
-    // the CPU, and one thread keeps one malloc arena (several grow apart after a crowd).
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the runtime")?;
-    Ok(runtime.block_on(run(options, gates)))
+    lifecycle::block_on(run(options, gates)).context("building the runtime")
 }
 
 /// Whether the API server serves `storage.k8s.io/v1` VolumeAttributesClasses (step 6):
@@ -116,12 +111,9 @@ async fn vac_available(config: &kube::Config) -> Result<bool, String> {
 
 /// Steps 5-17; returns the exit code.
 async fn run(options: Options, mut gates: FeatureGates) -> i32 {
-    let mut signals = match plugreg_runtime::signal::Signals::new() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(target: LOG, "installing signal handlers: {e}");
-            return 1;
-        }
+    let mut life = match Lifecycle::install() {
+        Ok(l) => l,
+        Err(code) => return code,
     };
     // Step 5.
     let kube_config = match kube_config(&options.controller).await {
@@ -145,15 +137,13 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
         }
     }
     // Steps 7-8.
-    let connected = match conn::connect_watched(&options.csi_address, conn::CONNECT_WINDOW).await {
+    let channel = match life.connect(&options.csi_address).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(target: LOG, err = %format!("failed to connect to CSI driver: {e}"), "Failed to create CSI client");
             return 1;
         }
     };
-    let lost = connected.lost.clone();
-    let channel = connected.channel;
     let startup = async {
         let mut metrics = Metrics::new(UNKNOWN_DRIVER);
         if let Err(e) = conn::probe_forever(&channel, options.timeout, &metrics).await {
@@ -208,41 +198,23 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
         };
         Ok((name, driver, found, metrics, health, http))
     };
-    let started = tokio::select! {
-        started = startup => started,
-        code = conn::exit_on_connection_loss(lost.clone()) => Err(code),
-        signal = signals.shutdown() => {
-            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
-            Err(0)
-        }
-    };
-    let (name, driver, found, metrics, health, http) = match started {
+    let (name, driver, found, metrics, health, http) = match life.start(startup).await {
         Ok(s) => s,
         Err(code) => return code,
     };
-    // RSS follows the live heap, not the highest peak of work so far (a crowd of claims,
-    // the first LIST of every cache).
-    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(Duration::from_secs(10)));
 
     // Steps 15-17.
-    let controller = &options.controller;
-    let leader = controller.leader_election.then(|| {
-        let mut le = LeaderElection::from_flags(controller, &name);
-        le.lease_name = flags::lease_name(&name);
-        le.release_on_cancel = gates.release_leader_election_on_exit;
-        le.metrics = Some(metrics.clone());
-        le
-    });
-    let (qps, burst) = controller.rate_limit();
+    let kube = Kube::from_flags(
+        &options.controller,
+        kube_config,
+        &name,
+        flags::lease_name(&name),
+        gates.release_leader_election_on_exit,
+        health,
+        metrics,
+    );
     let service = Service {
-        kube: Kube {
-            config: kube_config,
-            qps,
-            burst,
-            leader,
-            health,
-            metrics,
-        },
+        kube,
         config: Config {
             driver: name,
             resizer: found.resizer,
@@ -258,32 +230,14 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
         },
         driver,
     };
-    let shutdown = CancellationToken::new();
-    let run = service.run(shutdown.clone());
-    tokio::pin!(run);
-    let code = tokio::select! {
-        result = &mut run => match result {
-            Ok(()) => 0,
-            Err(ServiceError::Leader(e)) => {
-                tracing::error!(target: LOG, "Stopped leading: {e}");
-                1
-            }
-            Err(e) => {
-                tracing::error!(target: LOG, "{e}");
-                1
-            }
+    let stop = Stop {
+        on_signal: OnSignal::Drain {
+            grace: SHUTDOWN_GRACE,
         },
-        signal = signals.shutdown() => {
-            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
-            shutdown.cancel();
-            let _ = tokio::time::timeout(SHUTDOWN_GRACE, &mut run).await;
-            0
-        }
-        code = conn::exit_on_connection_loss(lost) => code,
+        leader_lost: LeaderLostLine::InMessage,
+        failed: 1,
     };
-    if let Some(token) = http {
-        token.cancel();
-    }
-    trim.abort();
-    code
+    let shutdown = CancellationToken::new();
+    life.run(service.run(shutdown.clone()), shutdown, stop, http)
+        .await
 }

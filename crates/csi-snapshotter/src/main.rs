@@ -20,7 +20,8 @@ use anyhow::Context as _;
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
-use plugreg_sidecar_kit::leader::{LeaderElection, LeaderHealth};
+use plugreg_sidecar_kit::leader::LeaderHealth;
+use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::ratelimit::kube_config;
 use plugreg_sidecar_kit::service::Kube;
@@ -28,7 +29,7 @@ use plugreg_snapshotter::controller::Config;
 use plugreg_snapshotter::csi::{self, Driver, DriverCaps};
 use plugreg_snapshotter::decide;
 use plugreg_snapshotter::flags::{self, COMMAND, FeatureGates, Flags, Options};
-use plugreg_snapshotter::service::{DRAIN, Service, ServiceError};
+use plugreg_snapshotter::service::{DRAIN, Service};
 use tokio_util::sync::CancellationToken;
 
 /// The target of this program's lines.
@@ -79,13 +80,7 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
         tracing::error!(target: LOG, "{e}");
         return Ok(1);
     }
-    // One thread: the work waits on the API server's token bucket and the driver, never on
-    // the CPU, and one thread keeps one malloc arena.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the runtime")?;
-    Ok(runtime.block_on(run(options, gates)))
+    lifecycle::block_on(run(options, gates)).context("building the runtime")
 }
 
 /// What start-up found out.
@@ -100,12 +95,9 @@ struct Started {
 
 /// The rest of the start-up, then the run; returns the exit code.
 async fn run(options: Options, gates: FeatureGates) -> i32 {
-    let mut signals = match plugreg_runtime::signal::Signals::new() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(target: LOG, "installing signal handlers: {e}");
-            return 1;
-        }
+    let mut life = match Lifecycle::install() {
+        Ok(l) => l,
+        Err(code) => return code,
     };
     let kube_config = match kube_config(&options.controller).await {
         Ok(c) => c,
@@ -129,15 +121,13 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         tracing::error!(target: LOG, "{e}");
         return 1;
     }
-    let connected = match csi::connect_watched(&options.csi_address, csi::CONNECT_WINDOW).await {
+    let channel = match life.connect(&options.csi_address).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(target: LOG, "error connecting to CSI driver: {e}");
             return 1;
         }
     };
-    let lost = connected.lost.clone();
-    let channel = connected.channel;
     let startup = async {
         let mut metrics = Metrics::new(UNKNOWN_DRIVER);
         let probe_metrics = Arc::new(metrics);
@@ -202,41 +192,24 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             http,
         })
     };
-    let started = tokio::select! {
-        started = startup => started,
-        code = csi::exit_on_connection_loss(lost.clone()) => Err(code),
-        signal = signals.shutdown() => {
-            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
-            Err(0)
-        }
-    };
-    let started = match started {
+    let started = match life.start(startup).await {
         Ok(s) => s,
         Err(code) => return code,
     };
 
-    // RSS follows the live heap, not the highest peak of work so far.
-    let trim = tokio::spawn(plugreg_runtime::memory::trim_every(Duration::from_secs(10)));
-
     let controller = &options.controller;
-    let leader = controller.leader_election.then(|| {
-        let mut le = LeaderElection::from_flags(controller, &started.name);
-        le.lease_name = decide::lease_name(&started.name);
-        le.release_on_cancel = gates.release_leader_election_on_exit;
-        le.metrics = Some(started.metrics.clone());
-        le
-    });
-    let leading = leader.is_some();
-    let (qps, burst) = controller.rate_limit();
+    let kube = Kube::from_flags(
+        controller,
+        kube_config,
+        &started.name,
+        decide::lease_name(&started.name),
+        gates.release_leader_election_on_exit,
+        started.health.clone(),
+        started.metrics.clone(),
+    );
+    let leading = kube.leader.is_some();
     let service = Service {
-        kube: Kube {
-            config: kube_config,
-            qps,
-            burst,
-            leader,
-            health: started.health.clone(),
-            metrics: started.metrics.clone(),
-        },
+        kube,
         driver: started.driver,
         config: Config {
             driver: started.name.clone(),
@@ -251,44 +224,20 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             node,
         },
     };
-    let shutdown = CancellationToken::new();
-    let run = service.run(shutdown.clone());
-    tokio::pin!(run);
-    let code = tokio::select! {
-        result = &mut run => match result {
-            Ok(()) => 0,
-            Err(ServiceError::Leader(e)) => {
-                tracing::error!(target: LOG, err = %e, "Stopped leading");
-                1
-            }
-            Err(e) => {
-                tracing::error!(target: LOG, "{e}");
-                1
-            }
+    // With leader election and no release on exit, upstream then stays up idle (SIGINT) or is
+    // killed (SIGTERM); here the process ends at once and the Lease expires by itself.
+    let stop = Stop {
+        on_signal: OnSignal::Controller {
+            leading,
+            release_on_exit: gates.release_leader_election_on_exit,
+            grace: SHUTDOWN_GRACE,
+            drain: DRAIN,
+            second_signal_exits: false,
         },
-        signal = signals.shutdown() => {
-            if leading && !gates.release_leader_election_on_exit {
-                // Upstream then stays up idle (SIGINT) or is killed (SIGTERM); here the
-                // process ends at once and the Lease expires by itself.
-                tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
-                return 1;
-            }
-            tracing::info!(target: LOG, "Received SIGTERM or SIGINT signal, shutting down controller.");
-            shutdown.cancel();
-            let grace = if leading { DRAIN } else { SHUTDOWN_GRACE };
-            let _ = tokio::time::timeout(grace, &mut run).await;
-            if leading {
-                tracing::error!(target: LOG, "Stopped leading");
-                1
-            } else {
-                0
-            }
-        }
-        code = csi::exit_on_connection_loss(lost) => code,
+        leader_lost: LeaderLostLine::ErrField,
+        failed: 1,
     };
-    if let Some(token) = started.http {
-        token.cancel();
-    }
-    trim.abort();
-    code
+    let shutdown = CancellationToken::new();
+    life.run(service.run(shutdown.clone()), shutdown, stop, started.http)
+        .await
 }

@@ -4,15 +4,12 @@
 //! No API server is needed before the controller starts: `--master` builds a kube config
 //! without a call, and the start-up steps tested here come before the first API call.
 
-use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 
 use plugreg_csi_test_driver::{Code, DriverConfig, Failure, Fault, Method};
-use plugreg_testpeers::sidecar::{self, SOON, Sidecar as Proc};
+use plugreg_testpeers::sidecar::{self, MASTER, SOON, Sidecar as Proc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_csi-snapshotter");
-/// A kube config that builds without contacting anything.
-const MASTER: &str = "--master=http://127.0.0.1:1";
 
 /// Runs the binary to completion; returns (exit code, stdout, stderr).
 fn run_to_end(args: &[&str]) -> (i32, String, String) {
@@ -29,26 +26,12 @@ fn snapshotting() -> DriverConfig {
 }
 
 fn args(socket: &Path, extra: &[&str]) -> Vec<String> {
-    let mut v = vec![
-        MASTER.to_owned(),
-        format!("--csi-address={}", socket.display()),
-    ];
-    v.extend(extra.iter().map(|s| (*s).to_owned()));
-    v
-}
-
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    sidecar::http_get(addr, path)
+    sidecar::csi_args(socket, extra)
 }
 
 #[test]
 fn version_prints_argv0_and_the_version() {
-    let (code, out, _) = run_to_end(&["--version"]);
-    assert_eq!(code, 0);
-    assert_eq!(out, format!("{BIN} v{}\n", env!("CARGO_PKG_VERSION")));
-    let (code, out, _) = run_to_end(&["-version"]);
-    assert_eq!(code, 0);
-    assert!(out.starts_with(BIN));
+    sidecar::assert_prints_version(BIN, concat!("v", env!("CARGO_PKG_VERSION")));
 }
 
 #[test]
@@ -78,40 +61,37 @@ fn help_is_exit_0_and_lists_every_flag_with_its_default() {
     let (code, out, err) = run_to_end(&["-h"]);
     assert_eq!(code, 0);
     assert!(out.is_empty());
-    for (flag, default) in [
-        ("-csi-address", "(default \"/run/csi/socket\")"),
-        ("-timeout", "(default 1m0s)"),
-        ("-resync-period", "(default 15m0s)"),
-        ("-snapshot-name-prefix", "(default \"snapshot\")"),
-        ("-snapshot-name-uuid-length", "(default -1)"),
-        ("-groupsnapshot-name-prefix", "(default \"groupsnapshot\")"),
-        ("-groupsnapshot-name-uuid-length", "(default -1)"),
-        ("-retry-interval-start", "(default 1s)"),
-        ("-retry-interval-max", "(default 5m0s)"),
-        ("-worker-threads", "(default 10)"),
-        ("-kube-api-qps", "(default 5)"),
-        ("-kube-api-burst", "(default 10)"),
-        ("-leader-election-lease-duration", "(default 15s)"),
-        ("-metrics-path", "(default \"/metrics\")"),
-    ] {
-        let line = err
-            .lines()
-            .position(|l| l.trim_start().starts_with(&format!("{flag} ")) || l.trim() == flag)
-            .unwrap_or_else(|| panic!("{flag} missing:\n{err}"));
-        let text: String = err.lines().skip(line).take(4).collect::<Vec<_>>().join(" ");
-        assert!(text.contains(default), "{flag}: {text}");
-    }
-    for flag in [
-        "-extra-create-metadata",
-        "-node-deployment",
-        "-feature-gates",
-        "-leader-election-labels",
-        "-http-endpoint",
-        "-metrics-address",
-        "-automaxprocs",
-    ] {
-        assert!(err.contains(&format!("  {flag}")), "{flag} missing:\n{err}");
-    }
+    sidecar::assert_usage_defaults(
+        &err,
+        &[
+            ("-csi-address", "(default \"/run/csi/socket\")"),
+            ("-timeout", "(default 1m0s)"),
+            ("-resync-period", "(default 15m0s)"),
+            ("-snapshot-name-prefix", "(default \"snapshot\")"),
+            ("-snapshot-name-uuid-length", "(default -1)"),
+            ("-groupsnapshot-name-prefix", "(default \"groupsnapshot\")"),
+            ("-groupsnapshot-name-uuid-length", "(default -1)"),
+            ("-retry-interval-start", "(default 1s)"),
+            ("-retry-interval-max", "(default 5m0s)"),
+            ("-worker-threads", "(default 10)"),
+            ("-kube-api-qps", "(default 5)"),
+            ("-kube-api-burst", "(default 10)"),
+            ("-leader-election-lease-duration", "(default 15s)"),
+            ("-metrics-path", "(default \"/metrics\")"),
+        ],
+    );
+    sidecar::assert_usage_lists(
+        &err,
+        &[
+            "-extra-create-metadata",
+            "-node-deployment",
+            "-feature-gates",
+            "-leader-election-labels",
+            "-http-endpoint",
+            "-metrics-address",
+            "-automaxprocs",
+        ],
+    );
 }
 
 #[test]
@@ -313,14 +293,11 @@ async fn http_endpoint_serves_metrics_before_the_probe() {
         ..snapshotting()
     };
     let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let addr = sidecar::free_addr();
     let p = Proc::spawn(BIN, &args(&sock, &[&format!("--http-endpoint={addr}")]));
     // The driver never gets ready, yet the metrics are served (the server starts first).
     p.wait_for_lines("CSI driver is not ready", 1, SOON);
-    let (code, body) = get(addr, "/metrics");
+    let (code, body) = sidecar::http_get(addr, "/metrics");
     assert_eq!(code, 200);
     assert!(
         body.contains("csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginInfo\"} 1"),
@@ -331,5 +308,5 @@ async fn http_endpoint_serves_metrics_before_the_probe() {
         "{body}"
     );
     // Without --leader-election: no health check.
-    assert_eq!(get(addr, "/healthz/leader-election").0, 404);
+    assert_eq!(sidecar::http_get(addr, "/healthz/leader-election").0, 404);
 }

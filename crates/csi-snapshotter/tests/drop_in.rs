@@ -115,7 +115,7 @@ async fn runs_with_the_sample_rbac_and_serves_its_metrics() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let sidecar = common::Snapshotter::start(
+    let sidecar = common::start_snapshotter(
         &env.socket,
         &kubeconfig,
         &[

@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Env, NS, Snapshotter};
+use common::{Env, NS};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams};
 use plugreg_csi_test_driver::{Code, Failure, Fault, Method};
@@ -524,7 +524,7 @@ async fn only_its_own_contents_and_with_node_deployment_only_its_nodes() {
         env.create::<VolumeSnapshotContent>(c).await;
     }
     // With --node-deployment on node-1: only "here" (the unknown handle gives the list error).
-    let sidecar = Snapshotter::start_env(&env, &["--node-deployment"], Some("node-1"));
+    let sidecar = common::start_snapshotter_env(&env, &["--node-deployment"], Some("node-1"));
     let listed = |c: &VolumeSnapshotContent| c.status.is_some();
     env.wait_content("here", "here's status", listed).await;
     // A later event that must come after the first sync of every content: "here"'s second

@@ -14,11 +14,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use plugreg_sidecar_kit::flags::{self as kit, Command, ControllerFlags, SidecarFlags, Syntax};
+use plugreg_sidecar_kit::flags::{
+    self as kit, Command, ControllerFlags, SidecarFlags, Syntax, other_gate,
+};
 use plugreg_sidecar_kit::goflag::{Kind, Spec, Value, flag};
 use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration, parse_int};
 
-pub use plugreg_sidecar_kit::flags::{APISERVER_GATES, parse_gate_list};
+pub use plugreg_sidecar_kit::flags::{APISERVER_GATES, UnknownGate, parse_gate_list};
 pub use plugreg_sidecar_kit::goflag::{FLAG_ERROR_EXIT, FlagError};
 
 /// Exit code of upstream's `klog.Fatalf` (no resizer and no modifier; a failed gate override).
@@ -161,20 +163,7 @@ const SPECS: &[Spec] = &[
     ),
 ];
 
-/// The name of every flag (without dashes), sorted, removed klog flags included.
-pub fn names() -> impl Iterator<Item = &'static str> {
-    COMMAND.names::<Options>()
-}
-
-/// The usage text Go's `flag` would print for these flags, for the program `argv0`.
-pub fn usage(argv0: &str) -> String {
-    COMMAND.usage::<Options>(argv0)
-}
-
-/// Parses the arguments after the program name.
-pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
-    COMMAND.parse(args)
-}
+plugreg_sidecar_kit::command_functions!(Options);
 
 impl SidecarFlags for Options {
     fn specs() -> &'static [Spec] {
@@ -248,14 +237,9 @@ impl Default for FeatureGates {
     }
 }
 
-/// A `--feature-gates` name the resizer does not know (upstream: "Failed to set feature
-/// gates", exit 1).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unrecognized feature gate: {0}")]
-pub struct UnknownGate(pub String);
-
 impl FeatureGates {
-    /// The gates after `requested`; the first unknown name (in name order) is an error.
+    /// The gates after `requested`; the first unknown name (in name order) is an error. An unknown
+    /// name is upstream's "Failed to set feature gates", exit 1.
     pub fn from_requested(requested: &BTreeMap<String, bool>) -> Result<Self, UnknownGate> {
         let mut gates = Self::default();
         for (name, &on) in requested {
@@ -275,9 +259,7 @@ impl FeatureGates {
                 }
                 "AnnotateFsResize" => gates.annotate_fs_resize = on,
                 "ReleaseLeaderElectionOnExit" => gates.release_leader_election_on_exit = on,
-                "AllAlpha" | "AllBeta" => gates.ignored.push(name.clone()),
-                other if APISERVER_GATES.contains(&other) => gates.ignored.push(name.clone()),
-                other => return Err(UnknownGate(other.to_owned())),
+                other => other_gate(other, &mut gates.ignored)?,
             }
         }
         Ok(gates)

@@ -442,6 +442,49 @@ pub const APISERVER_GATES: &[&str] = &[
     "WatchList",
 ];
 
+/// A `--feature-gates` name the sidecar does not know (upstream then exits, each sidecar with
+/// its own line and code).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unrecognized feature gate: {0}")]
+pub struct UnknownGate(pub String);
+
+/// For a `--feature-gates` name none of the sidecar's own gates is: the apiserver's gates
+/// ([`APISERVER_GATES`]), `AllAlpha` and `AllBeta` are accepted and pushed to `ignored` (they
+/// have no effect on a sidecar); any other name is refused.
+pub fn other_gate(name: &str, ignored: &mut Vec<String>) -> Result<(), UnknownGate> {
+    if name == "AllAlpha" || name == "AllBeta" || APISERVER_GATES.contains(&name) {
+        ignored.push(name.to_owned());
+        Ok(())
+    } else {
+        Err(UnknownGate(name.to_owned()))
+    }
+}
+
+/// Defines a sidecar flag module's `names`, `usage` and `parse` for its options type, over the
+/// [`Command`] named `COMMAND` in that module.
+#[macro_export]
+macro_rules! command_functions {
+    ($options:ty) => {
+        /// The name of every flag (without dashes), sorted, removed klog flags included.
+        pub fn names() -> impl Iterator<Item = &'static str> {
+            COMMAND.names::<$options>()
+        }
+
+        /// The usage text the upstream parser would print for these flags, for the program
+        /// `argv0`.
+        pub fn usage(argv0: &str) -> String {
+            COMMAND.usage::<$options>(argv0)
+        }
+
+        /// Parses the arguments after the program name.
+        pub fn parse<S: AsRef<str>>(
+            args: &[S],
+        ) -> Result<$crate::flags::Parsed<$options>, $crate::goflag::FlagError> {
+            COMMAND.parse(args)
+        }
+    };
+}
+
 /// The kubeconfig path to use: the `KUBECONFIG` environment variable when set and non-empty
 /// (upstream logs "Found KUBECONFIG environment variable set, using that.."), else the flag.
 /// The boolean says whether the variable was used.

@@ -32,6 +32,8 @@
 //!   does), [`leader`] (leader election on a Lease, [`leader::run_elected`] for a controller that
 //!   works only while it leads), [`cache`] (trimmed watch caches), [`compact`] (their compact entries), [`events`] (client-go's
 //!   event recorder),
+//!   [`lifecycle`] (a controller sidecar's process: signals, the watched driver connection,
+//!   start-up raced against both, the run and its upstream way of stopping),
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
 //!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`service`] (the clients, the
 //!   election and the controllers of a run), [`vac`] (the
@@ -57,6 +59,8 @@ pub mod gosyntax;
 pub mod http;
 #[cfg(feature = "controller")]
 pub mod leader;
+#[cfg(feature = "controller")]
+pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
 pub mod migration;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::flags::ControllerFlags;
 use crate::leader::{LeaderElection, LeaderError, LeaderHealth, run_elected};
 use crate::metrics::Metrics;
 use crate::ratelimit;
@@ -54,6 +55,36 @@ pub enum ServiceError<E: std::error::Error + 'static> {
 }
 
 impl Kube {
+    /// What the controller flags ask for, for the driver `driver`: their rate limit and, with
+    /// `--leader-election`, the election on the Lease `lease_name` (the sidecar's upstream
+    /// name for it), released on exit when `release_on_exit`, its status in `metrics`.
+    pub fn from_flags(
+        flags: &ControllerFlags,
+        config: kube::Config,
+        driver: &str,
+        lease_name: String,
+        release_on_exit: bool,
+        health: LeaderHealth,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let leader = flags.leader_election.then(|| {
+            let mut le = LeaderElection::from_flags(flags, driver);
+            le.lease_name = lease_name;
+            le.release_on_cancel = release_on_exit;
+            le.metrics = Some(metrics.clone());
+            le
+        });
+        let (qps, burst) = flags.rate_limit();
+        Self {
+            config,
+            qps,
+            burst,
+            leader,
+            health,
+            metrics,
+        }
+    }
+
     /// Builds the clients, then runs `work` with them until `shutdown` (Ok), until leadership
     /// is lost or until `work` fails (Err). `work` gets the token that ends it: `shutdown`,
     /// or with leader election the end of this process's leadership.

@@ -21,11 +21,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use plugreg_sidecar_kit::flags::{self as kit, Command, ControllerFlags, SidecarFlags, Syntax};
+use plugreg_sidecar_kit::flags::{
+    self as kit, Command, ControllerFlags, SidecarFlags, Syntax, other_gate,
+};
 use plugreg_sidecar_kit::goflag::{Kind, Spec, Value, flag};
 use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration, parse_int};
 
-pub use plugreg_sidecar_kit::flags::{APISERVER_GATES, parse_gate_list, parse_labels};
+pub use plugreg_sidecar_kit::flags::{APISERVER_GATES, UnknownGate, parse_gate_list, parse_labels};
 pub use plugreg_sidecar_kit::goflag::{FLAG_ERROR_EXIT, FlagError};
 
 /// The snapshotter's command line: Go `flag` syntax, the controller block, its own flags.
@@ -202,20 +204,7 @@ const SPECS: &[Spec] = &[
     ),
 ];
 
-/// The name of every flag (without dashes), sorted, removed klog flags included.
-pub fn names() -> impl Iterator<Item = &'static str> {
-    COMMAND.names::<Options>()
-}
-
-/// The usage text Go's `flag` would print for these flags, for the program `argv0`.
-pub fn usage(argv0: &str) -> String {
-    COMMAND.usage::<Options>(argv0)
-}
-
-/// Parses the arguments after the program name.
-pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
-    COMMAND.parse(args)
-}
+plugreg_sidecar_kit::command_functions!(Options);
 
 impl SidecarFlags for Options {
     fn specs() -> &'static [Spec] {
@@ -308,24 +297,17 @@ pub struct FeatureGates {
     pub ignored: Vec<String>,
 }
 
-/// A `--feature-gates` name the snapshotter does not know (upstream: "Error while parsing
-/// feature gates: unrecognized feature gate: X", exit 255).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unrecognized feature gate: {0}")]
-pub struct UnknownGate(pub String);
-
 impl FeatureGates {
-    /// The gates after `requested` (from [`Options::feature_gates`]); the first unknown name
-    /// (in name order) is refused.
+    /// The gates after `requested` (from [`Options::feature_gates`]); the first unknown name (in
+    /// name order) is refused. An unknown name is upstream's "Error while parsing feature gates:
+    /// unrecognized feature gate: X", exit 255.
     pub fn from_requested(requested: &BTreeMap<String, bool>) -> Result<Self, UnknownGate> {
         let mut gates = Self::default();
         for (name, &on) in requested {
             match name.as_str() {
                 "CSIVolumeGroupSnapshot" => gates.volume_group_snapshot = on,
                 "ReleaseLeaderElectionOnExit" => gates.release_leader_election_on_exit = on,
-                "AllAlpha" | "AllBeta" => gates.ignored.push(name.clone()),
-                other if APISERVER_GATES.contains(&other) => gates.ignored.push(name.clone()),
-                _ => return Err(UnknownGate(name.clone())),
+                other => other_gate(other, &mut gates.ignored)?,
             }
         }
         Ok(gates)

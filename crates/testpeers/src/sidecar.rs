@@ -1,12 +1,16 @@
 //! A sidecar binary under test, as its command-line tests run it: to the end with its output,
 //! or as a running process whose stderr lines are collected for the test to wait on, killed
-//! when dropped; and a plain HTTP GET of its diagnostics endpoint.
+//! when dropped; a plain HTTP GET of its diagnostics endpoint; and the checks every sidecar's
+//! command-line tests make (`--version`, the flags and defaults `-h` lists, a metric served);
+//! and, for the tests against an API server, a sidecar whose output goes to a file
+//! ([`LoggedSidecar`]), a poll with a deadline and a JSON merge for test objects.
 //!
 //! The environment a developer's shell may carry into the process and that would change what
 //! it does (`KUBECONFIG`, `KUBERNETES_SERVICE_HOST`, `NODE_NAME`) is removed.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -14,14 +18,32 @@ use std::time::{Duration, Instant};
 /// A bound for things that happen at once (a slow machine is not a failure).
 pub const SOON: Duration = Duration::from_secs(20);
 
+/// How long a test against an API server waits for the cluster (or a sidecar) to get somewhere.
+pub const CLUSTER_WAIT: Duration = Duration::from_secs(60);
+
+/// A `--master` whose kube config builds without contacting anything: the start-up steps
+/// before the first API call run without an API server.
+pub const MASTER: &str = "--master=http://127.0.0.1:1";
+
 const CLEARED: [&str; 3] = ["KUBECONFIG", "KUBERNETES_SERVICE_HOST", "NODE_NAME"];
 
-fn command(bin: &str) -> Command {
+/// A [`Command`] for `bin` without the environment that would change what a sidecar does.
+pub fn command(bin: &str) -> Command {
     let mut c = Command::new(bin);
     for v in CLEARED {
         c.env_remove(v);
     }
     c
+}
+
+/// Sends the signal `name` (`TERM`, `INT`, ...) to `child` with kill(1).
+fn send_signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
 }
 
 /// Runs `bin` with `args` to completion; returns (exit code, stdout, stderr).
@@ -103,12 +125,7 @@ impl Sidecar {
 
     /// Sends signal `name` (`TERM`, `INT`, ...) with kill(1).
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        send_signal(&self.child, name);
     }
 
     /// Waits for the exit (at most `within`); returns the code and the whole log.
@@ -162,4 +179,190 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (code, body)
+}
+
+/// The arguments of a controller sidecar that runs against the driver at `socket` without an
+/// API server ([`MASTER`]), then `extra`.
+pub fn csi_args(socket: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        MASTER.to_owned(),
+        format!("--csi-address={}", socket.display()),
+    ];
+    v.extend(extra.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+/// Asserts that `bin --version` and `bin -version` (Go's `flag`: one dash works too) print
+/// `<argv0> <version>` and exit 0; `version` is what the sidecar reports.
+pub fn assert_prints_version(bin: &str, version: &str) {
+    let (code, out, _) = run_to_end(bin, &["--version"]);
+    assert_eq!(code, 0);
+    assert_eq!(out, format!("{bin} {version}\n"));
+    let (code, out, _) = run_to_end(bin, &["-version"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with(bin));
+}
+
+/// Asserts that the usage text lists each `(flag, default)`: the default in the flag's line
+/// or the three after it (Go's `flag` puts long help texts on their own lines).
+pub fn assert_usage_defaults(usage: &str, defaults: &[(&str, &str)]) {
+    for (flag, default) in defaults {
+        let line = usage
+            .lines()
+            .position(|l| l.trim_start().starts_with(&format!("{flag} ")) || l.trim() == *flag)
+            .unwrap_or_else(|| panic!("{flag} missing:\n{usage}"));
+        let text: String = usage
+            .lines()
+            .skip(line)
+            .take(4)
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(text.contains(default), "{flag}: {text}");
+    }
+}
+
+/// Asserts that the usage text lists each of `flags` (indented, as Go's `flag` prints them).
+pub fn assert_usage_lists(usage: &str, flags: &[&str]) {
+    for flag in flags {
+        assert!(
+            usage.contains(&format!("  {flag}")),
+            "{flag} missing:\n{usage}"
+        );
+    }
+}
+
+/// A loopback address with a port free just now, for a sidecar's `--http-endpoint`.
+pub fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Polls `GET path` at `addr` (200 each time) until the body contains `want`, at most
+/// [`SOON`]; returns that body.
+pub fn wait_for_body(addr: SocketAddr, path: &str, want: &str) -> String {
+    let deadline = Instant::now() + SOON;
+    loop {
+        let (code, body) = http_get(addr, path);
+        assert_eq!(code, 200);
+        if body.contains(want) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "no {want:?} in:\n{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A [`command`] for a controller sidecar `bin` against the driver at `socket` and the API
+/// server of `kubeconfig`, logging at `-v=5`, then `args`.
+pub fn controller_command(bin: &str, socket: &Path, kubeconfig: &Path, args: &[&str]) -> Command {
+    let mut cmd = command(bin);
+    cmd.arg(format!("--csi-address={}", socket.display()))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--v=5")
+        .args(args);
+    cmd
+}
+
+/// A sidecar process whose stdout and stderr go to a file (the log outlives the process, for
+/// tests that read it after the exit); killed when dropped.
+pub struct LoggedSidecar {
+    /// The process.
+    pub child: Child,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+impl LoggedSidecar {
+    /// Starts `cmd` (see [`command`]) with stdin closed and its output written to `log`.
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> Self {
+        let out = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        Self { child, log }
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends the signal `name` (`TERM`, `INT`) with kill(1).
+    pub fn signal(&self, name: &str) {
+        send_signal(&self.child, name);
+    }
+
+    /// SIGKILL: no chance to clean up.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit (at most [`CLUSTER_WAIT`]); its exit code.
+    pub async fn exit_code(&mut self) -> i32 {
+        self.exit_code_within(CLUSTER_WAIT).await
+    }
+
+    /// Waits for the process to exit (at most `within`); its exit code. Panics with the log
+    /// when it still runs then.
+    pub async fn exit_code_within(&mut self, within: Duration) -> i32 {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return s.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sidecar did not exit:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for LoggedSidecar {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `f` every `every` until it returns `Some`, for at most `within`; panics naming
+/// `what` then.
+pub async fn poll<T, F, Fut>(what: &str, within: Duration, every: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Merges `extra` into `base`: objects key by key, anything else replaced. For test objects
+/// built from a base and the fields a test cares about.
+pub fn merge_json(base: &mut serde_json::Value, extra: serde_json::Value) {
+    match (base, extra) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(e)) => {
+            for (k, v) in e {
+                merge_json(b.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (b, e) => *b = e,
+    }
 }

@@ -10,7 +10,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -19,10 +18,13 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, Secret};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, PostParams};
 use plugreg_csi_test_driver::{Calls, DriverConfig, RunningDriver};
+use plugreg_testpeers::sidecar::{self, LoggedSidecar};
+// Each test binary uses a part of this module.
+#[allow(unused_imports)]
+pub use plugreg_testpeers::sidecar::{free_addr as free_local_addr, merge_json as merge};
 use plugreg_testpeers::{ApiServer, KubeVersion};
 use serde_json::json;
 use tempfile::TempDir;
-use tokio::time::Instant;
 
 /// How long a test waits for the cluster to get somewhere.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -260,12 +262,12 @@ impl Env {
 
     /// Starts `csi-attacher` for this driver with the client of `kubeconfig` and `args` added.
     pub fn attacher_as(&self, kubeconfig: &Path, args: &[&str]) -> Attacher {
-        Attacher::start(&self.socket, kubeconfig, args, self.dir.path())
+        start_attacher(&self.socket, kubeconfig, args, self.dir.path())
     }
 
     /// Starts `csi-attacher` for this driver with `args` added.
     pub fn attacher(&self, args: &[&str]) -> Attacher {
-        Attacher::start(
+        start_attacher(
             &self.socket,
             self.api.kubeconfig_path(),
             args,
@@ -275,108 +277,26 @@ impl Env {
 }
 
 /// Polls `f` every 50 ms until it returns `Some`, for at most [`WAIT`].
-pub async fn poll<T, F, Fut>(what: &str, mut f: F) -> T
+pub async fn poll<T, F, Fut>(what: &str, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-pub fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
-    match (base, extra) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(e)) => {
-            for (k, v) in e {
-                merge(b.entry(k).or_insert(serde_json::Value::Null), v);
-            }
-        }
-        (b, e) => *b = e,
-    }
+    sidecar::poll(what, WAIT, Duration::from_millis(50), f).await
 }
 
 /// A running `csi-attacher`; killed when dropped. Its stderr goes to a file.
-pub struct Attacher {
-    child: Child,
-    pub log: PathBuf,
-}
+pub type Attacher = LoggedSidecar;
 
-impl Attacher {
-    fn start(socket: &Path, kubeconfig: &Path, args: &[&str], dir: &Path) -> Attacher {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let log = dir.join(format!(
-            "csi-attacher-{}.log",
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_csi-attacher"))
-            .arg(format!("--csi-address={}", socket.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--v=5")
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        Attacher { child, log }
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Sends the signal `name` (`TERM`, `INT`).
-    pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Waits for the process to exit (at most [`WAIT`]); its code.
-    pub async fn exit_code(&mut self) -> i32 {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return s.code().unwrap_or(-1);
-            }
-            assert!(Instant::now() < deadline, "csi-attacher still running");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Attacher {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A free port on 127.0.0.1.
-pub fn free_local_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+fn start_attacher(socket: &Path, kubeconfig: &Path, args: &[&str], dir: &Path) -> Attacher {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let log = dir.join(format!(
+        "csi-attacher-{}.log",
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let cmd =
+        sidecar::controller_command(env!("CARGO_BIN_EXE_csi-attacher"), socket, kubeconfig, args);
+    LoggedSidecar::spawn(cmd, log)
 }
 
 /// One HTTP/1.1 GET on a fresh connection: the status code and the body (`None` when

@@ -10,7 +10,6 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -19,10 +18,13 @@ use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentV
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use plugreg_csi_test_driver::{Calls, DriverConfig, RunningDriver};
+// Each test binary uses a part of this module.
+#[allow(unused_imports)]
+pub use plugreg_testpeers::sidecar::merge_json as merge;
+use plugreg_testpeers::sidecar::{self, LoggedSidecar};
 use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
 use serde_json::json;
 use tempfile::TempDir;
-use tokio::time::Instant;
 
 /// How long a test waits for the cluster to get somewhere.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -264,19 +266,13 @@ impl Env {
             "csi-resizer-{}.log",
             N.fetch_add(1, Ordering::SeqCst)
         ));
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_csi-resizer"))
-            .arg(format!("--csi-address={}", self.socket.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--v=5")
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        Resizer { child, log }
+        let cmd = sidecar::controller_command(
+            env!("CARGO_BIN_EXE_csi-resizer"),
+            &self.socket,
+            kubeconfig,
+            args,
+        );
+        LoggedSidecar::spawn(cmd, log)
     }
 
     /// Polls the claim until `done` holds (at most [`WAIT`]).
@@ -337,72 +333,16 @@ impl Env {
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, for at most [`WAIT`].
-pub async fn poll<T, F, Fut>(what: &str, mut f: F) -> T
+pub async fn poll<T, F, Fut>(what: &str, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
-    match (base, extra) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(e)) => {
-            for (k, v) in e {
-                merge(b.entry(k).or_insert(serde_json::Value::Null), v);
-            }
-        }
-        (b, e) => *b = e,
-    }
+    sidecar::poll(what, WAIT, Duration::from_millis(100), f).await
 }
 
 /// A running `csi-resizer` process; killed when dropped. Its stderr goes to a file.
-pub struct Resizer {
-    child: Child,
-    pub log: PathBuf,
-}
-
-impl Resizer {
-    /// SIGKILL.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// The log so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits for the exit code (at most [`WAIT`]).
-    pub async fn exit_code(&mut self) -> i32 {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return s.code().unwrap_or(-1);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "csi-resizer did not exit:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Resizer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+pub type Resizer = LoggedSidecar;
 
 /// `status.capacity.storage` of a claim.
 pub fn capacity(c: &PersistentVolumeClaim) -> Option<String> {

@@ -11,7 +11,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use k8s_openapi::api::core::v1::{
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use plugreg_csi_test_driver::{Calls, DriverConfig, RunningDriver};
 use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
+use plugreg_testpeers::sidecar::{self, LoggedSidecar};
 use plugreg_testpeers::{ApiServer, KubeVersion, SnapshotController};
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -307,7 +307,7 @@ impl Env {
 
     /// Starts `csi-snapshotter` for this driver with `args` added.
     pub fn snapshotter(&self, args: &[&str]) -> Snapshotter {
-        let s = Snapshotter::start(
+        let s = start_snapshotter(
             &self.socket,
             self.api.kubeconfig_path(),
             args,
@@ -319,74 +319,52 @@ impl Env {
 }
 
 /// A running `csi-snapshotter`; killed when dropped. Its stderr goes to a file.
-pub struct Snapshotter {
-    pub child: Child,
-    pub log: PathBuf,
+pub type Snapshotter = LoggedSidecar;
+
+/// Starts one for `env`'s driver with `args`, and `NODE_NAME` set to `node` if given.
+pub fn start_snapshotter_env(env: &Env, args: &[&str], node: Option<&str>) -> Snapshotter {
+    let s = spawn(
+        &env.socket,
+        env.api.kubeconfig_path(),
+        args,
+        env.dir.path(),
+        node,
+    );
+    env.logs.lock().unwrap().push(s.log.clone());
+    s
 }
 
-impl Snapshotter {
-    /// Starts one for `env`'s driver with `args`, and `NODE_NAME` set to `node` if given.
-    pub fn start_env(env: &Env, args: &[&str], node: Option<&str>) -> Snapshotter {
-        let s = Self::spawn(
-            &env.socket,
-            env.api.kubeconfig_path(),
-            args,
-            env.dir.path(),
-            node,
-        );
-        env.logs.lock().unwrap().push(s.log.clone());
-        s
-    }
-
-    pub fn start(socket: &Path, kubeconfig: &Path, args: &[&str], dir: &Path) -> Snapshotter {
-        Self::spawn(socket, kubeconfig, args, dir, None)
-    }
-
-    fn spawn(
-        socket: &Path,
-        kubeconfig: &Path,
-        args: &[&str],
-        dir: &Path,
-        node: Option<&str>,
-    ) -> Snapshotter {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let log = dir.join(format!(
-            "csi-snapshotter-{}.log",
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let out = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_csi-snapshotter"));
-        cmd.arg(format!("--csi-address={}", socket.display()))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--v=5")
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .env_remove("NODE_NAME");
-        if let Some(node) = node {
-            cmd.env("NODE_NAME", node);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        Snapshotter { child, log }
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGKILL: no chance to clean up.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts one for the driver at `socket` with the client of `kubeconfig` and `args` added,
+/// its log in `dir`.
+pub fn start_snapshotter(
+    socket: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+    dir: &Path,
+) -> Snapshotter {
+    spawn(socket, kubeconfig, args, dir, None)
 }
 
-impl Drop for Snapshotter {
-    fn drop(&mut self) {
-        self.kill();
+fn spawn(
+    socket: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+    dir: &Path,
+    node: Option<&str>,
+) -> Snapshotter {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let log = dir.join(format!(
+        "csi-snapshotter-{}.log",
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let mut cmd = sidecar::controller_command(
+        env!("CARGO_BIN_EXE_csi-snapshotter"),
+        socket,
+        kubeconfig,
+        args,
+    );
+    if let Some(node) = node {
+        cmd.env("NODE_NAME", node);
     }
+    LoggedSidecar::spawn(cmd, log)
 }
