@@ -6,12 +6,10 @@
 //! single string (every volume source inline), a claim with its conditions some 3 KiB of heap
 //! (`BTreeMap` nodes of one or two entries, `None` fields), and the objects the API server
 //! returns for our own patches carry their managed fields on top (a `serde_json::Value` tree
-//! per field manager, which grows with every status patch). Claims and PVs live in the kit's
-//! compact store as [`Packed`] values: the identity as three boxed strings (store key, UID,
-//! resource version: what the store and the controller's freshness check need) and the rest,
-//! trimmed by [`Claim`] and [`Pv`], as one JSON string: a few hundred bytes. A sync decodes it
-//! again ([`Packed::object`]), microseconds against the writes it then makes. Pods stay in a
-//! reflector, as a type of their own ([`PodUse`]).
+//! per field manager, which grows with every status patch). The kit's [`Compact`] keeps an
+//! object's identity typed (what the reflector and the controller's freshness check need) and
+//! the rest, trimmed by [`Claim`] and [`Pv`], as one JSON string: a few hundred bytes. A sync
+//! decodes it again ([`Compact::object`]), microseconds against the writes it then makes.
 //!
 //! Writes never come from these copies' missing parts: every claim write is a merge patch of
 //! the fields it sets (the conditions, which a patch replaces whole, are kept), every PV write
@@ -22,7 +20,7 @@ use std::borrow::Cow;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use plugreg_sidecar_kit::compact::trim_meta;
-pub use plugreg_sidecar_kit::compact::{Compact, Packed, Trim};
+pub use plugreg_sidecar_kit::compact::{Compact, Trim};
 use serde::Deserialize;
 
 use crate::kube as k;

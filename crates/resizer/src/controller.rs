@@ -23,14 +23,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use plugreg_csi_core::client::CallError;
 use plugreg_proto::csi::v1::{
     CapacityRange, ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, VolumeCapability,
     volume_capability,
 };
-use plugreg_sidecar_kit::cache::{self, CompactStore, Keyed as _};
+use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::quantity::format_binary_si;
@@ -40,7 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cached::{Claim, Packed, PodUse, Pv, Trim};
+use crate::cached::{Claim, Compact, PodUse, Pv, Trim};
 use crate::csi::{Driver, Resizer, error_text};
 use crate::decide::{self, ClaimView, Failure, Memory, Modify, Resize, SlowSet};
 use crate::kube::{self as k, VolumeAttributesClass, claim_key};
@@ -139,7 +138,7 @@ impl SlowSetMap {
 /// write that made it by more than a watch event.
 #[derive(Debug)]
 struct Fresh<T: Trim> {
-    objects: Mutex<HashMap<String, Packed<T>>>,
+    objects: Mutex<HashMap<String, Compact<T>>>,
 }
 
 impl<T: Trim> Default for Fresh<T> {
@@ -158,25 +157,20 @@ fn rv_of<K: Resource>(o: &K) -> u64 {
         .unwrap_or(0)
 }
 
-/// A stored object's resource version as a number (0 if it is not one).
-fn rv<T: Trim>(o: &Packed<T>) -> u64 {
-    o.resource_version().parse().unwrap_or(0)
-}
-
 impl<T: Trim> Fresh<T> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Packed<T>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Compact<T>>> {
         self.objects.lock().unwrap_or_else(|e| e.into_inner())
     }
     /// Keeps `o`, the answer to our write of `key`, unless the watch has delivered it (or
     /// something newer) already: `cached`, read now. The watch and the answer race (they come
     /// on different connections); an answer kept after the watch had it would stay until the
     /// object's next change, which after a finished expansion never comes.
-    fn put(&self, key: String, o: T::Object, cached: Option<Arc<Packed<T>>>) {
+    fn put(&self, key: String, o: T::Object, cached: Option<Arc<Compact<T>>>) {
         let mut m = self.lock();
-        if cached.is_some_and(|c| rv(&c) >= rv_of(&o)) {
+        if cached.is_some_and(|c| rv_of(&*c) >= rv_of(&o)) {
             m.remove(&key);
         } else {
-            m.insert(key, Packed::new(o));
+            m.insert(key, Compact::new(o));
         }
         // A burst of writes grows the table; it does not shrink by itself.
         let (len, capacity) = (m.len(), m.capacity());
@@ -185,23 +179,23 @@ impl<T: Trim> Fresh<T> {
         }
     }
     /// The watch delivered `o` of `key` (or its deletion): ours goes if it is not newer.
-    fn seen(&self, key: &str, o: &Packed<T>, deleted: bool) {
+    fn seen(&self, key: &str, o: &Compact<T>, deleted: bool) {
         let mut m = self.lock();
         if let Some(ours) = m.get(key)
-            && (deleted || rv(ours) <= rv(o))
+            && (deleted || rv_of(ours) <= rv_of(o))
         {
             m.remove(key);
         }
     }
     /// The newer of the cached object and ours (none when the cache has none: an object we
     /// wrote was in the cache before, so it has been deleted since).
-    fn pick(&self, key: &str, cached: Option<Arc<Packed<T>>>) -> Option<Arc<T::Object>> {
+    fn pick(&self, key: &str, cached: Option<Arc<Compact<T>>>) -> Option<Arc<T::Object>> {
         let mut m = self.lock();
         let Some(ours) = m.get(key) else {
             return cached.map(|c| Arc::new(c.object()));
         };
         match cached {
-            Some(c) if rv(ours) > rv(&c) => Some(Arc::new(ours.object())),
+            Some(c) if rv_of(ours) > rv_of(&*c) => Some(Arc::new(ours.object())),
             c => {
                 m.remove(key);
                 c.map(|c| Arc::new(c.object()))
@@ -230,8 +224,8 @@ type Pods = Store<PodUse>;
 struct Controller {
     cfg: Config,
     c: Clients,
-    claims: CompactStore<Packed<Claim>>,
-    volumes: CompactStore<Packed<Pv>>,
+    claims: Store<Compact<Claim>>,
+    volumes: Store<Compact<Pv>>,
     pods: Option<Pods>,
     classes: Option<Store<VolumeAttributesClass>>,
     fresh_claims: Arc<Fresh<Claim>>,
@@ -279,12 +273,11 @@ pub async fn run(
     let fresh_claims = Arc::new(Fresh::<Claim>::default());
     let fresh_volumes = Arc::new(Fresh::<Pv>::default());
     let fresh = Arc::clone(&fresh_claims);
-    let claims = cache::watch_compact::<PersistentVolumeClaim, Packed<Claim>>(
+    let claims = cache::watch::<Compact<Claim>>(
         &c.client,
-        watcher::Config::default(),
         &shutdown,
         &mut ready,
-        Packed::new,
+        |_| {},
         move |cached, deleted| {
             let pvc = &cached.object();
             let key = claim_key(pvc);
@@ -319,13 +312,12 @@ pub async fn run(
         },
     );
     let fresh = Arc::clone(&fresh_volumes);
-    let volumes = cache::watch_compact::<PersistentVolume, Packed<Pv>>(
+    let volumes = cache::watch::<Compact<Pv>>(
         &c.client,
-        watcher::Config::default(),
         &shutdown,
         &mut ready,
-        Packed::new,
-        move |pv, deleted| fresh.seen(pv.key(), pv, deleted),
+        |_| {},
+        move |pv, deleted| fresh.seen(&pv.name_any(), pv, deleted),
     );
     let pods = (resizing && cfg.handle_inuse).then(|| {
         info!(controller = %cfg.driver, "Register Pod informer for resizer");
@@ -520,11 +512,14 @@ fn kube_error(e: &kube::Error) -> String {
 
 impl Controller {
     fn claim(&self, key: &str) -> Option<Arc<PersistentVolumeClaim>> {
-        self.fresh_claims.pick(key, self.claims.get(key))
+        let (ns, name) = key.split_once('/')?;
+        let cached = self.claims.get(&reflector::ObjectRef::new(name).within(ns));
+        self.fresh_claims.pick(key, cached)
     }
 
     fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
-        self.fresh_volumes.pick(name, self.volumes.get(name))
+        let cached = self.volumes.get(&reflector::ObjectRef::new(name));
+        self.fresh_volumes.pick(name, cached)
     }
 
     fn event(&self, pvc: &PersistentVolumeClaim, type_: EventType, reason: &str, message: &str) {
@@ -554,9 +549,8 @@ impl Controller {
             .await
         {
             Ok(new) => {
-                let key = claim_key(&new);
-                let cached = self.claims.get(&key);
-                self.fresh_claims.put(key, new.clone(), cached);
+                let cached = self.claims.get(&reflector::ObjectRef::new(name).within(ns));
+                self.fresh_claims.put(claim_key(&new), new.clone(), cached);
                 Ok(new)
             }
             Err(e) => Err(format!(
@@ -573,7 +567,7 @@ impl Controller {
             .await
         {
             Ok(new) => {
-                let cached = self.volumes.get(name);
+                let cached = self.volumes.get(&reflector::ObjectRef::new(name));
                 self.fresh_volumes.put(name.to_owned(), new.clone(), cached);
                 Ok(new)
             }
@@ -1469,23 +1463,23 @@ mod tests {
                 .is_none()
         );
         // An older object from the watch: ours stays, and is what a sync reads.
-        fresh.seen("ns/c", &Packed::<Claim>::new(claim("6")), false);
-        let older = Arc::new(Packed::<Claim>::new(claim("6")));
+        fresh.seen("ns/c", &Compact::<Claim>::new(claim("6")), false);
+        let older = Arc::new(Compact::<Claim>::new(claim("6")));
         let picked = fresh.pick("ns/c", Some(older)).unwrap();
         assert_eq!(picked.metadata.resource_version.as_deref(), Some("7"));
         // The watch catches up: ours goes.
-        fresh.seen("ns/c", &Packed::<Claim>::new(claim("7")), false);
+        fresh.seen("ns/c", &Compact::<Claim>::new(claim("7")), false);
         assert!(fresh.lock().is_empty());
         // An answer the watch has delivered already (or something newer) is not kept: the
         // watch came first, and nothing would drop it.
-        let delivered = Arc::new(Packed::<Claim>::new(claim("8")));
+        let delivered = Arc::new(Compact::<Claim>::new(claim("8")));
         fresh.put("ns/c".into(), claim("8"), Some(Arc::clone(&delivered)));
         assert!(fresh.lock().is_empty());
         fresh.put("ns/c".into(), claim("7"), Some(delivered));
         assert!(fresh.lock().is_empty());
         // A deletion drops ours too.
         fresh.put("ns/c".into(), claim("9"), None);
-        fresh.seen("ns/c", &Packed::<Claim>::new(claim("8")), true);
+        fresh.seen("ns/c", &Compact::<Claim>::new(claim("8")), true);
         assert!(fresh.lock().is_empty());
     }
 

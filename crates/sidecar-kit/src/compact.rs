@@ -68,10 +68,30 @@ impl<T: Trim> Clone for Compact<T> {
 impl<T: Trim> Compact<T> {
     /// The cached form of `obj`.
     pub fn new(mut obj: T::Object) -> Self {
-        let metadata = take_identity::<T>(&mut obj);
+        T::trim(&mut obj);
+        let m = obj.meta_mut();
+        m.managed_fields = None;
+        let metadata = ObjectMeta {
+            name: m.name.take(),
+            namespace: m.namespace.take(),
+            uid: m.uid.take(),
+            resource_version: m.resource_version.take(),
+            ..ObjectMeta::default()
+        };
+        // Serialising k8s-openapi types and plain serde structs cannot fail (string keys only).
+        let mut rest = serde_json::to_value(&obj).unwrap_or_default();
+        if let Value::Object(o) = &mut rest {
+            o.remove("apiVersion");
+            o.remove("kind");
+            if o.get("metadata")
+                .is_some_and(|m| m.as_object().is_some_and(|m| m.is_empty()))
+            {
+                o.remove("metadata");
+            }
+        }
         Self {
             metadata,
-            rest: encode_rest(&obj),
+            rest: rest.to_string().into_boxed_str(),
             trim: PhantomData,
         }
     }
@@ -125,104 +145,6 @@ impl<T: Trim> Resource for Compact<T> {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
-    }
-}
-
-/// Trims `obj` (managed fields always go) and takes its identity out of it.
-fn take_identity<T: Trim>(obj: &mut T::Object) -> ObjectMeta {
-    T::trim(obj);
-    let m = obj.meta_mut();
-    m.managed_fields = None;
-    ObjectMeta {
-        name: m.name.take(),
-        namespace: m.namespace.take(),
-        uid: m.uid.take(),
-        resource_version: m.resource_version.take(),
-        ..ObjectMeta::default()
-    }
-}
-
-/// The rest of an object whose identity was taken: JSON without the `None`s, `apiVersion`,
-/// `kind` and an empty `metadata`.
-fn encode_rest<O: Serialize>(obj: &O) -> Box<str> {
-    // Serialising k8s-openapi types and plain serde structs cannot fail (string keys only).
-    let mut rest = serde_json::to_value(obj).unwrap_or_default();
-    if let Value::Object(o) = &mut rest {
-        o.remove("apiVersion");
-        o.remove("kind");
-        if o.get("metadata")
-            .is_some_and(|m| m.as_object().is_some_and(|m| m.is_empty()))
-        {
-            o.remove("metadata");
-        }
-    }
-    rest.to_string().into_boxed_str()
-}
-
-/// An object as a [`CompactStore`](crate::cache::CompactStore) keeps it: [`Compact`]'s trimmed
-/// rest, with the identity packed as well: the store key (`namespace/name`, or the name), UID
-/// and resource version as three boxed strings (48 bytes) instead of an `ObjectMeta` (about
-/// 360, nearly all `None`). Not a [`Resource`]: it lives in a
-/// [`watch_compact`](crate::cache::watch_compact) cache, not in kube-runtime's reflector.
-pub struct Packed<T: Trim> {
-    key: Box<str>,
-    uid: Box<str>,
-    resource_version: Box<str>,
-    rest: Box<str>,
-    trim: PhantomData<fn() -> T>,
-}
-
-impl<T: Trim> std::fmt::Debug for Packed<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Packed")
-            .field("key", &self.key)
-            .field("uid", &self.uid)
-            .field("resource_version", &self.resource_version)
-            .field("rest", &self.rest)
-            .finish()
-    }
-}
-
-impl<T: Trim> Packed<T> {
-    /// The stored form of `obj`.
-    pub fn new(mut obj: T::Object) -> Self {
-        let m = take_identity::<T>(&mut obj);
-        Self {
-            key: crate::cache::store_key(&m),
-            uid: m.uid.unwrap_or_default().into_boxed_str(),
-            resource_version: m.resource_version.unwrap_or_default().into_boxed_str(),
-            rest: encode_rest(&obj),
-            trim: PhantomData,
-        }
-    }
-
-    /// The object as the decisions read it (trimmed, see [`Trim`]).
-    pub fn object(&self) -> T::Object {
-        // Written by `new` from the same type: it decodes.
-        let mut obj: T::Object = serde_json::from_str(&self.rest).unwrap_or_default();
-        let m = obj.meta_mut();
-        // Neither a namespace nor a name has a `/`: the key splits back into both.
-        let (ns, name) = match self.key.split_once('/') {
-            Some((ns, name)) => (Some(ns.to_owned()), name),
-            None => (None, &*self.key),
-        };
-        m.name = Some(name.to_owned());
-        m.namespace = ns;
-        let set = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
-        m.uid = set(&self.uid);
-        m.resource_version = set(&self.resource_version);
-        obj
-    }
-
-    /// The object's resource version ("" if it had none).
-    pub fn resource_version(&self) -> &str {
-        &self.resource_version
-    }
-}
-
-impl<T: Trim> crate::cache::Keyed for Packed<T> {
-    fn key(&self) -> &str {
-        &self.key
     }
 }
 
@@ -297,25 +219,6 @@ mod tests {
         assert_eq!((o.metadata.labels, o.metadata.managed_fields), (None, None));
         assert_eq!(o.metadata.uid.as_deref(), Some("u"));
         assert!(!c.rest.contains("ConfigMap"), "{}", c.rest);
-    }
-
-    #[test]
-    fn packed_keeps_the_same_object_as_compact_under_its_store_key() {
-        use crate::cache::Keyed as _;
-        let obj: ConfigMap = serde_json::from_value(wire()).unwrap();
-        let packed = Packed::<Cm>::new(obj.clone());
-        assert_eq!(packed.key(), "ns/c");
-        assert_eq!(packed.resource_version(), "7");
-        assert_eq!(packed.object(), Compact::<Cm>::new(obj.clone()).object());
-        // Cluster-scoped (no namespace), without UID and resource version.
-        let mut bare = obj;
-        bare.metadata.namespace = None;
-        bare.metadata.uid = None;
-        bare.metadata.resource_version = None;
-        let packed = Packed::<Cm>::new(bare.clone());
-        assert_eq!(packed.key(), "c");
-        assert_eq!(packed.object(), Compact::<Cm>::new(bare).object());
-        assert_eq!(packed.object().metadata.namespace, None);
     }
 
     /// `null` metadata and missing fields read as the full type reads them.
