@@ -13,7 +13,12 @@
 //! CLONE_VOLUME), the check snapshots its volume, repeats CreateSnapshot until the snapshot is
 //! ready (a few seconds at most), as csi-snapshotter polls, lists and gets it, restores a volume
 //! from it and clones one from the volume (each response must name its content source, which
-//! csi-provisioner requires), and deletes them all.
+//! csi-provisioner requires), and deletes them all. The restore and the clone ask for what a
+//! claim must: at least what the source holds (the snapshot's `size_bytes`, the volume's
+//! capacity after the expansion step), as csi-provisioner refuses smaller claims. A request
+//! smaller than the source is checked as its own step: the driver must refuse it (OUT_OF_RANGE,
+//! the spec's code for it, or INVALID_ARGUMENT); growing the volume quietly, or making it
+//! smaller than its data, fails.
 //!
 //! When the Controller offers PUBLISH_UNPUBLISH_VOLUME, the check calls ControllerPublishVolume
 //! before any node call with the volume and ControllerUnpublishVolume after NodeUnstageVolume,
@@ -269,6 +274,8 @@ pub async fn run(opts: &CheckOptions) -> Report {
         opts,
         node_caps: Vec::new(),
         node_id: None,
+        volume_bytes: opts.capacity_bytes,
+        volume_floor: opts.capacity_bytes,
     };
     checker.identity(&mut report).await;
     checker.node_info(&mut report).await;
@@ -371,6 +378,14 @@ struct Checker<'a> {
     node_caps: Vec<i32>,
     /// NodeGetInfo's node_id, when valid.
     node_id: Option<String>,
+    /// The size a claim restored or cloned from the check's volume asks for: the most that was
+    /// asked of it or reported for it (CreateVolume, ControllerExpandVolume, NodeExpandVolume),
+    /// as a claim asks for at least its source's request.
+    volume_bytes: i64,
+    /// The least the check's volume surely holds: CreateVolume's `capacity_bytes` (or what was
+    /// asked, when it reports none), raised by ControllerExpandVolume. A request for half of
+    /// it is surely smaller than the volume, whatever the driver did with NodeExpandVolume.
+    volume_floor: i64,
 }
 
 /// A ReadWriteOnce volume's capability as the kubelet (`multi_writer`: the Node advertises
@@ -596,6 +611,8 @@ impl Checker<'_> {
             return None;
         };
         report.steps.last_mut().expect("just pushed").detail = format!("volume {}", vol.volume_id);
+        self.volume_bytes = self.volume_bytes.max(vol.capacity_bytes);
+        self.volume_floor = self.volume_floor.max(vol.capacity_bytes);
         let mut spec = VolumeSpec::new(vol.volume_id.clone());
         spec.volume_context = vol.volume_context.into_iter().collect();
         if let Some(again) = report.expect_ok("CreateVolume repeated (same name)", call().await) {
@@ -1318,10 +1335,16 @@ impl Checker<'_> {
                 volume_capability: cap.clone(),
                 ..Default::default()
             };
-            report.expect_ok(
-                "NodeExpandVolume",
-                call!("NodeExpandVolume", node_expand_volume, msg.clone()),
-            );
+            if report
+                .expect_ok(
+                    "NodeExpandVolume",
+                    call!("NodeExpandVolume", node_expand_volume, msg.clone()),
+                )
+                .is_some()
+            {
+                let asked = msg.capacity_range.as_ref().map_or(0, |r| r.required_bytes);
+                self.volume_bytes = self.volume_bytes.max(asked);
+            }
             report.expect_ok(
                 "NodeExpandVolume repeated",
                 call!("NodeExpandVolume", node_expand_volume, msg),
@@ -1412,6 +1435,8 @@ impl Checker<'_> {
                             "capacity_bytes {}, node_expansion_required {}",
                             r.capacity_bytes, r.node_expansion_required
                         );
+                        self.volume_bytes = self.volume_bytes.max(required).max(r.capacity_bytes);
+                        self.volume_floor = self.volume_floor.max(required).max(r.capacity_bytes);
                     }
                 }
             }
@@ -1463,8 +1488,9 @@ impl Checker<'_> {
     /// csi-provisioner call them: CreateSnapshot of the check's volume (repeated: the same
     /// snapshot), without name or source (INVALID_ARGUMENT), ListSnapshots by its id (it, and
     /// nothing for an unknown id), GetSnapshot (it; an unknown id NOT_FOUND), a volume restored
-    /// from it once it is ready and one cloned from the check's volume (each must name its
-    /// content source, which the provisioner requires), then DeleteSnapshot (repeated: OK).
+    /// from it once it is ready and one cloned from the check's volume (each as large as its
+    /// source, and naming its content source, which the provisioner requires), each also asked
+    /// for at half its source's size (refused), then DeleteSnapshot (repeated: OK).
     async fn snapshots_and_clones(&mut self, report: &mut Report, spec: &VolumeSpec) {
         let Some(c) = self.controller.clone() else {
             return;
@@ -1635,11 +1661,28 @@ impl Checker<'_> {
                         },
                     )),
                 };
+                // What the snapshot holds: its size_bytes, or, when it reports none, at least
+                // what its volume surely held when it was cut.
+                let held = if snap.size_bytes > 0 {
+                    snap.size_bytes
+                } else {
+                    self.volume_floor
+                };
+                let required = held.max(self.volume_bytes);
                 self.create_from(
                     report,
                     "CreateVolume from the snapshot",
                     "restored",
+                    source.clone(),
+                    required,
+                    &c,
+                )
+                .await;
+                self.create_smaller(
+                    report,
+                    "CreateVolume from the snapshot, smaller than it",
                     source,
+                    held,
                     &c,
                 )
                 .await;
@@ -1677,31 +1720,43 @@ impl Checker<'_> {
                     },
                 )),
             };
+            let (required, held) = (self.volume_bytes, self.volume_floor);
             self.create_from(
                 report,
                 "CreateVolume cloned from the volume",
                 "cloned",
+                source.clone(),
+                required,
+                &c,
+            )
+            .await;
+            self.create_smaller(
+                report,
+                "CreateVolume cloned from the volume, smaller than it",
                 source,
+                held,
                 &c,
             )
             .await;
         }
     }
 
-    /// CreateVolume of a new volume from `source` (it must name its content source, as
-    /// csi-provisioner requires), then DeleteVolume of it.
+    /// CreateVolume of a new volume of at least `required_bytes` (what a claim from it must
+    /// ask for: csi-provisioner refuses a claim smaller than its source) from `source` (it must
+    /// name its content source, as csi-provisioner requires), then DeleteVolume of it.
     async fn create_from(
         &mut self,
         report: &mut Report,
         step: &str,
         what: &str,
         source: VolumeContentSource,
+        required_bytes: i64,
         c: &Connection,
     ) {
         let msg = CreateVolumeRequest {
             name: format!("plugreg-check-{}-{}", std::process::id(), unique()),
             capacity_range: Some(CapacityRange {
-                required_bytes: self.opts.capacity_bytes,
+                required_bytes,
                 limit_bytes: 0,
             }),
             volume_capabilities: vec![rwo_capability(self.controller_multi_writer)],
@@ -1723,7 +1778,7 @@ impl Checker<'_> {
                 vol.volume_id
             );
         } else {
-            last.detail = format!("volume {}", vol.volume_id);
+            last.detail = format!("volume {}, {required_bytes} bytes asked", vol.volume_id);
         }
         if !vol.volume_id.is_empty() {
             let del = DeleteVolumeRequest {
@@ -1732,6 +1787,81 @@ impl Checker<'_> {
             };
             let r = c.delete_volume(&del).await;
             report.expect_ok(format!("DeleteVolume of the {what} volume"), r);
+        }
+    }
+
+    /// CreateVolume from `source` asking for half of the `held` bytes it surely holds, as only
+    /// `required_bytes` (as csi-provisioner would send it): a volume made from a source is
+    /// never smaller than the source, so the driver must refuse. The CSI spec names
+    /// OUT_OF_RANGE for this ("trying to create a volume smaller than the source snapshot");
+    /// INVALID_ARGUMENT ("source incompatible") is accepted too, as csi-driver-host-path answers
+    /// it. A volume made anyway fails the step, whether it was quietly grown to the source's
+    /// size or made smaller than its data, and is deleted.
+    async fn create_smaller(
+        &mut self,
+        report: &mut Report,
+        step: &str,
+        source: VolumeContentSource,
+        held: i64,
+        c: &Connection,
+    ) {
+        let required_bytes = (held / 2).max(1);
+        if held < 2 {
+            report.skip(step, "the source's size is unknown");
+            return;
+        }
+        let msg = CreateVolumeRequest {
+            name: format!("plugreg-check-{}-{}", std::process::id(), unique()),
+            capacity_range: Some(CapacityRange {
+                required_bytes,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![rwo_capability(self.controller_multi_writer)],
+            volume_content_source: Some(source),
+            ..Default::default()
+        };
+        let created = match c.create_volume(&msg).await {
+            Ok(r) => r.volume,
+            Err(e) => {
+                let want = [Code::OutOfRange, Code::InvalidArgument];
+                report.expect_any(step, &want, Err::<(), _>(e));
+                let last = report.steps.last_mut().expect("just pushed");
+                if last.outcome == Outcome::Pass {
+                    last.detail = format!("{required_bytes} bytes asked of a source of {held}");
+                }
+                return;
+            }
+        };
+        let vol = created.unwrap_or_default();
+        let why = if vol.capacity_bytes >= held {
+            format!(
+                "made volume {} of {} bytes for a request of {required_bytes} bytes from a \
+                 source of {held}: it grew the volume instead of refusing a request smaller \
+                 than the source (OUT_OF_RANGE, or INVALID_ARGUMENT)",
+                vol.volume_id, vol.capacity_bytes
+            )
+        } else {
+            format!(
+                "made volume {} of {} bytes from a source of {held} bytes: a volume is never \
+                 smaller than its source; the request must be refused (OUT_OF_RANGE, or \
+                 INVALID_ARGUMENT)",
+                vol.volume_id, vol.capacity_bytes
+            )
+        };
+        report.push(step, Outcome::Fail, Some(Code::Ok), why);
+        if !vol.volume_id.is_empty() {
+            let del = DeleteVolumeRequest {
+                volume_id: vol.volume_id,
+                ..Default::default()
+            };
+            if let Err(e) = c.delete_volume(&del).await {
+                report.push(
+                    format!("DeleteVolume of the volume of \"{step}\""),
+                    Outcome::Fail,
+                    e.code(),
+                    error_text(&e),
+                );
+            }
         }
     }
 

@@ -607,6 +607,10 @@ pub struct DriverConfig {
     /// With [`controller`](Self::controller): advertise CLONE_VOLUME and accept another volume
     /// as CreateVolume's content source (the new volume starts as its copy).
     pub clone_volume: bool,
+    /// What CreateVolume does with a restore or clone that asks for less than its source holds.
+    /// The default is the strictest correct answer, a refusal; the others are the lenient
+    /// answers of real drivers, for tests that need them.
+    pub smaller_than_source: SmallerThanSource,
     /// A fault of a driver that breaks the spec: CreateVolume reports this capacity instead of
     /// the volume's (0: unknown; less than required: a volume too small).
     pub reported_capacity: Option<i64>,
@@ -651,11 +655,28 @@ impl Default for DriverConfig {
             no_list_snapshots: false,
             snapshot_ready_after: 0,
             clone_volume: false,
+            smaller_than_source: SmallerThanSource::Refuse,
             reported_capacity: None,
             omit_content_source: false,
             calls: Calls::default(),
         }
     }
+}
+
+/// What CreateVolume does when `required_bytes` is less than its content source holds (the
+/// snapshot's size, or the source volume's capacity). The CSI spec names OUT_OF_RANGE for
+/// "trying to create a volume smaller than the source snapshot"; drivers differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SmallerThanSource {
+    /// OUT_OF_RANGE, naming both sizes, as a strict driver answers (csi-driver-host-path
+    /// answers INVALID_ARGUMENT). A request without a size still gets the source's size.
+    #[default]
+    Refuse,
+    /// Lenient: the volume quietly gets the source's size, more than was asked for.
+    Grow,
+    /// Lenient and wrong: the volume gets the size asked for, smaller than the data it starts
+    /// with (csi-test's mock driver ignores the source's size).
+    Accept,
 }
 
 /// Parses a topology list `key=value[,key=value...]`; an empty string is an empty map.

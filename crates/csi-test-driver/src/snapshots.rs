@@ -345,11 +345,12 @@ impl Driver {
 
     /// Checks a CreateVolume content source against what this driver offers and holds, and
     /// returns the directory the new volume starts as a copy of, with the least capacity it
-    /// may have (the snapshot's size or the source volume's capacity).
+    /// may have (the snapshot's size or the source volume's capacity) and the source's name
+    /// for messages (`snapshot "snap-1"`).
     pub(crate) fn content_source(
         &self,
         source: &VolumeContentSource,
-    ) -> Result<(PathBuf, i64), Status> {
+    ) -> Result<(PathBuf, i64, String), Status> {
         match &source.r#type {
             Some(volume_content_source::Type::Snapshot(s)) => {
                 if !self.config.snapshots {
@@ -367,7 +368,11 @@ impl Driver {
                         "snapshot {id:?} is not ready to use yet"
                     )));
                 }
-                Ok((self.snapshots_dir().join(id), snap.size))
+                Ok((
+                    self.snapshots_dir().join(id),
+                    snap.size,
+                    format!("snapshot {id:?}"),
+                ))
             }
             Some(volume_content_source::Type::Volume(v)) => {
                 if !self.config.clone_volume {
@@ -381,7 +386,7 @@ impl Driver {
                     state.volumes.get(id).map(|v| v.capacity).ok_or_else(|| {
                         Status::not_found(format!("volume {id:?} does not exist"))
                     })?;
-                Ok((self.data_dir.join(id), capacity))
+                Ok((self.data_dir.join(id), capacity, format!("volume {id:?}")))
             }
             None => Err(Status::invalid_argument(
                 "volume_content_source has neither a snapshot nor a volume",

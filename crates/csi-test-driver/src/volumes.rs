@@ -43,7 +43,7 @@ use plugreg_proto::csi::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::{Driver, Method, NodeCapability, to_map};
+use crate::{Driver, Method, NodeCapability, SmallerThanSource, to_map};
 
 /// Longest id, name or path accepted (the spec's string limit is 128 bytes; paths get more room
 /// since a kubelet root can be deep).
@@ -731,13 +731,25 @@ impl Controller for Driver {
             self.config.default_capacity
         };
         let capacity = match &source {
-            Some((_, least)) if capacity < *least => {
+            Some((_, least, what)) if capacity < *least => {
                 if limit > 0 && *least > limit {
                     return Err(Status::out_of_range(format!(
                         "the source holds {least} bytes, more than the limit of {limit}"
                     )));
                 }
-                *least
+                match self.config.smaller_than_source {
+                    // A request that names a size below the source's is refused with the code
+                    // the spec names for it (OUT_OF_RANGE: "trying to create a volume smaller
+                    // than the source snapshot"); no size at all leaves it to the driver.
+                    SmallerThanSource::Refuse if required_bytes > 0 => {
+                        return Err(Status::out_of_range(format!(
+                            "requested {required_bytes} bytes, less than the {least} bytes of \
+                             the source {what}"
+                        )));
+                    }
+                    SmallerThanSource::Refuse | SmallerThanSource::Grow => *least,
+                    SmallerThanSource::Accept => capacity,
+                }
             }
             _ => capacity,
         };
@@ -815,7 +827,7 @@ impl Controller for Driver {
         };
         drop(state);
         let dir = self.volume_dir(&id)?;
-        if let Some((from, _)) = &source {
+        if let Some((from, _, _)) = &source {
             crate::snapshots::copy_tree(from, &dir)
                 .map_err(|e| internal("cannot copy the content source into", &dir, e))?;
         }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use plugreg_csi_test_driver::{Code, DriverConfig, Method, MountMode, start};
+use plugreg_csi_test_driver::{Code, DriverConfig, Method, MountMode, SmallerThanSource, start};
 use plugreg_proto::csi::v1::controller_client::ControllerClient;
 use plugreg_proto::csi::v1::{
     CapacityRange, ControllerGetCapabilitiesRequest, CreateSnapshotRequest, CreateVolumeRequest,
@@ -174,10 +174,10 @@ async fn snapshot_restore_and_clone_carry_the_data() {
     // Restore: the snapshot's data, at least its size.
     let r = new_volume(
         &mut ctl,
-        create("pvc-restored", 1024, from_snapshot(&s1.snapshot_id)),
+        create("pvc-restored", 1 << 20, from_snapshot(&s1.snapshot_id)),
     )
     .await;
-    assert_eq!(r.capacity_bytes, 1 << 20, "never smaller than the snapshot");
+    assert_eq!(r.capacity_bytes, 1 << 20);
     assert_eq!(r.content_source, from_snapshot(&s1.snapshot_id));
     assert_eq!(
         std::fs::read_to_string(file_in(&data, &r.volume_id)).unwrap(),
@@ -209,6 +209,12 @@ async fn snapshot_restore_and_clone_carry_the_data() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
+    // Asking for less than the source holds is refused (the strict default).
+    let e = ctl
+        .create_volume(create("pvc-clone-3", 1024, from_volume(&v.volume_id)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange);
 
     // List: all, by id, by source, in pages.
     ctl.create_snapshot(snap("snapshot-2", &v.volume_id))
@@ -310,6 +316,75 @@ async fn snapshot_restore_and_clone_carry_the_data() {
     assert_eq!(d.calls().count(Method::DeleteSnapshot), 2);
     assert_eq!(d.calls().create_snapshot_requests().len(), 7);
     d.stop().await.unwrap();
+}
+
+/// A restore or clone asking for less than its source holds: refused with OUT_OF_RANGE naming
+/// both sizes by default (the spec's code for it), grown to the source's size or made at the
+/// smaller size in the two lenient modes; a request without a size gets at least the source's
+/// size in every mode.
+#[tokio::test]
+async fn a_request_smaller_than_its_source_is_refused_unless_lenient() {
+    for mode in [
+        SmallerThanSource::Refuse,
+        SmallerThanSource::Grow,
+        SmallerThanSource::Accept,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (sock, data) = (dir.path().join("csi.sock"), dir.path().join("data"));
+        let d = start(
+            DriverConfig {
+                smaller_than_source: mode,
+                ..config(&data)
+            },
+            &sock,
+        )
+        .await
+        .unwrap();
+        let mut ctl = client(&sock).await;
+        let v = new_volume(&mut ctl, create("pvc-a", 2 << 20, None)).await;
+        let s = new_snapshot(&mut ctl, snap("snapshot-a", &v.volume_id)).await;
+        assert_eq!(s.size_bytes, 2 << 20);
+        for (name, source, what) in [
+            (
+                "pvc-r",
+                from_snapshot(&s.snapshot_id),
+                format!("snapshot {:?}", s.snapshot_id),
+            ),
+            (
+                "pvc-c",
+                from_volume(&v.volume_id),
+                format!("volume {:?}", v.volume_id),
+            ),
+        ] {
+            let r = ctl
+                .create_volume(create(name, 1 << 20, source.clone()))
+                .await;
+            match mode {
+                SmallerThanSource::Refuse => {
+                    let e = r.unwrap_err();
+                    assert_eq!(e.code(), Code::OutOfRange, "{mode:?} {name}");
+                    assert_eq!(
+                        e.message(),
+                        format!(
+                            "requested 1048576 bytes, less than the 2097152 bytes of the source {what}"
+                        )
+                    );
+                }
+                SmallerThanSource::Grow => {
+                    let got = r.unwrap().into_inner().volume.unwrap();
+                    assert_eq!(got.capacity_bytes, 2 << 20, "{mode:?} {name}");
+                }
+                SmallerThanSource::Accept => {
+                    let got = r.unwrap().into_inner().volume.unwrap();
+                    assert_eq!(got.capacity_bytes, 1 << 20, "{mode:?} {name}");
+                }
+            }
+            // No size asked: the driver's default (1 GiB), never less than the source.
+            let sized = new_volume(&mut ctl, create(&format!("{name}-0"), 0, source)).await;
+            assert!(sized.capacity_bytes >= 2 << 20, "{mode:?} {name}");
+        }
+        d.stop().await.unwrap();
+    }
 }
 
 #[tokio::test]

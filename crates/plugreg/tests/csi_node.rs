@@ -524,6 +524,17 @@ fn check_covers_snapshots_and_clones() {
     ] {
         assert_eq!(step(&report, name)["outcome"], "pass", "{name}: {report:#}");
     }
+    for name in [
+        "CreateVolume from the snapshot, smaller than it",
+        "CreateVolume cloned from the volume, smaller than it",
+    ] {
+        assert_eq!(step(&report, name)["outcome"], "pass", "{name}: {report:#}");
+        assert_eq!(
+            step(&report, name)["code"],
+            "OUT_OF_RANGE",
+            "{name}: {report:#}"
+        );
+    }
     assert!(
         step(&report, "CreateSnapshot")["detail"]
             .as_str()
@@ -573,6 +584,89 @@ fn check_covers_snapshots_and_clones() {
         plugreg_runtime::procfs::mount_points_under(g.path()).is_empty()
             && plugreg_runtime::procfs::mount_points_under(g2.path()).is_empty()
     );
+}
+
+/// Issue 34: the check grows its volume (1 MiB to 2 MiB) before it snapshots it, so a restore
+/// or clone of 1 MiB would ask for less than the source holds. The check asks for what a claim
+/// must (2 MiB), and asks for half the source as a step of its own, which the strict test driver
+/// refuses (OUT_OF_RANGE). Each lenient mode of the driver fails that step, by name and saying
+/// what was wrong: a volume grown quietly, or a volume smaller than its data.
+#[test]
+fn check_restores_and_clones_at_their_sources_size_and_fails_lenient_drivers() {
+    let g = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.extend([
+        "--controller",
+        "--controller-expand",
+        "--snapshots",
+        "--clone-volume",
+    ]);
+    let d = Driver::start(g.path(), &args);
+    let (code, report) = check(&d, g.path(), &[]);
+    assert_eq!(code, Some(0), "{report:#}");
+    for name in [
+        "CreateVolume from the snapshot",
+        "CreateVolume cloned from the volume",
+    ] {
+        assert_eq!(step(&report, name)["outcome"], "pass", "{name}: {report:#}");
+        assert!(
+            step(&report, name)["detail"]
+                .as_str()
+                .unwrap()
+                .ends_with(", 2097152 bytes asked"),
+            "{name}: the expanded size: {report:#}"
+        );
+    }
+    for name in [
+        "CreateVolume from the snapshot, smaller than it",
+        "CreateVolume cloned from the volume, smaller than it",
+    ] {
+        assert_eq!(step(&report, name)["outcome"], "pass", "{name}: {report:#}");
+        assert_eq!(
+            step(&report, name)["code"],
+            "OUT_OF_RANGE",
+            "{name}: {report:#}"
+        );
+        assert_eq!(
+            step(&report, name)["detail"],
+            "1048576 bytes asked of a source of 2097152",
+            "{report:#}"
+        );
+    }
+    drop(d);
+    for (mode, says) in [
+        ("grow", "it grew the volume instead of refusing"),
+        ("accept", "a volume is never smaller than its source"),
+    ] {
+        let g2 = MountGuard::new();
+        let mut lenient = args.clone();
+        lenient.extend(["--smaller-than-source", mode]);
+        let d = Driver::start(g2.path(), &lenient);
+        let (code, report) = check(&d, g2.path(), &[]);
+        assert_eq!(code, Some(1), "{mode}: {report:#}");
+        let failed: Vec<&str> = report["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["outcome"] == "fail")
+            .map(|s| s["step"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            failed,
+            [
+                "CreateVolume from the snapshot, smaller than it",
+                "CreateVolume cloned from the volume, smaller than it"
+            ],
+            "{mode}: {report:#}"
+        );
+        for name in failed {
+            let detail = step(&report, name)["detail"].as_str().unwrap();
+            assert!(detail.contains(says), "{mode} {name}: {detail}");
+        }
+        drop(d);
+        assert!(plugreg_runtime::procfs::mount_points_under(g2.path()).is_empty());
+    }
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 /// No Controller publishes, the node needs publish_context["device"]: `--publish-context`

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use plugreg_csi_test_driver::{
-    Code, DriverConfig, Failure, Fault, Method, MountMode, NodeCapability, parse_topology,
-    valid_volume_id,
+    Code, DriverConfig, Failure, Fault, Method, MountMode, NodeCapability, SmallerThanSource,
+    parse_topology, valid_volume_id,
 };
 use plugreg_runtime::signal::Signals;
 use tokio_util::sync::CancellationToken;
@@ -104,6 +104,11 @@ struct Args {
     /// With --controller: advertise CLONE_VOLUME and clone volumes (copying their directory).
     #[arg(long)]
     clone_volume: bool,
+    /// A restore or clone asking for less than its source holds: refuse (OUT_OF_RANGE), grow
+    /// (the volume quietly gets the source's size) or accept (the volume gets the smaller size:
+    /// wrong, like csi-test's mock driver).
+    #[arg(long, value_enum, default_value_t = SmallerThan::Refuse)]
+    smaller_than_source: SmallerThan,
     /// Check the paths the CO must provide before the volume, as csi-test's mock driver and
     /// csi-driver-host-path do: a staging_target_path that does not exist, or a target_path whose
     /// parent does not exist, is INTERNAL.
@@ -190,9 +195,21 @@ impl Args {
             snapshots: self.snapshots,
             snapshot_ready_after: self.snapshot_ready_after,
             clone_volume: self.clone_volume,
+            smaller_than_source: match self.smaller_than_source {
+                SmallerThan::Refuse => SmallerThanSource::Refuse,
+                SmallerThan::Grow => SmallerThanSource::Grow,
+                SmallerThan::Accept => SmallerThanSource::Accept,
+            },
             ..DriverConfig::default()
         })
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SmallerThan {
+    Refuse,
+    Grow,
+    Accept,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
