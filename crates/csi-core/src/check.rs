@@ -20,6 +20,10 @@
 //! the spec's code for it, or INVALID_ARGUMENT); growing the volume quietly, or making it
 //! smaller than its data, fails.
 //!
+//! When the Controller offers GET_CAPACITY, the check asks GetCapacity as csi-provisioner's
+//! capacity tracking does, for the whole driver and for the node's topology segment: OK, no
+//! negative size, the minimum volume size no larger than the maximum.
+//!
 //! When the Controller offers PUBLISH_UNPUBLISH_VOLUME, the check calls ControllerPublishVolume
 //! before any node call with the volume and ControllerUnpublishVolume after NodeUnstageVolume,
 //! as the spec makes the CO do, and hands the publish_context to the node calls. The
@@ -54,11 +58,12 @@ use std::time::Duration;
 use plugreg_proto::csi::v1::{
     CapacityRange, ControllerExpandVolumeRequest, ControllerModifyVolumeRequest,
     ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateSnapshotRequest,
-    CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeRequest, GetSnapshotRequest,
-    ListSnapshotsRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
+    CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest,
+    GetSnapshotRequest, ListSnapshotsRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
-    NodeUnstageVolumeRequest, VolumeCapability, VolumeContentSource, controller_service_capability,
-    node_service_capability, plugin_capability, volume_content_source, volume_usage,
+    NodeUnstageVolumeRequest, Topology, VolumeCapability, VolumeContentSource,
+    controller_service_capability, node_service_capability, plugin_capability,
+    volume_content_source, volume_usage,
 };
 use serde::Serialize;
 use tonic::Code;
@@ -274,12 +279,15 @@ pub async fn run(opts: &CheckOptions) -> Report {
         opts,
         node_caps: Vec::new(),
         node_id: None,
+        node_topology: std::collections::HashMap::new(),
+        get_capacity: false,
         volume_bytes: opts.capacity_bytes,
         volume_floor: opts.capacity_bytes,
     };
     checker.identity(&mut report).await;
     checker.node_info(&mut report).await;
     checker.controller(&mut report).await;
+    checker.capacity(&mut report).await;
     let mut volume = checker.volume(&mut report).await;
     // The CO publishes before any node call with the volume (docs/upstream/csi-wire.md §1.12).
     let published = match &mut volume {
@@ -378,6 +386,10 @@ struct Checker<'a> {
     node_caps: Vec<i32>,
     /// NodeGetInfo's node_id, when valid.
     node_id: Option<String>,
+    /// NodeGetInfo's accessible_topology segments (empty: none reported).
+    node_topology: std::collections::HashMap<String, String>,
+    /// The Controller offers GET_CAPACITY.
+    get_capacity: bool,
     /// The size a claim restored or cloned from the check's volume asks for: the most that was
     /// asked of it or reported for it (CreateVolume, ControllerExpandVolume, NodeExpandVolume),
     /// as a claim asks for at least its source's request.
@@ -489,6 +501,10 @@ impl Checker<'_> {
             } else {
                 last.detail = format!("node_id {}", info.node_id);
                 self.node_id = Some(info.node_id);
+                self.node_topology = info
+                    .accessible_topology
+                    .map(|t| t.segments)
+                    .unwrap_or_default();
             }
         }
     }
@@ -531,6 +547,7 @@ impl Checker<'_> {
             self.controller_multi_writer = has(Type::SingleNodeMultiWriter);
             self.expand = has(Type::ExpandVolume);
             self.modify = has(Type::ModifyVolume);
+            self.get_capacity = has(Type::GetCapacity);
             self.snapshots = SnapshotCaps {
                 create: has(Type::CreateDeleteSnapshot),
                 list: has(Type::ListSnapshots),
@@ -546,6 +563,7 @@ impl Checker<'_> {
                 Type::ListSnapshots,
                 Type::GetSnapshot,
                 Type::CloneVolume,
+                Type::GetCapacity,
             ]
             .into_iter()
             .filter(|&t| has(t))
@@ -562,8 +580,70 @@ impl Checker<'_> {
                 || self.modify
                 || self.snapshots.create
                 || self.snapshots.clone
+                || self.get_capacity
             {
                 self.controller = Some(c);
+            }
+        }
+    }
+
+    /// GetCapacity, when the Controller offers GET_CAPACITY, as csi-provisioner's capacity
+    /// tracking asks it: for the whole driver (no topology, no parameters) and for the node's
+    /// segment (NodeGetInfo's accessible_topology) with a ReadWriteOnce capability. Each answer
+    /// must be OK with no negative size and a `minimum_volume_size` no larger than the
+    /// `maximum_volume_size`.
+    async fn capacity(&mut self, report: &mut Report) {
+        let Some(c) = self.controller.clone().filter(|_| self.get_capacity) else {
+            return;
+        };
+        let ctl = c.controller();
+        let ask = |msg: GetCapacityRequest| {
+            let (ctl, c) = (ctl.clone(), c.clone());
+            async move {
+                c.call("GetCapacity", &msg, |r| {
+                    let mut ctl = ctl.clone();
+                    async move { ctl.get_capacity(r).await }
+                })
+                .await
+            }
+        };
+        let node = GetCapacityRequest {
+            volume_capabilities: vec![rwo_capability(self.controller_multi_writer)],
+            accessible_topology: (!self.node_topology.is_empty()).then(|| Topology {
+                segments: self.node_topology.clone(),
+            }),
+            ..Default::default()
+        };
+        for (step, msg) in [
+            ("GetCapacity", GetCapacityRequest::default()),
+            ("GetCapacity of the node's segment", node),
+        ] {
+            let Some(r) = report.expect_ok(step, ask(msg).await) else {
+                continue;
+            };
+            let last = report.steps.last_mut().expect("just pushed");
+            let (min, max) = (r.minimum_volume_size, r.maximum_volume_size);
+            if r.available_capacity < 0 || min.is_some_and(|m| m < 0) || max.is_some_and(|m| m < 0)
+            {
+                last.outcome = Outcome::Fail;
+                last.detail = format!(
+                    "negative size: available_capacity {}, minimum_volume_size {min:?}, \
+                     maximum_volume_size {max:?}",
+                    r.available_capacity
+                );
+            } else if let (Some(min), Some(max)) = (min, max)
+                && min > max
+            {
+                last.outcome = Outcome::Fail;
+                last.detail =
+                    format!("minimum_volume_size {min} is larger than maximum_volume_size {max}");
+            } else {
+                last.detail = format!(
+                    "available_capacity {}{}",
+                    r.available_capacity,
+                    max.map(|m| format!(", maximum_volume_size {m}"))
+                        .unwrap_or_default()
+                );
             }
         }
     }

@@ -43,7 +43,7 @@ use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
     ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, ControllerPublishVolumeRequest,
     ControllerUnpublishVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
-    DeleteSnapshotRequest, DeleteVolumeRequest, GetPluginCapabilitiesRequest,
+    DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest, GetPluginCapabilitiesRequest,
     GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability,
     ProbeRequest, ProbeResponse, node_service_capability, plugin_capability,
 };
@@ -203,11 +203,13 @@ pub enum Method {
     ListSnapshots,
     /// `/csi.v1.Controller/GetSnapshot`
     GetSnapshot,
+    /// `/csi.v1.Controller/GetCapacity`
+    GetCapacity,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 23] = [
+    pub const ALL: [Method; 24] = [
         Method::GetPluginInfo,
         Method::GetPluginCapabilities,
         Method::Probe,
@@ -231,6 +233,7 @@ impl Method {
         Method::DeleteSnapshot,
         Method::ListSnapshots,
         Method::GetSnapshot,
+        Method::GetCapacity,
     ];
 
     /// The method name, e.g. `GetPluginInfo`.
@@ -259,6 +262,7 @@ impl Method {
             Method::DeleteSnapshot => "DeleteSnapshot",
             Method::ListSnapshots => "ListSnapshots",
             Method::GetSnapshot => "GetSnapshot",
+            Method::GetCapacity => "GetCapacity",
         }
     }
 
@@ -320,6 +324,8 @@ struct CallsInner {
     /// The last [`KEEP_REQUESTS`] CreateSnapshot and DeleteSnapshot requests.
     create_snapshots: Mutex<std::collections::VecDeque<CreateSnapshotRequest>>,
     delete_snapshots: Mutex<std::collections::VecDeque<DeleteSnapshotRequest>>,
+    /// The last [`KEEP_REQUESTS`] GetCapacity requests.
+    get_capacities: Mutex<std::collections::VecDeque<GetCapacityRequest>>,
 }
 
 /// How many CreateVolume / DeleteVolume requests [`Calls`] keeps for inspection.
@@ -349,6 +355,7 @@ impl Default for Calls {
                 modifies: Mutex::default(),
                 create_snapshots: Mutex::default(),
                 delete_snapshots: Mutex::default(),
+                get_capacities: Mutex::default(),
             }),
         }
     }
@@ -460,6 +467,20 @@ impl Calls {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         q.iter().cloned().collect()
+    }
+
+    /// The GetCapacity requests received (the last [`KEEP_REQUESTS`]), oldest first.
+    pub fn get_capacity_requests(&self) -> Vec<GetCapacityRequest> {
+        let q = self
+            .inner
+            .get_capacities
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    pub(crate) fn keep_get_capacity(&self, r: &GetCapacityRequest) {
+        keep(&self.inner.get_capacities, r.clone());
     }
 
     pub(crate) fn keep_expand(&self, r: &ControllerExpandVolumeRequest) {
@@ -611,6 +632,11 @@ pub struct DriverConfig {
     /// The default is the strictest correct answer, a refusal; the others are the lenient
     /// answers of real drivers, for tests that need them.
     pub smaller_than_source: SmallerThanSource,
+    /// The storage pools GetCapacity reports; with any pool the Controller advertises
+    /// GET_CAPACITY, and CreateVolume takes its volumes out of the pool of this driver's own
+    /// [`topology`](Self::topology) (RESOURCE_EXHAUSTED when it has too little left). Clone it
+    /// before handing the config over to change the pools while the driver runs.
+    pub capacity: Capacity,
     /// A fault of a driver that breaks the spec: CreateVolume reports this capacity instead of
     /// the volume's (0: unknown; less than required: a volume too small).
     pub reported_capacity: Option<i64>,
@@ -656,10 +682,80 @@ impl Default for DriverConfig {
             snapshot_ready_after: 0,
             clone_volume: false,
             smaller_than_source: SmallerThanSource::Refuse,
+            capacity: Capacity::default(),
             reported_capacity: None,
             omit_content_source: false,
             calls: Calls::default(),
         }
+    }
+}
+
+/// A driver's storage pools, one per topology segment, shared (cheap to clone) between the
+/// driver and whoever changes them. GetCapacity for a segment answers what its pool holds less
+/// what CreateVolume has taken from it; a segment without a pool has none.
+#[derive(Debug, Clone, Default)]
+pub struct Capacity {
+    inner: Arc<Mutex<CapacityPools>>,
+}
+
+#[derive(Debug, Default)]
+struct CapacityPools {
+    /// Pools by segment, sorted by key (a `BTreeMap` is).
+    pools: Vec<(BTreeMap<String, String>, i64)>,
+    maximum_volume_size: Option<i64>,
+    minimum_volume_size: Option<i64>,
+}
+
+impl Capacity {
+    /// Pools of `bytes` for each of `segments`.
+    pub fn with_pools(
+        segments: impl IntoIterator<Item = (BTreeMap<String, String>, i64)>,
+    ) -> Capacity {
+        let c = Capacity::default();
+        for (segment, bytes) in segments {
+            c.set(segment, bytes);
+        }
+        c
+    }
+
+    /// Sets the pool of `segment` to `bytes` (in all: volumes already taken from it stay taken).
+    pub fn set(&self, segment: BTreeMap<String, String>, bytes: i64) {
+        let mut p = self.lock();
+        match p.pools.iter_mut().find(|(s, _)| *s == segment) {
+            Some((_, b)) => *b = bytes,
+            None => p.pools.push((segment, bytes)),
+        }
+    }
+
+    /// GetCapacity's `maximum_volume_size` and `minimum_volume_size` (`None`: not reported).
+    /// CreateVolume refuses sizes outside them (OUT_OF_RANGE).
+    pub fn set_volume_size_limits(&self, minimum: Option<i64>, maximum: Option<i64>) {
+        let mut p = self.lock();
+        p.minimum_volume_size = minimum;
+        p.maximum_volume_size = maximum;
+    }
+
+    /// Whether any pool is set (the driver then advertises GET_CAPACITY).
+    pub fn is_tracked(&self) -> bool {
+        !self.lock().pools.is_empty()
+    }
+
+    /// The pool of `segment`, if it has one.
+    pub(crate) fn pool(&self, segment: &BTreeMap<String, String>) -> Option<i64> {
+        self.lock()
+            .pools
+            .iter()
+            .find(|(s, _)| s == segment)
+            .map(|(_, b)| *b)
+    }
+
+    pub(crate) fn limits(&self) -> (Option<i64>, Option<i64>) {
+        let p = self.lock();
+        (p.minimum_volume_size, p.maximum_volume_size)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CapacityPools> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -85,6 +85,21 @@ pub(crate) struct State {
     pub(crate) next_snapshot: u64,
     /// Paths this driver mounted, in mount order (unmounted in reverse on stop).
     mounts: Vec<PathBuf>,
+    /// Bytes of the node's pool promised to CreateVolume calls still copying their source.
+    reserved: i64,
+}
+
+impl State {
+    /// Bytes of this node's pool in use: volumes made by CreateVolume (pre-provisioned ones
+    /// have no name and come from elsewhere) and those being made.
+    fn used(&self) -> i64 {
+        self.volumes
+            .values()
+            .filter(|v| !v.name.is_empty())
+            .map(|v| v.capacity)
+            .sum::<i64>()
+            .saturating_add(self.reserved)
+    }
 }
 
 impl State {
@@ -665,6 +680,22 @@ impl Node for Driver {
     }
 }
 
+impl Driver {
+    /// What the pool of `segment` has left: its size less the volumes CreateVolume made in it
+    /// (this driver's volumes live on its own node's segment); 0 for a segment without a pool.
+    fn available(&self, segment: &BTreeMap<String, String>) -> i64 {
+        let Some(pool) = self.config.capacity.pool(segment) else {
+            return 0;
+        };
+        let used = if *segment == self.config.topology {
+            self.lock().used()
+        } else {
+            0
+        };
+        pool.saturating_sub(used).max(0)
+    }
+}
+
 /// Whether `v` is staged or published at `path`.
 fn is_at(v: &VolumeState, path: &Path) -> bool {
     v.published.contains_key(path) || v.staged.as_ref().is_some_and(|(p, _)| p == path)
@@ -753,6 +784,14 @@ impl Controller for Driver {
             }
             _ => capacity,
         };
+        let (minimum, maximum) = self.config.capacity.limits();
+        if maximum.is_some_and(|m| capacity > m) || minimum.is_some_and(|m| capacity < m) {
+            return Err(Status::out_of_range(format!(
+                "{capacity} bytes are outside the volume sizes this driver makes ({} to {})",
+                minimum.unwrap_or(0),
+                maximum.map_or("any".to_owned(), |m| m.to_string())
+            )));
+        }
         // Topology: the volume lives on this driver's node; a requirement that excludes it
         // cannot be met here.
         let topology = &self.config.topology;
@@ -825,16 +864,36 @@ impl Controller for Driver {
                 }
             }
         };
+        // With capacity tracking the volume comes out of this node's pool, which must hold it;
+        // the bytes stay reserved while the source is copied.
+        let reserved = match self.config.capacity.pool(&self.config.topology) {
+            Some(pool) => {
+                let left = pool.saturating_sub(state.used()).max(0);
+                if capacity > left {
+                    return Err(Status::resource_exhausted(format!(
+                        "not enough capacity: {capacity} bytes requested, {left} bytes left"
+                    )));
+                }
+                state.reserved += capacity;
+                capacity
+            }
+            None => 0,
+        };
         drop(state);
-        let dir = self.volume_dir(&id)?;
-        if let Some((from, _, _)) = &source {
-            crate::snapshots::copy_tree(from, &dir)
-                .map_err(|e| internal("cannot copy the content source into", &dir, e))?;
-        }
-        if persistent {
-            self.write_meta(&id, name, capacity)?;
-        }
+        let made = (|| {
+            let dir = self.volume_dir(&id)?;
+            if let Some((from, _, _)) = &source {
+                crate::snapshots::copy_tree(from, &dir)
+                    .map_err(|e| internal("cannot copy the content source into", &dir, e))?;
+            }
+            if persistent {
+                self.write_meta(&id, name, capacity)?;
+            }
+            Ok::<_, Status>(())
+        })();
         let mut state = self.lock();
+        state.reserved -= reserved;
+        made?;
         state.volumes.insert(
             id.clone(),
             VolumeState {
@@ -935,6 +994,9 @@ impl Controller for Driver {
         }
         if self.config.clone_volume {
             types.push(Type::CloneVolume);
+        }
+        if self.config.capacity.is_tracked() {
+            types.push(Type::GetCapacity);
         }
         let capabilities = types
             .into_iter()
@@ -1069,9 +1131,29 @@ impl Controller for Driver {
 
     async fn get_capacity(
         &self,
-        _: Request<GetCapacityRequest>,
+        request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
-        unimplemented("GetCapacity")
+        let r = request.into_inner();
+        if !self.config.capacity.is_tracked() {
+            return unimplemented("GetCapacity");
+        }
+        self.config.calls.keep_get_capacity(&r);
+        self.enter(Method::GetCapacity).await?;
+        for c in &r.volume_capabilities {
+            capability(Some(c), "volume_capabilities")?;
+        }
+        // No topology asks about the pool of this driver's own node.
+        let segment: BTreeMap<String, String> = match &r.accessible_topology {
+            Some(t) if !t.segments.is_empty() => t.segments.clone().into_iter().collect(),
+            _ => self.config.topology.clone(),
+        };
+        let available = self.available(&segment);
+        let (minimum_volume_size, maximum_volume_size) = self.config.capacity.limits();
+        Ok(Response::new(GetCapacityResponse {
+            available_capacity: available,
+            maximum_volume_size,
+            minimum_volume_size,
+        }))
     }
 
     async fn create_snapshot(

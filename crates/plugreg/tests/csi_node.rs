@@ -669,6 +669,57 @@ fn check_restores_and_clones_at_their_sources_size_and_fails_lenient_drivers() {
     assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
+/// A Controller with GET_CAPACITY (issue 31): the check asks for the driver's capacity and the
+/// node segment's, and names the step when the driver fails it.
+#[test]
+fn check_covers_get_capacity() {
+    let g = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.extend([
+        "--controller",
+        "--topology",
+        "topology.plugreg.test/zone=a",
+        "--capacity",
+        "1073741824",
+        "--maximum-volume-size",
+        "536870912",
+    ]);
+    let d = Driver::start(g.path(), &args);
+    let (code, report) = check(&d, g.path(), &[]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(
+        step(&report, "GetCapacity")["detail"],
+        "available_capacity 1073741824, maximum_volume_size 536870912",
+        "{report:#}"
+    );
+    assert_eq!(
+        step(&report, "GetCapacity of the node's segment")["outcome"],
+        "pass",
+        "{report:#}"
+    );
+    assert!(
+        step(&report, "ControllerGetCapabilities")["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("GET_CAPACITY"),
+        "{report:#}"
+    );
+    drop(d);
+    let g2 = MountGuard::new();
+    let mut broken = args.clone();
+    broken.extend(["--fault", "GetCapacity:code=INTERNAL,message=broken"]);
+    let d = Driver::start(g2.path(), &broken);
+    let (code, report) = check(&d, g2.path(), &[]);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(step(&report, "GetCapacity")["outcome"], "fail");
+    assert_eq!(step(&report, "GetCapacity")["code"], "INTERNAL");
+    drop(d);
+    assert!(
+        plugreg_runtime::procfs::mount_points_under(g.path()).is_empty()
+            && plugreg_runtime::procfs::mount_points_under(g2.path()).is_empty()
+    );
+}
+
 /// No Controller publishes, the node needs publish_context["device"]: `--publish-context`
 /// supplies it for `--volume-id`.
 #[test]

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use plugreg_csi_test_driver::{
-    Code, DriverConfig, Failure, Fault, Method, MountMode, NodeCapability, SmallerThanSource,
-    parse_topology, valid_volume_id,
+    Capacity, Code, DriverConfig, Failure, Fault, Method, MountMode, NodeCapability,
+    SmallerThanSource, parse_topology, valid_volume_id,
 };
 use plugreg_runtime::signal::Signals;
 use tokio_util::sync::CancellationToken;
@@ -131,6 +131,14 @@ struct Args {
     /// CreateVolume refuses more bytes than this with OUT_OF_RANGE (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_capacity: i64,
+    /// With --controller: a storage pool of this many bytes for the node's --topology segment;
+    /// advertise GET_CAPACITY, answer what the pool has left, and refuse a CreateVolume the
+    /// pool cannot hold (RESOURCE_EXHAUSTED).
+    #[arg(long)]
+    capacity: Option<i64>,
+    /// GetCapacity's maximum_volume_size; CreateVolume refuses larger volumes (OUT_OF_RANGE).
+    #[arg(long)]
+    maximum_volume_size: Option<i64>,
     /// Make a method misbehave (repeatable): `METHOD:KEY=VALUE,...` with keys
     /// `delay` (e.g. 200ms), `delay-first` (N), `code` (name or number), `message`,
     /// `fail-first` (N) and the flag `hang`. Example: `NodeStageVolume:code=RESOURCE_EXHAUSTED,fail-first=2`.
@@ -199,6 +207,14 @@ impl Args {
                 SmallerThan::Refuse => SmallerThanSource::Refuse,
                 SmallerThan::Grow => SmallerThanSource::Grow,
                 SmallerThan::Accept => SmallerThanSource::Accept,
+            },
+            capacity: {
+                let c = Capacity::default();
+                if let Some(bytes) = self.capacity {
+                    c.set(parse_topology(&self.topology)?, bytes);
+                }
+                c.set_volume_size_limits(None, self.maximum_volume_size);
+                c
             },
             ..DriverConfig::default()
         })
