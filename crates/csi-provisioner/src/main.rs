@@ -5,7 +5,8 @@
 //!
 //! - 0: `--version`, `-h`/`--help`, a clean stop (SIGTERM/SIGINT);
 //! - 1: invalid logging configuration, both HTTP address flags, CSI connect or probe failure,
-//!   the CSI connection lost later, a feature switched on that is not supported yet;
+//!   the CSI connection lost later, a feature switched on that is not supported yet
+//!   (`--node-deployment`);
 //! - 2: a command-line error;
 //! - 255: upstream's `klog.Fatal` cases (unknown feature gate, no kube config, no driver name,
 //!   no capabilities, HTTP listen failure).
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+use plugreg_provisioner::capacity;
 use plugreg_provisioner::csi::{self, Capabilities, Driver};
 use plugreg_provisioner::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags, Options};
 use plugreg_provisioner::metrics::Metrics;
@@ -115,11 +117,6 @@ fn warn_ignored(options: &Options, gates: &FeatureGates) {
 /// The first feature switched on that this provisioner does not implement yet (exit 1, rather
 /// than silently doing nothing).
 fn unsupported(options: &Options, gates: &FeatureGates) -> Option<&'static str> {
-    if options.enable_capacity {
-        return Some(
-            "--enable-capacity is not supported by this csi-provisioner yet (storage capacity tracking); remove the flag or use the upstream image",
-        );
-    }
     if options.node_deployment {
         return Some(
             "--node-deployment is not supported by this csi-provisioner yet (distributed provisioning); remove the flag or use the upstream image",
@@ -240,7 +237,18 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
                 "CSI driver does not support PUBLISH_UNPUBLISH_VOLUME, not watching VolumeAttachments"
             );
         }
-        // Step 17 (--enable-capacity) was refused at start.
+        // Step 17: capacity tracking's client, owner, manager and API version.
+        let capacity = if options.enable_capacity {
+            match capacity_start(&options, &kube_config, &name).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!(target: LOG, "{e}");
+                    return Err(FATAL_EXIT);
+                }
+            }
+        } else {
+            None
+        };
         // Step 18.
         let health = LeaderHealth::new();
         let http = match diagnostics::spawn(&options.controller, metrics.clone(), &health).await {
@@ -251,6 +259,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             }
         };
         Ok(Started {
+            capacity,
             name,
             identity,
             driver,
@@ -318,6 +327,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         leader,
         health: started.health.clone(),
         metrics: started.metrics.clone(),
+        capacity: started.capacity,
     };
     let shutdown = CancellationToken::new();
     let run = service.run(shutdown.clone());
@@ -351,6 +361,69 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
 }
 
 /// What start-up found out, for the controller.
+/// Step 17 (`docs/upstream/upstream-capacity-and-node-deployment.md` §A.2): the capacity client
+/// at `--kube-api-capacity-qps/-burst`, `NAMESPACE`, the owner from `POD_NAME` and
+/// `--capacity-ownerref-level`, the manager id and the API version. Every replica does this;
+/// only the leader runs the controller.
+async fn capacity_start(
+    options: &Options,
+    kube_config: &kube::Config,
+    driver: &str,
+) -> Result<(capacity::Config, kube::Client), String> {
+    let client = plugreg_sidecar_kit::ratelimit::own_client(
+        kube_config.clone(),
+        f64::from(options.kube_api_capacity_qps),
+        u32::try_from(options.kube_api_capacity_burst.max(0)).unwrap_or(u32::MAX),
+    )
+    .map_err(|e| format!("Failed to create client: {e}"))?;
+    let namespace = std::env::var("NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| capacity::StartError::Namespace.to_string())?;
+    let level = options.capacity_ownerref_level;
+    let owner = if level >= 0 {
+        let pod = std::env::var("POD_NAME")
+            .ok()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| capacity::StartError::PodName.to_string())?;
+        let owner = capacity::owner(&client, &namespace, &pod, level)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(o) = &owner {
+            tracing::info!(
+                target: LOG,
+                "using {}/{} {} as owner of CSIStorageCapacity objects",
+                o.api_version,
+                o.kind,
+                o.name
+            );
+        }
+        owner
+    } else {
+        None
+    };
+    let api = capacity::detect_api(&client, &namespace)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((
+        capacity::Config {
+            driver: driver.to_owned(),
+            namespace,
+            owner,
+            manager: capacity::manager_id(None),
+            immediate_binding: options.capacity_for_immediate_binding,
+            poll: options.capacity_poll_interval,
+            workers: usize::try_from(options.capacity_threads)
+                .unwrap_or(usize::MAX)
+                .max(1),
+            retry_start: options.retry_interval_start,
+            retry_max: options.retry_interval_max,
+            api,
+        },
+        client,
+    ))
+}
+
 struct Started {
     /// The driver (= provisioner) name.
     name: String,
@@ -366,6 +439,8 @@ struct Started {
     health: LeaderHealth,
     /// Stops the HTTP server, if one runs.
     http: Option<CancellationToken>,
+    /// Capacity tracking's configuration and client (`--enable-capacity`).
+    capacity: Option<(capacity::Config, kube::Client)>,
 }
 
 fn unix_millis() -> u128 {
@@ -391,11 +466,7 @@ mod tests {
             enable_capacity: true,
             ..Options::default()
         };
-        assert!(
-            unsupported(&o, &gates)
-                .unwrap()
-                .contains("--enable-capacity")
-        );
+        assert!(unsupported(&o, &gates).is_none(), "capacity tracking runs");
         let o = Options {
             node_deployment: true,
             ..Options::default()

@@ -121,9 +121,6 @@ fn both_http_addresses_exit_1() {
 
 #[test]
 fn features_not_supported_yet_exit_1() {
-    let (code, _, err) = run_to_end(&[MASTER, "--enable-capacity"]);
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("--enable-capacity is not supported"), "{err}");
     let out = Command::new(BIN)
         .args([MASTER, "--node-deployment"])
         .env("NODE_NAME", "node-1")

@@ -124,6 +124,8 @@ pub struct Clients {
     pub journal: Arc<Journal>,
     /// Entries of the record that another process wrote (from [`Journal::new`]).
     pub found: mpsc::UnboundedReceiver<Entry>,
+    /// Capacity tracking's refresh after volume operations (`--enable-capacity`).
+    pub capacity: Option<crate::capacity::Refresh>,
 }
 
 /// A step that failed: what the claim's, PV's or record's worker logs or puts in an event.
@@ -709,7 +711,15 @@ impl Controller {
                     return Err(Requeue);
                 };
                 let started = Instant::now();
-                match self.provision(&claim, &class, &volume, record).await {
+                let result = self.provision(&claim, &class, &volume, record).await;
+                // A volume made, or an error that changed state: what the class's segments
+                // hold may have changed.
+                if let (Some(r), Ok(()) | Err(Failure::Error(_))) =
+                    (&self.clients.capacity, &result)
+                {
+                    r.class(&class_name);
+                }
+                match result {
                     Ok(()) => {
                         self.clients.provisioned.provision_succeeded(
                             &class_name,
@@ -1607,6 +1617,9 @@ impl Controller {
                         self.clients
                             .provisioned
                             .delete_succeeded(&class, started.elapsed());
+                        if let Some(r) = &self.clients.capacity {
+                            r.class(&class);
+                        }
                         return Ok(());
                     }
                     Err(e) => {

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use plugreg_csi_core::client::{CallError, Connection};
 use plugreg_proto::csi::v1::{
-    CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, controller_service_capability,
-    plugin_capability,
+    CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, GetCapacityRequest,
+    GetCapacityResponse, Topology, controller_service_capability, plugin_capability,
 };
 use tonic::transport::Channel;
 
@@ -43,6 +43,8 @@ pub const CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.Controller/ControllerGetC
 pub const CREATE_VOLUME: &str = "/csi.v1.Controller/CreateVolume";
 /// `/csi.v1.Controller/DeleteVolume`.
 pub const DELETE_VOLUME: &str = "/csi.v1.Controller/DeleteVolume";
+/// `/csi.v1.Controller/GetCapacity`.
+pub const GET_CAPACITY: &str = "/csi.v1.Controller/GetCapacity";
 
 /// What the driver can do (read once at start, never refreshed, as upstream).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -182,6 +184,34 @@ impl Driver {
         )
         .await
         .map(drop)
+    }
+}
+
+impl Driver {
+    /// GetCapacity as capacity tracking asks it (§A.9.1): the class's parameters unfiltered, no
+    /// capabilities, the segment as the topology (present even when empty), within the timeout.
+    pub async fn get_capacity(
+        &self,
+        segment: &std::collections::BTreeMap<String, String>,
+        parameters: HashMap<String, String>,
+    ) -> Result<GetCapacityResponse, CallError> {
+        let req = GetCapacityRequest {
+            volume_capabilities: Vec::new(),
+            parameters,
+            accessible_topology: Some(Topology {
+                segments: segment.clone().into_iter().collect(),
+            }),
+        };
+        let conn = self.conn.clone();
+        timed(&self.metrics, GET_CAPACITY, None, async move {
+            let ctl = conn.controller();
+            conn.call("GetCapacity", &req, |r| {
+                let mut ctl = ctl.clone();
+                async move { ctl.get_capacity(r).await }
+            })
+            .await
+        })
+        .await
     }
 }
 

@@ -25,6 +25,7 @@
 //! - [`service`]: what the binary runs after its start-up checks.
 
 pub mod cached;
+pub mod capacity;
 pub mod classify;
 pub mod controller;
 pub mod csi;

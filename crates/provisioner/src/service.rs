@@ -61,6 +61,8 @@ pub struct Service {
     pub health: LeaderHealth,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// Capacity tracking (`--enable-capacity`): its configuration and its own client.
+    pub capacity: Option<(crate::capacity::Config, kube::Client)>,
 }
 
 /// How the run ended badly.
@@ -106,6 +108,17 @@ impl Service {
             clone_protection_workers: self.clone_protection_workers,
             snapshot_sweep: self.snapshot_sweep,
         };
+        let (refresh, refreshes) = crate::capacity::Refresh::channel();
+        let capacity = self.capacity.map(|(cfg, client)| {
+            (
+                cfg,
+                client,
+                low.clone(),
+                Arc::clone(&self.driver),
+                Arc::clone(&self.metrics),
+                refreshes,
+            )
+        });
         let clients = Clients {
             high: high.clone(),
             low,
@@ -115,6 +128,7 @@ impl Service {
             metrics: Arc::clone(&self.metrics),
             journal,
             found,
+            capacity: capacity.is_some().then_some(refresh),
         };
         let elected = self.leader.is_some();
         Ok(run_elected(
@@ -125,7 +139,27 @@ impl Service {
                 if elected {
                     info!("became leader, starting");
                 }
-                controller::run(cfg, clients, token).await
+                // Capacity tracking runs beside the provisioning controller, as long as it.
+                let child = token.child_token();
+                let tracking = capacity.map(|(cfg, client, watch, driver, metrics, refreshes)| {
+                    tokio::spawn(crate::capacity::run(
+                        cfg,
+                        client,
+                        watch,
+                        driver,
+                        metrics,
+                        refreshes,
+                        child.clone(),
+                    ))
+                });
+                let r = controller::run(cfg, clients, token).await;
+                child.cancel();
+                if let Some(t) = tracking
+                    && let Ok(Err(e)) = t.await
+                {
+                    tracing::error!("{e}");
+                }
+                r
             },
         )
         .await??)

@@ -191,12 +191,19 @@ impl Env {
 
     /// Starts `csi-provisioner` for this driver with `args` added.
     pub fn provisioner(&self, args: &[&str]) -> Provisioner {
-        Provisioner::start(
+        self.provisioner_env(args, &[])
+    }
+
+    /// Starts `csi-provisioner` for this driver with `args` added and the environment
+    /// variables `env` set (`NAMESPACE`, `POD_NAME`, as a pod's manifest sets them).
+    pub fn provisioner_env(&self, args: &[&str], env: &[(&str, &str)]) -> Provisioner {
+        Provisioner::start_env(
             &self.socket,
             self.cluster.api.kubeconfig_path(),
             args,
             self.dir.path(),
             None,
+            env,
         )
     }
 
@@ -315,6 +322,17 @@ impl Provisioner {
         dir: &Path,
         host: Option<&str>,
     ) -> Provisioner {
+        Self::start_env(socket, kubeconfig, args, dir, host, &[])
+    }
+
+    fn start_env(
+        socket: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+        dir: &Path,
+        host: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Provisioner {
         static N: AtomicUsize = AtomicUsize::new(0);
         let log = dir.join(format!(
             "csi-provisioner-{}.log",
@@ -344,6 +362,9 @@ impl Provisioner {
             .arg("--v=5")
             .args(args)
             .env_remove("KUBECONFIG")
+            .env_remove("NAMESPACE")
+            .env_remove("POD_NAME")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
