@@ -396,3 +396,29 @@ async fn provisioning_and_deletion_refresh_the_class_before_the_next_poll() {
     })
     .await;
 }
+
+/// Kubernetes 1.20 serves CSIStorageCapacity only as v1alpha1: the probe answers 404, the
+/// v1beta1 API is chosen as upstream chooses it, its objects are never listed and nothing is
+/// written, and provisioning goes on unaffected (§A.4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_v1_20_capacity_waits_and_provisioning_goes_on() {
+    let env = Env::new(KubeVersion::V1_20_2, |d| {
+        d.capacity = Capacity::with_pools([(BTreeMap::new(), GI)]);
+    })
+    .await;
+    let class = env.class("", json!({})).await;
+    let p = env.provisioner_env(
+        &["--enable-capacity", "--capacity-ownerref-level=-1"],
+        &[("NAMESPACE", &env.ns)],
+    );
+    p.wait_log_line("using the CSIStorageCapacity v1beta1 API")
+        .await;
+    env.claim("data", &class, "1Mi", json!({})).await;
+    env.wait_bound("data").await;
+    assert_eq!(env.calls.count(Method::GetCapacity), 0);
+    assert!(
+        !p.log().contains("Started Capacity Controller"),
+        "{}",
+        p.log()
+    );
+}
