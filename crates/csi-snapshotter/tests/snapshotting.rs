@@ -548,6 +548,90 @@ async fn only_its_own_contents_and_with_node_deployment_only_its_nodes() {
     drop(sidecar);
 }
 
+/// Distributed snapshotting (issue 31, checklist 26): the real snapshot-controller with
+/// `--enable-distributed-snapshotting` labels a dynamic content with the node its PV's affinity
+/// matches, and only that node's `--node-deployment` sidecar cuts the snapshot; a content of a
+/// PV without affinity gets no label and no node sidecar touches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_snapshots_are_cut_by_the_node_of_their_volume() {
+    let env = Env::with_controller(&["--enable-distributed-snapshotting"], |_| {}).await;
+    let key = "topology.plugreg.test/node";
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    for n in ["node-1", "node-2"] {
+        nodes
+            .create(
+                &kube::api::PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": n, "labels": {key: n}}}))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    env.class("cls", "Delete", json!({})).await;
+    env.bound_claim("local", "vol-a").await;
+    env.bound_claim("shared", "vol-b").await;
+    // The local volume lives on node-2.
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(env.client.clone());
+    pvs.patch(
+        "pv-local",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            json!({"spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": key, "operator": "In", "values": ["node-2"]}]}
+            ]}}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let one = common::start_snapshotter_env(&env, &["--node-deployment"], Some("node-1"));
+    let two = common::start_snapshotter_env(&env, &["--node-deployment"], Some("node-2"));
+    let uid = env.snapshot("snap-local", "local", "cls").await;
+    let vs = env
+        .wait_snapshot("snap-local", "snap-local readyToUse", |s| {
+            s.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+        })
+        .await;
+    let content = env
+        .contents()
+        .get(&format!("snapcontent-{uid}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        content
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("snapshot.storage.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("node-2")
+    );
+    assert!(
+        vs.status
+            .unwrap()
+            .bound_volume_snapshot_content_name
+            .is_some()
+    );
+    assert!(two.log().contains("CreateSnapshot"), "node-2 cut it");
+    assert!(!one.log().contains("CreateSnapshot"), "node-1 did not");
+    // No affinity: no label, and no node sidecar makes it ready.
+    let uid = env.snapshot("snap-shared", "shared", "cls").await;
+    let content = env
+        .wait_content(&format!("snapcontent-{uid}"), "the shared content", |_| {
+            true
+        })
+        .await;
+    assert!(
+        !content
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("snapshot.storage.kubernetes.io/managed-by")
+    );
+    let creates = env.calls.count(Method::CreateSnapshot);
+    assert_eq!(creates, 1, "only the local snapshot was cut");
+    drop((one, two));
+}
+
 /// A failed DeleteSnapshot is a `SnapshotDeleteError` event and a retry; the finalizer stays
 /// until the driver has deleted the snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

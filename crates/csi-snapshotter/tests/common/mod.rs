@@ -52,10 +52,18 @@ impl Env {
     /// The API server, the snapshot peers, the namespace and a snapshotting driver; `config`
     /// adjusts the driver.
     pub async fn new(config: impl FnOnce(&mut DriverConfig)) -> Env {
+        Env::with_controller(&[], config).await
+    }
+
+    /// [`Env::new`] with `controller_args` added to the snapshot-controller's flags.
+    pub async fn with_controller(
+        controller_args: &[&str],
+        config: impl FnOnce(&mut DriverConfig),
+    ) -> Env {
         let api = ApiServer::start_version(KubeVersion::V1_36_2)
             .await
             .expect("kube-apiserver v1.36.2");
-        let controller = SnapshotController::start(&api)
+        let controller = SnapshotController::start_with(&api, controller_args)
             .await
             .expect("snapshot-controller v8.6.0");
         let client = api.client().await.unwrap();
