@@ -637,6 +637,11 @@ pub struct DriverConfig {
     /// [`topology`](Self::topology) (RESOURCE_EXHAUSTED when it has too little left). Clone it
     /// before handing the config over to change the pools while the driver runs.
     pub capacity: Capacity,
+    /// A file holding the size in bytes of the pool of this driver's own topology segment,
+    /// read at every GetCapacity and CreateVolume (a missing or unreadable file: the
+    /// [`capacity`](Self::capacity) pools alone): a pool an operator grows while the driver
+    /// runs, as a cluster test does from the host. Set, it also advertises GET_CAPACITY.
+    pub capacity_file: Option<PathBuf>,
     /// A fault of a driver that breaks the spec: CreateVolume reports this capacity instead of
     /// the volume's (0: unknown; less than required: a volume too small).
     pub reported_capacity: Option<i64>,
@@ -683,6 +688,7 @@ impl Default for DriverConfig {
             clone_volume: false,
             smaller_than_source: SmallerThanSource::Refuse,
             capacity: Capacity::default(),
+            capacity_file: None,
             reported_capacity: None,
             omit_content_source: false,
             calls: Calls::default(),

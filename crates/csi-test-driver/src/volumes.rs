@@ -681,10 +681,31 @@ impl Node for Driver {
 }
 
 impl Driver {
+    /// Whether GetCapacity is served.
+    fn tracks_capacity(&self) -> bool {
+        self.config.capacity.is_tracked() || self.config.capacity_file.is_some()
+    }
+
+    /// The size of the pool of `segment`: for this driver's own segment the capacity file's
+    /// number when it has one, else the configured pools.
+    fn pool(&self, segment: &BTreeMap<String, String>) -> Option<i64> {
+        if *segment == self.config.topology
+            && let Some(bytes) = self
+                .config
+                .capacity_file
+                .as_ref()
+                .and_then(|f| std::fs::read_to_string(f).ok())
+                .and_then(|t| t.trim().parse::<i64>().ok())
+        {
+            return Some(bytes);
+        }
+        self.config.capacity.pool(segment)
+    }
+
     /// What the pool of `segment` has left: its size less the volumes CreateVolume made in it
     /// (this driver's volumes live on its own node's segment); 0 for a segment without a pool.
     fn available(&self, segment: &BTreeMap<String, String>) -> i64 {
-        let Some(pool) = self.config.capacity.pool(segment) else {
+        let Some(pool) = self.pool(segment) else {
             return 0;
         };
         let used = if *segment == self.config.topology {
@@ -866,7 +887,7 @@ impl Controller for Driver {
         };
         // With capacity tracking the volume comes out of this node's pool, which must hold it;
         // the bytes stay reserved while the source is copied.
-        let reserved = match self.config.capacity.pool(&self.config.topology) {
+        let reserved = match self.pool(&self.config.topology) {
             Some(pool) => {
                 let left = pool.saturating_sub(state.used()).max(0);
                 if capacity > left {
@@ -995,7 +1016,7 @@ impl Controller for Driver {
         if self.config.clone_volume {
             types.push(Type::CloneVolume);
         }
-        if self.config.capacity.is_tracked() {
+        if self.tracks_capacity() {
             types.push(Type::GetCapacity);
         }
         let capabilities = types
@@ -1134,7 +1155,7 @@ impl Controller for Driver {
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
         let r = request.into_inner();
-        if !self.config.capacity.is_tracked() {
+        if !self.tracks_capacity() {
             return unimplemented("GetCapacity");
         }
         self.config.calls.keep_get_capacity(&r);

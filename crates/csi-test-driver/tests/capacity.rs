@@ -189,3 +189,42 @@ async fn without_pools_get_capacity_is_unimplemented() {
     ctl.create_volume(create("big", 1 << 40)).await.unwrap();
     d.stop().await.unwrap();
 }
+
+/// A capacity file sizes the node's pool while the driver runs; without it readable, the
+/// configured pools answer.
+#[tokio::test]
+async fn a_capacity_file_sizes_the_nodes_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let file = dir.path().join("capacity");
+    let d = start(
+        DriverConfig {
+            controller: true,
+            topology: segment("a"),
+            capacity_file: Some(file.clone()),
+            data_dir: Some(dir.path().join("data")),
+            mount: MountMode::Directory,
+            ..DriverConfig::default()
+        },
+        &sock,
+    )
+    .await
+    .unwrap();
+    let mut ctl = client(&sock).await;
+    assert!(offers_get_capacity(&mut ctl).await);
+    assert_eq!(capacity_of(&mut ctl, None).await.available_capacity, 0);
+    std::fs::write(&file, format!("{}\n", 2 * MI)).unwrap();
+    assert_eq!(
+        capacity_of(&mut ctl, Some("a")).await.available_capacity,
+        2 * MI
+    );
+    let e = ctl.create_volume(create("v1", 3 * MI)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    std::fs::write(&file, (5 * MI).to_string()).unwrap();
+    ctl.create_volume(create("v1", 3 * MI)).await.unwrap();
+    assert_eq!(
+        capacity_of(&mut ctl, Some("a")).await.available_capacity,
+        2 * MI
+    );
+    d.stop().await.unwrap();
+}

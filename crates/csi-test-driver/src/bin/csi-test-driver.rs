@@ -136,6 +136,10 @@ struct Args {
     /// pool cannot hold (RESOURCE_EXHAUSTED).
     #[arg(long)]
     capacity: Option<i64>,
+    /// A file holding the size in bytes of the node's pool, read at every GetCapacity and
+    /// CreateVolume (overrides --capacity while it is readable); advertises GET_CAPACITY.
+    #[arg(long)]
+    capacity_file: Option<PathBuf>,
     /// GetCapacity's maximum_volume_size; CreateVolume refuses larger volumes (OUT_OF_RANGE).
     #[arg(long)]
     maximum_volume_size: Option<i64>,
@@ -216,6 +220,7 @@ impl Args {
                 c.set_volume_size_limits(None, self.maximum_volume_size);
                 c
             },
+            capacity_file: self.capacity_file.clone(),
             ..DriverConfig::default()
         })
     }
