@@ -829,3 +829,144 @@ async fn snapshot_is_restored_into_a_new_claim() {
     );
     cluster.shutdown().await.expect("tear down");
 }
+
+/// The controller plugin with a pool sized by a file in the backing store, and csi-provisioner
+/// publishing it (`--enable-capacity`, polled every 2 s, owned by its ReplicaSet).
+const CAPACITY: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: csi-controller
+spec:
+  template:
+    spec:
+      containers:
+      - name: csi-driver
+        args:
+        - --name=$(DRIVER_NAME)
+        - --endpoint=$(CSI_ENDPOINT)
+        - --node-id=$(NODE_NAME)
+        - --controller
+        - --controller-publish
+        - --controller-expand
+        - --node-expansion-required
+        - --snapshots
+        - --clone-volume
+        - --accessibility-constraints
+        - --topology=topology.plugreg.test/node=$(NODE_NAME)
+        - --persistent
+        - --data-dir=/var/lib/plugreg-csi-test-driver/$(DRIVER_NAME)
+        - --capacity-file=/var/lib/plugreg-csi-test-driver/capacity
+      - name: csi-provisioner
+        args:
+        - --csi-address=$(ADDRESS)
+        - --leader-election
+        - --leader-election-namespace=$(POD_NAMESPACE)
+        - --http-endpoint=:8080
+        - --v=2
+        - --enable-capacity
+        - --capacity-poll-interval=2s
+        env:
+        - name: NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        - name: POD_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+";
+
+/// Storage capacity tracking with the real kube-scheduler (issue 31): a WaitForFirstConsumer
+/// claim larger than the node's published capacity leaves its pod Pending with the scheduler's
+/// own reason; once the pool grows, csi-provisioner publishes it, the scheduler places the pod,
+/// the volume is provisioned and the pod runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waits_for_capacity_and_runs_once_it_grows() {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity};
+    let overlay = test_overlay(&[("capacity.yaml", CAPACITY)]);
+    let cluster = start_cluster_only(KubeVersion::V1_36_2).await;
+    let pool = cluster
+        .node()
+        .host_path("/var/lib/plugreg-csi-test-driver/capacity");
+    std::fs::create_dir_all(pool.parent().unwrap()).unwrap();
+    std::fs::write(&pool, (16u64 << 20).to_string()).unwrap();
+    deploy_overlay(&cluster, overlay.path()).await;
+    // The scheduler looks at capacity only for a driver that says it publishes it.
+    let drivers: Api<CSIDriver> = Api::all(cluster.client());
+    drivers
+        .patch(
+            DRIVER,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"storageCapacity": true}})),
+        )
+        .await
+        .expect("storageCapacity on the CSIDriver");
+    let ns = "capacity";
+    cluster.create_namespace(ns).await.expect("namespace");
+    storage_class(&cluster, "capacity-wffc").await;
+    let capacities: Api<CSIStorageCapacity> = Api::namespaced(cluster.client(), DRIVER_NS);
+    let published = wait(&cluster, "the node's capacity published", || {
+        let capacities = capacities.clone();
+        async move {
+            let list = capacities.list(&ListParams::default()).await?;
+            Ok(list.items.into_iter().find(|c| {
+                c.storage_class_name == "capacity-wffc"
+                    && c.capacity.as_ref().map(|q| q.0.as_str()) == Some("16Mi")
+            }))
+        }
+    })
+    .await;
+    let owner = published
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(owner.len(), 1, "{published:?}");
+    assert_eq!(
+        owner[0].kind, "ReplicaSet",
+        "the controller Deployment's ReplicaSet"
+    );
+    cluster
+        .apply(serde_json::json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "big", "namespace": ns},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "capacity-wffc",
+                "resources": {"requests": {"storage": "64Mi"}}},
+        }))
+        .await
+        .expect("the claim");
+    pod_with_claim(&cluster, ns, "big-user", "big", "hello", "it fits").await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns);
+    let why = wait(&cluster, "the scheduler's reason", || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get("big-user").await?;
+            Ok(p.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                .and_then(|c| c.message)
+                .filter(|m| m.contains("did not have enough free storage")))
+        }
+    })
+    .await;
+    assert!(
+        why.contains("node(s) did not have enough free storage"),
+        "{why}"
+    );
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client(), ns);
+    let claim = claims.get("big").await.expect("the claim");
+    assert_eq!(
+        claim.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending"),
+        "nothing provisioned while it does not fit"
+    );
+    // The pool grows: published within a poll, the pod is placed and runs.
+    std::fs::write(&pool, (1u64 << 30).to_string()).unwrap();
+    wait_running(&cluster, ns, "big-user").await;
+    let pv = bound_volume(&cluster, ns, "big").await;
+    assert!(pv.spec.and_then(|s| s.csi).is_some());
+    cluster.shutdown().await.expect("tear down");
+}

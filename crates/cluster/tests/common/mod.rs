@@ -63,6 +63,17 @@ pub async fn cluster_with_snapshots() -> (Cluster, plugreg_testpeers::SnapshotCo
     (cluster, controller)
 }
 
+/// A started cluster of `version` with this build's images, nothing deployed (the test
+/// prepares the node, then [`deploy_overlay`]).
+pub async fn start_cluster_only(version: KubeVersion) -> Cluster {
+    start_cluster(version).await
+}
+
+/// Applies `overlay` and waits until the kubelet registered the driver.
+pub async fn deploy_overlay(cluster: &Cluster, overlay: &Path) {
+    deploy_driver(cluster, Some(overlay)).await;
+}
+
 /// A started cluster of `version` with this build's images, nothing deployed.
 async fn start_cluster(version: KubeVersion) -> Cluster {
     let images = images();
