@@ -70,19 +70,26 @@ fn capacity_of(o: &CSIStorageCapacity) -> Option<&str> {
     o.capacity.as_ref().map(|q| q.0.as_str())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn capacity_objects_follow_segments_classes_and_the_driver() {
-    let pools = Capacity::default();
-    pools.set_volume_size_limits(None, Some(5 * GI));
-    let pools_in = pools.clone();
+/// A test's world whose driver lives in zone `a` of its own topology key, with `pools` as its
+/// storage pools (the pool of zone `a` is the driver's own); returns it and zone `a`.
+async fn zoned_env(pools: &Capacity) -> (Env, BTreeMap<String, String>) {
+    let pools = pools.clone();
     let mut zone_a = BTreeMap::new();
     let env = Env::new(KubeVersion::V1_36_2, |d| {
-        d.capacity = pools_in;
+        d.capacity = pools;
         d.accessibility_constraints = true;
         zone_a = segment(&d.name, "a");
         d.topology = zone_a.clone();
     })
     .await;
+    (env, zone_a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_objects_follow_segments_classes_and_the_driver() {
+    let pools = Capacity::default();
+    pools.set_volume_size_limits(None, Some(5 * GI));
+    let (env, zone_a) = zoned_env(&pools).await;
     let zone_b = segment(&env.name, "b");
     pools.set(zone_a.clone(), 10 * GI);
     pools.set(zone_b.clone(), 1536 << 20);
@@ -342,15 +349,7 @@ async fn capacity_start_up_needs_its_namespace_pod_and_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioning_and_deletion_refresh_the_class_before_the_next_poll() {
     let pools = Capacity::default();
-    let pools_in = pools.clone();
-    let mut zone_a = BTreeMap::new();
-    let env = Env::new(KubeVersion::V1_36_2, |d| {
-        d.capacity = pools_in;
-        d.accessibility_constraints = true;
-        zone_a = segment(&d.name, "a");
-        d.topology = zone_a.clone();
-    })
-    .await;
+    let (env, zone_a) = zoned_env(&pools).await;
     pools.set(zone_a.clone(), 10 * GI);
     let key = format!("{}/zone", env.name);
     let node = format!("{}-a1", env.ns);

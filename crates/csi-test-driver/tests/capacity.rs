@@ -77,25 +77,32 @@ async fn offers_get_capacity(ctl: &mut ControllerClient<Channel>) -> bool {
         })
 }
 
+/// A controller driver in `dir` (socket `csi.sock`, volumes in `data`) with `config` applied.
+async fn controller(
+    dir: &Path,
+    config: impl FnOnce(&mut DriverConfig),
+) -> plugreg_csi_test_driver::RunningDriver {
+    let mut c = DriverConfig {
+        controller: true,
+        data_dir: Some(dir.join("data")),
+        mount: MountMode::Directory,
+        ..DriverConfig::default()
+    };
+    config(&mut c);
+    start(c, &dir.join("csi.sock")).await.unwrap()
+}
+
 #[tokio::test]
 async fn pools_shrink_with_volumes_and_refuse_what_they_cannot_hold() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("csi.sock");
     let capacity = Capacity::with_pools([(segment("a"), 10 * MI), (segment("b"), 100 * MI)]);
     capacity.set_volume_size_limits(None, Some(8 * MI));
-    let d = start(
-        DriverConfig {
-            controller: true,
-            topology: segment("a"),
-            capacity: capacity.clone(),
-            data_dir: Some(dir.path().join("data")),
-            mount: MountMode::Directory,
-            ..DriverConfig::default()
-        },
-        &sock,
-    )
-    .await
-    .unwrap();
+    let d = controller(dir.path(), |c| {
+        c.topology = segment("a");
+        c.capacity = capacity.clone();
+    })
+    .await;
     let mut ctl = client(&sock).await;
     assert!(offers_get_capacity(&mut ctl).await);
 
@@ -167,17 +174,7 @@ async fn pools_shrink_with_volumes_and_refuse_what_they_cannot_hold() {
 async fn without_pools_get_capacity_is_unimplemented() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("csi.sock");
-    let d = start(
-        DriverConfig {
-            controller: true,
-            data_dir: Some(dir.path().join("data")),
-            mount: MountMode::Directory,
-            ..DriverConfig::default()
-        },
-        &sock,
-    )
-    .await
-    .unwrap();
+    let d = controller(dir.path(), |_| {}).await;
     let mut ctl = client(&sock).await;
     assert!(!offers_get_capacity(&mut ctl).await);
     let e = ctl
@@ -197,19 +194,11 @@ async fn a_capacity_file_sizes_the_nodes_pool() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("csi.sock");
     let file = dir.path().join("capacity");
-    let d = start(
-        DriverConfig {
-            controller: true,
-            topology: segment("a"),
-            capacity_file: Some(file.clone()),
-            data_dir: Some(dir.path().join("data")),
-            mount: MountMode::Directory,
-            ..DriverConfig::default()
-        },
-        &sock,
-    )
-    .await
-    .unwrap();
+    let d = controller(dir.path(), |c| {
+        c.topology = segment("a");
+        c.capacity_file = Some(file.clone());
+    })
+    .await;
     let mut ctl = client(&sock).await;
     assert!(offers_get_capacity(&mut ctl).await);
     assert_eq!(capacity_of(&mut ctl, None).await.available_capacity, 0);
