@@ -2,7 +2,9 @@
 //! per release, cluster start-up and the driver's registration (several clusters), then on
 //! one cluster a volume's life, repeated: pod created -> Running with a new volume
 //! (WaitForFirstConsumer: scheduling, provisioning, staging, publishing, container start),
-//! pod deleted -> volume unmounted on the node, claim deleted -> PV gone. The figures go into
+//! pod deleted -> volume unmounted on the node, claim deleted -> PV gone; and on v1.36.2 a
+//! claim's whole life (issue 33): snapshot (split into csi-snapshotter's part and the
+//! snapshot-controller's), restore, clone, expansion in use, clean-up. The figures go into
 //! `BENCHMARKS.md` between `<!-- bench:cluster:start -->` and `<!-- bench:cluster:end -->`.
 
 use std::path::{Path, PathBuf};
@@ -37,6 +39,8 @@ pub struct BenchOptions {
     pub starts: usize,
     /// Volume lives per release.
     pub runs: usize,
+    /// Whole claim lives (snapshot, restore, clone, expansion; v1.36.2).
+    pub lives: usize,
     /// The images (from the binaries under test).
     pub images: ImageSet,
     /// The kustomization that installs the driver (`deploy/test`).
@@ -60,6 +64,20 @@ pub struct ReleaseFigures {
     pub unmounted: Vec<Duration>,
     /// Claim deleted -> PV gone.
     pub pv_gone: Vec<Duration>,
+    /// A claim's whole life (issue 33; v1.36.2, with the snapshot CRDs and controller):
+    /// VolumeSnapshot created -> its content has a snapshot handle (csi-snapshotter's part).
+    pub snapshot_cut: Vec<Duration>,
+    /// VolumeSnapshot created -> readyToUse (the snapshot-controller's part after it too).
+    pub snapshot_ready: Vec<Duration>,
+    /// Restored claim and a pod on it created -> Running.
+    pub restored_running: Vec<Duration>,
+    /// Cloned claim (Immediate class) created -> Bound.
+    pub clone_bound: Vec<Duration>,
+    /// Claim in use grown 1 MiB -> 2 MiB -> its status capacity 2 MiB (controller and node
+    /// expansion).
+    pub expanded: Vec<Duration>,
+    /// Everything of a life deleted -> no PV, VolumeAttachment or snapshot content left.
+    pub all_gone: Vec<Duration>,
 }
 
 /// Runs the benchmark.
@@ -74,13 +92,25 @@ pub async fn run(options: &BenchOptions) -> Result<Vec<ReleaseFigures>, Error> {
             let cluster =
                 Cluster::start(ClusterOptions::new(*version, options.images.files.clone())).await?;
             figures.starts.push(cluster.start_times());
+            // Snapshots need the CRDs and the Go snapshot-controller (v1.36.2 only: the CRDs
+            // need a recent API server), before the driver, as a cluster that offers them has.
+            let snapshots = if i == 0 && *version == KubeVersion::V1_36_2 && options.lives > 0 {
+                plugreg_testpeers::install_snapshot_crds(cluster.api_server()).await?;
+                Some(plugreg_testpeers::SnapshotController::start(cluster.api_server()).await?)
+            } else {
+                None
+            };
             let t = Instant::now();
             cluster.deploy(&options.overlay).await?;
             wait_registered(&cluster).await?;
             figures.registered.push(t.elapsed());
             if i == 0 {
                 volume_lives(&cluster, options, &mut figures).await?;
+                if snapshots.is_some() {
+                    claim_lives(&cluster, options, &mut figures).await?;
+                }
             }
+            drop(snapshots);
             let t = Instant::now();
             cluster.shutdown().await?;
             figures.teardown.push(t.elapsed());
@@ -186,6 +216,193 @@ async fn volume_lives(
         })
         .await?;
         figures.pv_gone.push(t.elapsed());
+    }
+    Ok(())
+}
+
+/// `lives` times, one claim's whole life as a user lives it (issue 33): a claim and a pod on it
+/// (Running), a VolumeSnapshot of it (until its content has a handle, csi-snapshotter's part,
+/// and until readyToUse, the snapshot-controller's after it), a claim restored from it with a
+/// pod (Running), a clone of the claim in an Immediate class (Bound), the first claim grown in
+/// use (its status capacity), and everything deleted (no PV, VolumeAttachment or content
+/// left).
+async fn claim_lives(
+    cluster: &Cluster,
+    options: &BenchOptions,
+    figures: &mut ReleaseFigures,
+) -> Result<(), Error> {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+    let snapshot_kind = |kind: &str, plural: &str| ApiResource {
+        group: "snapshot.storage.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "snapshot.storage.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let ns = "lives";
+    cluster.create_namespace(ns).await?;
+    // The cluster's WaitForFirstConsumer class exists (volume_lives); an Immediate one too.
+    cluster
+        .apply(serde_json::json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": "bench-immediate"}, "provisioner": DRIVER,
+            "volumeBindingMode": "Immediate", "reclaimPolicy": "Delete",
+            "allowVolumeExpansion": true,
+        }))
+        .await?;
+    cluster
+        .apply(serde_json::json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+            "metadata": {"name": "bench-snapshots"}, "driver": DRIVER, "deletionPolicy": "Delete",
+        }))
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client(), ns);
+    let snapshots: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client(),
+        ns,
+        &snapshot_kind("VolumeSnapshot", "volumesnapshots"),
+    );
+    let contents: Api<DynamicObject> = Api::all_with(
+        cluster.client(),
+        &snapshot_kind("VolumeSnapshotContent", "volumesnapshotcontents"),
+    );
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
+    let attachments: Api<VolumeAttachment> = Api::all(cluster.client());
+    let running = |pod: String| {
+        let pods = pods.clone();
+        move || {
+            let pods = pods.clone();
+            let pod = pod.clone();
+            async move {
+                let p = pods.get(&pod).await?;
+                Ok(p.status.and_then(|s| s.phase).as_deref() == Some("Running"))
+            }
+        }
+    };
+    let bound = |claim: String| {
+        let claims = claims.clone();
+        move || {
+            let claims = claims.clone();
+            let claim = claim.clone();
+            async move {
+                let c = claims.get(&claim).await?;
+                Ok(c.status.and_then(|s| s.phase).as_deref() == Some("Bound"))
+            }
+        }
+    };
+    for i in 0..options.lives {
+        let (data, app) = (format!("data-{i}"), format!("app-{i}"));
+        workload::claim(cluster, ns, &data, "bench-wffc").await?;
+        workload::pod_with_claim(cluster, ns, &app, &options.images.busybox, &data, "f", "x")
+            .await?;
+        until(STEP, "the pod Running", running(app.clone())).await?;
+
+        let snap = format!("snap-{i}");
+        let t = Instant::now();
+        cluster
+            .apply(serde_json::json!({
+                "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                "metadata": {"name": snap, "namespace": ns},
+                "spec": {"volumeSnapshotClassName": "bench-snapshots",
+                    "source": {"persistentVolumeClaimName": data}},
+            }))
+            .await?;
+        let cut = std::sync::Arc::new(std::sync::Mutex::new(None));
+        until(STEP, "the snapshot readyToUse", || {
+            let (snapshots, contents, snap) = (snapshots.clone(), contents.clone(), snap.clone());
+            let cut = std::sync::Arc::clone(&cut);
+            async move {
+                let s = snapshots.get(&snap).await?;
+                let seen = cut.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+                if !seen
+                    && let Some(uid) = s.metadata.uid.as_deref()
+                    && let Some(c) = contents.get_opt(&format!("snapcontent-{uid}")).await?
+                    && c.data["status"]["snapshotHandle"].is_string()
+                {
+                    *cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(t.elapsed());
+                }
+                Ok(s.data["status"]["readyToUse"] == serde_json::json!(true))
+            }
+        })
+        .await?;
+        let ready = t.elapsed();
+        let cut = *cut.lock().unwrap_or_else(|e| e.into_inner());
+        figures.snapshot_cut.push(cut.unwrap_or(ready));
+        figures.snapshot_ready.push(ready);
+
+        let (restored, reader) = (format!("restored-{i}"), format!("reader-{i}"));
+        let t = Instant::now();
+        cluster
+            .apply(serde_json::json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": restored, "namespace": ns},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "bench-wffc",
+                    "resources": {"requests": {"storage": "1Mi"}},
+                    "dataSource": {"apiGroup": "snapshot.storage.k8s.io",
+                        "kind": "VolumeSnapshot", "name": snap}},
+            }))
+            .await?;
+        workload::pod_reading_claim(cluster, ns, &reader, &options.images.busybox, &restored, "f")
+            .await?;
+        until(STEP, "the restored pod Running", running(reader.clone())).await?;
+        figures.restored_running.push(t.elapsed());
+
+        let clone = format!("clone-{i}");
+        let t = Instant::now();
+        cluster
+            .apply(serde_json::json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": clone, "namespace": ns},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "bench-immediate",
+                    "resources": {"requests": {"storage": "1Mi"}},
+                    "dataSource": {"kind": "PersistentVolumeClaim", "name": data}},
+            }))
+            .await?;
+        until(STEP, "the clone Bound", bound(clone.clone())).await?;
+        figures.clone_bound.push(t.elapsed());
+
+        let t = Instant::now();
+        claims
+            .patch(
+                &data,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({
+                    "spec": {"resources": {"requests": {"storage": "2Mi"}}}})),
+            )
+            .await?;
+        until(STEP, "the claim expanded", || {
+            let (claims, data) = (claims.clone(), data.clone());
+            async move {
+                let c = claims.get(&data).await?;
+                Ok(c.status
+                    .and_then(|s| s.capacity)
+                    .and_then(|c| c.get("storage").cloned())
+                    .is_some_and(|q| q.0 == "2Mi"))
+            }
+        })
+        .await?;
+        figures.expanded.push(t.elapsed());
+
+        let t = Instant::now();
+        for p in [&app, &reader] {
+            pods.delete(p, &Default::default()).await?;
+        }
+        snapshots.delete(&snap, &Default::default()).await?;
+        for c in [&data, &restored, &clone] {
+            claims.delete(c, &Default::default()).await?;
+        }
+        until(STEP, "no PV, attachment or content left", || {
+            let (pvs, attachments, contents) = (pvs.clone(), attachments.clone(), contents.clone());
+            async move {
+                Ok(pvs.list(&Default::default()).await?.items.is_empty()
+                    && attachments.list(&Default::default()).await?.items.is_empty()
+                    && contents.list(&Default::default()).await?.items.is_empty())
+            }
+        })
+        .await?;
+        figures.all_gone.push(t.elapsed());
     }
     Ok(())
 }
@@ -331,6 +548,38 @@ pub fn markdown(info: &RunInfo, figures: &[ReleaseFigures]) -> String {
         );
         row(&mut o, "pod deleted -> volume unmounted", &f.unmounted);
         row(&mut o, "claim deleted -> PV gone", &f.pv_gone);
+        if !f.snapshot_ready.is_empty() {
+            row(
+                &mut o,
+                "a claim's life: VolumeSnapshot created -> content cut (csi-snapshotter's status)",
+                &f.snapshot_cut,
+            );
+            row(
+                &mut o,
+                "... VolumeSnapshot created -> readyToUse (snapshot-controller after it)",
+                &f.snapshot_ready,
+            );
+            row(
+                &mut o,
+                "... restored claim + pod created -> Running",
+                &f.restored_running,
+            );
+            row(
+                &mut o,
+                "... cloned claim (Immediate) created -> Bound",
+                &f.clone_bound,
+            );
+            row(
+                &mut o,
+                "... claim in use grown 1 -> 2 MiB -> status capacity 2 MiB",
+                &f.expanded,
+            );
+            row(
+                &mut o,
+                "... pods, snapshot and claims deleted -> no PV, VolumeAttachment or content",
+                &f.all_gone,
+            );
+        }
         row(
             &mut o,
             "tear-down (pods deleted, node and control plane stopped)",

@@ -42,6 +42,9 @@ struct Bench {
     /// Volume lives per release.
     #[arg(long, default_value_t = 10)]
     runs: usize,
+    /// Whole claim lives on v1.36.2 (snapshot, restore, clone, expansion, clean-up).
+    #[arg(long, default_value_t = 5)]
+    lives: usize,
     /// The Markdown file to write the section into (printed to stdout otherwise).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -182,6 +185,7 @@ async fn run_bench(bench: Bench) -> anyhow::Result<()> {
         versions,
         starts: bench.starts,
         runs: bench.runs,
+        lives: bench.lives,
         images,
         overlay: repo.join("deploy/test"),
     };
