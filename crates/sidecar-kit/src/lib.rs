@@ -46,6 +46,7 @@ pub mod cache;
 pub mod cli;
 #[cfg(feature = "controller")]
 pub mod compact;
+pub mod compat;
 pub mod connect;
 #[cfg(feature = "controller")]
 pub mod diagnostics;
