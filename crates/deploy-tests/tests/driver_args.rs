@@ -694,15 +694,19 @@ fn rows_parse_with_their_line_and_args() {
     assert_eq!(rows[1].name(), "row at line 5 (d, m.yaml@1, resizer)");
 }
 
-#[test]
-fn pod_args_fill_the_environment_and_move_addresses_to_free_ports() {
-    let row = |sidecar: &str, args: &str| Row {
+/// A row of `sidecar` with `args`, for the unit tests.
+fn row(sidecar: &str, args: &str) -> Row {
+    Row {
         line: 1,
         driver: "d".into(),
         source: "s".into(),
         sidecar: sidecar.into(),
         args: args.split_whitespace().map(str::to_owned).collect(),
-    };
+    }
+}
+
+#[test]
+fn pod_args_fill_the_environment_and_move_addresses_to_free_ports() {
     let (sock, reg, kc) = (
         Path::new("/t/csi.sock"),
         Path::new("/t/reg"),
@@ -781,13 +785,6 @@ fn pod_args_fill_the_environment_and_move_addresses_to_free_ports() {
 
 #[test]
 fn listed_failures_are_recognised() {
-    let row = |sidecar: &str, args: &str| Row {
-        line: 1,
-        driver: "d".into(),
-        source: "s".into(),
-        sidecar: sidecar.into(),
-        args: args.split_whitespace().map(str::to_owned).collect(),
-    };
     assert_eq!(
         expectation(&row("provisioner", "--tkgs-ha=true --enable-capacity")),
         Expect::FlagError("tkgs-ha".into())
