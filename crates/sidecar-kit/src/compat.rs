@@ -18,6 +18,7 @@
 
 use crate::goflag::{Kind, Spec, flag};
 use crate::gosyntax::parse_bool;
+use Upstream::{Attacher, LivenessProbe, Provisioner, Resizer, Snapshotter};
 
 /// The upstream sidecar a command line is a drop-in for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,8 +93,6 @@ const fn old(
         history,
     }
 }
-
-use Upstream::{Attacher, LivenessProbe, Provisioner, Resizer, Snapshotter};
 
 /// Every removed flag that real manifests still pass, with what it means today. A flag a
 /// sidecar defines today is never taken from here (node-driver-registrar still has
