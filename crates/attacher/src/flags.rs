@@ -10,11 +10,14 @@
 //! - the kit's `--master` is accepted (upstream has none; it only adds a way to reach the API
 //!   server) and the `KUBECONFIG` environment variable is read, as every plugreg sidecar does;
 //! - the apiserver feature-gate names, `AllAlpha` and `AllBeta` are accepted and ignored, as
-//!   upstream does.
+//!   upstream does;
+//! - v1.x's `--connection-timeout`, `--leader-election-identity` and `--leader-election-type`
+//!   are accepted with a warning (the kit's [`compat`](plugreg_sidecar_kit::compat) rules).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use plugreg_sidecar_kit::compat::Upstream;
 use plugreg_sidecar_kit::flags::{
     self as kit, Command, ControllerFlags, SidecarFlags, Syntax, other_gate,
 };
@@ -30,6 +33,7 @@ pub const COMMAND: Command = Command {
     legacy_usage: "Removed klog flag (external-attacher no longer registers it): accepted and ignored.",
     version_usage: "Show version.",
     controller: true,
+    upstream: Upstream::Attacher,
 };
 
 /// The whole command line.
@@ -431,5 +435,23 @@ mod tests {
     fn removed_klog_flags_are_accepted_and_listed() {
         let f = run(&["--logtostderr", "-alsologtostderr=false"]);
         assert_eq!(f.legacy, vec!["logtostderr", "alsologtostderr"]);
+    }
+
+    #[test]
+    fn v1_attacher_flags_are_accepted_with_a_warning() {
+        let f = run(&[
+            "--connection-timeout=15s",
+            "--leader-election-identity=pod-0",
+            "--leader-election-type=configmaps",
+            "--leader-election",
+        ]);
+        assert!(f.options.controller.leader_election);
+        assert_eq!(f.outdated.len(), 3);
+        assert!(f.outdated[2].warning.contains("uses a Lease instead"));
+        // Today's gate of the EKS manifest is the attacher's own.
+        let f = run(&["--feature-gates=MutableCSINodeAllocatableCount=true"]);
+        assert!(FeatureGates::from_requested(&f.options.feature_gates).is_ok());
+        assert!(f.outdated.is_empty());
+        assert!(err(&["--provisioner=x"]).contains("-provisioner"));
     }
 }

@@ -3,8 +3,10 @@
 //! prints the usage and exits 0.
 //!
 //! On top of upstream: `--version` prints the version (upstream has none and exits 2), and the
-//! legacy klog flags are accepted and ignored with a warning.
+//! legacy klog flags are accepted and ignored with a warning, and so is v1.x's
+//! `--connection-timeout` (with upstream's old warning).
 
+use plugreg_sidecar_kit::compat::Upstream;
 use plugreg_sidecar_kit::flags::{self as kit, Command, SidecarFlags, Syntax};
 use plugreg_sidecar_kit::goflag::{Kind, Spec, Value, flag};
 use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration};
@@ -19,6 +21,7 @@ pub const COMMAND: Command = Command {
     legacy_usage: "Legacy klog flag (no longer registered by livenessprobe): accepted and ignored.",
     version_usage: "Show version (a plugreg extension).",
     controller: false,
+    upstream: Upstream::LivenessProbe,
 };
 
 /// The whole command line.
@@ -256,5 +259,15 @@ mod tests {
         assert_eq!(f.logging.verbosity, 2);
         // Parsing stops at the first non-flag argument.
         assert_eq!(run(&["x", "--bogus"]).options, Config::default());
+    }
+
+    #[test]
+    fn connection_timeout_of_v1_is_accepted_with_upstreams_old_warning() {
+        let f = run(&["--connection-timeout=3s", "--csi-address=/s"]);
+        assert_eq!(
+            f.outdated[0].warning,
+            "Warning: option connection-timeout=\"3s\" is deprecated and has no effect"
+        );
+        assert!(err(&["--connection-timeout=x"]).contains("-connection-timeout"));
     }
 }

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use plugreg_sidecar_kit::compat::Upstream;
 use plugreg_sidecar_kit::flags::{self as kit, Command, SidecarFlags, Syntax};
 use plugreg_sidecar_kit::goflag::{Kind, Spec, Value, flag};
 use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration, parse_duration_nanos, parse_int};
@@ -26,6 +27,7 @@ pub const COMMAND: Command = Command {
     legacy_usage: "Legacy klog flag (removed from node-driver-registrar in v2.11): accepted and ignored.",
     version_usage: "Show version.",
     controller: false,
+    upstream: Upstream::Registrar,
 };
 
 /// The whole command line.
@@ -443,5 +445,13 @@ mod tests {
         let mut sorted = names.clone();
         sorted.sort_unstable();
         assert_eq!(names, sorted, "flags are listed sorted, as Go does");
+    }
+
+    #[test]
+    fn connection_timeout_stays_the_registrars_own_flag() {
+        // Still defined by node-driver-registrar: its own deprecation line, not the kit's.
+        let f = run(&["--connection-timeout=1m"]);
+        assert_eq!(f.options.connection_timeout, Duration::from_secs(60));
+        assert!(f.outdated.is_empty());
     }
 }

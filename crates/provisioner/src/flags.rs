@@ -7,11 +7,15 @@
 //! Differences from upstream:
 //! - the removed klog flags (`--logtostderr`, `--alsologtostderr`, ...) are accepted and ignored
 //!   (with a warning from `main`) instead of exit 2;
-//! - the apiserver feature-gate names, `AllAlpha` and `AllBeta` are accepted and ignored.
+//! - the apiserver feature-gate names, `AllAlpha` and `AllBeta` are accepted and ignored;
+//! - v1.x's `--enable-leader-election`, `--leader-election-type`, `--provisioner` and
+//!   `--connection-timeout`, and `HonorPVReclaimPolicy=true`, are accepted with a warning (the
+//!   kit's [`compat`](plugreg_sidecar_kit::compat) rules).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use plugreg_sidecar_kit::compat::Upstream;
 use plugreg_sidecar_kit::flags::{self as kit, Command, ControllerFlags, SidecarFlags, Syntax};
 use plugreg_sidecar_kit::goflag::{Kind, Spec, Value, flag};
 use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration, parse_int, parse_uint};
@@ -32,6 +36,7 @@ pub const COMMAND: Command = Command {
     legacy_usage: "Removed klog flag (external-provisioner no longer registers it): accepted and ignored.",
     version_usage: "Print the version and exit.",
     controller: true,
+    upstream: Upstream::Provisioner,
 };
 
 /// The whole command line.
@@ -728,7 +733,7 @@ mod tests {
             gates("Bogus=true,Topology=true").unwrap_err().to_string(),
             "unrecognized feature gate: Bogus"
         );
-        // Removed in v6.2: now unknown.
+        // Removed in v6.2: unknown here (the command line takes it out at its graduated value).
         assert!(gates("HonorPVReclaimPolicy=true").is_err());
     }
 
@@ -831,5 +836,49 @@ mod tests {
             assert!(text.contains(&format!("--{name}")), "{name}");
         }
         assert!(text.contains("  -v, --v Level"));
+    }
+
+    #[test]
+    fn honor_pv_reclaim_policy_at_its_graduated_value_is_accepted_with_a_warning() {
+        // ceph-csi's, csi-driver-nfs's and the Azure drivers' provisioner args.
+        let f = run(&["--feature-gates=HonorPVReclaimPolicy=true,VolumeAttributesClass=false"]);
+        let gates = FeatureGates::from_requested(&f.options.feature_gates).unwrap();
+        assert!(!gates.volume_attributes_class && gates.volume_attributes_class_explicit);
+        assert_eq!(f.outdated.len(), 1);
+        assert_eq!(f.outdated[0].given, "HonorPVReclaimPolicy=true");
+        // Set to the other value it is upstream's fatal error, in upstream's words.
+        let f = run(&["--feature-gates=HonorPVReclaimPolicy=false"]);
+        assert_eq!(
+            FeatureGates::from_requested(&f.options.feature_gates)
+                .unwrap_err()
+                .to_string(),
+            "unrecognized feature gate: HonorPVReclaimPolicy"
+        );
+    }
+
+    #[test]
+    fn v1_flags_are_taken_as_todays() {
+        // azuredisk-csi-driver v1.1.1 and csi-cloudscale v1.3.1.
+        let f = run(&[
+            "--feature-gates=Topology=true",
+            "--enable-leader-election",
+            "--leader-election-type=leases",
+            "--provisioner=ch.cloudscale.csi",
+            "--connection-timeout=15s",
+        ]);
+        assert!(f.options.controller.leader_election);
+        let given: Vec<_> = f.outdated.iter().map(|a| a.given.as_str()).collect();
+        assert_eq!(
+            given,
+            [
+                "enable-leader-election=true",
+                "leader-election-type=leases",
+                "provisioner=ch.cloudscale.csi",
+                "connection-timeout=15s"
+            ]
+        );
+        assert!(err(&["--leader-election-type=etcd"]).contains("unknown leader election type"));
+        // Not in the usage: today's flags only.
+        assert!(!usage("csi-provisioner").contains("enable-leader-election"));
     }
 }

@@ -9,11 +9,14 @@
 //! - the removed klog flags (`--logtostderr`, ...) are accepted and ignored (with a warning from
 //!   `main`) instead of exit 2;
 //! - `--timeout`'s help text says what the flag does (upstream's says "Timeout for waiting for
-//!   CSI driver socket.", but it is the deadline of every CSI call).
+//!   CSI driver socket.", but it is the deadline of every CSI call);
+//! - v0.x's `--csiTimeout` is `--timeout` and its `--leader-election-identity` is accepted, each
+//!   with a warning (the kit's [`compat`](plugreg_sidecar_kit::compat) rules).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use plugreg_sidecar_kit::compat::Upstream;
 use plugreg_sidecar_kit::flags::{
     self as kit, Command, ControllerFlags, SidecarFlags, Syntax, other_gate,
 };
@@ -32,6 +35,7 @@ pub const COMMAND: Command = Command {
     legacy_usage: "Removed klog flag (external-resizer no longer registers it): accepted and ignored.",
     version_usage: "Show version.",
     controller: true,
+    upstream: Upstream::Resizer,
 };
 
 /// The whole command line.
@@ -405,5 +409,17 @@ mod tests {
             ..Options::default()
         };
         assert_eq!(workers(&o), 0);
+    }
+
+    #[test]
+    fn csi_timeout_of_v0_is_the_timeout() {
+        // csi-cloudscale v1.3.1 and csi-digitalocean v1.3.0 run external-resizer v0.3.0.
+        let f = run(&["--v=5", "--csi-address=/s", "--csiTimeout=30s"]);
+        assert_eq!(f.options.timeout, Duration::from_secs(30));
+        assert_eq!(f.outdated.len(), 1);
+        assert!(f.outdated[0].warning.contains("taken as --timeout=30s"));
+        let f = run(&["-leader-election-identity=pod-0"]);
+        assert_eq!(f.outdated[0].given, "leader-election-identity=pod-0");
+        assert!(parse(&["--csiTimeout=30"]).is_err());
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! The sidecar decides when `--version` is answered ([`Program::version`]: upstream's
 //! provisioner checks its feature gates first) and warns about the removed klog flags with
-//! [`Program::warn_legacy`].
+//! [`Program::warn_legacy`]. The flags and gates of older upstream releases that were accepted
+//! ([`crate::compat`]) are logged here, as warnings, before the sidecar runs.
 
 use std::fmt::Display;
 use std::process::ExitCode;
@@ -65,6 +66,10 @@ impl Program {
             }
         };
         logging::init(format, flags.logging.verbosity, self.log_targets);
+        // Where upstream's old releases logged them: while parsing, before anything else.
+        for accepted in &flags.outdated {
+            tracing::warn!(option = %accepted.given, "{}", accepted.warning);
+        }
         match run(argv0, *flags) {
             Ok(code) => exit(code),
             Err(e) => {

@@ -7,6 +7,9 @@
 //!   accepted and ignored (listed in [`Flags::legacy`] so that `main` can warn) instead of
 //!   upstream's exit 2;
 //! - `--version`;
+//! - the flags and feature gates of older upstream releases that real manifests still pass
+//!   ([`compat`]): accepted as today's meaning, or with upstream's old deprecation warning,
+//!   listed in [`Flags::outdated`] for `main` to log;
 //! - for controller sidecars ([`Command::controller`]), the [`ControllerFlags`]: the API server
 //!   (`--kubeconfig`, `--master`), the client-side rate limit (`--kube-api-qps`,
 //!   `--kube-api-burst`), leader election (`--leader-election*`) and the diagnostics server
@@ -21,6 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
+use crate::compat::{self, Accepted, Meaning, Upstream};
 use crate::goflag::{self, FlagError, Kind, Spec, Value, flag, logging as log_flags};
 use crate::gosyntax::{SyntaxError, parse_duration, parse_int};
 use crate::logging::LogOptions;
@@ -46,6 +50,8 @@ pub struct Command {
     pub version_usage: &'static str,
     /// Whether the [`ControllerFlags`] are part of it.
     pub controller: bool,
+    /// The upstream sidecar it replaces: which older flags and gates ([`compat`]) it accepts.
+    pub upstream: Upstream,
 }
 
 /// What a sidecar adds to the skeleton: its own flags and where their values go.
@@ -76,6 +82,9 @@ pub struct Flags<O> {
     pub version: bool,
     /// Removed klog flags that were given (accepted and ignored), in order, without dashes.
     pub legacy: Vec<String>,
+    /// Flags and feature gates of older upstream releases that were given and accepted
+    /// ([`compat`]), in order, each with its warning.
+    pub outdated: Vec<Accepted>,
     /// Positional arguments (pflag only; Go's `flag` stops at the first one).
     pub positional: Vec<String>,
 }
@@ -566,10 +575,24 @@ impl Command {
         &self,
         args: &[S],
     ) -> Result<Parsed<O>, FlagError> {
-        let specs = self.specs::<O>();
+        let mut specs = self.specs::<O>();
+        let old: Vec<&compat::OldFlag> = compat::old_flags(self.upstream, &specs).collect();
+        // Parsed, never printed: the usage is today's.
+        specs.extend(old.iter().map(|o| o.spec));
         let mut flags = Flags::<O>::default();
-        let controller = self.controller;
+        let (controller, upstream) = (self.controller, self.upstream);
+        let known = &specs;
         let set = |spec: &Spec, value: Value<'_>| {
+            if let Some(o) = old.iter().find(|o| o.spec.name == spec.name) {
+                return flags.set_old(o, value, known, controller, upstream);
+            }
+            if let (Value::Text(text), true) = (value, spec.name == "feature-gates")
+                && let Some((rest, accepted)) = compat::take_graduated(upstream, text)
+            {
+                flags.set(spec, Value::Text(&rest), controller)?;
+                flags.outdated.extend(accepted);
+                return Ok(());
+            }
             flags.set(spec, value, controller)?;
             if spec.legacy {
                 flags.legacy.push(spec.name.to_owned());
@@ -595,6 +618,49 @@ impl Command {
 }
 
 impl<O: SidecarFlags> Flags<O> {
+    /// Applies a flag of an older release ([`compat`]) as what it means today, and records the
+    /// warning. `known` is the parse table (today's flags among them).
+    fn set_old(
+        &mut self,
+        old: &compat::OldFlag,
+        value: Value<'_>,
+        known: &[Spec],
+        controller: bool,
+        upstream: Upstream,
+    ) -> Result<(), SyntaxError> {
+        // `compat::old_flags` took only flags whose successor is in the table.
+        let today = |name: &str| {
+            goflag::lookup(known, name).unwrap_or_else(|| {
+                unreachable!(
+                    "--{} leads to --{name}, which the table lacks",
+                    old.spec.name
+                )
+            })
+        };
+        let shown = match value {
+            Value::Bool(b) => b.to_string(),
+            Value::Text(text) => text.to_owned(),
+        };
+        match old.meaning {
+            Meaning::Successor(name) => self.set(today(name), value, controller)?,
+            Meaning::Gate(gate) => {
+                let Value::Bool(b) = value else {
+                    unreachable!("--{} is a boolean", old.spec.name)
+                };
+                let pair = format!("{gate}={b}");
+                self.set(today("feature-gates"), Value::Text(&pair), controller)?;
+            }
+            Meaning::Gone => {
+                if let Value::Text(text) = value {
+                    goflag::check_syntax(old.spec.kind, text)?;
+                }
+            }
+            Meaning::LeaseOnly => compat::check_lease_type(&shown).map_err(SyntaxError::Other)?,
+        }
+        self.outdated.push(old.accepted(upstream.project(), &shown));
+        Ok(())
+    }
+
     /// Routes one flag: logging, `--version`, a removed klog flag, the controller block, else
     /// the sidecar's own.
     fn set(&mut self, spec: &Spec, value: Value<'_>, controller: bool) -> Result<(), SyntaxError> {
@@ -637,6 +703,7 @@ mod tests {
         controller: ControllerFlags,
         timeout: Duration,
         csi_address: String,
+        gates: BTreeMap<String, bool>,
     }
 
     impl SidecarFlags for Own {
@@ -644,6 +711,7 @@ mod tests {
             const OWN: &[Spec] = &[
                 flag("timeout", Kind::Duration, "duration", "10s", "Deadline."),
                 flag("csi-address", Kind::String, "string", "", "Socket."),
+                flag("feature-gates", Kind::Value, "mapStringBool", "", "Gates."),
                 flag(
                     "metrics-path",
                     Kind::String,
@@ -658,6 +726,7 @@ mod tests {
             match (spec.name, value) {
                 ("timeout", Value::Text(t)) => self.timeout = parse_duration(t)?,
                 ("csi-address", Value::Text(t)) => self.csi_address = t.to_owned(),
+                ("feature-gates", Value::Text(t)) => self.gates.extend(parse_gate_list(t)?),
                 other => unreachable!("{other:?}"),
             }
             Ok(())
@@ -672,6 +741,7 @@ mod tests {
         legacy_usage: "Removed.",
         version_usage: "Print the version and exit.",
         controller: true,
+        upstream: Upstream::Provisioner,
     };
     const GO: Command = Command {
         syntax: Syntax::Go,
@@ -760,5 +830,143 @@ mod tests {
         assert!(c.validate().is_ok());
         c.kube_api_burst = -1;
         assert_eq!(c.rate_limit().1, 0);
+    }
+
+    #[test]
+    fn an_old_flag_whose_meaning_survives_is_its_successor_with_a_warning() {
+        // external-provisioner v1.x's --enable-leader-election, in pflag syntax.
+        let f = run(&PFLAG, &["--enable-leader-election", "--csi-address=/s"]);
+        assert!(f.options.controller.leader_election);
+        assert_eq!(f.outdated.len(), 1);
+        assert_eq!(f.outdated[0].given, "enable-leader-election=true");
+        assert!(
+            f.outdated[0]
+                .warning
+                .contains("taken as --leader-election=true"),
+            "{}",
+            f.outdated[0].warning
+        );
+        // external-resizer v0.x's --csiTimeout, in Go syntax with one dash.
+        let resizer = Command {
+            upstream: Upstream::Resizer,
+            ..GO
+        };
+        let f = run(&resizer, &["-csiTimeout=30s"]);
+        assert_eq!(f.options.timeout, Duration::from_secs(30));
+        assert_eq!(f.outdated[0].given, "csiTimeout=30s");
+        // Its value is checked as today's flag checks it.
+        assert!(
+            resizer
+                .parse::<Own, _>(&["--csiTimeout=30"])
+                .unwrap_err()
+                .0
+                .contains("-csiTimeout")
+        );
+        // Another sidecar never had it.
+        assert_eq!(
+            GO.parse::<Own, _>(&["--csiTimeout=30s"]).unwrap_err().0,
+            "flag provided but not defined: -csiTimeout"
+        );
+    }
+
+    #[test]
+    fn an_old_flag_that_became_a_gate_sets_the_gate() {
+        let snapshotter = Command {
+            upstream: Upstream::Snapshotter,
+            ..GO
+        };
+        let f = run(
+            &snapshotter,
+            &[
+                "--enable-volume-group-snapshots=false",
+                "--feature-gates=ReleaseLeaderElectionOnExit=true",
+            ],
+        );
+        assert_eq!(f.options.gates.get("CSIVolumeGroupSnapshot"), Some(&false));
+        assert_eq!(f.options.gates.len(), 2);
+        let f = run(&snapshotter, &["-enable-volume-group-snapshots"]);
+        assert_eq!(f.options.gates.get("CSIVolumeGroupSnapshot"), Some(&true));
+        assert!(
+            snapshotter
+                .parse::<Own, _>(&["--enable-volume-group-snapshots=maybe"])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn an_old_flag_whose_effect_is_gone_gets_upstreams_old_warning() {
+        let snapshotter = Command {
+            upstream: Upstream::Snapshotter,
+            ..GO
+        };
+        let f = run(
+            &snapshotter,
+            &["--connection-timeout=15s", "--csi-address=/s"],
+        );
+        assert_eq!(f.options.csi_address, "/s");
+        assert_eq!(
+            f.outdated[0].warning,
+            "Warning: option connection-timeout=\"15s\" is deprecated and has no effect"
+        );
+        // The old type is still checked.
+        assert!(
+            snapshotter
+                .parse::<Own, _>(&["--connection-timeout=soon"])
+                .is_err()
+        );
+        let f = run(&PFLAG, &["--provisioner=ch.cloudscale.csi"]);
+        assert_eq!(f.outdated[0].given, "provisioner=ch.cloudscale.csi");
+        let f = run(&PFLAG, &["--leader-election-type=leases"]);
+        assert!(!f.options.controller.leader_election);
+        assert!(f.outdated[0].warning.contains("uses a Lease, as asked"));
+        assert!(
+            PFLAG
+                .parse::<Own, _>(&["--leader-election-type=etcd"])
+                .unwrap_err()
+                .0
+                .contains("unknown leader election type: etcd")
+        );
+    }
+
+    #[test]
+    fn a_graduated_gate_is_accepted_at_its_value_and_refused_at_the_other() {
+        let f = run(
+            &PFLAG,
+            &["--feature-gates=Topology=true,HonorPVReclaimPolicy=true"],
+        );
+        // Taken out: the sidecar sees only the gates it knows.
+        assert_eq!(f.options.gates.len(), 1);
+        assert_eq!(f.options.gates.get("Topology"), Some(&true));
+        assert_eq!(f.outdated.len(), 1);
+        assert_eq!(f.outdated[0].given, "HonorPVReclaimPolicy=true");
+        assert!(
+            f.outdated[0]
+                .warning
+                .contains("removed from external-provisioner")
+        );
+        // The other value stays for the sidecar to refuse as upstream does.
+        let f = run(&PFLAG, &["--feature-gates=HonorPVReclaimPolicy=false"]);
+        assert_eq!(f.options.gates.get("HonorPVReclaimPolicy"), Some(&false));
+        assert!(f.outdated.is_empty());
+        // Only the sidecar that had it.
+        let attacher = Command {
+            upstream: Upstream::Attacher,
+            ..GO
+        };
+        let f = run(&attacher, &["--feature-gates=HonorPVReclaimPolicy=true"]);
+        assert!(f.outdated.is_empty() && f.options.gates.len() == 1);
+    }
+
+    #[test]
+    fn old_flags_are_parsed_but_never_listed() {
+        let usage = PFLAG.usage::<Own>("x");
+        for name in [
+            "enable-leader-election",
+            "provisioner",
+            "connection-timeout",
+        ] {
+            assert!(!usage.contains(name), "{name}");
+            assert!(!PFLAG.names::<Own>().any(|n| n == name), "{name}");
+        }
     }
 }

@@ -7,7 +7,8 @@
 //! A sidecar crate writes:
 //! - its own flags: a type implementing [`flags::SidecarFlags`] (its [`goflag::Spec`]s and where
 //!   their values go; a controller sidecar embeds [`flags::ControllerFlags`] in it), and a
-//!   [`flags::Command`] naming the syntax (Go's `flag` or pflag) and its help texts;
+//!   [`flags::Command`] naming the syntax (Go's `flag` or pflag), its help texts and the
+//!   upstream sidecar it replaces;
 //! - its decide/act code, on the kit's parts below;
 //! - a thin `main`: a [`cli::Program`] (name, version, log targets) whose
 //!   [`main`](cli::Program::main) parses, answers `--help`, sets up logging and exits with
@@ -17,7 +18,9 @@
 //! - the command line: [`flags`] (the skeleton: logging flags, removed klog flags, `--version`,
 //!   the controller block of `--kubeconfig`, `--master`, `--kube-api-qps`/`--kube-api-burst`,
 //!   `--leader-election*`, `--http-endpoint`/`--metrics-address`/`--metrics-path`) over Go's
-//!   `flag` and spf13/pflag syntax and value parsers ([`goflag`], [`pflag`], [`gosyntax`]);
+//!   `flag` and spf13/pflag syntax and value parsers ([`goflag`], [`pflag`], [`gosyntax`]), and
+//!   the flags and feature gates of older upstream releases that manifests still pass
+//!   ([`compat`]: accepted with a warning where safe);
 //! - the binary: [`cli`] (feature `cli`), component-base's logging flags and klog-style log
 //!   lines ([`logging`]);
 //! - [`connect`]: reaching the driver within a window, logging "Still connecting";
@@ -46,6 +49,7 @@ pub mod cache;
 pub mod cli;
 #[cfg(feature = "controller")]
 pub mod compact;
+pub mod compat;
 pub mod connect;
 #[cfg(feature = "controller")]
 pub mod diagnostics;

@@ -16,11 +16,15 @@
 //!   `--snapshot-name-uuid-length` or `--groupsnapshot-name-uuid-length` outside -1..=32,
 //!   `--worker-threads` below 1;
 //! - `CSIVolumeGroupSnapshot=true` is refused (exit 1): group snapshots are not implemented
-//!   (upstream has them off by default in v8.6.0).
+//!   (upstream has them off by default in v8.6.0);
+//! - v1.x's `--connection-timeout` and `--snapshotter` are accepted with upstream's old warning,
+//!   and v8.0's `--enable-volume-group-snapshots` is the CSIVolumeGroupSnapshot gate (the kit's
+//!   [`compat`](plugreg_sidecar_kit::compat) rules).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use plugreg_sidecar_kit::compat::Upstream;
 use plugreg_sidecar_kit::flags::{
     self as kit, Command, ControllerFlags, SidecarFlags, Syntax, other_gate,
 };
@@ -36,6 +40,7 @@ pub const COMMAND: Command = Command {
     legacy_usage: "Removed klog flag (csi-snapshotter no longer registers it): accepted and ignored.",
     version_usage: "Show version.",
     controller: true,
+    upstream: Upstream::Snapshotter,
 };
 
 /// The whole command line.
@@ -479,5 +484,24 @@ mod tests {
             gates("Bogus=true").unwrap_err().to_string(),
             "unrecognized feature gate: Bogus"
         );
+    }
+
+    #[test]
+    fn old_snapshotter_flags_are_accepted_as_upstream_last_had_them() {
+        // csi-digitalocean v1.0.1 runs csi-snapshotter v1.0.1.
+        let f = run(&["--connection-timeout=15s", "--csi-address=/s"]);
+        assert_eq!(
+            f.outdated[0].warning,
+            "Warning: option connection-timeout=\"15s\" is deprecated and has no effect"
+        );
+        // ceph-csi's chart: v8.0's flag is the CSIVolumeGroupSnapshot gate now.
+        let f = run(&["--enable-volume-group-snapshots=false"]);
+        let gates = FeatureGates::from_requested(&f.options.feature_gates).unwrap();
+        assert!(!gates.volume_group_snapshot);
+        let f = run(&["--enable-volume-group-snapshots=true"]);
+        let gates = FeatureGates::from_requested(&f.options.feature_gates).unwrap();
+        assert!(gates.volume_group_snapshot);
+        let f = run(&["--snapshotter=dobs.csi.digitalocean.com"]);
+        assert_eq!(f.outdated[0].given, "snapshotter=dobs.csi.digitalocean.com");
     }
 }
