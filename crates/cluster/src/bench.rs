@@ -344,8 +344,15 @@ async fn claim_lives(
                         "kind": "VolumeSnapshot", "name": snap}},
             }))
             .await?;
-        workload::pod_reading_claim(cluster, ns, &reader, &options.images.busybox, &restored, "f")
-            .await?;
+        workload::pod_reading_claim(
+            cluster,
+            ns,
+            &reader,
+            &options.images.busybox,
+            &restored,
+            "f",
+        )
+        .await?;
         until(STEP, "the restored pod Running", running(reader.clone())).await?;
         figures.restored_running.push(t.elapsed());
 
@@ -397,7 +404,11 @@ async fn claim_lives(
             let (pvs, attachments, contents) = (pvs.clone(), attachments.clone(), contents.clone());
             async move {
                 Ok(pvs.list(&Default::default()).await?.items.is_empty()
-                    && attachments.list(&Default::default()).await?.items.is_empty()
+                    && attachments
+                        .list(&Default::default())
+                        .await?
+                        .items
+                        .is_empty()
                     && contents.list(&Default::default()).await?.items.is_empty())
             }
         })
