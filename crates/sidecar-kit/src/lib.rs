@@ -24,7 +24,8 @@
 //! - [`metrics`]: the registry with `csi_sidecar_operations_seconds`, the work-queue, leader and
 //!   process metrics, and the sidecar's own families through a [`metrics::Collector`];
 //! - [`quantity`]: Kubernetes resource quantities as byte counts, both ways;
-//! - [`migration`]: the CSI-migration target drivers;
+//! - [`migration`]: the CSI-migration target drivers and (with `controller`) the translation of
+//!   in-tree StorageClasses and PVs to CSI and back (csi-translation-lib's);
 //! - [`http`]: a small HTTP/1 diagnostics server with the bounds a network endpoint needs and one
 //!   shared health check in flight;
 //! - with the feature `controller` (kube and k8s-openapi; node sidecars leave it out):
