@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 pub use plugreg_sidecar_kit::compact::Compact;
 use plugreg_sidecar_kit::compact::{Trim, trim_meta};
+use plugreg_sidecar_kit::migration;
 
 use crate::decide;
 
@@ -40,18 +41,12 @@ impl Trim for Va {
 #[derive(Debug)]
 pub enum Pv {}
 
-/// The PV annotations the translation of an in-tree PV reads.
+/// The PV annotations the translation of an in-tree PV reads, with the migration annotation.
 const TRANSLATION_ANNOTATIONS: [&str; 4] = [
     decide::MIGRATED_TO_ANNOTATION,
-    "kubernetes.io/azure-file-resource-group",
-    "openstorage.io/auth-secret-name",
-    "openstorage.io/auth-secret-namespace",
-];
-
-/// The PV labels the translation of an in-tree PV reads.
-const TRANSLATION_LABELS: [&str; 2] = [
-    "topology.kubernetes.io/zone",
-    "failure-domain.beta.kubernetes.io/zone",
+    migration::TRANSLATION_ANNOTATIONS[0],
+    migration::TRANSLATION_ANNOTATIONS[1],
+    migration::TRANSLATION_ANNOTATIONS[2],
 ];
 
 impl Trim for Pv {
@@ -61,12 +56,9 @@ impl Trim for Pv {
         if !in_tree {
             trim_meta(&mut pv.metadata, &[decide::MIGRATED_TO_ANNOTATION], true);
         } else {
-            let labels = pv.metadata.labels.take().map(|mut l| {
-                l.retain(|k, _| TRANSLATION_LABELS.contains(&k.as_str()));
-                l
-            });
+            let labels = migration::translation_labels(pv.metadata.labels.take());
             trim_meta(&mut pv.metadata, &TRANSLATION_ANNOTATIONS, true);
-            pv.metadata.labels = labels.filter(|l| !l.is_empty());
+            pv.metadata.labels = labels;
         }
         pv.status = None;
         if let Some(spec) = pv.spec.as_mut() {

@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Persis
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use plugreg_sidecar_kit::compact::trim_meta;
 pub use plugreg_sidecar_kit::compact::{Compact, Trim};
+use plugreg_sidecar_kit::migration;
 use serde::Deserialize;
 
 use crate::kube as k;
@@ -53,20 +54,14 @@ const PV_ANNOTATIONS: [&str; 3] = [
     k::ANN_MODIFY_SECRET_NAMESPACE,
 ];
 
-/// The annotations an in-tree PV keeps besides: what its translation reads.
+/// The annotations an in-tree PV keeps: every PV's and what its translation reads.
 const IN_TREE_PV_ANNOTATIONS: [&str; 6] = [
-    k::ANN_PRE_RESIZE_CAPACITY,
-    k::ANN_MODIFY_SECRET_NAME,
-    k::ANN_MODIFY_SECRET_NAMESPACE,
-    "kubernetes.io/azure-file-resource-group",
-    "openstorage.io/auth-secret-name",
-    "openstorage.io/auth-secret-namespace",
-];
-
-/// The labels an in-tree PV keeps: the zones a GCE PD handle is made of.
-const IN_TREE_PV_LABELS: [&str; 2] = [
-    "topology.kubernetes.io/zone",
-    "failure-domain.beta.kubernetes.io/zone",
+    PV_ANNOTATIONS[0],
+    PV_ANNOTATIONS[1],
+    PV_ANNOTATIONS[2],
+    migration::TRANSLATION_ANNOTATIONS[0],
+    migration::TRANSLATION_ANNOTATIONS[1],
+    migration::TRANSLATION_ANNOTATIONS[2],
 ];
 
 impl Trim for Pv {
@@ -75,15 +70,12 @@ impl Trim for Pv {
         let in_tree = pv
             .spec
             .as_ref()
-            .and_then(plugreg_sidecar_kit::migration::in_tree_plugin_of_pv)
+            .and_then(migration::in_tree_plugin_of_pv)
             .is_some();
         if in_tree {
-            let labels = pv.metadata.labels.take().map(|mut l| {
-                l.retain(|key, _| IN_TREE_PV_LABELS.contains(&key.as_str()));
-                l
-            });
+            let labels = migration::translation_labels(pv.metadata.labels.take());
             trim_meta(&mut pv.metadata, &IN_TREE_PV_ANNOTATIONS, false);
-            pv.metadata.labels = labels.filter(|l| !l.is_empty());
+            pv.metadata.labels = labels;
         } else {
             trim_meta(&mut pv.metadata, &PV_ANNOTATIONS, false);
         }

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::error::Error;
-use super::go;
 use super::topology::{self, CSI_FSTYPE, FSTYPE};
+use crate::gotext;
 
 /// The driver.
 const DRIVER: &str = "ebs.csi.aws.com";
@@ -22,16 +22,14 @@ pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), Error> {
     let mut params = BTreeMap::new();
     let mut generated = None;
     for (k, v) in sc.parameters.iter().flatten() {
-        match k.to_lowercase().as_str() {
+        let lower = k.to_lowercase();
+        if let Some(terms) = topology::zone_parameter(&lower, v, TOPOLOGY_KEY) {
+            generated = Some(terms);
+            continue;
+        }
+        match lower.as_str() {
             FSTYPE => {
                 params.insert(CSI_FSTYPE.to_owned(), v.clone());
-            }
-            "zone" => generated = Some(topology::generated_term(TOPOLOGY_KEY, vec![v.clone()])),
-            "zones" => {
-                generated = Some(topology::generated_term(
-                    TOPOLOGY_KEY,
-                    topology::split_zones(v),
-                ))
             }
             "iopspergb" => {
                 params.insert(k.clone(), v.clone());
@@ -67,7 +65,7 @@ fn ebs_volume_id(id: &str) -> Result<String, Error> {
 /// The decoded path of `aws://<rest>` as Go's `url.Parse` gives it, or its error text for the
 /// cases an EBS ID can meet (control characters, bad escapes, a bad port).
 fn url_path(whole: &str, rest: &str) -> Result<String, String> {
-    let parse = |why: String| format!("parse {}: {why}", go::quote(whole));
+    let parse = |why: String| format!("parse {}: {why}", gotext::quote(whole));
     if whole.chars().any(|c| (c as u32) < 0x20 || c == '\u{7f}') {
         return Err(parse(
             "net/url: invalid control character in URL".to_owned(),
@@ -86,7 +84,7 @@ fn url_path(whole: &str, rest: &str) -> Result<String, String> {
     {
         return Err(parse(format!(
             "invalid port {} after host",
-            go::quote(&format!(":{port}"))
+            gotext::quote(&format!(":{port}"))
         )));
     }
     unescape(host).map_err(&parse)?;
@@ -108,7 +106,7 @@ fn unescape(s: &str) -> Result<String, String> {
             let Some(b) = hex else {
                 let end = (i + 3).min(bytes.len());
                 let bad = String::from_utf8_lossy(&bytes[i..end]);
-                return Err(format!("invalid URL escape {}", go::quote(&bad)));
+                return Err(format!("invalid URL escape {}", gotext::quote(&bad)));
             };
             out.push(b);
             i += 3;
@@ -160,7 +158,7 @@ pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), Error> {
         .as_ref()
         .and_then(|a| a.get("partition"))
     {
-        let n = go::atoi32(p).map_err(|reason| Error::EbsPartition {
+        let n = gotext::atoi32(p).map_err(|reason| Error::EbsPartition {
             value: p.clone(),
             reason,
         })?;

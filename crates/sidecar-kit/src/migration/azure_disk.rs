@@ -37,15 +37,9 @@ pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), Error> {
     let mut params = BTreeMap::new();
     let mut generated = None;
     for (k, v) in sc.parameters.iter().flatten() {
-        match k.to_lowercase().as_str() {
-            "zone" => generated = Some(topology::generated_term(TOPOLOGY_KEY, vec![v.clone()])),
-            "zones" => {
-                generated = Some(topology::generated_term(
-                    TOPOLOGY_KEY,
-                    topology::split_zones(v),
-                ))
-            }
-            _ => {
+        match topology::zone_parameter(&k.to_lowercase(), v, TOPOLOGY_KEY) {
+            Some(terms) => generated = Some(terms),
+            None => {
                 params.insert(k.clone(), v.clone());
             }
         }

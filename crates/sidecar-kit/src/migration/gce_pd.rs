@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::error::Error;
-use super::go;
 use super::topology::{self, BETA_ZONE, CSI_FSTYPE, FSTYPE, GA_ZONE, MULTI_ZONE_DELIMITER};
+use crate::gotext;
 
 /// The driver.
 const DRIVER: &str = "pd.csi.storage.gke.io";
@@ -26,16 +26,14 @@ pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), Error> {
     let mut params = BTreeMap::new();
     let mut generated = None;
     for (k, v) in sc.parameters.iter().flatten() {
-        match k.to_lowercase().as_str() {
+        let lower = k.to_lowercase();
+        if let Some(terms) = topology::zone_parameter(&lower, v, TOPOLOGY_KEY) {
+            generated = Some(terms);
+            continue;
+        }
+        match lower.as_str() {
             FSTYPE => {
                 params.insert(CSI_FSTYPE.to_owned(), v.clone());
-            }
-            "zone" => generated = Some(topology::generated_term(TOPOLOGY_KEY, vec![v.clone()])),
-            "zones" => {
-                generated = Some(topology::generated_term(
-                    TOPOLOGY_KEY,
-                    topology::split_zones(v),
-                ))
             }
             _ => {
                 params.insert(k.clone(), v.clone());
@@ -139,7 +137,7 @@ pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), Error> {
         .and_then(|a| a.get("partition"))
         .filter(|p| !p.is_empty())
     {
-        let n = go::atoi32(p).map_err(|reason| Error::GcePartition {
+        let n = gotext::atoi32(p).map_err(|reason| Error::GcePartition {
             value: p.clone(),
             reason,
         })?;

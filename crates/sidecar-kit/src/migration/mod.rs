@@ -26,8 +26,6 @@ mod error;
 #[cfg(feature = "controller")]
 mod gce_pd;
 #[cfg(feature = "controller")]
-mod go;
-#[cfg(feature = "controller")]
 mod portworx;
 #[cfg(all(test, feature = "controller"))]
 mod tests_translate;
@@ -56,6 +54,33 @@ pub const TARGETS: &[(&str, &str)] = &[
     ("csi.vsphere.vmware.com", "kubernetes.io/vsphere-volume"),
     ("pxd.portworx.com", "kubernetes.io/portworx-volume"),
 ];
+
+/// The PV labels a translation reads (a GCE PD handle is made of the zones): what a watch
+/// cache that trims labels keeps of an in-tree PV.
+pub const TRANSLATION_LABELS: [&str; 2] = [
+    "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/zone",
+];
+
+/// The PV annotations a translation reads (Azure File's resource group, Portworx's secret):
+/// what a watch cache that trims annotations keeps of an in-tree PV.
+pub const TRANSLATION_ANNOTATIONS: [&str; 3] = [
+    "kubernetes.io/azure-file-resource-group",
+    "openstorage.io/auth-secret-name",
+    "openstorage.io/auth-secret-namespace",
+];
+
+/// Of `labels`, those a translation reads ([`TRANSLATION_LABELS`]); none left: `None`.
+pub fn translation_labels(
+    labels: Option<std::collections::BTreeMap<String, String>>,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    labels
+        .map(|mut l| {
+            l.retain(|k, _| TRANSLATION_LABELS.contains(&k.as_str()));
+            l
+        })
+        .filter(|l| !l.is_empty())
+}
 
 /// The in-tree plugin that the CSI driver `driver` replaces, if it is a migration target.
 pub fn in_tree_plugin(driver: &str) -> Option<&'static str> {

@@ -33,8 +33,8 @@ pub(super) type RegionParser = fn(&[String]) -> Result<String, RegionError>;
 
 // --- StorageClass -------------------------------------------------------------------------
 
-/// The term a `zone` (one value) or `zones` (comma-separated, untrimmed) parameter generates.
-pub(super) fn generated_term(key: &str, values: Vec<String>) -> Vec<TopologySelectorTerm> {
+/// The one term of a `zone` or `zones` parameter.
+fn generated_term(key: &str, values: Vec<String>) -> Vec<TopologySelectorTerm> {
     vec![TopologySelectorTerm {
         match_label_expressions: Some(vec![TopologySelectorLabelRequirement {
             key: key.to_owned(),
@@ -43,10 +43,22 @@ pub(super) fn generated_term(key: &str, values: Vec<String>) -> Vec<TopologySele
     }]
 }
 
-/// The values of a `zones` parameter: split on `,`, untrimmed, empties kept (Go's
-/// `strings.Split`).
-pub(super) fn split_zones(v: &str) -> Vec<String> {
-    v.split(',').map(str::to_owned).collect()
+/// The topology a `zone` (one value) or `zones` (split on `,`, untrimmed, empties kept: Go's
+/// `strings.Split`) parameter generates under `key`; `lower` is the parameter's key lower-cased.
+/// `None` for any other parameter.
+pub(super) fn zone_parameter(
+    lower: &str,
+    value: &str,
+    key: &str,
+) -> Option<Vec<TopologySelectorTerm>> {
+    match lower {
+        "zone" => Some(generated_term(key, vec![value.to_owned()])),
+        "zones" => Some(generated_term(
+            key,
+            value.split(',').map(str::to_owned).collect(),
+        )),
+        _ => None,
+    }
 }
 
 /// Sets `allowedTopologies` from the generated term or rewrites its zone keys to `key`.

@@ -1,10 +1,11 @@
-//! The few Go library behaviours whose texts show in the translation's errors.
+//! Go's texts as upstream's sidecars print them: a string quoted by `%q` (`strconv.Quote`) and
+//! `strconv.Atoi`'s errors. One copy for every sidecar that reproduces such a text.
 
 use std::fmt::Write;
 
 /// Go's `strconv.Quote` (what `%q` and `%#v` print for a string), for the characters that
 /// occur in Kubernetes names and IDs; other non-printable characters become `\u` escapes.
-pub(super) fn quote(s: &str) -> String {
+pub fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
@@ -33,7 +34,7 @@ pub(super) fn quote(s: &str) -> String {
 
 /// Go's `int32(strconv.Atoi(s))`: an optional sign and decimal digits, a 64-bit range, then
 /// truncated to 32 bits as Go's conversion does. The error is `strconv.Atoi`'s text.
-pub(super) fn atoi32(s: &str) -> Result<i32, String> {
+pub fn atoi32(s: &str) -> Result<i32, String> {
     use std::num::IntErrorKind;
     match s.parse::<i64>() {
         // Truncation is Go's int32() conversion.
