@@ -242,10 +242,9 @@ async fn an_in_tree_pv_is_attached_and_detached_translated_through_kcm() {
 /// never makes the first two): an in-tree PV whose ID does not translate gets upstream's attach
 /// error; an NFS PV is not migratable; an in-line volume (as KCM translates one) is published
 /// as it is, with `migrated="false"`, and unpublished when its VolumeAttachment goes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn test_made_attachments_of_in_tree_and_in_line_volumes() {
+async fn test_made_attachments_of_in_tree_and_in_line_volumes(version: KubeVersion) {
     let api = Arc::new(
-        ApiServer::start_version(KubeVersion::V1_36_2)
+        ApiServer::start_version(version)
             .await
             .expect("kube-apiserver"),
     );
@@ -309,4 +308,14 @@ async fn test_made_attachments_of_in_tree_and_in_line_volumes() {
     assert_eq!(env.calls.count(Method::ControllerUnpublishVolume), 1);
     assert_eq!(env.calls.unpublish_requests()[0].volume_id, "vol-c");
     assert!(a.running(), "{}", a.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_made_attachments_of_in_tree_and_in_line_volumes_v1_36() {
+    test_made_attachments_of_in_tree_and_in_line_volumes(KubeVersion::V1_36_2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_made_attachments_of_in_tree_and_in_line_volumes_v1_20() {
+    test_made_attachments_of_in_tree_and_in_line_volumes(KubeVersion::V1_20_2).await;
 }

@@ -220,3 +220,39 @@ async fn a_pv_that_cannot_be_written_back_in_tree_is_deleted_and_reported() {
     );
     assert!(p.running(), "{}", p.log());
 }
+
+/// Checklist 13 (and decisions M2): a GCE PD claim whose volume ID has fewer than six `/`
+/// parts cannot be written back as `gcePersistentDisk`; the volume is deleted and the error,
+/// upstream's text with its trailing space, reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gce_volume_id_without_its_parts_is_deleted_and_reported() {
+    const GCE: &str = "pd.csi.storage.gke.io";
+    let mut env = Env::isolated(KubeVersion::V1_36_2, |c| c.name = GCE.into()).await;
+    env.name = GCE.into();
+    let class = env
+        .class("-pd", json!({"provisioner": "kubernetes.io/gce-pd"}))
+        .await;
+    let mut p = env.provisioner(&[]);
+    env.claim("data", &class, "1Gi", json!({})).await;
+    let failed = env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
+    assert!(
+        failed.ends_with("failed to get id components.Got: 1, wanted 6 components or more. "),
+        "{failed:?}"
+    );
+    tokio::time::timeout(common::WAIT, env.calls.wait_for(Method::DeleteVolume, 1))
+        .await
+        .expect("DeleteVolume of the created volume");
+    let created = env.calls.create_requests();
+    let deleted = env.calls.delete_requests();
+    assert!(!created.is_empty() && !deleted.is_empty());
+    assert_eq!(
+        env.volumes()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        0
+    );
+    assert!(p.running(), "{}", p.log());
+}
