@@ -1210,4 +1210,46 @@ mod tests {
             ("vol-1", false)
         );
     }
+
+    /// Checklist 30: the reconciler looks a translated or in-line volume up under its handle
+    /// repaired for the node (GCE PD's `UNSPECIFIED` parts from the node ID), any other as is.
+    #[test]
+    fn the_reconciler_repairs_translated_and_in_line_handles() {
+        const NODE: &str = "projects/p1/zones/us-central1-a/instances/n1";
+        let gce = in_tree_pv(
+            "pv",
+            json!({"gcePersistentDisk": {"pdName": "d1"}}),
+            json!({}),
+        );
+        let src = Source::Pv("pv");
+        let v = volume_spec(&src, Some(&gce), false).unwrap();
+        assert_eq!(
+            reconciled_handle(&src, &v, NODE).as_deref(),
+            Ok("projects/p1/zones/us-central1-a/disks/d1")
+        );
+        let inline: PersistentVolumeSpec = serde_json::from_value(json!({"csi": {
+            "driver": "pd.csi.storage.gke.io",
+            "volumeHandle": "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d2"}}))
+        .unwrap();
+        let src = Source::Inline(&inline);
+        let v = volume_spec(&src, None, false).unwrap();
+        assert_eq!(
+            reconciled_handle(&src, &v, NODE).as_deref(),
+            Ok("projects/p1/zones/us-central1-a/disks/d2")
+        );
+        let csi = pv("pv", &["ReadWriteOnce"]);
+        let src = Source::Pv("pv");
+        let v = volume_spec(&src, Some(&csi), false).unwrap();
+        assert_eq!(reconciled_handle(&src, &v, NODE).as_deref(), Ok("vol-1"));
+        let short = in_tree_pv(
+            "pv",
+            json!({"gcePersistentDisk": {"pdName": "d1"}}),
+            json!({}),
+        );
+        let v = volume_spec(&Source::Pv("pv"), Some(&short), false).unwrap();
+        assert_eq!(
+            reconciled_handle(&Source::Pv("pv"), &v, "n1").unwrap_err(),
+            "Failed to repair volume handle for driver pd.csi.storage.gke.io: node handle has wrong number of elements; got 1, wanted 6 or more"
+        );
+    }
 }

@@ -238,9 +238,10 @@ async fn an_in_tree_pv_is_attached_and_detached_translated_through_kcm() {
     drop(kcm);
 }
 
-/// Checklist 23, 28 and 29 with VolumeAttachments written by the test (the A/D controller
-/// never makes the first two): an in-tree PV whose ID does not translate gets upstream's attach
-/// error; an NFS PV is not migratable; an in-line volume (as KCM translates one) is published
+/// Checklist 23, 25, 26, 28 and 29 with VolumeAttachments written by the test (the A/D
+/// controller never makes those that fail): in-tree PVs that do not translate (a bad EBS ID, an
+/// Azure Disk of the defaulted kind `Shared`, an Azure File without a secret namespace) get
+/// upstream's attach errors; an NFS PV is not migratable; an in-line volume (as KCM translates one) is published
 /// as it is, with `migrated="false"`, and unpublished when its VolumeAttachment goes.
 async fn test_made_attachments_of_in_tree_and_in_line_volumes(version: KubeVersion) {
     let api = Arc::new(
@@ -267,6 +268,29 @@ async fn test_made_attachments_of_in_tree_and_in_line_volumes(version: KubeVersi
         "failed to translate in tree pv to CSI: failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume (aws://us-east-1a/bad)",
     )
     .await;
+
+    // Checklist 25 and 26: the API server defaults an Azure Disk's `kind` to `Shared`, which
+    // does not translate; an Azure File PV without `secretNamespace` or a claim has no
+    // secret namespace.
+    let translation_errors = [
+        (
+            "disk",
+            json!({"azureDisk": {"diskName": "d1", "diskURI": "https://acct.blob.core.windows.net/vhds/d1.vhd"}}),
+            "failed to translate in tree pv to CSI: kind(Shared) is not supported in csi migration",
+        ),
+        (
+            "file",
+            json!({"azureFile": {"secretName": "azure-storage-account-acct-secret", "shareName": "share"}}),
+            "failed to translate in tree pv to CSI: could not find a secret namespace in PersistentVolumeSource or ClaimRef",
+        ),
+    ];
+    for (what, spec, want) in translation_errors {
+        let pv = env.unique(what);
+        create_pv(&env, &pv, json!({}), spec).await;
+        let va = env.unique(&format!("va-{what}"));
+        env.va(&va, &pv, &node).await;
+        env.wait_attach_error(&va, want).await;
+    }
 
     let nfs = env.unique("nfs");
     create_pv(
