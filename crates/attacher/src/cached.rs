@@ -11,10 +11,11 @@
 //! Writes never come from these copies: the attacher changes objects by patches that name
 //! only what they change.
 
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 pub use plugreg_sidecar_kit::compact::Compact;
 use plugreg_sidecar_kit::compact::{Trim, trim_meta};
+use plugreg_sidecar_kit::migration;
 
 use crate::decide;
 
@@ -34,18 +35,42 @@ impl Trim for Va {
 /// What the attacher keeps of a PersistentVolume: of the metadata the identity, finalizers,
 /// deletion time and the migration annotation; no status; of the spec what a publish reads
 /// (the CSI source, access modes, volume mode, mount options) and the in-tree sources (whose
-/// presence decides).
+/// presence decides). An in-tree PV keeps what its translation reads too: the zone labels
+/// (a GCE PD handle), the Azure File resource group and Portworx secret annotations, and the
+/// claim's namespace (an Azure File secret's).
 #[derive(Debug)]
 pub enum Pv {}
+
+/// The PV annotations the translation of an in-tree PV reads, with the migration annotation.
+const TRANSLATION_ANNOTATIONS: [&str; 4] = [
+    decide::MIGRATED_TO_ANNOTATION,
+    migration::TRANSLATION_ANNOTATIONS[0],
+    migration::TRANSLATION_ANNOTATIONS[1],
+    migration::TRANSLATION_ANNOTATIONS[2],
+];
 
 impl Trim for Pv {
     type Object = PersistentVolume;
     fn trim(pv: &mut PersistentVolume) {
-        trim_meta(&mut pv.metadata, &[decide::MIGRATED_TO_ANNOTATION], true);
+        let in_tree = pv.spec.as_ref().is_some_and(decide::in_tree);
+        if !in_tree {
+            trim_meta(&mut pv.metadata, &[decide::MIGRATED_TO_ANNOTATION], true);
+        } else {
+            let labels = migration::translation_labels(pv.metadata.labels.take());
+            trim_meta(&mut pv.metadata, &TRANSLATION_ANNOTATIONS, true);
+            pv.metadata.labels = labels;
+        }
         pv.status = None;
         if let Some(spec) = pv.spec.as_mut() {
             spec.capacity = None;
-            spec.claim_ref = None;
+            spec.claim_ref = spec
+                .claim_ref
+                .take()
+                .filter(|_| in_tree)
+                .map(|c| ObjectReference {
+                    namespace: c.namespace,
+                    ..ObjectReference::default()
+                });
             spec.node_affinity = None;
             spec.storage_class_name = None;
             spec.persistent_volume_reclaim_policy = None;
@@ -161,6 +186,32 @@ mod tests {
             "spec": {"gcePersistentDisk": {"pdName": "disk"}}});
         let c: Compact<Pv> = serde_json::from_value(pv).unwrap();
         assert!(decide::in_tree(c.object().spec.as_ref().unwrap()));
+    }
+
+    /// An in-tree PV translates from the cache as from the full object.
+    #[test]
+    fn an_in_tree_pv_keeps_what_its_translation_reads() {
+        let wires = [
+            json!({"metadata": {"name": "p", "labels": {"topology.kubernetes.io/zone": "us-central1-a", "x": "y"}},
+                "spec": {"gcePersistentDisk": {"pdName": "disk"}, "accessModes": ["ReadWriteMany"],
+                    "claimRef": {"name": "c", "namespace": "n"}}}),
+            json!({"metadata": {"name": "p", "annotations": {"kubernetes.io/azure-file-resource-group": "rg"}},
+                "spec": {"azureFile": {"secretName": "s", "shareName": "sh"},
+                    "claimRef": {"name": "c", "namespace": "n", "uid": "u"}}}),
+            json!({"metadata": {"name": "p", "annotations": {"openstorage.io/auth-secret-name": "s",
+                    "openstorage.io/auth-secret-namespace": "n"}},
+                "spec": {"portworxVolume": {"volumeID": "px"}}}),
+        ];
+        for wire in wires {
+            let c: Compact<Pv> = serde_json::from_value(wire.clone()).unwrap();
+            let full: PersistentVolume = serde_json::from_value(wire).unwrap();
+            let cached =
+                plugreg_sidecar_kit::migration::translate_in_tree_pv_to_csi(&c.object()).unwrap();
+            let full = plugreg_sidecar_kit::migration::translate_in_tree_pv_to_csi(&full).unwrap();
+            let (cached, full) = (cached.spec.unwrap(), full.spec.unwrap());
+            assert_eq!(cached.csi, full.csi);
+            assert_eq!(cached.access_modes, full.access_modes);
+        }
     }
 
     /// `null` metadata and missing fields read as the full type reads them.

@@ -753,6 +753,7 @@ impl Controller {
             .clients
             .driver
             .publish(
+                inputs.migrated,
                 &inputs.volume_id,
                 &node_id,
                 &inputs.capability,
@@ -805,7 +806,7 @@ impl Controller {
         if let Err(e) = self
             .clients
             .driver
-            .unpublish(&plan.volume_id, &plan.node_id, secrets)
+            .unpublish(plan.migrated, &plan.volume_id, &plan.node_id, secrets)
             .await
         {
             let f = RpcFailure::from(&e);
@@ -925,14 +926,11 @@ impl Controller {
                 .persistent_volume_name
                 .as_ref()
                 .and_then(|p| self.pv(p));
-            let handle = match decide::source(&va)
-                .and_then(|src| decide::volume_spec(&src, pv.as_ref(), false))
-            {
-                Ok(spec) => spec
-                    .csi
-                    .as_ref()
-                    .map(|c| c.volume_handle.clone())
-                    .unwrap_or_default(),
+            let handle = match decide::source(&va).and_then(|src| {
+                decide::volume_spec(&src, pv.as_ref(), false)
+                    .and_then(|v| decide::reconciled_handle(&src, &v, &node_id))
+            }) {
+                Ok(handle) => handle,
                 Err(e) => {
                     debug!(VolumeAttachment = %name, err = %e, "skipped by the reconciler");
                     continue;

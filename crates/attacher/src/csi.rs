@@ -149,8 +149,8 @@ impl Driver {
     /// Runs one call, logged at `-v=5` as csi-lib-utils logs it ("GRPC call" with the request,
     /// secrets stripped; "GRPC response" capped at `--max-grpc-log-length`, and the error) and
     /// recorded in `csi_sidecar_operations_seconds`.
-    /// `migrated` is the `migrated` metrics label of a call for a volume (always `false`: this
-    /// attacher translates no in-tree volume), `None` for the others.
+    /// `migrated` is the `migrated` metrics label of a call for a volume (`true` for a
+    /// translated in-tree PV's), `None` for the others.
     async fn timed<T: std::fmt::Debug + Default>(
         &self,
         method: &str,
@@ -249,10 +249,12 @@ impl Driver {
         Ok(caps)
     }
 
-    /// ControllerPublishVolume within `--timeout`: the publish context.
+    /// ControllerPublishVolume within `--timeout`: the publish context. `migrated`: the volume
+    /// is a translated in-tree PV (the metrics label).
     #[allow(clippy::too_many_arguments)]
     pub async fn publish(
         &self,
+        migrated: bool,
         volume_id: &str,
         node_id: &str,
         capability: &VolumeCapability,
@@ -280,14 +282,16 @@ impl Driver {
             secrets: stripped(&req.secrets),
             ..req.clone()
         };
-        self.timed(CONTROLLER_PUBLISH, Some(false), &shown, call)
+        self.timed(CONTROLLER_PUBLISH, Some(migrated), &shown, call)
             .await
             .map(|r| r.publish_context.into_iter().collect())
     }
 
-    /// ControllerUnpublishVolume within `--timeout`.
+    /// ControllerUnpublishVolume within `--timeout`. `migrated`: as for
+    /// [`publish`](Self::publish).
     pub async fn unpublish(
         &self,
+        migrated: bool,
         volume_id: &str,
         node_id: &str,
         secrets: HashMap<String, String>,
@@ -306,7 +310,7 @@ impl Driver {
             secrets: stripped(&req.secrets),
             ..req.clone()
         };
-        self.timed(CONTROLLER_UNPUBLISH, Some(false), &shown, call)
+        self.timed(CONTROLLER_UNPUBLISH, Some(migrated), &shown, call)
             .await
             .map(drop)
     }

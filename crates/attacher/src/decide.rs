@@ -5,6 +5,7 @@
 //! Upstream's texts (errors stored in `attachError` / `detachError`) are reproduced exactly:
 //! users grep for them and the A/D controller surfaces them in pod events.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, SecretReference};
@@ -12,6 +13,7 @@ use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use plugreg_proto::csi::v1::volume_capability::{self, access_mode::Mode};
 use plugreg_proto::csi::v1::{VolumeCapability, volume_capability::AccessType};
 use plugreg_sidecar_kit::leader::sanitize_name;
+use plugreg_sidecar_kit::migration;
 use serde_json::{Value, json};
 
 /// The VolumeAttachment annotation holding the node ID used at attach (the detach fallback
@@ -263,13 +265,16 @@ pub struct PublishInputs {
     pub volume_context: BTreeMap<String, String>,
     /// `spec.csi.controllerPublishSecretRef`.
     pub secret: Option<SecretReference>,
+    /// Whether the spec is a translated in-tree PV's (the `migrated` metrics label).
+    pub migrated: bool,
 }
 
-/// The publish inputs of a PV spec.
+/// The publish inputs of a PV spec (`migrated`: whether it was translated from an in-tree PV).
 pub fn publish_inputs(
     spec: &PersistentVolumeSpec,
     caps: &DriverCaps,
     default_fstype: &str,
+    migrated: bool,
 ) -> Result<PublishInputs, String> {
     let capability = volume_capability(spec, default_fstype, caps.single_node_multi_writer)?;
     let csi = spec.csi.as_ref().ok_or("CSI volume source was nil")?;
@@ -279,47 +284,88 @@ pub fn publish_inputs(
         readonly: caps.publish_readonly && csi.read_only.unwrap_or(false),
         volume_context: csi.volume_attributes.clone().unwrap_or_default(),
         secret: csi.controller_publish_secret_ref.clone(),
+        migrated,
     })
 }
 
-/// A migrated in-tree PV this attacher cannot translate yet.
+/// Whether a PV spec has an in-tree source that CSI migration translates (chosen by the
+/// source field, whatever driver the attacher serves, as upstream).
 pub fn in_tree(spec: &PersistentVolumeSpec) -> bool {
-    spec.csi.is_none()
-        && (spec.aws_elastic_block_store.is_some()
-            || spec.gce_persistent_disk.is_some()
-            || spec.azure_disk.is_some()
-            || spec.azure_file.is_some()
-            || spec.cinder.is_some()
-            || spec.vsphere_volume.is_some()
-            || spec.portworx_volume.is_some())
+    migration::in_tree_plugin_of_pv(spec).is_some()
 }
 
-/// The volume spec an attach or detach uses: the PV's or the in-line one, or upstream's
-/// error. `deleting_pv_is_error`: attach refuses a PV marked for deletion, detach does not.
+/// The CSI volume spec an attach or detach uses, and whether it was translated from an in-tree
+/// PV (the `migrated` label of the driver calls: `true` only then; an in-line volume arrives
+/// translated by kube-controller-manager and its calls say `false`, as upstream's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeSpec<'a> {
+    /// The spec, with `spec.csi` set.
+    pub spec: Cow<'a, PersistentVolumeSpec>,
+    /// Whether it is a translated in-tree PV's.
+    pub migrated: bool,
+}
+
+/// The volume spec an attach or detach uses: the PV's (translated to CSI when it is an
+/// in-tree PV) or the in-line one, or upstream's error. `deleting_pv_is_error`: attach refuses
+/// a PV marked for deletion, detach does not.
 pub fn volume_spec<'a>(
     src: &Source<'a>,
     pv: Option<&'a PersistentVolume>,
     deleting_pv_is_error: bool,
-) -> Result<&'a PersistentVolumeSpec, String> {
-    let spec = match src {
-        Source::Inline(spec) => return Ok(spec),
-        Source::Pv(name) => {
-            let pv = pv.ok_or_else(|| pv_not_found(name))?;
-            if deleting_pv_is_error && pv.metadata.deletion_timestamp.is_some() {
-                return Err(format!(
-                    "PersistentVolume \"{name}\" is marked for deletion"
-                ));
-            }
-            pv.spec.as_ref().ok_or_else(|| pv_not_found(name))?
+) -> Result<VolumeSpec<'a>, String> {
+    let (pv, name) = match src {
+        Source::Inline(spec) => {
+            return Ok(VolumeSpec {
+                spec: Cow::Borrowed(*spec),
+                migrated: false,
+            });
         }
+        Source::Pv(name) => (pv.ok_or_else(|| pv_not_found(name))?, name),
     };
+    if deleting_pv_is_error && pv.metadata.deletion_timestamp.is_some() {
+        return Err(format!(
+            "PersistentVolume \"{name}\" is marked for deletion"
+        ));
+    }
+    let spec = pv.spec.as_ref().ok_or_else(|| pv_not_found(name))?;
     if in_tree(spec) {
-        return Err("failed to translate in tree pv to CSI: in-tree volumes are not translated by this csi-attacher".into());
+        let translated = migration::translate_in_tree_pv_to_csi(pv)
+            .map_err(|e| format!("failed to translate in tree pv to CSI: {e}"))?;
+        return Ok(VolumeSpec {
+            spec: Cow::Owned(translated.spec.unwrap_or_default()),
+            migrated: true,
+        });
     }
     if spec.csi.is_none() {
         return Err("pv spec contained non-csi source that was not migrated".into());
     }
-    Ok(spec)
+    Ok(VolumeSpec {
+        spec: Cow::Borrowed(spec),
+        migrated: false,
+    })
+}
+
+/// The handle the ListVolumes reconciler looks up in the driver's published volumes: a
+/// translated in-tree PV's or an in-line volume's repaired for the node as upstream's
+/// (`RepairVolumeHandle`: GCE PD fills in an `UNSPECIFIED` project and zone from the node ID),
+/// any other as it is.
+pub fn reconciled_handle(
+    src: &Source<'_>,
+    v: &VolumeSpec<'_>,
+    node_id: &str,
+) -> Result<String, String> {
+    let Some(csi) = v.spec.csi.as_ref() else {
+        return Ok(String::new());
+    };
+    if !v.migrated && !matches!(src, Source::Inline(_)) {
+        return Ok(csi.volume_handle.clone());
+    }
+    migration::repair_volume_handle(&csi.driver, &csi.volume_handle, node_id).map_err(|e| {
+        format!(
+            "Failed to repair volume handle for driver {}: {e}",
+            csi.driver
+        )
+    })
 }
 
 /// The JSON Patch (RFC 6902) adding `fin` to a PV's finalizers, or `None` when it is there.
@@ -569,8 +615,8 @@ pub fn attach_plan(
         }
         _ => None,
     };
-    let inputs =
-        volume_spec(&src, pv, true).and_then(|spec| publish_inputs(spec, caps, default_fstype));
+    let inputs = volume_spec(&src, pv, true)
+        .and_then(|v| publish_inputs(&v.spec, caps, default_fstype, v.migrated));
     let node_id = node_id_from_csinode(csinode, &va.spec.node_name, driver);
     Ok(AttachPlan {
         pv_patch,
@@ -588,6 +634,8 @@ pub struct DetachPlan {
     pub node_id: String,
     /// `controllerPublishSecretRef`.
     pub secret: Option<SecretReference>,
+    /// Whether the spec is a translated in-tree PV's (the `migrated` metrics label).
+    pub migrated: bool,
 }
 
 /// The detach plan of `va`, or the error to save.
@@ -598,13 +646,14 @@ pub fn detach_plan(
     csinode: Option<&CSINode>,
 ) -> Result<DetachPlan, String> {
     let src = source(va)?;
-    let spec = volume_spec(&src, pv, false)?;
+    let VolumeSpec { spec, migrated } = volume_spec(&src, pv, false)?;
     let csi = spec.csi.as_ref().ok_or("CSI volume source was nil")?;
     let node_id = node_id_for_detach(va, csinode, driver)?;
     Ok(DetachPlan {
         volume_id: csi.volume_handle.clone(),
         node_id,
         secret: csi.controller_publish_secret_ref.clone(),
+        migrated,
     })
 }
 
@@ -792,12 +841,12 @@ mod tests {
     #[test]
     fn readonly_needs_publish_readonly() {
         let p = pv("pv", &["ReadWriteOnce"]).spec.unwrap();
-        assert!(!publish_inputs(&p, &caps(), "").unwrap().readonly);
+        assert!(!publish_inputs(&p, &caps(), "", false).unwrap().readonly);
         let with = DriverCaps {
             publish_readonly: true,
             ..caps()
         };
-        let i = publish_inputs(&p, &with, "").unwrap();
+        let i = publish_inputs(&p, &with, "", false).unwrap();
         assert!(i.readonly);
         assert_eq!(i.volume_id, "vol-1");
         assert_eq!(i.volume_context.get("k").map(String::as_str), Some("v"));
@@ -1044,5 +1093,163 @@ mod tests {
         let plan = detach_plan(&v, DRIVER, Some(&p), None).unwrap();
         assert_eq!(plan.node_id, "id-old");
         assert_eq!(plan.volume_id, "vol-1");
+    }
+
+    fn in_tree_pv(
+        name: &str,
+        spec: serde_json::Value,
+        labels: serde_json::Value,
+    ) -> PersistentVolume {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
+            .unwrap()
+    }
+
+    /// Checklist 21, 23, 24: an in-tree PV is attached with its translated handle, context,
+    /// access mode, and `migrated`; its finalizer goes on the in-tree PV.
+    #[test]
+    fn in_tree_pvs_are_published_translated() {
+        let csinode = csinode(&[(DRIVER, "node-id-a")]);
+        let cases = [
+            (
+                "21/23: EBS aws:// ID",
+                json!({"awsElasticBlockStore": {"volumeID": "aws://us-east-1a/vol-0abc"},
+                       "accessModes": ["ReadWriteOnce"]}),
+                json!({}),
+                "vol-0abc",
+                &[("partition", "0")][..],
+                Mode::SingleNodeWriter,
+            ),
+            (
+                "24: GCE zonal, RWX as RWO",
+                json!({"gcePersistentDisk": {"pdName": "pd1"}, "accessModes": ["ReadWriteMany"]}),
+                json!({"topology.kubernetes.io/zone": "us-central1-a"}),
+                "projects/UNSPECIFIED/zones/us-central1-a/disks/pd1",
+                &[("partition", "")][..],
+                Mode::SingleNodeWriter,
+            ),
+            (
+                "24: GCE ROX",
+                json!({"gcePersistentDisk": {"pdName": "pd1"}, "accessModes": ["ReadOnlyMany"]}),
+                json!({"topology.kubernetes.io/zone": "us-central1-a"}),
+                "projects/UNSPECIFIED/zones/us-central1-a/disks/pd1",
+                &[("partition", "")][..],
+                Mode::MultiNodeReaderOnly,
+            ),
+        ];
+        for (case, spec, labels, handle, context, mode) in cases {
+            let p = in_tree_pv("pv", spec, labels);
+            let plan = attach_plan(&va("pv"), DRIVER, &caps(), "ext4", Some(&p), Some(&csinode))
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert!(plan.pv_patch.is_some(), "{case}: PV finalizer");
+            let inputs = plan.inputs.unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(inputs.volume_id, handle, "{case}");
+            let want: BTreeMap<String, String> = context
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            assert_eq!(inputs.volume_context, want, "{case}");
+            assert_eq!(
+                inputs.capability.access_mode,
+                Some(volume_capability::AccessMode { mode: mode as i32 }),
+                "{case}"
+            );
+            assert!(inputs.migrated, "{case}: migrated");
+            let detach = detach_plan(&va("pv"), DRIVER, Some(&p), Some(&csinode)).unwrap();
+            assert_eq!(
+                (detach.volume_id.as_str(), detach.migrated),
+                (handle, true),
+                "{case}"
+            );
+        }
+    }
+
+    /// Checklist 23, 25, 26, 28: what does not translate is stored with upstream's text.
+    #[test]
+    fn untranslatable_pvs_fail_with_upstreams_text() {
+        let cases = [
+            (
+                json!({"awsElasticBlockStore": {"volumeID": "aws://us-east-1a/bad"}, "accessModes": ["ReadWriteOnce"]}),
+                "failed to translate in tree pv to CSI: failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume (aws://us-east-1a/bad)",
+            ),
+            (
+                json!({"azureDisk": {"diskName": "d1", "diskURI": "https://a/vhds/d1.vhd", "kind": "Shared"}}),
+                "failed to translate in tree pv to CSI: kind(Shared) is not supported in csi migration",
+            ),
+            (
+                json!({"azureFile": {"secretName": "s", "shareName": "sh"}}),
+                "failed to translate in tree pv to CSI: could not find a secret namespace in PersistentVolumeSource or ClaimRef",
+            ),
+            (
+                json!({"nfs": {"server": "s", "path": "/"}}),
+                "pv spec contained non-csi source that was not migrated",
+            ),
+        ];
+        for (spec, want) in cases {
+            let p = in_tree_pv("pv", spec, json!({}));
+            let plan = attach_plan(&va("pv"), DRIVER, &caps(), "", Some(&p), None).unwrap();
+            assert_eq!(plan.inputs.unwrap_err(), want);
+            assert_eq!(
+                detach_plan(&va("pv"), DRIVER, Some(&p), None).unwrap_err(),
+                want
+            );
+        }
+    }
+
+    /// Checklist 29: an in-line spec is used as it is, without a PV, with `migrated` false.
+    #[test]
+    fn in_line_volumes_are_published_as_they_are() {
+        let mut v = va("pv");
+        v.spec.source.persistent_volume_name = None;
+        v.spec.source.inline_volume_spec = pv("unused", &["ReadWriteOnce"]).spec;
+        let csinode = csinode(&[(DRIVER, "node-id-a")]);
+        let plan = attach_plan(&v, DRIVER, &caps(), "", None, Some(&csinode)).unwrap();
+        assert_eq!(plan.pv_patch, None);
+        let inputs = plan.inputs.unwrap();
+        assert_eq!(
+            (inputs.volume_id.as_str(), inputs.migrated),
+            ("vol-1", false)
+        );
+    }
+
+    /// Checklist 30: the reconciler looks a translated or in-line volume up under its handle
+    /// repaired for the node (GCE PD's `UNSPECIFIED` parts from the node ID), any other as is.
+    #[test]
+    fn the_reconciler_repairs_translated_and_in_line_handles() {
+        const NODE: &str = "projects/p1/zones/us-central1-a/instances/n1";
+        let gce = in_tree_pv(
+            "pv",
+            json!({"gcePersistentDisk": {"pdName": "d1"}}),
+            json!({}),
+        );
+        let src = Source::Pv("pv");
+        let v = volume_spec(&src, Some(&gce), false).unwrap();
+        assert_eq!(
+            reconciled_handle(&src, &v, NODE).as_deref(),
+            Ok("projects/p1/zones/us-central1-a/disks/d1")
+        );
+        let inline: PersistentVolumeSpec = serde_json::from_value(json!({"csi": {
+            "driver": "pd.csi.storage.gke.io",
+            "volumeHandle": "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d2"}}))
+        .unwrap();
+        let src = Source::Inline(&inline);
+        let v = volume_spec(&src, None, false).unwrap();
+        assert_eq!(
+            reconciled_handle(&src, &v, NODE).as_deref(),
+            Ok("projects/p1/zones/us-central1-a/disks/d2")
+        );
+        let csi = pv("pv", &["ReadWriteOnce"]);
+        let src = Source::Pv("pv");
+        let v = volume_spec(&src, Some(&csi), false).unwrap();
+        assert_eq!(reconciled_handle(&src, &v, NODE).as_deref(), Ok("vol-1"));
+        let short = in_tree_pv(
+            "pv",
+            json!({"gcePersistentDisk": {"pdName": "d1"}}),
+            json!({}),
+        );
+        let v = volume_spec(&Source::Pv("pv"), Some(&short), false).unwrap();
+        assert_eq!(
+            reconciled_handle(&Source::Pv("pv"), &v, "n1").unwrap_err(),
+            "Failed to repair volume handle for driver pd.csi.storage.gke.io: node handle has wrong number of elements; got 1, wanted 6 or more"
+        );
     }
 }

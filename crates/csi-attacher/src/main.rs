@@ -145,9 +145,8 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         tracing::debug!(target: LOG, driver = %name, "CSI driver name");
         // Step 11: for a CSI-migration target upstream starts a metrics registry for the
         // driver with the `migrated` label (the calls so far stay with the old one) and probes
-        // again. Translation of in-tree PVs is not implemented; say so.
+        // again; in-tree PVs are translated (the kit's `migration`) whatever the driver.
         if migration::in_tree_plugin(&name).is_some() {
-            tracing::warn!(target: LOG, driver = %name, "CSI driver is a migration target; VolumeAttachments of in-tree (migrated) volumes are not translated by this csi-attacher and keep failing with an attach error");
             metrics = Metrics::new(&name);
             metrics.with_migrated_label();
             if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {

@@ -200,12 +200,9 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         metrics.set_driver(&name);
         // Step 13: for a CSI-migration target upstream starts a metrics registry for the
         // driver with the `migrated` label (the calls so far stay with the old one) and probes
-        // again. Migration itself is not supported; say so.
+        // again; claims of the in-tree plugin's classes are provisioned translated.
         if let Some(in_tree) = migration::in_tree_plugin(&name) {
-            tracing::warn!(
-            target: LOG,
-                "CSI driver {name} is the migration target of the in-tree plugin {in_tree}; migrated claims are not provisioned by this csi-provisioner"
-            );
+            tracing::debug!(target: LOG, "Supports migration from in-tree plugin: {in_tree}");
             metrics = Metrics::new(&name);
             metrics.with_migrated_label();
             if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {

@@ -1071,7 +1071,7 @@ async fn metrics_count_a_provisioned_claim() {
 }
 
 /// For a CSI-migration target the CSI call metrics carry upstream's `migrated` label: `false`
-/// on CreateVolume (no claim is translated), empty on the calls that concern no volume.
+/// on the CreateVolume of a claim of a CSI class, empty on the calls that concern no volume.
 #[tokio::test]
 async fn a_migration_targets_metrics_carry_migrated() {
     const TARGET: &str = "disk.csi.azure.com";

@@ -27,6 +27,7 @@ use plugreg_sidecar_kit::driver as conn;
 use plugreg_sidecar_kit::leader::LeaderHealth;
 use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::metrics::Metrics;
+use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::ratelimit::kube_config;
 use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
@@ -159,6 +160,17 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
             }
         };
         tracing::debug!(target: LOG, driverName = %name, "CSI driver name");
+        // Step 10: for a CSI-migration target upstream starts a metrics registry for the
+        // driver with the `migrated` label (the calls so far stay with the old one) and probes
+        // again; in-tree PVs are translated (the kit's `migration`).
+        if migration::in_tree_plugin(&name).is_some() {
+            metrics = Metrics::new(&name);
+            metrics.with_migrated_label();
+            if let Err(e) = conn::probe_forever(&channel, options.timeout, &metrics).await {
+                tracing::error!(target: LOG, err = %format!("failed probing CSI driver: {e}"), "Failed to create MigratedCSI client");
+                return Err(1);
+            }
+        }
         metrics.set_driver(&name);
         let metrics = Arc::new(metrics);
         // Steps 11-12.

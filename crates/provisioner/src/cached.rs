@@ -26,10 +26,14 @@ use std::borrow::Cow;
 
 use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::{
+    AWSElasticBlockStoreVolumeSource, AzureDiskVolumeSource, AzureFilePersistentVolumeSource,
+    CinderPersistentVolumeSource, GCEPersistentDiskVolumeSource, ObjectReference, PersistentVolume,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+    PersistentVolumeSpec, PortworxVolumeSource, VsphereVirtualDiskVolumeSource,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use plugreg_sidecar_kit::cache;
+use plugreg_sidecar_kit::migration;
 use serde::{Deserialize, Serialize};
 
 use crate::{decide, request};
@@ -245,9 +249,98 @@ pub struct WatchedPv {
     #[serde(default, deserialize_with = "null_as_default")]
     metadata: ObjectMeta,
     #[serde(default)]
-    spec: Option<CachedPvSpec>,
+    spec: Option<WatchedPvSpec>,
     #[serde(default)]
     status: Option<CachedPvStatus>,
+}
+
+/// A PV's spec as the watch decodes it: what [`CachedPvSpec`] keeps, and the in-tree sources
+/// (with the claim's namespace, which Azure File's translation reads) that CSI migration
+/// turns into its CSI volume.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatchedPvSpec {
+    #[serde(default)]
+    persistent_volume_reclaim_policy: Option<String>,
+    #[serde(default)]
+    storage_class_name: Option<String>,
+    #[serde(default)]
+    csi: Option<CachedCsi>,
+    #[serde(default)]
+    claim_ref: Option<Box<ObjectReference>>,
+    #[serde(default)]
+    aws_elastic_block_store: Option<Box<AWSElasticBlockStoreVolumeSource>>,
+    #[serde(default)]
+    gce_persistent_disk: Option<Box<GCEPersistentDiskVolumeSource>>,
+    #[serde(default)]
+    azure_disk: Option<Box<AzureDiskVolumeSource>>,
+    #[serde(default)]
+    azure_file: Option<Box<AzureFilePersistentVolumeSource>>,
+    #[serde(default)]
+    cinder: Option<Box<CinderPersistentVolumeSource>>,
+    #[serde(default)]
+    vsphere_volume: Option<Box<VsphereVirtualDiskVolumeSource>>,
+    #[serde(default)]
+    portworx_volume: Option<Box<PortworxVolumeSource>>,
+}
+
+impl WatchedPvSpec {
+    /// The spec as cached; an in-tree PV's CSI volume is its translation (`meta`: the PV's
+    /// metadata, whose name, zone labels and annotations the translation reads).
+    fn cached(self, meta: &ObjectMeta) -> CachedPvSpec {
+        let spec = PersistentVolumeSpec {
+            claim_ref: self.claim_ref.map(|r| *r),
+            aws_elastic_block_store: self.aws_elastic_block_store.map(|s| *s),
+            gce_persistent_disk: self.gce_persistent_disk.map(|s| *s),
+            azure_disk: self.azure_disk.map(|s| *s),
+            azure_file: self.azure_file.map(|s| *s),
+            cinder: self.cinder.map(|s| *s),
+            vsphere_volume: self.vsphere_volume.map(|s| *s),
+            portworx_volume: self.portworx_volume.map(|s| *s),
+            ..Default::default()
+        };
+        let mut cached = CachedPvSpec {
+            persistent_volume_reclaim_policy: self.persistent_volume_reclaim_policy,
+            storage_class_name: self.storage_class_name,
+            csi: self.csi,
+            in_tree: None,
+        };
+        if migration::in_tree_plugin_of_pv(&spec).is_none() {
+            return cached;
+        }
+        let pv = PersistentVolume {
+            metadata: ObjectMeta {
+                name: meta.name.clone(),
+                labels: meta.labels.clone(),
+                annotations: meta.annotations.clone(),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            status: None,
+        };
+        let translated =
+            migration::translate_in_tree_pv_to_csi(&pv).map(|t| t.spec.and_then(|s| s.csi));
+        cached.in_tree = Some(Box::new(match translated {
+            Ok(csi) => {
+                cached.csi = csi.map(|c| CachedCsi {
+                    driver: c.driver,
+                    volume_handle: c.volume_handle,
+                });
+                InTree { error: None }
+            }
+            Err(e) => InTree {
+                error: Some(e.to_string()),
+            },
+        }));
+        cached
+    }
+}
+
+/// What CSI migration made of an in-tree PV.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InTree {
+    /// Why it does not translate (a deletion fails with it); none: `csi` is its translation.
+    pub error: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for CachedPv {
@@ -285,7 +378,7 @@ impl From<WatchedPv> for CachedPv {
                 .flatten()
                 .any(|f| f == crate::pv::FINALIZER),
             deletion_timestamp: m.deletion_timestamp.take(),
-            spec,
+            spec: spec.map(|s| s.cached(&m)),
             status,
             provisioned_by: annotations
                 .remove(crate::pv::ANN_PROVISIONED_BY)
@@ -302,18 +395,16 @@ impl cache::Keyed for CachedPv {
 }
 
 /// The parts of `spec` the controller reads.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CachedPvSpec {
     /// `Delete`, `Retain` or `Recycle`.
-    #[serde(default)]
     pub persistent_volume_reclaim_policy: Option<String>,
     /// The class (a metrics label).
-    #[serde(default)]
     pub storage_class_name: Option<String>,
-    /// The CSI source.
-    #[serde(default)]
+    /// The CSI source (an in-tree PV's translation).
     pub csi: Option<CachedCsi>,
+    /// For an in-tree PV (CSI migration): whether it translated.
+    pub in_tree: Option<Box<InTree>>,
 }
 
 /// The CSI driver and volume of a PV.
@@ -423,6 +514,44 @@ mod tests {
 
     /// Found by the `claim_fields` property: `null` metadata or CSI driver read as a full PV
     /// (k8s-openapi reads `null` as the default) but not as a cached one.
+    /// CSI migration: an in-tree PV is cached with its translated CSI volume (GCE's handle
+    /// from the zone label), or the translation's error.
+    #[test]
+    fn an_in_tree_pv_is_cached_translated() {
+        let gce: CachedPv = serde_json::from_value(json!({
+            "metadata": {"name": "p", "labels": {"topology.kubernetes.io/zone": "us-central1-a"},
+                "annotations": {"pv.kubernetes.io/provisioned-by": "kubernetes.io/gce-pd"}},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete", "gcePersistentDisk": {"pdName": "pvc-x"}},
+        }))
+        .unwrap();
+        let spec = gce.spec.unwrap();
+        assert_eq!(
+            spec.csi,
+            Some(CachedCsi {
+                driver: "pd.csi.storage.gke.io".into(),
+                volume_handle: "projects/UNSPECIFIED/zones/us-central1-a/disks/pvc-x".into(),
+            })
+        );
+        assert_eq!(spec.in_tree, Some(Box::new(InTree { error: None })));
+        let file: CachedPv = serde_json::from_value(json!({
+            "metadata": {"name": "f"},
+            "spec": {"azureFile": {"secretName": "s", "shareName": "sh"}},
+        }))
+        .unwrap();
+        let spec = file.spec.unwrap();
+        assert_eq!(spec.csi, None);
+        assert_eq!(
+            spec.in_tree.unwrap().error.as_deref(),
+            Some("could not find a secret namespace in PersistentVolumeSource or ClaimRef")
+        );
+        let csi: CachedPv = serde_json::from_value(json!({
+            "metadata": {"name": "c"},
+            "spec": {"csi": {"driver": "d", "volumeHandle": "h"}},
+        }))
+        .unwrap();
+        assert_eq!(csi.spec.unwrap().in_tree, None);
+    }
+
     #[test]
     fn reads_nulls_as_the_full_type_does() {
         let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": null,

@@ -39,6 +39,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use plugreg_sidecar_kit::cache::{self, CompactStore, Keyed as _};
 use plugreg_sidecar_kit::events::{EventType, Recorder};
+use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::queue::WorkQueue;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -146,6 +147,9 @@ enum ActError {
     },
     #[error("invalid CSI PV")]
     InvalidPv,
+    /// An in-tree PV (CSI migration) that does not translate.
+    #[error("{0}")]
+    InTree(String),
     #[error("{0}")]
     Capabilities(ProvisionError),
     #[error("persistentvolume {volume} is still attached to node {node}")]
@@ -795,9 +799,12 @@ impl Controller {
         let ambiguous = record
             .as_ref()
             .is_some_and(crate::inflight::Volume::ambiguous);
+        // A class of the in-tree plugin this driver replaces is translated (CSI migration);
+        // mount options, reclaim policy and binding mode are the same in both.
+        let (csi_class, migrated) = request::csi_class(class, driver).map_err(Failure::Error)?;
         let mut prepared = match request::prepare_as(
             claim,
-            class,
+            &csi_class,
             driver,
             &self.cfg.request,
             &self.caches,
@@ -873,7 +880,12 @@ impl Controller {
 
         let reschedule_possible =
             self.cfg.request.topology && request::selected_node(claim).is_some();
-        let response = match self.clients.driver.create_volume(request.clone()).await {
+        let response = match self
+            .clients
+            .driver
+            .create_volume(request.clone(), migrated)
+            .await
+        {
             Ok(r) => r,
             Err(err) => {
                 let e = ProvisionError::from_create_volume(&err.to_status(), reschedule_possible);
@@ -900,7 +912,17 @@ impl Controller {
             &self.cfg.identity,
             &response,
             &self.cfg.request,
-        );
+        )
+        .and_then(|pv| {
+            if !migrated {
+                return Ok(pv);
+            }
+            // CSI migration saves the PV in its in-tree form.
+            migration::translate_csi_pv_to_in_tree(&pv).map_err(|e| {
+                warn!(pv = %volume, "failed to translate CSI PV to in-tree due to: {e}. Deleting provisioned PV");
+                pv::PvError::InTree(e.to_string())
+            })
+        });
         let pv_object = match built {
             Ok(v) => v,
             Err(e) => {
@@ -917,6 +939,9 @@ impl Controller {
                         "created volume capacity {capacity} less than requested capacity {requested}"
                     ),
                     pv::PvError::MissingContentSource => "volume content source missing".into(),
+                    // Upstream leaves the volume and retries forever (it deletes an empty
+                    // PV); decisions M2: the volume is deleted and the error reported.
+                    pv::PvError::InTree(e) => e,
                     pv::PvError::NoVolumeId => {
                         // Nothing to clean up without an id; the driver broke the spec. Its
                         // volume may exist: the record stays.
@@ -926,7 +951,7 @@ impl Controller {
                         )));
                     }
                 };
-                let msg = match self.cleanup(&id, &request.secrets).await {
+                let msg = match self.cleanup(&id, &request.secrets, migrated).await {
                     Ok(()) => {
                         self.drop_record(volume);
                         msg
@@ -1331,11 +1356,13 @@ impl Controller {
             .collect())
     }
 
-    /// DeleteVolume of a volume that cannot be used, up to five times within one `--timeout`.
+    /// DeleteVolume of a volume that cannot be used, up to five times within one `--timeout`
+    /// (`migrated`: of a claim of an in-tree class, the metrics label).
     async fn cleanup(
         &self,
         volume_id: &str,
         secrets: &HashMap<String, String>,
+        migrated: bool,
     ) -> Result<(), tonic::Status> {
         let deadline = Instant::now() + self.cfg.timeout;
         let mut last = tonic::Status::deadline_exceeded("cleanup not attempted");
@@ -1346,7 +1373,7 @@ impl Controller {
             match self
                 .clients
                 .driver
-                .delete_volume(volume_id, secrets.clone())
+                .delete_volume(volume_id, secrets.clone(), migrated)
                 .await
             {
                 Ok(()) => return Ok(()),
@@ -1535,7 +1562,9 @@ impl Controller {
         }
         let secrets = request.secrets.clone();
         let restore_or_clone = request.volume_content_source.is_some();
-        let created = match self.clients.driver.create_volume(request).await {
+        // A recorded volume's repetition: its claim's class is not read again (the label says
+        // not migrated).
+        let created = match self.clients.driver.create_volume(request, false).await {
             Ok(c) => c,
             Err(err) => {
                 let status = err.to_status();
@@ -1566,7 +1595,7 @@ impl Controller {
             .ok_or_else(|| ActError::NoVolumeId(e.volume.clone()))?;
         self.clients
             .driver
-            .delete_volume(&id, secrets)
+            .delete_volume(&id, secrets, false)
             .await
             .map_err(|e| ActError::Driver(e.to_status()))?;
         self.drop_record(&e.volume);
@@ -1669,6 +1698,13 @@ impl Controller {
     async fn delete(&self, v: &CachedPv) -> Result<(), ActError> {
         let name = v.name.to_string();
         let uid = v.uid.to_string();
+        // An in-tree PV (CSI migration) is deleted through its translation; one that does
+        // not translate fails with the translation's error, unwrapped as upstream's.
+        let in_tree = v.spec.as_ref().and_then(|s| s.in_tree.as_deref());
+        if let Some(e) = in_tree.and_then(|t| t.error.as_deref()) {
+            return Err(ActError::InTree(e.to_owned()));
+        }
+        let migrated = in_tree.is_some();
         let Some(csi) = v.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
             return Err(ActError::InvalidPv);
         };
@@ -1695,7 +1731,7 @@ impl Controller {
         }
         self.clients
             .driver
-            .delete_volume(&csi.volume_handle, secrets)
+            .delete_volume(&csi.volume_handle, secrets, migrated)
             .await
             .map_err(|e| ActError::Driver(e.to_status()))?;
         self.inflight.set_deleted(&uid, false, Instant::now());

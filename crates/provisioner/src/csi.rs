@@ -152,25 +152,28 @@ impl Driver {
         Ok(caps)
     }
 
-    /// CreateVolume within the timeout.
+    /// CreateVolume within the timeout; `migrated`: for a claim of an in-tree class (the
+    /// metrics label).
     pub async fn create_volume(
         &self,
         req: CreateVolumeRequest,
+        migrated: bool,
     ) -> Result<CreateVolumeResponse, CallError> {
         timed(
             &self.metrics,
             CREATE_VOLUME,
-            Some(false),
+            Some(migrated),
             self.conn.create_volume(&req),
         )
         .await
     }
 
-    /// DeleteVolume within the timeout.
+    /// DeleteVolume within the timeout; `migrated`: of an in-tree PV (the metrics label).
     pub async fn delete_volume(
         &self,
         volume_id: &str,
         secrets: HashMap<String, String>,
+        migrated: bool,
     ) -> Result<(), CallError> {
         let req = DeleteVolumeRequest {
             volume_id: volume_id.to_owned(),
@@ -179,7 +182,7 @@ impl Driver {
         timed(
             &self.metrics,
             DELETE_VOLUME,
-            Some(false),
+            Some(migrated),
             self.conn.delete_volume(&req),
         )
         .await
@@ -216,8 +219,8 @@ impl Driver {
 }
 
 /// Runs one call and records it in `csi_sidecar_operations_seconds` (the kit's timing).
-/// `migrated` is the `migrated` label of a call for a volume (always `false`: no in-tree
-/// claim is translated here), `None` for the others; it shows only for a migration target.
+/// `migrated` is the `migrated` label of a call for a volume (`true` for a claim of an in-tree
+/// class or an in-tree PV), `None` for the others; it shows only for a migration target.
 async fn timed<T>(
     metrics: &Metrics,
     method: &str,
@@ -324,16 +327,22 @@ mod tests {
         .unwrap();
         let driver = Driver::new(ch, Duration::from_secs(5), metrics());
         let created = driver
-            .create_volume(CreateVolumeRequest {
-                name: "pvc-1".into(),
-                volume_capabilities: vec![mount_capability()],
-                ..Default::default()
-            })
+            .create_volume(
+                CreateVolumeRequest {
+                    name: "pvc-1".into(),
+                    volume_capabilities: vec![mount_capability()],
+                    ..Default::default()
+                },
+                false,
+            )
             .await
             .unwrap();
         let id = created.volume.unwrap().volume_id;
         assert!(!id.is_empty());
-        driver.delete_volume(&id, HashMap::new()).await.unwrap();
+        driver
+            .delete_volume(&id, HashMap::new(), false)
+            .await
+            .unwrap();
         assert_eq!(calls.count(Method::CreateVolume), 1);
         assert_eq!(calls.count(Method::DeleteVolume), 1);
     }
@@ -356,10 +365,13 @@ mod tests {
             .unwrap();
         let driver = Driver::new(ch, Duration::from_millis(200), metrics());
         let err = driver
-            .create_volume(CreateVolumeRequest {
-                name: "pvc-1".into(),
-                ..Default::default()
-            })
+            .create_volume(
+                CreateVolumeRequest {
+                    name: "pvc-1".into(),
+                    ..Default::default()
+                },
+                false,
+            )
             .await
             .unwrap_err();
         assert_eq!(err.code(), Some(Code::DeadlineExceeded));

@@ -317,10 +317,15 @@ pub enum VolumeAction {
 pub fn volume(v: &VolumeView<'_>) -> VolumeAction {
     let pv = v.pv;
     let ours = match pv.provisioned_by.as_deref() {
-        Some(p) => p == v.driver,
+        // A PV saved in-tree for a migrated claim names the in-tree plugin.
+        Some(p) => {
+            p == v.driver || Some(p) == plugreg_sidecar_kit::migration::in_tree_plugin(v.driver)
+        }
+        // A static in-tree PV is kube-controller-manager's, whatever its translation says.
         None => pv
             .spec
             .as_ref()
+            .filter(|s| s.in_tree.is_none())
             .and_then(|s| s.csi.as_ref())
             .is_some_and(|c| c.driver == v.driver),
     };
@@ -1083,5 +1088,42 @@ mod tests {
             };
             assert_eq!(volume(&view), want, "{what}");
         }
+    }
+
+    /// CSI migration: a PV saved in-tree names the in-tree plugin as its provisioner; it is the
+    /// migration target's, and no other driver's.
+    #[test]
+    fn an_in_tree_pv_is_its_migration_targets() {
+        let released = pv(|v| {
+            v.provisioned_by = Some("kubernetes.io/gce-pd".into());
+            phase(v, "Released");
+            finalizer(v);
+        });
+        for (driver, want) in [
+            ("pd.csi.storage.gke.io", VolumeAction::Delete),
+            ("ebs.csi.aws.com", VolumeAction::Nothing),
+            (DRIVER, VolumeAction::Nothing),
+        ] {
+            let view = VolumeView {
+                pv: &released,
+                driver,
+                deleted: None,
+            };
+            assert_eq!(volume(&view), want, "{driver}");
+        }
+        // §5.1: a static in-tree PV (no provisioned-by) stays kube-controller-manager's.
+        let static_pv: CachedPv = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": NAME},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete",
+                "gcePersistentDisk": {"pdName": "d"}},
+            "status": {"phase": "Released"},
+        }))
+        .unwrap();
+        let view = VolumeView {
+            pv: &static_pv,
+            driver: "pd.csi.storage.gke.io",
+            deleted: None,
+        };
+        assert_eq!(volume(&view), VolumeAction::Nothing);
     }
 }

@@ -55,6 +55,10 @@ pub enum PvError {
     /// clean up and nothing to put in a PV. Upstream dereferences nil here.
     #[error("CreateVolume response has no volume id")]
     NoVolumeId,
+    /// CSI migration: the CSI PV of a claim of an in-tree class could not be written back in
+    /// its in-tree form (csi-translation-lib's error).
+    #[error("{0}")]
+    InTree(String),
 }
 
 /// The claimRef of a claim (§6 step 2): kind, apiVersion, namespace, name, uid and

@@ -3,6 +3,7 @@
 //! external-provisioner v6.3.0 decides them. Pure: the controller passes in the claim, its class
 //! and the watch caches, and does the I/O (reading the provisioner secret, calling the driver).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -11,6 +12,7 @@ use plugreg_proto::csi::v1::{
     CapacityRange, CreateVolumeRequest, VolumeCapability,
     volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode},
 };
+use plugreg_sidecar_kit::migration;
 
 use crate::classify::ProvisionError;
 use crate::quantity;
@@ -172,7 +174,8 @@ pub fn storage_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
 /// upstream's no-change error `storageClass "<name>" not found` (retried, no event).
 ///
 /// Upstream's later silent stops that need no I/O are folded in: the class's `provisioner`
-/// must be the driver (plugreg does no CSI migration, so no in-tree name is known).
+/// must be a known name (the driver, or the in-tree plugin it replaces when it is a
+/// CSI-migration target: such a class is translated, [`csi_class`]).
 pub fn should_provision(
     claim: &PersistentVolumeClaim,
     class: Option<&StorageClass>,
@@ -185,10 +188,13 @@ pub fn should_provision(
     {
         return Ok(false);
     }
+    let in_tree = migration::in_tree_plugin(driver);
+    let known = |name: &str| name == driver || Some(name) == in_tree;
     let named = storage_provisioner(claim);
-    // The provisioner accepts a migrated claim too, but the lib then needs the annotation to
-    // be a known name, which without migration is only the driver itself.
-    if named != Some(driver) {
+    // The claim names the driver, or was migrated to it; the lib also wants the name it
+    // carries to be a known one.
+    let for_us = named == Some(driver) || annotation(claim, ANN_MIGRATED_TO) == Some(driver);
+    if !for_us || !named.is_some_and(known) {
         return Ok(false);
     }
     let Some(class) = class else {
@@ -197,13 +203,34 @@ pub fn should_provision(
             go_quote(&claim_class(claim))
         )));
     };
-    if class.provisioner != driver {
+    if !known(&class.provisioner) {
         return Ok(false);
     }
     if class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer") {
         return Ok(annotation(claim, ANN_SELECTED_NODE).is_some_and(|n| !n.is_empty()));
     }
     Ok(true)
+}
+
+/// The class a claim of `class` is provisioned with, and whether it is migrated: a class of the
+/// in-tree plugin that `driver` replaces is translated to CSI (csi-translation-lib's rules;
+/// upstream's final error `failed to translate storage class: ...` when it cannot be), any
+/// other is used as it is.
+pub fn csi_class<'a>(
+    class: &'a StorageClass,
+    driver: &str,
+) -> Result<(Cow<'a, StorageClass>, bool), ProvisionError> {
+    match migration::in_tree_plugin(driver) {
+        Some(in_tree) if class.provisioner == in_tree => {
+            tracing::debug!("translating storage class for in-tree plugin {in_tree} to CSI");
+            migration::translate_storage_class(in_tree, class)
+                .map(|c| (Cow::Owned(c), true))
+                .map_err(|e| {
+                    ProvisionError::final_(format!("failed to translate storage class: {e}"))
+                })
+        }
+        _ => Ok((Cow::Borrowed(class), false)),
+    }
 }
 
 /// The node the scheduler selected: the GA annotation, else the alpha one (the first key
@@ -807,6 +834,84 @@ pub(crate) mod tests {
             DRIVER,
         );
         assert_eq!(should_provision(&c, Some(&class()), DRIVER), Ok(false));
+    }
+
+    /// CSI migration (§4.1): a migration target takes a claim of its in-tree plugin's class
+    /// named for it (or migrated to it with the in-tree name), translating the class.
+    #[test]
+    fn a_migration_target_takes_in_tree_classes_translated() {
+        const EBS: &str = "ebs.csi.aws.com";
+        let in_tree = StorageClass {
+            provisioner: "kubernetes.io/aws-ebs".into(),
+            parameters: Some(BTreeMap::from([
+                ("fsType".to_owned(), "xfs".to_owned()),
+                ("zone".to_owned(), "us-east-1a".to_owned()),
+            ])),
+            ..class()
+        };
+        let for_ebs = |named: &str| annotate(claim(), ANN_STORAGE_PROVISIONER, named);
+        let cases = [
+            (
+                "2: KCM names the CSI driver",
+                for_ebs(EBS),
+                &in_tree,
+                EBS,
+                true,
+            ),
+            (
+                "older KCM: the in-tree name, migrated-to the driver",
+                annotate(for_ebs("kubernetes.io/aws-ebs"), ANN_MIGRATED_TO, EBS),
+                &in_tree,
+                EBS,
+                true,
+            ),
+            (
+                "the in-tree name alone",
+                for_ebs("kubernetes.io/aws-ebs"),
+                &in_tree,
+                EBS,
+                false,
+            ),
+            ("3: another driver", for_ebs(EBS), &in_tree, DRIVER, false),
+            (
+                "another in-tree plugin's class",
+                for_ebs(EBS),
+                &StorageClass {
+                    provisioner: "kubernetes.io/gce-pd".into(),
+                    ..class()
+                },
+                EBS,
+                false,
+            ),
+        ];
+        for (what, c, sc, driver, want) in cases {
+            assert_eq!(should_provision(&c, Some(sc), driver), Ok(want), "{what}");
+        }
+
+        let (translated, migrated) = csi_class(&in_tree, EBS).unwrap();
+        assert!(migrated);
+        assert_eq!(
+            translated.parameters,
+            Some(BTreeMap::from([(
+                "csi.storage.k8s.io/fstype".to_owned(),
+                "xfs".to_owned()
+            )]))
+        );
+        assert!(translated.allowed_topologies.is_some());
+        let (same, migrated) = csi_class(&in_tree, DRIVER).unwrap();
+        assert!(!migrated && *same == in_tree);
+        let conflict = StorageClass {
+            allowed_topologies: Some(vec![Default::default()]),
+            ..in_tree.clone()
+        };
+        let e = csi_class(&conflict, EBS).unwrap_err();
+        assert_eq!(
+            (e.state, e.message.as_str()),
+            (
+                State::Final,
+                "failed to translate storage class: cannot simultaneously set allowed topologies and zone/zones parameters"
+            )
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Persis
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use plugreg_sidecar_kit::compact::trim_meta;
 pub use plugreg_sidecar_kit::compact::{Compact, Trim};
+use plugreg_sidecar_kit::migration;
 use serde::Deserialize;
 
 use crate::kube as k;
@@ -41,22 +42,43 @@ impl Trim for Claim {
 /// What the resizer keeps of a PV: what the expand and modify requests and the ownership
 /// check read: capacity, CSI source (without its volume attributes and other secrets), claim
 /// reference, access modes, volume mode, mount options, and the pre-resize and modify-secret
-/// annotations.
+/// annotations. An in-tree PV keeps its source and what its CSI-migration translation reads
+/// (the zone labels, the Azure File resource group and Portworx secret annotations).
 #[derive(Debug)]
 pub enum Pv {}
+
+/// The annotations every PV keeps.
+const PV_ANNOTATIONS: [&str; 3] = [
+    k::ANN_PRE_RESIZE_CAPACITY,
+    k::ANN_MODIFY_SECRET_NAME,
+    k::ANN_MODIFY_SECRET_NAMESPACE,
+];
+
+/// The annotations an in-tree PV keeps: every PV's and what its translation reads.
+const IN_TREE_PV_ANNOTATIONS: [&str; 6] = [
+    PV_ANNOTATIONS[0],
+    PV_ANNOTATIONS[1],
+    PV_ANNOTATIONS[2],
+    migration::TRANSLATION_ANNOTATIONS[0],
+    migration::TRANSLATION_ANNOTATIONS[1],
+    migration::TRANSLATION_ANNOTATIONS[2],
+];
 
 impl Trim for Pv {
     type Object = PersistentVolume;
     fn trim(pv: &mut PersistentVolume) {
-        trim_meta(
-            &mut pv.metadata,
-            &[
-                k::ANN_PRE_RESIZE_CAPACITY,
-                k::ANN_MODIFY_SECRET_NAME,
-                k::ANN_MODIFY_SECRET_NAMESPACE,
-            ],
-            false,
-        );
+        let in_tree = pv
+            .spec
+            .as_ref()
+            .and_then(migration::in_tree_plugin_of_pv)
+            .is_some();
+        if in_tree {
+            let labels = migration::translation_labels(pv.metadata.labels.take());
+            trim_meta(&mut pv.metadata, &IN_TREE_PV_ANNOTATIONS, false);
+            pv.metadata.labels = labels;
+        } else {
+            trim_meta(&mut pv.metadata, &PV_ANNOTATIONS, false);
+        }
         if let Some(s) = pv.spec.take() {
             let csi = s.csi.map(|mut c| {
                 c.volume_attributes = None;
@@ -82,6 +104,13 @@ impl Trim for Pv {
                 volume_mode: s.volume_mode,
                 mount_options: s.mount_options,
                 volume_attributes_class_name: s.volume_attributes_class_name,
+                aws_elastic_block_store: s.aws_elastic_block_store,
+                gce_persistent_disk: s.gce_persistent_disk,
+                azure_disk: s.azure_disk,
+                azure_file: s.azure_file,
+                cinder: s.cinder,
+                vsphere_volume: s.vsphere_volume,
+                portworx_volume: s.portworx_volume,
                 ..Default::default()
             });
         }
@@ -241,6 +270,31 @@ mod tests {
         assert_eq!(k::claim_view(&got), k::claim_view(&full));
         assert_eq!(k::modify_view(&got), k::modify_view(&full));
         assert!(cached.rest_len() < 800, "{}", cached.rest_len());
+    }
+
+    /// An in-tree PV translates from the cache as from the full object (CSI migration).
+    #[test]
+    fn an_in_tree_volume_keeps_what_its_translation_reads() {
+        let wires = [
+            json!({"metadata": {"name": "p", "labels": {"topology.kubernetes.io/zone": "us-central1-a", "x": "y"}},
+                "spec": {"gcePersistentDisk": {"pdName": "disk"}, "accessModes": ["ReadWriteMany"],
+                    "capacity": {"storage": "1Gi"}, "claimRef": {"name": "c", "namespace": "n"}}}),
+            json!({"metadata": {"name": "p", "annotations": {"kubernetes.io/azure-file-resource-group": "rg"}},
+                "spec": {"azureFile": {"secretName": "s", "shareName": "sh"},
+                    "claimRef": {"name": "c", "namespace": "n", "uid": "u"}}}),
+            json!({"metadata": {"name": "p", "annotations": {"openstorage.io/auth-secret-name": "s",
+                    "openstorage.io/auth-secret-namespace": "n"}},
+                "spec": {"portworxVolume": {"volumeID": "px"}}}),
+        ];
+        for wire in wires {
+            let c: Compact<Pv> = serde_json::from_value(wire.clone()).unwrap();
+            let full: PersistentVolume = serde_json::from_value(wire).unwrap();
+            let translate = plugreg_sidecar_kit::migration::translate_in_tree_pv_to_csi;
+            let (cached, full) = (translate(&c.object()).unwrap(), translate(&full).unwrap());
+            let (cached, full) = (cached.spec.unwrap(), full.spec.unwrap());
+            assert_eq!(cached.csi, full.csi);
+            assert_eq!(cached.access_modes, full.access_modes);
+        }
     }
 
     #[test]

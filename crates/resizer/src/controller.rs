@@ -32,6 +32,7 @@ use plugreg_proto::csi::v1::{
 use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::metrics::Metrics;
+use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::quantity::format_binary_si;
 use plugreg_sidecar_kit::queue::WorkQueue;
 use serde_json::{Value, json};
@@ -204,14 +205,24 @@ impl<T: Trim> Fresh<T> {
     }
 }
 
-/// Whether the resizer of `driver` handles the claim's PV: the driver's CSI volume, bound to
-/// this claim (namespace and UID: a PV whose claim was deleted and made again under the same
-/// name belongs to the old claim).
+/// Whether the resizer of `driver` handles the claim's PV: the driver's CSI volume, or (for a
+/// CSI-migration target) any PV of a claim whose `volume.kubernetes.io/storage-resizer`
+/// annotation names the driver, as upstream's `CanSupport`; bound to this claim (namespace and
+/// UID: a PV whose claim was deleted and made again under the same name belongs to the old
+/// claim).
 fn supports(driver: &str, pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
     let spec = pv.spec.as_ref();
-    let ours = spec
-        .and_then(|s| s.csi.as_ref())
-        .is_some_and(|c| c.driver == driver);
+    let migrated = migration::in_tree_plugin(driver).is_some()
+        && pvc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k::ANN_STORAGE_RESIZER))
+            .is_some_and(|r| r == driver);
+    let ours = migrated
+        || spec
+            .and_then(|s| s.csi.as_ref())
+            .is_some_and(|c| c.driver == driver);
     let bound_here = spec
         .and_then(|s| s.claim_ref.as_ref())
         .is_some_and(|r| r.namespace == pvc.metadata.namespace && r.uid == pvc.metadata.uid);
@@ -803,7 +814,7 @@ impl Controller {
         pv: &PersistentVolume,
         target: i64,
     ) -> Result<(i64, bool), ExpandError> {
-        let spec = pv.spec.clone().unwrap_or_default();
+        let (spec, migrated) = expanded_spec(&self.cfg.driver, pv).map_err(ExpandError::Other)?;
         let csi = spec.csi.clone().unwrap_or_default();
         if csi.volume_handle.is_empty() {
             return Err(ExpandError::Other("empty volume handle".into()));
@@ -854,7 +865,12 @@ impl Controller {
                 access_type: Some(access_type),
             }),
         };
-        let resp = self.c.driver.expand(req).await.map_err(ExpandError::Call)?;
+        let resp = self
+            .c
+            .driver
+            .expand(req, migrated)
+            .await
+            .map_err(ExpandError::Call)?;
         // A driver that answers no size has the target.
         let size = if resp.capacity_bytes > 0 {
             resp.capacity_bytes
@@ -1358,6 +1374,26 @@ enum ExpandError {
     Other(String),
 }
 
+/// The CSI spec ControllerExpandVolume is built from, and whether it was translated (the
+/// `migrated` metrics label): a CSI PV's own; an in-tree PV translated when `driver` is a
+/// migration target (upstream's errors otherwise: the ownership check lets such a PV through
+/// only by the claim's resizer annotation).
+fn expanded_spec(
+    driver: &str,
+    pv: &PersistentVolume,
+) -> Result<(k8s_openapi::api::core::v1::PersistentVolumeSpec, bool), String> {
+    let spec = pv.spec.clone().unwrap_or_default();
+    if spec.csi.is_some() {
+        return Ok((spec, false));
+    }
+    if migration::in_tree_plugin(driver).is_none() {
+        return Err(format!("volume {} is not migrated to CSI", pv.name_any()));
+    }
+    let translated = migration::translate_in_tree_pv_to_csi(pv)
+        .map_err(|e| format!("failed to translate persistent volume: {e}"))?;
+    Ok((translated.spec.unwrap_or_default(), true))
+}
+
 /// The CSI access mode of a PV's access modes (external-resizer takes the PV's modes as the
 /// attacher does): the widest mode wins.
 fn access_mode(modes: &[String], snmw: bool) -> volume_capability::access_mode::Mode {
@@ -1447,6 +1483,53 @@ mod tests {
         let mut unbound = pv("d", "ns", "u1");
         unbound.spec.as_mut().unwrap().claim_ref = None;
         assert!(!supports("d", &unbound, &pvc("u1")), "no claimRef");
+    }
+
+    /// Checklist 31-33: a migration target takes any PV of a claim whose resizer annotation
+    /// names it (upstream's `CanSupport`); another driver never does; the spec expanded is the
+    /// translated one.
+    #[test]
+    fn a_migration_target_takes_claims_annotated_for_it() {
+        const EBS: &str = "ebs.csi.aws.com";
+        let pvc = |resizer: Option<&str>| -> PersistentVolumeClaim {
+            let annotations = resizer.map(|r| json!({k::ANN_STORAGE_RESIZER: r}));
+            serde_json::from_value(
+                json!({"metadata": {"name": "c", "namespace": "ns", "uid": "u1",
+                "annotations": annotations}}),
+            )
+            .unwrap()
+        };
+        let in_tree: PersistentVolume = serde_json::from_value(json!({"metadata": {"name": "p"},
+            "spec": {"awsElasticBlockStore": {"volumeID": "aws://us-east-1a/vol-1"},
+                "claimRef": {"namespace": "ns", "name": "c", "uid": "u1"}}}))
+        .unwrap();
+        let nfs: PersistentVolume = serde_json::from_value(json!({"metadata": {"name": "n"},
+            "spec": {"nfs": {"server": "s", "path": "/"},
+                "claimRef": {"namespace": "ns", "name": "c", "uid": "u1"}}}))
+        .unwrap();
+        assert!(supports(EBS, &in_tree, &pvc(Some(EBS))));
+        assert!(supports(EBS, &nfs, &pvc(Some(EBS))), "whatever the PV");
+        assert!(!supports(EBS, &in_tree, &pvc(None)), "not handed over");
+        assert!(
+            !supports(
+                "hostpath.csi.k8s.io",
+                &in_tree,
+                &pvc(Some("hostpath.csi.k8s.io"))
+            ),
+            "33: no migration driver"
+        );
+
+        let (spec, migrated) = expanded_spec(EBS, &in_tree).unwrap();
+        assert!(migrated);
+        assert_eq!(spec.csi.unwrap().volume_handle, "vol-1");
+        assert_eq!(
+            expanded_spec(EBS, &nfs).unwrap_err(),
+            "failed to translate persistent volume: could not find in-tree plugin translation logic for \"n\""
+        );
+        assert_eq!(
+            expanded_spec("hostpath.csi.k8s.io", &nfs).unwrap_err(),
+            "volume n is not migrated to CSI"
+        );
     }
 
     /// The answer to our own write is kept only until the watch delivers it (or something

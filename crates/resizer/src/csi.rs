@@ -157,21 +157,25 @@ impl Driver {
         Ok(self.controller_caps().await?.single_node_multi_writer)
     }
 
-    /// ControllerExpandVolume within the timeout.
+    /// ControllerExpandVolume within the timeout; `migrated`: the volume is a translated in-tree
+    /// PV (the `migrated` label, shown only for a CSI-migration target).
     pub async fn expand(
         &self,
         req: ControllerExpandVolumeRequest,
+        migrated: bool,
     ) -> Result<ControllerExpandVolumeResponse, CallError> {
         let conn = &self.conn;
-        timed(
-            &self.metrics,
-            CONTROLLER_EXPAND_VOLUME,
-            conn.call(CONTROLLER_EXPAND_VOLUME, &req, |r| {
-                let mut c = conn.controller();
-                async move { c.controller_expand_volume(r).await }
-            }),
-        )
-        .await
+        self.metrics
+            .timed_csi_call_as(
+                CONTROLLER_EXPAND_VOLUME,
+                Some(migrated),
+                conn.call(CONTROLLER_EXPAND_VOLUME, &req, |r| {
+                    let mut c = conn.controller();
+                    async move { c.controller_expand_volume(r).await }
+                }),
+                CallError::code,
+            )
+            .await
     }
 
     /// ControllerModifyVolume within the timeout.

@@ -27,7 +27,9 @@
 //! - [`metrics`]: the registry with `csi_sidecar_operations_seconds`, the work-queue, leader and
 //!   process metrics, and the sidecar's own families through a [`metrics::Collector`];
 //! - [`quantity`]: Kubernetes resource quantities as byte counts, both ways;
-//! - [`migration`]: the CSI-migration target drivers;
+//! - [`gotext`]: Go's quoted strings and `strconv.Atoi` errors, as upstream's texts show them;
+//! - [`migration`]: the CSI-migration target drivers and (with `controller`) the translation of
+//!   in-tree StorageClasses and PVs to CSI and back (csi-translation-lib's);
 //! - [`http`]: a small HTTP/1 diagnostics server with the bounds a network endpoint needs and one
 //!   shared health check in flight;
 //! - with the feature `controller` (kube and k8s-openapi; node sidecars leave it out):
@@ -60,6 +62,7 @@ pub mod events;
 pub mod flags;
 pub mod goflag;
 pub mod gosyntax;
+pub mod gotext;
 pub mod http;
 #[cfg(feature = "controller")]
 pub mod leader;

@@ -86,7 +86,11 @@ impl Env {
     /// A namespace, a class and a driver of its own (ControllerExpandVolume on; `config`
     /// adjusts it).
     pub async fn new(version: KubeVersion, config: impl FnOnce(&mut DriverConfig)) -> Env {
-        let cluster = cluster(version).await;
+        Env::on(cluster(version).await, config).await
+    }
+
+    /// [`new`](Self::new) on a cluster of the test's own.
+    pub async fn on(cluster: Arc<Cluster>, config: impl FnOnce(&mut DriverConfig)) -> Env {
         let client = cluster.api.client().await.unwrap();
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let name = format!("r{}-{n}.csi.plugreg.test", std::process::id());
