@@ -413,9 +413,37 @@ async fn an_attach_error_update_does_not_bring_another_publish() {
     env.pv(&pv1, "vol-missing", json!({})).await;
     env.pv(&pv2, "vol-b", json!({})).await;
     let _a = env.attacher(&["--retry-interval-start=10m", "--worker-threads=1"]);
-    let va0 = env.unique("va-0");
-    env.va(&va0, &pv0, &node).await;
-    env.wait_attached(&va0).await;
+    // The CSINode cache is not waited for at start (upstream neither): the first
+    // VolumeAttachment may fail on it and wait out the 10 min back-off. Another one made after
+    // that error finds the node (no publish was made for the failed one).
+    let mut attempt = 0;
+    loop {
+        let va0 = env.unique(&format!("va-0-{attempt}"));
+        env.va(&va0, &pv0, &node).await;
+        let va = env
+            .wait_va(
+                &va0,
+                &format!("{va0} attached or failing on its CSINode"),
+                |va| {
+                    va.status.as_ref().is_some_and(|s| {
+                        s.attached
+                            || s.attach_error
+                                .as_ref()
+                                .and_then(|e| e.message.as_deref())
+                                .is_some_and(|m| m.contains("csinode.storage.k8s.io"))
+                    })
+                },
+            )
+            .await;
+        if va.status.is_some_and(|s| s.attached) {
+            break;
+        }
+        attempt += 1;
+        assert!(
+            attempt < 5,
+            "the CSINode never reached the attacher's cache"
+        );
+    }
 
     let va1 = env.unique("va-1");
     env.vas()

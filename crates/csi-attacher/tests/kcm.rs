@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Env, NODE_ID, poll};
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use plugreg_csi_test_driver::Method;
 use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
@@ -87,14 +87,8 @@ async fn pod_attach_and_detach(version: KubeVersion) {
     })
     .await;
     let _a = env.attacher(&[]);
-    // The ServiceAccount admission wants the namespace's default account (no controller
-    // creates it here); no token is mounted.
-    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
-    accounts
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap(),
-        )
+    // The ServiceAccount admission wants the namespace's default account; no token is mounted.
+    plugreg_testpeers::rbac::default_service_account(&env.client, &env.ns)
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Env, NODE_ID, free_local_addr, http_get, poll};
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, PostParams};
 use plugreg_csi_test_driver::Method;
@@ -139,12 +139,7 @@ async fn an_in_tree_pv_is_attached_and_detached_translated_through_kcm() {
     .await;
     let addr = free_local_addr();
     let mut a = env.attacher(&[&format!("--http-endpoint={addr}")]);
-    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
-    accounts
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap(),
-        )
+    plugreg_testpeers::rbac::default_service_account(&env.client, &env.ns)
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);

@@ -279,14 +279,7 @@ async fn capacity_start_up_needs_its_namespace_pod_and_owner() {
         "{log}"
     );
     // A bare pod has no controller to own the objects at level 1.
-    // (No service-account controller runs here: the pod's account is made by hand.)
-    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(env.client.clone(), &env.ns);
-    accounts
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap(),
-        )
+    plugreg_testpeers::rbac::default_service_account(&env.client, &env.ns)
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);

@@ -500,16 +500,16 @@ const CAPACITY_POD: &str = "csi-controller-0";
 /// rows). No controller runs here, so the objects only sit there; the Deployment is not read.
 async fn capacity_owner(client: &kube::Client) {
     use k8s_openapi::api::apps::v1::ReplicaSet;
-    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use k8s_openapi::api::core::v1::Pod;
     let created = |r: Result<(), kube::Error>| match r {
         Ok(()) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => panic!("creating the capacity rows' pod: {e}"),
     };
     let ns = CAPACITY_NAMESPACE;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let sa = serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
-    created(accounts.create(&PostParams::default(), &sa).await.map(drop));
+    plugreg_testpeers::rbac::default_service_account(client, ns)
+        .await
+        .unwrap();
     let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
     let labels = json!({"app": "csi-controller"});
     let rs = serde_json::from_value(json!({

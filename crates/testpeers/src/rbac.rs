@@ -82,6 +82,21 @@ fn parse<T: serde::de::DeserializeOwned>(d: &Value) -> Result<T, Error> {
     serde_json::from_value(d.clone()).map_err(|e| Error::Unsupported(e.to_string()))
 }
 
+/// Creates the ServiceAccount `default` in `ns` unless it exists: the ServiceAccount admission
+/// plugin wants it for every pod, and no service-account controller runs beside a test's API
+/// server to make it.
+pub async fn default_service_account(client: &kube::Client, ns: &str) -> Result<(), Error> {
+    let sa: ServiceAccount = parse(&json!({"metadata": {"name": "default"}}))?;
+    match Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &sa)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Creates ServiceAccount `ns/account` and the RBAC documents `docs` (ClusterRoles, Roles in
 /// `ns`, and their bindings).
 pub async fn create(
