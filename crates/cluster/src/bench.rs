@@ -507,7 +507,12 @@ pub fn markdown(info: &RunInfo, figures: &[ReleaseFigures]) -> String {
          through csi-provisioner, binding, the VolumeAttachment attached by csi-attacher, \
          NodeStageVolume and NodePublishVolume by the kubelet, the container's start), the pod \
          deleted (-> target and staging path unmounted on the node), the claim deleted (-> \
-         DeleteVolume, PV gone). States polled every 10 ms. No Go \
+         DeleteVolume, PV gone). On v1.36.2, with the snapshot CRDs and the Go \
+         snapshot-controller v8.6.0, also a claim's whole life (issue 33): a VolumeSnapshot \
+         (until its content has a handle, csi-snapshotter's part; until readyToUse, the \
+         snapshot-controller's after it), a restored claim with a pod, a clone (Immediate \
+         class), the claim grown in use (the kubelet's node expansion comes with its pod \
+         resync, about a minute), everything deleted. States polled every 10 ms. No Go \
          sidecar ran beside: there is no registry to pull upstream's images from, so there is \
          no same-run comparison.\n\n",
     );
