@@ -11,21 +11,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Env, NODE_ID, poll};
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use common::{Env, NODE_ID, attach_detach_controllers, poll};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams};
 use plugreg_csi_test_driver::Method;
 use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
 use serde_json::json;
-
-fn controllers(version: KubeVersion) -> Vec<&'static str> {
-    let mut c = plugreg_testpeers::volume_controllers(version).to_vec();
-    c.push(match version {
-        KubeVersion::V1_20_2 => "attachdetach",
-        KubeVersion::V1_36_2 => "persistentvolume-attach-detach-controller",
-    });
-    c
-}
 
 async fn pod_attach_and_detach(version: KubeVersion) {
     let api = Arc::new(
@@ -33,25 +24,13 @@ async fn pod_attach_and_detach(version: KubeVersion) {
             .await
             .expect("kube-apiserver"),
     );
-    let kcm = ControllerManager::start(&api, &controllers(version))
+    let kcm = ControllerManager::start(&api, &attach_detach_controllers(version))
         .await
         .expect("kube-controller-manager");
     let env = Env::on(api, |_| {}).await;
     let node = env.unique("node");
+    env.kcm_managed_node(&node).await;
     let nodes: Api<Node> = Api::all(env.client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {
-                    "name": node,
-                    "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
-                },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
     env.csinode(&node, &[(&env.name, NODE_ID)]).await;
     let pv = env.unique("pv");
     env.pv(
@@ -60,67 +39,10 @@ async fn pod_attach_and_detach(version: KubeVersion) {
         json!({"spec": {"claimRef": {"namespace": env.ns, "name": "data"}, "storageClassName": ""}}),
     )
     .await;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), &env.ns);
-    claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "data"},
-                "spec": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": "",
-                    "volumeName": pv,
-                    "resources": {"requests": {"storage": "1Gi"}},
-                }
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    poll("claim Bound", || async {
-        claims
-            .get_opt("data")
-            .await
-            .ok()
-            .flatten()
-            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-    })
-    .await;
+    env.bound_claim_data(&pv).await;
     let _a = env.attacher(&[]);
-    // The ServiceAccount admission wants the namespace's default account; no token is mounted.
-    plugreg_testpeers::rbac::default_service_account(&env.client, &env.ns)
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "metadata": {"name": "app"},
-            "spec": {
-                "nodeName": node,
-                "automountServiceAccountToken": false,
-                "containers": [{"name": "c", "image": "example.invalid/app",
-                    "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
-                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
-            }
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
-    // KCM names it csi-<sha256(handle + driver + node)>.
-    let va = poll("KCM's VolumeAttachment", || async {
-        env.vas()
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|v| v.spec.attacher == env.name)
-    })
-    .await;
+    let va = env.kcm_attachment(&node, &env.name).await;
     let name = va.metadata.name.clone().unwrap();
-    assert!(name.starts_with("csi-") && name.len() == 68, "{name}");
     let done = env.wait_attached(&name).await;
     assert!(done.metadata.finalizers.unwrap().contains(&env.finalizer()));
     // KCM saw it attached.
@@ -134,6 +56,7 @@ async fn pod_attach_and_detach(version: KubeVersion) {
     assert_eq!(env.calls.count(Method::ControllerPublishVolume), 1);
 
     // The pod goes (no kubelet: at once); KCM detaches.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     pods.delete("app", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Env, NODE_ID, free_local_addr, http_get, poll};
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, PostParams};
 use plugreg_csi_test_driver::Method;
@@ -79,26 +79,12 @@ async fn an_in_tree_pv_is_attached_and_detached_translated_through_kcm() {
             .await
             .expect("kube-apiserver"),
     );
-    let mut controllers = plugreg_testpeers::volume_controllers(version).to_vec();
-    controllers.push("persistentvolume-attach-detach-controller");
-    let kcm = ControllerManager::start(&api, &controllers)
+    let kcm = ControllerManager::start(&api, &common::attach_detach_controllers(version))
         .await
         .expect("kube-controller-manager");
     let (env, node) = ebs_env(api).await;
+    env.kcm_managed_node(&node).await;
     let nodes: Api<Node> = Api::all(env.client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {
-                    "name": node,
-                    "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
-                },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
     let pv = env.unique("pv");
     create_pv(
         &env,
@@ -111,66 +97,11 @@ async fn an_in_tree_pv_is_attached_and_detached_translated_through_kcm() {
         }),
     )
     .await;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), &env.ns);
-    claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "data"},
-                "spec": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": "",
-                    "volumeName": pv,
-                    "resources": {"requests": {"storage": "1Gi"}},
-                }
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    poll("claim Bound", || async {
-        claims
-            .get_opt("data")
-            .await
-            .ok()
-            .flatten()
-            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-    })
-    .await;
+    env.bound_claim_data(&pv).await;
     let addr = free_local_addr();
     let mut a = env.attacher(&[&format!("--http-endpoint={addr}")]);
-    plugreg_testpeers::rbac::default_service_account(&env.client, &env.ns)
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "metadata": {"name": "app"},
-            "spec": {
-                "nodeName": node,
-                "automountServiceAccountToken": false,
-                "containers": [{"name": "c", "image": "example.invalid/app",
-                    "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
-                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
-            }
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
-    let va = poll("KCM's VolumeAttachment", || async {
-        env.vas()
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|v| v.spec.attacher == EBS)
-    })
-    .await;
+    let va = env.kcm_attachment(&node, EBS).await;
     let name = va.metadata.name.clone().unwrap();
-    assert!(name.starts_with("csi-") && name.len() == 68, "{name}");
     assert_eq!(
         va.spec.source.persistent_volume_name.as_deref(),
         Some(pv.as_str())
@@ -208,6 +139,7 @@ async fn an_in_tree_pv_is_attached_and_detached_translated_through_kcm() {
     })
     .await;
 
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     pods.delete("app", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

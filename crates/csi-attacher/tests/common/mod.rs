@@ -211,6 +211,97 @@ impl Env {
         .await
     }
 
+    /// Node `name` as the kubelet leaves it for KCM's attach/detach controller (annotated
+    /// `controller-managed-attach-detach`; there is no kubelet here).
+    pub async fn kcm_managed_node(&self, name: &str) {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        nodes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {
+                        "name": name,
+                        "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
+                    },
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Claim `data` of no class for `pv`, once KCM's PV controller has bound it.
+    pub async fn bound_claim_data(&self, pv: &str) {
+        let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        claims
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "data"},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": "",
+                        "volumeName": pv,
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    }
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        poll("claim Bound", || async {
+            claims
+                .get_opt("data")
+                .await
+                .ok()
+                .flatten()
+                .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+        })
+        .await;
+    }
+
+    /// Pod `app` on `node` using claim `data`, which makes KCM's attach/detach controller
+    /// create a VolumeAttachment (the ServiceAccount admission wants the namespace's default
+    /// account; no token is mounted); returns that VolumeAttachment of `attacher` once KCM has
+    /// made it (named `csi-<sha256(handle + driver + node)>`).
+    pub async fn kcm_attachment(&self, node: &str, attacher: &str) -> VolumeAttachment {
+        plugreg_testpeers::rbac::default_service_account(&self.client, &self.ns)
+            .await
+            .unwrap();
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "app"},
+                "spec": {
+                    "nodeName": node,
+                    "automountServiceAccountToken": false,
+                    "containers": [{"name": "c", "image": "example.invalid/app",
+                        "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+                    "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+        let va = poll("KCM's VolumeAttachment", || async {
+            self.vas()
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|v| v.spec.attacher == attacher)
+        })
+        .await;
+        let name = va.metadata.name.clone().unwrap();
+        assert!(name.starts_with("csi-") && name.len() == 68, "{name}");
+        va
+    }
+
     pub async fn wait_attached(&self, name: &str) -> VolumeAttachment {
         self.wait_va(name, &format!("{name} attached"), |va| {
             va.status.as_ref().is_some_and(|s| s.attached)
@@ -274,6 +365,16 @@ impl Env {
             self.dir.path(),
         )
     }
+}
+
+/// kube-controller-manager's volume controllers of `version` and its attach/detach controller.
+pub fn attach_detach_controllers(version: KubeVersion) -> Vec<&'static str> {
+    let mut c = plugreg_testpeers::volume_controllers(version).to_vec();
+    c.push(match version {
+        KubeVersion::V1_20_2 => "attachdetach",
+        KubeVersion::V1_36_2 => "persistentvolume-attach-detach-controller",
+    });
+    c
 }
 
 /// Polls `f` every 50 ms until it returns `Some`, for at most [`WAIT`].
