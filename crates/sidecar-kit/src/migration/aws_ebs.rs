@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::error::Error;
-use super::topology::{self, CSI_FSTYPE, FSTYPE};
+use super::topology;
 use crate::gotext;
 
 /// The driver.
@@ -19,30 +19,14 @@ pub(super) const TOPOLOGY_KEY: &str = "topology.ebs.csi.aws.com/zone";
 /// `fstype` renamed, `zone`/`zones` into topology, `iopsPerGB` kept plus
 /// `allowautoiopspergbincrease: "true"`, the rest copied.
 pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), Error> {
-    let mut params = BTreeMap::new();
-    let mut generated = None;
-    for (k, v) in sc.parameters.iter().flatten() {
-        let lower = k.to_lowercase();
-        if let Some(terms) = topology::zone_parameter(&lower, v, TOPOLOGY_KEY) {
-            generated = Some(terms);
-            continue;
+    topology::zoned_storage_class(sc, TOPOLOGY_KEY, |lower, k, v, params| {
+        if lower != "iopspergb" {
+            return false;
         }
-        match lower.as_str() {
-            FSTYPE => {
-                params.insert(CSI_FSTYPE.to_owned(), v.clone());
-            }
-            "iopspergb" => {
-                params.insert(k.clone(), v.clone());
-                params.insert("allowautoiopspergbincrease".to_owned(), "true".to_owned());
-            }
-            _ => {
-                params.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    topology::apply_class_topology(sc, generated, TOPOLOGY_KEY)?;
-    sc.parameters = Some(params);
-    Ok(())
+        params.insert(k.to_owned(), v.to_owned());
+        params.insert("allowautoiopspergbincrease".to_owned(), "true".to_owned());
+        true
+    })
 }
 
 /// The EBS volume ID of a Kubernetes volume ID: verbatim, unless `aws://<zone>/<vol-...>`.

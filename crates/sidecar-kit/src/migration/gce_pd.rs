@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::error::Error;
-use super::topology::{self, BETA_ZONE, CSI_FSTYPE, FSTYPE, GA_ZONE, MULTI_ZONE_DELIMITER};
+use super::topology::{self, BETA_ZONE, GA_ZONE, MULTI_ZONE_DELIMITER};
 use crate::gotext;
 
 /// The driver.
@@ -23,26 +23,7 @@ const HANDLE_PARTS: usize = 6;
 
 /// `fstype` renamed, `zone`/`zones` into topology, the rest copied.
 pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), Error> {
-    let mut params = BTreeMap::new();
-    let mut generated = None;
-    for (k, v) in sc.parameters.iter().flatten() {
-        let lower = k.to_lowercase();
-        if let Some(terms) = topology::zone_parameter(&lower, v, TOPOLOGY_KEY) {
-            generated = Some(terms);
-            continue;
-        }
-        match lower.as_str() {
-            FSTYPE => {
-                params.insert(CSI_FSTYPE.to_owned(), v.clone());
-            }
-            _ => {
-                params.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    topology::apply_class_topology(sc, generated, TOPOLOGY_KEY)?;
-    sc.parameters = Some(params);
-    Ok(())
+    topology::zoned_storage_class(sc, TOPOLOGY_KEY, |_, _, _, _| false)
 }
 
 /// In-tree access modes as the CSI driver accepts them: RWX counts as RWO; RWO present →

@@ -61,6 +61,31 @@ pub(super) fn zone_parameter(
     }
 }
 
+/// A zoned plugin's class (EBS, GCE PD): `zone`/`zones` become its topology under `key`,
+/// `fstype` the CSI fs type; `own` may take a parameter of the plugin's own (its lower-cased
+/// key, key, value, the new parameters; `true` when it took it); the rest are copied.
+pub(super) fn zoned_storage_class(
+    sc: &mut StorageClass,
+    key: &str,
+    mut own: impl FnMut(&str, &str, &str, &mut BTreeMap<String, String>) -> bool,
+) -> Result<(), Error> {
+    let mut params = BTreeMap::new();
+    let mut generated = None;
+    for (k, v) in sc.parameters.iter().flatten() {
+        let lower = k.to_lowercase();
+        if let Some(terms) = zone_parameter(&lower, v, key) {
+            generated = Some(terms);
+        } else if lower == FSTYPE {
+            params.insert(CSI_FSTYPE.to_owned(), v.clone());
+        } else if !own(&lower, k, v, &mut params) {
+            params.insert(k.clone(), v.clone());
+        }
+    }
+    apply_class_topology(sc, generated, key)?;
+    sc.parameters = Some(params);
+    Ok(())
+}
+
 /// Sets `allowedTopologies` from the generated term or rewrites its zone keys to `key`.
 pub(super) fn apply_class_topology(
     sc: &mut StorageClass,
