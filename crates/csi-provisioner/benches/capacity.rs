@@ -10,8 +10,8 @@
 //! pool per segment, and the release `csi-provisioner` with `--enable-capacity` (capacity client
 //! at `--qps`, default 10, burst 5). Reported: how long until all 1,000 CSIStorageCapacity
 //! objects existed, beside the write floor `(1000 - burst) / qps`; how long a change of one
-//! segment's pool took to show in its 10 objects (at most one `--capacity-poll-interval`, 10 s
-//! here, plus its writes); the provisioner's peak RSS (VmHWM). `PLUGREG_PROVISIONER_BIN`
+//! segment's pool took to show in its 10 objects (the goal: within one
+//! `--capacity-poll-interval`, 10 s here); the provisioner's peak RSS (VmHWM). `PLUGREG_PROVISIONER_BIN`
 //! measures another build.
 
 use std::collections::BTreeMap;
@@ -199,17 +199,18 @@ async fn main() {
     let _ = child.wait();
     let hwm_mib = hwm_kib as f64 / 1024.0;
     let ratio = all.as_secs_f64() / floor;
-    let change_floor = CLASSES as f64 / qps;
 
     let block = format!(
         "{START}\n## csi-provisioner: storage capacity tracking (issue 31)\n\n\
          {date}, commit {commit}, `cargo bench -p plugreg-csi-provisioner --bench capacity -- --out BENCHMARKS.md` \
          (load at start {load_start}): real kube-apiserver v1.36.2, {NODES} Nodes with CSINodes (one segment each), \
          {CLASSES} WaitForFirstConsumer classes, the test driver in-process, release csi-provisioner with \
-         `--enable-capacity --kube-api-capacity-qps={qps} --kube-api-capacity-burst={BURST} --capacity-poll-interval={poll}s`.\n\n\
+         `--enable-capacity --kube-api-capacity-qps={qps} --kube-api-capacity-burst={BURST} --capacity-poll-interval={poll}s` \
+         (upstream's default capacity QPS is 1: `--qps 1` takes about 1,000 s). No Go external-provisioner ran beside: no \
+         registry or module proxy is reachable here, so there is no same-run comparison.\n\n\
          | figure | measured | goal | met |\n|---|---|---|---|\n\
          | all {total} CSIStorageCapacity objects created | {all:.1} s (write floor {floor:.1} s: {ratio:.3}x) | within 1.1x of the floor | {m1} |\n\
-         | one segment's change in its {CLASSES} objects | {change:.1} s | within one poll ({poll} s) plus its writes ({change_floor:.1} s) | {m2} |\n\
+         | one segment's change in its {CLASSES} objects | {change:.1} s | within one poll ({poll} s) | {m2} |\n\
          | peak RSS (VmHWM) | {hwm_mib:.1} MiB | under {GOAL_RSS_MIB} MiB | {m3} |\n{END}",
         date = date(),
         commit = commit(),
@@ -217,11 +218,7 @@ async fn main() {
         all = all.as_secs_f64(),
         change = change.as_secs_f64(),
         m1 = if ratio <= 1.1 { "yes" } else { "no" },
-        m2 = if change.as_secs_f64() <= POLL.as_secs_f64() + change_floor {
-            "yes"
-        } else {
-            "no"
-        },
+        m2 = if change <= POLL { "yes" } else { "no" },
         m3 = if hwm_mib < GOAL_RSS_MIB { "yes" } else { "no" },
     );
     println!("{block}");
