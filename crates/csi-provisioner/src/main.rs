@@ -6,10 +6,11 @@
 //! - 0: `--version`, `-h`/`--help`, a clean stop (SIGTERM/SIGINT);
 //! - 1: invalid logging configuration, both HTTP address flags, CSI connect or probe failure,
 //!   the CSI connection lost later, a feature switched on that is not supported yet
-//!   (`--node-deployment`);
+//!   (the `CrossNamespaceVolumeDataSource` gate);
 //! - 2: a command-line error;
 //! - 255: upstream's `klog.Fatal` cases (unknown feature gate, no kube config, no driver name,
-//!   no capabilities, HTTP listen failure).
+//!   no capabilities, HTTP listen failure, `--node-deployment` without `NODE_NAME` or without
+//!   NodeGetInfo's answer).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use plugreg_provisioner::capacity;
 use plugreg_provisioner::csi::{self, Capabilities, Driver};
 use plugreg_provisioner::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags, Options};
 use plugreg_provisioner::metrics::Metrics;
+use plugreg_provisioner::node;
 use plugreg_provisioner::request::RequestOptions;
 use plugreg_provisioner::service::{Service, ServiceError};
 use plugreg_sidecar_kit::VERSION;
@@ -98,7 +100,7 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
         .enable_all()
         .build()
         .context("building the runtime")?;
-    Ok(runtime.block_on(run(options, gates)))
+    Ok(runtime.block_on(run(options, gates, node_name)))
 }
 
 /// Logs what is accepted but has no effect here.
@@ -109,6 +111,13 @@ fn warn_ignored(options: &Options, gates: &FeatureGates) {
     if options.enable_pprof {
         tracing::warn!(target: LOG, "Ignoring --enable-pprof: Go's pprof handlers do not exist here");
     }
+    if options.node_deployment && options.controller.leader_election {
+        // Upstream accepts this too: every node competes for the driver's one Lease.
+        tracing::warn!(
+            target: LOG,
+            "--leader-election with --node-deployment: the provisioners of all nodes compete for one Lease, so only the leader's node provisions and deletes volumes; remove --leader-election"
+        );
+    }
     for gate in &gates.ignored {
         tracing::info!(target: LOG, gate = %gate, "Ignoring feature gate: it has no effect on the provisioner");
     }
@@ -116,12 +125,7 @@ fn warn_ignored(options: &Options, gates: &FeatureGates) {
 
 /// The first feature switched on that this provisioner does not implement yet (exit 1, rather
 /// than silently doing nothing).
-fn unsupported(options: &Options, gates: &FeatureGates) -> Option<&'static str> {
-    if options.node_deployment {
-        return Some(
-            "--node-deployment is not supported by this csi-provisioner yet (distributed provisioning); remove the flag or use the upstream image",
-        );
-    }
+fn unsupported(_options: &Options, gates: &FeatureGates) -> Option<&'static str> {
     if gates.cross_namespace_volume_data_source {
         return Some(
             "the CrossNamespaceVolumeDataSource feature gate is not supported by this csi-provisioner yet; remove it or use the upstream image",
@@ -131,7 +135,7 @@ fn unsupported(options: &Options, gates: &FeatureGates) -> Option<&'static str> 
 }
 
 /// Steps 6-18, then the controller; returns the exit code.
-async fn run(options: Options, gates: FeatureGates) -> i32 {
+async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -> i32 {
     // Handlers first: a SIGTERM during start-up must not kill the process half-way.
     let mut signals = match plugreg_runtime::signal::Signals::new() {
         Ok(s) => s,
@@ -220,8 +224,30 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
                 return Err(FATAL_EXIT);
             }
         };
+        // Node deployment (§B.2 step 3): this node as the driver sees it, always asked.
+        let local = match (&options.node_deployment, &node_name) {
+            (true, Some(node)) => match driver.node_info().await {
+                Ok(info) => Some(node::Local {
+                    node: node.clone(),
+                    node_id: info.node_id,
+                    segment: info
+                        .accessible_topology
+                        .map(|t| t.segments.into_iter().collect()),
+                }),
+                Err(e) => {
+                    tracing::error!(target: LOG, "Failed to get node info from CSI driver: {}", plugreg_runtime::report::grpc(&e.to_status()));
+                    return Err(FATAL_EXIT);
+                }
+            },
+            _ => None,
+        };
         // Step 15.
-        let identity = flags::provisioner_identity(unix_millis(), random(), &name, None);
+        let identity = flags::provisioner_identity(
+            unix_millis(),
+            random(),
+            &name,
+            local.as_ref().map(|l| l.node.as_str()),
+        );
         // Step 16 (the informers themselves are the controller's).
         if capabilities.publish_unpublish_volume {
             tracing::info!(
@@ -236,7 +262,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         }
         // Step 17: capacity tracking's client, owner, manager and API version.
         let capacity = if options.enable_capacity {
-            match capacity_start(&options, &kube_config, &name).await {
+            match capacity_start(&options, &kube_config, &name, local.as_ref()).await {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::error!(target: LOG, "{e}");
@@ -257,6 +283,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         };
         Ok(Started {
             capacity,
+            local,
             name,
             identity,
             driver,
@@ -325,6 +352,12 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         health: started.health.clone(),
         metrics: started.metrics.clone(),
         capacity: started.capacity,
+        node: started.local.map(|local| node::NodeDeployment {
+            local,
+            immediate_binding: options.node_deployment_immediate_binding,
+            base_delay: options.node_deployment_base_delay,
+            max_delay: options.node_deployment_max_delay,
+        }),
     };
     let shutdown = CancellationToken::new();
     let run = service.run(shutdown.clone());
@@ -366,6 +399,7 @@ async fn capacity_start(
     options: &Options,
     kube_config: &kube::Config,
     driver: &str,
+    local: Option<&node::Local>,
 ) -> Result<(capacity::Config, kube::Client), String> {
     let client = plugreg_sidecar_kit::ratelimit::own_client(
         kube_config.clone(),
@@ -407,7 +441,7 @@ async fn capacity_start(
             driver: driver.to_owned(),
             namespace,
             owner,
-            manager: capacity::manager_id(None),
+            manager: capacity::manager_id(local.map(|l| l.node.as_str())),
             immediate_binding: options.capacity_for_immediate_binding,
             poll: options.capacity_poll_interval,
             workers: usize::try_from(options.capacity_threads)
@@ -416,6 +450,7 @@ async fn capacity_start(
             retry_start: options.retry_interval_start,
             retry_max: options.retry_interval_max,
             api,
+            fixed: local.map(|l| l.segment.clone().unwrap_or_default()),
         },
         client,
     ))
@@ -438,6 +473,8 @@ struct Started {
     http: Option<CancellationToken>,
     /// Capacity tracking's configuration and client (`--enable-capacity`).
     capacity: Option<(capacity::Config, kube::Client)>,
+    /// This node (`--node-deployment`).
+    local: Option<node::Local>,
 }
 
 fn unix_millis() -> u128 {
@@ -468,11 +505,7 @@ mod tests {
             node_deployment: true,
             ..Options::default()
         };
-        assert!(
-            unsupported(&o, &gates)
-                .unwrap()
-                .contains("--node-deployment")
-        );
+        assert!(unsupported(&o, &gates).is_none(), "node deployment runs");
         let g = FeatureGates {
             cross_namespace_volume_data_source: true,
             ..FeatureGates::default()

@@ -121,14 +121,6 @@ fn both_http_addresses_exit_1() {
 
 #[test]
 fn features_not_supported_yet_exit_1() {
-    let out = Command::new(BIN)
-        .args([MASTER, "--node-deployment"])
-        .env("NODE_NAME", "node-1")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("--node-deployment is not supported"), "{err}");
     let (code, _, err) = run_to_end(&[
         MASTER,
         "--feature-gates=CrossNamespaceVolumeDataSource=true",

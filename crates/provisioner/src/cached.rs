@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{
     AWSElasticBlockStoreVolumeSource, AzureDiskVolumeSource, AzureFilePersistentVolumeSource,
     CinderPersistentVolumeSource, GCEPersistentDiskVolumeSource, ObjectReference, PersistentVolume,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
-    PersistentVolumeSpec, PortworxVolumeSource, VsphereVirtualDiskVolumeSource,
+    PersistentVolumeSpec, PortworxVolumeSource, VolumeNodeAffinity, VsphereVirtualDiskVolumeSource,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use plugreg_sidecar_kit::cache;
@@ -269,6 +269,8 @@ struct WatchedPvSpec {
     #[serde(default)]
     claim_ref: Option<Box<ObjectReference>>,
     #[serde(default)]
+    node_affinity: Option<Box<VolumeNodeAffinity>>,
+    #[serde(default)]
     aws_elastic_block_store: Option<Box<AWSElasticBlockStoreVolumeSource>>,
     #[serde(default)]
     gce_persistent_disk: Option<Box<GCEPersistentDiskVolumeSource>>,
@@ -304,6 +306,7 @@ impl WatchedPvSpec {
             storage_class_name: self.storage_class_name,
             csi: self.csi,
             in_tree: None,
+            node_affinity: self.node_affinity,
         };
         if migration::in_tree_plugin_of_pv(&spec).is_none() {
             return cached;
@@ -405,6 +408,9 @@ pub struct CachedPvSpec {
     pub csi: Option<CachedCsi>,
     /// For an in-tree PV (CSI migration): whether it translated.
     pub in_tree: Option<Box<InTree>>,
+    /// Where the volume can be used (`--node-deployment` deletes only the volumes its node's
+    /// segment matches).
+    pub node_affinity: Option<Box<VolumeNodeAffinity>>,
 }
 
 /// The CSI driver and volume of a PV.

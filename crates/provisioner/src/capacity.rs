@@ -253,6 +253,12 @@ pub fn segments<'a>(
     out
 }
 
+/// A segment as upstream's log prints it: `[key: value key2: value2]`, `[]` when empty.
+fn go_segment(segment: &Segment) -> String {
+    let pairs: Vec<String> = segment.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    format!("[{}]", pairs.join(" "))
+}
+
 /// Whether `class` gets capacity objects (§A.7): its provisioner is the driver, and it binds
 /// on first consumer (or any binding with `--capacity-for-immediate-binding`).
 pub fn qualifies(class: &StorageClass, driver: &str, immediate: bool) -> bool {
@@ -361,6 +367,9 @@ pub struct Config {
     pub retry_max: Duration,
     /// The API version served ([`detect_api`]).
     pub api: ApiVersion,
+    /// `--node-deployment`: the one segment of this node (from NodeGetInfo; empty when the
+    /// driver reports no topology) instead of the segments of the watched CSINodes (§A.5.2).
+    pub fixed: Option<Segment>,
 }
 
 /// An object of ours as the controller keeps it.
@@ -667,35 +676,47 @@ pub async fn run(
     let changed = Arc::new(tokio::sync::Notify::new());
     let mut ready: Readiness = Vec::new();
     let driver_name = cfg.driver.clone();
-    let nodes = cache::watch::<Node>(
-        &watch_client,
-        &shutdown,
-        &mut ready,
-        |n| {
-            let labels = n.metadata.labels.take();
-            n.metadata = ObjectMeta {
-                name: n.metadata.name.take(),
-                labels,
-                ..ObjectMeta::default()
-            };
-            n.spec = None;
-            n.status = None;
-        },
-        notifier(&changed),
-    );
-    let csinodes = cache::watch::<CSINode>(
-        &watch_client,
-        &shutdown,
-        &mut ready,
-        move |c| {
-            c.metadata = ObjectMeta {
-                name: c.metadata.name.take(),
-                ..ObjectMeta::default()
-            };
-            c.spec.drivers.retain(|d| d.name == driver_name);
-        },
-        notifier(&changed),
-    );
+    // A node's provisioner has its one segment; the central one watches Nodes and CSINodes.
+    let topology = match &cfg.fixed {
+        Some(segment) => {
+            info!(
+                "producing CSIStorageCapacity objects with fixed topology segment {}",
+                go_segment(segment)
+            );
+            None
+        }
+        None => Some((
+            cache::watch::<Node>(
+                &watch_client,
+                &shutdown,
+                &mut ready,
+                |n| {
+                    let labels = n.metadata.labels.take();
+                    n.metadata = ObjectMeta {
+                        name: n.metadata.name.take(),
+                        labels,
+                        ..ObjectMeta::default()
+                    };
+                    n.spec = None;
+                    n.status = None;
+                },
+                notifier(&changed),
+            ),
+            cache::watch::<CSINode>(
+                &watch_client,
+                &shutdown,
+                &mut ready,
+                move |c| {
+                    c.metadata = ObjectMeta {
+                        name: c.metadata.name.take(),
+                        ..ObjectMeta::default()
+                    };
+                    c.spec.drivers.retain(|d| d.name == driver_name);
+                },
+                notifier(&changed),
+            ),
+        )),
+    };
     let classes = cache::watch::<StorageClass>(
         &watch_client,
         &shutdown,
@@ -808,18 +829,19 @@ pub async fn run(
     }
     let recompute = {
         let ctl = Arc::clone(&ctl);
-        let nodes = nodes.clone();
-        let csinodes = csinodes.clone();
         move |log: bool| {
-            let segs = segments(
-                &ctl.cfg.driver,
-                csinodes.state().iter().map(|c| c.as_ref()),
-                |name| {
-                    nodes
-                        .get(&ObjectRef::new(name))
-                        .map(|n| n.metadata.labels.clone().unwrap_or_default())
-                },
-            );
+            let segs = match (&topology, &ctl.cfg.fixed) {
+                (Some((nodes, csinodes)), _) => segments(
+                    &ctl.cfg.driver,
+                    csinodes.state().iter().map(|c| c.as_ref()),
+                    |name| {
+                        nodes
+                            .get(&ObjectRef::new(name))
+                            .map(|n| n.metadata.labels.clone().unwrap_or_default())
+                    },
+                ),
+                (None, fixed) => BTreeSet::from([fixed.clone().unwrap_or_default()]),
+            };
             let classes: Vec<String> = ctl
                 .classes
                 .state()

@@ -25,7 +25,7 @@
 //! started, with the recorded name and request.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -53,13 +53,16 @@ use crate::csi::{Capabilities, Driver};
 use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
 use crate::inflight::InFlight;
 use crate::metrics::{Metrics, ProvisionMetrics};
+use crate::node::{self, NodeDeployment, Take};
 use crate::pv::FINALIZER as PV_FINALIZER;
 use crate::record::{Entry, Journal, RecordError};
 use crate::request::{self, ANN_SELECTED_NODE, RequestOptions};
 use crate::secrets::go_quote;
 use crate::topology::TopologySource;
 use crate::{pv, secrets, source};
-use plugreg_proto::csi::v1::{VolumeContentSource, volume_content_source};
+use plugreg_proto::csi::v1::{
+    GetCapacityRequest, Topology, VolumeContentSource, volume_content_source,
+};
 use plugreg_sidecar_kit::snapshot::{self, VolumeSnapshot, VolumeSnapshotContent};
 
 /// Upstream's effective resync of claims and volumes.
@@ -97,6 +100,9 @@ pub struct Config {
     /// How often left-over restore finalizers are swept from VolumeSnapshots
     /// (`--snapshot-orphan-sweep-interval`; zero: never).
     pub snapshot_sweep: Duration,
+    /// Distributed provisioning (`--node-deployment`): this node, and how it competes for
+    /// claims of immediate binding.
+    pub node: Option<Arc<NodeDeployment>>,
 }
 
 /// The controller's failure.
@@ -186,19 +192,34 @@ struct Caches {
     nodes: Option<Store<Node>>,
     csinodes: Option<Store<CSINode>>,
     attachments: Option<Store<VolumeAttachment>>,
+    /// With `--node-deployment`: the one Node and CSINode the topology code sees, made from
+    /// NodeGetInfo (§B.2 step 4), in place of the watches.
+    local: Option<(Arc<Node>, Arc<CSINode>)>,
 }
 
 impl TopologySource for Caches {
     fn csinode(&self, name: &str) -> Option<Arc<CSINode>> {
+        if let Some((_, c)) = &self.local {
+            return (c.metadata.name.as_deref() == Some(name)).then(|| Arc::clone(c));
+        }
         self.csinodes.as_ref()?.get(&ObjectRef::new(name))
     }
     fn node(&self, name: &str) -> Option<Arc<Node>> {
+        if let Some((n, _)) = &self.local {
+            return (n.metadata.name.as_deref() == Some(name)).then(|| Arc::clone(n));
+        }
         self.nodes.as_ref()?.get(&ObjectRef::new(name))
     }
     fn csinodes(&self) -> Vec<Arc<CSINode>> {
+        if let Some((_, c)) = &self.local {
+            return vec![Arc::clone(c)];
+        }
         self.csinodes.as_ref().map(Store::state).unwrap_or_default()
     }
     fn nodes(&self) -> Vec<Arc<Node>> {
+        if let Some((n, _)) = &self.local {
+            return vec![Arc::clone(n)];
+        }
         self.nodes.as_ref().map(Store::state).unwrap_or_default()
     }
 }
@@ -214,6 +235,11 @@ struct Controller {
     /// Source claims of clones whose cloning protection may be released.
     clone_sources: Arc<WorkQueue<Box<str>>>,
     inflight: Arc<InFlight>,
+    /// `--node-deployment`: this node's attempts to become the owner of each claim of
+    /// immediate binding, by claim UID (§B.4; dropped with the claim).
+    owner_attempts: Arc<Mutex<HashMap<String, u32>>>,
+    /// The run's end (a wait to become a claim's owner ends with it).
+    stop: CancellationToken,
 }
 
 /// Whether a claim event concerns the cloning protection: the claim may carry it, or may be a
@@ -289,11 +315,13 @@ pub async fn run(
     }
 
     let mut ready = Vec::new();
-    let (q, r, m, cp) = (
+    let owner_attempts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let (q, r, m, cp, attempts) = (
         Arc::clone(&claims_q),
         Arc::clone(&records_q),
         Arc::clone(&inflight),
         Arc::clone(&clone_sources_q),
+        Arc::clone(&owner_attempts),
     );
     // Decoded whole, kept compact (`CachedClaim::new`).
     let claims = cache::watch_compact::<PersistentVolumeClaim, _>(
@@ -313,6 +341,7 @@ pub async fn run(
                 if let Some(v) = m.volume_of_claim(c.uid()) {
                     r.add(v.entry.volume);
                 }
+                lock(&attempts).remove(c.uid());
             } else {
                 q.add(c.key().into());
             }
@@ -332,7 +361,20 @@ pub async fn run(
         },
     );
     let classes = cache::watch::<StorageClass>(&client, &shutdown, &mut ready, |_| {}, |_, _| {});
-    let (nodes, csinodes) = if topology {
+    // A node's provisioner knows its one node from NodeGetInfo: no Node or CSINode watch.
+    let local = cfg.node.as_ref().map(|n| {
+        (
+            Arc::new(n.local.node_object()),
+            Arc::new(n.local.csinode_object(&cfg.driver)),
+        )
+    });
+    if let Some((n, c)) = &local {
+        info!(
+            "using local topology with Node = {:?} and CSINode = {:?}",
+            n.metadata, c.spec
+        );
+    }
+    let (nodes, csinodes) = if topology && local.is_none() {
         let driver = cfg.driver.clone();
         (
             Some(cache::watch::<Node>(
@@ -410,12 +452,15 @@ pub async fn run(
             nodes,
             csinodes,
             attachments,
+            local,
         },
         claims: claims_q,
         volumes: volumes_q,
         records: records_q,
         clone_sources: clone_sources_q,
         inflight,
+        owner_attempts,
+        stop: shutdown.clone(),
     });
     let mut workers = tokio::task::JoinSet::new();
     if clone_protection {
@@ -662,6 +707,7 @@ impl Controller {
             infeasible,
             stale: self.inflight.stale(&uid, &version, now),
             named_has_class,
+            another_node: self.another_node(&claim),
         };
         let action = decide::claim(&view);
         debug!(claim = %key, ?action, "claim synced");
@@ -714,6 +760,30 @@ impl Controller {
                 let Some(class) = class else {
                     return Err(Requeue);
                 };
+                // §B.3: a node provisions its own claims only (one it recorded is its own).
+                if let Some(nd) = &self.cfg.node
+                    && record.is_none()
+                {
+                    match node::take(&claim, &class, &nd.local.node, nd.immediate_binding) {
+                        Take::Provision => {}
+                        Take::Skip => return Ok(()),
+                        Take::TryOwner => {
+                            return match self.become_owner(&claim, &class, nd).await {
+                                Ok(()) => Ok(()),
+                                Err(e) => {
+                                    self.fail(
+                                        &claim,
+                                        &class_name,
+                                        ProvisionError::no_change(format!(
+                                            "node check failed: PVC {key}: {e}"
+                                        )),
+                                    );
+                                    Err(Requeue)
+                                }
+                            };
+                        }
+                    }
+                }
                 let started = Instant::now();
                 let result = self.provision(&claim, &class, &volume, record).await;
                 // A volume made, or an error that changed state: what the class's segments
@@ -751,6 +821,214 @@ impl Controller {
                 }
             }
         }
+    }
+
+    /// `--node-deployment`: whether the claim is selected for another node than this one.
+    fn another_node(&self, claim: &PersistentVolumeClaim) -> bool {
+        self.cfg.node.as_ref().is_some_and(|nd| {
+            claim
+                .annotations()
+                .get(ANN_SELECTED_NODE)
+                .is_some_and(|n| !n.is_empty() && *n != nd.local.node)
+        })
+    }
+
+    /// §B.4: waits this node's turn, checks its capacity, and writes its name into the claim's
+    /// `selected-node` annotation; the Update's event brings the claim back, now this node's.
+    /// Returns without an error when another node took the claim first, when this node has too
+    /// little capacity, or when the class's allowed topologies exclude this node.
+    async fn become_owner(
+        &self,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+        nd: &NodeDeployment,
+    ) -> Result<(), String> {
+        let node_name = nd.local.node.as_str();
+        let ns = claim.namespace().unwrap_or_default();
+        let name = claim.name_any();
+        let key: Box<str> = format!("{ns}/{name}").into();
+        let uid = claim.uid().unwrap_or_default();
+        let opts = &self.cfg.request;
+        if opts.topology
+            && class
+                .allowed_topologies
+                .as_ref()
+                .is_some_and(|t| !t.is_empty())
+            && let Err(e) = crate::topology::requirements(
+                &name,
+                Some(node_name),
+                class,
+                &self.cfg.driver,
+                opts.strict_topology,
+                opts.immediate_topology,
+                &self.caches,
+            )
+        {
+            debug!(
+                "the allowed topologies of storage class {} are not compatible with node {node_name} for PVC {key}: {}",
+                class.name_any(),
+                e.message
+            );
+            return Ok(());
+        }
+        let poll = (nd.base_delay / 100).max(Duration::from_millis(10));
+        loop {
+            let attempt = *lock(&self.owner_attempts).entry(uid.clone()).or_default();
+            let wait = node::delay(
+                nd.base_delay,
+                nd.max_delay,
+                attempt,
+                plugreg_runtime::backoff::unit_random(),
+            );
+            lock(&self.owner_attempts).insert(uid.clone(), attempt.saturating_add(1));
+            debug!(
+                "will try to become owner of PVC {key} with resource version {} in {wait:?} (attempt #{attempt})",
+                claim.resource_version().unwrap_or_default()
+            );
+            let deadline = Instant::now() + wait;
+            // The cached claim, watched while waiting and once at the end.
+            let current = loop {
+                let Some(cached) = self.caches.claims.get(&key) else {
+                    return Err(format!(
+                        "PVC not found: persistentvolumeclaim {} not found",
+                        go_quote(&name)
+                    ));
+                };
+                if cached.uid() != uid {
+                    return Err("PVC was replaced".to_owned());
+                }
+                let current = cached.claim();
+                drop(cached);
+                if let Some(n) = current
+                    .annotations()
+                    .get(ANN_SELECTED_NODE)
+                    .filter(|n| !n.is_empty())
+                {
+                    if n != node_name {
+                        lock(&self.owner_attempts).remove(&uid);
+                    }
+                    // Another node's now (or ours: its event brings the claim back).
+                    return Ok(());
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    break current;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(poll.min(deadline - now)) => {}
+                    () = self.stop.cancelled() => {
+                        return Err("timed out waiting to become PVC owner".to_owned());
+                    }
+                }
+            };
+            if !self.enough_capacity(&current, class, node_name).await {
+                debug!(
+                    "not enough capacity for PVC {key} with resource version {} on node {node_name}",
+                    current.resource_version().unwrap_or_default()
+                );
+                return Ok(());
+            }
+            // The Update of upstream, as a merge patch that carries the cached
+            // resourceVersion: the same precondition, without sending the whole claim back
+            // (the cache keeps only part of it).
+            let patch = json!({"metadata": {
+                "resourceVersion": current.resource_version(),
+                "annotations": {ANN_SELECTED_NODE: node_name},
+            }});
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(self.clients.high.clone(), &ns);
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    lock(&self.owner_attempts).remove(&uid);
+                    info!(claim = %key, node = node_name, "became the owner of the claim");
+                    return Ok(());
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    debug!("conflict during PVC {key} update, will try again");
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "selecting node {} for PVC failed: {}",
+                        go_quote(node_name),
+                        go_error(&e)
+                    ));
+                }
+            }
+        }
+    }
+
+    /// §B.4 step 3: whether this node's driver reports room for the claim in one of the
+    /// request's topology terms (or without topology). A claim of zero bytes needs no room;
+    /// a request that cannot be prepared or a GetCapacity that fails lets the node proceed,
+    /// as upstream. Unlike upstream, preparing the request has no side effects (no finalizer
+    /// is added to a data source, no secret is read): the request is only looked at.
+    async fn enough_capacity(
+        &self,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+        node_name: &str,
+    ) -> bool {
+        let key = format!(
+            "{}/{}",
+            claim.namespace().unwrap_or_default(),
+            claim.name_any()
+        );
+        let mut claim = claim.clone();
+        claim
+            .annotations_mut()
+            .insert(ANN_SELECTED_NODE.to_owned(), node_name.to_owned());
+        let prepared = request::csi_class(class, &self.cfg.driver).and_then(|(class, _)| {
+            request::prepare(
+                &claim,
+                &class,
+                &self.cfg.driver,
+                &self.cfg.request,
+                &self.caches,
+            )
+        });
+        let prepared = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                debug!(
+                    "proceeding with becoming owner of PVC {key} although the capacity check failed: {}",
+                    e.message
+                );
+                return true;
+            }
+        };
+        if prepared.requested_bytes == 0 {
+            return true;
+        }
+        let terms: Vec<Option<Topology>> = match prepared
+            .request
+            .accessibility_requirements
+            .as_ref()
+            .filter(|r| !r.requisite.is_empty())
+        {
+            Some(r) => r.requisite.iter().cloned().map(Some).collect(),
+            None => vec![None],
+        };
+        for term in terms {
+            let req = GetCapacityRequest {
+                volume_capabilities: prepared.request.volume_capabilities.clone(),
+                parameters: prepared.request.parameters.clone(),
+                accessible_topology: term,
+            };
+            match self.clients.driver.get_capacity_with(req).await {
+                Ok(r) if r.available_capacity >= prepared.requested_bytes => return true,
+                Ok(_) => {}
+                Err(e) => {
+                    debug!(
+                        "proceeding with becoming owner of PVC {key} although the capacity check failed: GetCapacity: {}",
+                        plugreg_runtime::report::grpc(&e.to_status())
+                    );
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// Upstream's `ProvisioningFailed` event and log line.
@@ -1527,6 +1805,7 @@ impl Controller {
             claim: claim.as_ref(),
             class_cached,
             pv_cached: self.caches.volumes.get(volume).is_some(),
+            another_node: claim.as_ref().is_some_and(|c| self.another_node(c)),
         };
         match decide::record_held(&view) {
             RecordAction::Claim => {
@@ -1640,6 +1919,36 @@ impl Controller {
                     .as_ref()
                     .and_then(|s| s.storage_class_name.clone())
                     .unwrap_or_default();
+                // §B.6: a node deletes only the volumes on it; another node's is counted as a
+                // successful delete, without an event or a CSI call.
+                if let Some(nd) = &self.cfg.node {
+                    let affinity = volume
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_affinity.as_deref());
+                    match node::on_this_node(affinity, &nd.local) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            debug!(pv = %name, "PV was not provisioned on this node");
+                            self.clients
+                                .provisioned
+                                .delete_succeeded(&class, Duration::ZERO);
+                            return Ok(());
+                        }
+                        Err(e) => {
+                            self.clients.provisioned.delete_failed(&class);
+                            let msg = format!("checking volume affinity failed: {e}");
+                            self.event(
+                                &volume_ref(&volume),
+                                EventType::Warning,
+                                "VolumeFailedDelete",
+                                &msg,
+                            );
+                            warn!(pv = %name, "failed to delete volume: {msg}");
+                            return Err(Requeue);
+                        }
+                    }
+                }
                 let started = Instant::now();
                 match self.delete(&volume).await {
                     Ok(()) => {
@@ -1756,6 +2065,11 @@ impl Controller {
         self.inflight.set_deleted(&uid, true, Instant::now());
         Ok(())
     }
+}
+
+/// The lock, also if a worker panicked while holding it (the map stays usable).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Updates the object `name` under the collection `path` with `edit` applied to it as the API

@@ -21,7 +21,8 @@ use std::time::Duration;
 use plugreg_csi_core::client::{CallError, Connection};
 use plugreg_proto::csi::v1::{
     CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, GetCapacityRequest,
-    GetCapacityResponse, Topology, controller_service_capability, plugin_capability,
+    GetCapacityResponse, NodeGetInfoResponse, Topology, controller_service_capability,
+    plugin_capability,
 };
 use tonic::transport::Channel;
 
@@ -45,6 +46,8 @@ pub const CREATE_VOLUME: &str = "/csi.v1.Controller/CreateVolume";
 pub const DELETE_VOLUME: &str = "/csi.v1.Controller/DeleteVolume";
 /// `/csi.v1.Controller/GetCapacity`.
 pub const GET_CAPACITY: &str = "/csi.v1.Controller/GetCapacity";
+/// `/csi.v1.Node/NodeGetInfo`.
+pub const NODE_GET_INFO: &str = "/csi.v1.Node/NodeGetInfo";
 
 /// What the driver can do (read once at start, never refreshed, as upstream).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -198,13 +201,22 @@ impl Driver {
         segment: &std::collections::BTreeMap<String, String>,
         parameters: HashMap<String, String>,
     ) -> Result<GetCapacityResponse, CallError> {
-        let req = GetCapacityRequest {
+        self.get_capacity_with(GetCapacityRequest {
             volume_capabilities: Vec::new(),
             parameters,
             accessible_topology: Some(Topology {
                 segments: segment.clone().into_iter().collect(),
             }),
-        };
+        })
+        .await
+    }
+
+    /// GetCapacity with `req` as it is, within the timeout (`--node-deployment`'s check before
+    /// it takes a claim asks with the claim's capabilities and filtered parameters).
+    pub async fn get_capacity_with(
+        &self,
+        req: GetCapacityRequest,
+    ) -> Result<GetCapacityResponse, CallError> {
         let conn = self.conn.clone();
         timed(&self.metrics, GET_CAPACITY, None, async move {
             let ctl = conn.controller();
@@ -214,6 +226,18 @@ impl Driver {
             })
             .await
         })
+        .await
+    }
+
+    /// NodeGetInfo within the timeout (`--node-deployment` asks it once at start, on the same
+    /// socket).
+    pub async fn node_info(&self) -> Result<NodeGetInfoResponse, CallError> {
+        timed(
+            &self.metrics,
+            NODE_GET_INFO,
+            None,
+            self.conn.node_get_info(),
+        )
         .await
     }
 }

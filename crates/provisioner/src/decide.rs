@@ -93,6 +93,9 @@ pub struct ClaimView<'a> {
     /// Whether a cached StorageClass belongs to the provisioner the claim's annotation names
     /// (read for a previous version's intent only: see [`legacy_intent_of`]).
     pub named_has_class: bool,
+    /// `--node-deployment`: the claim is selected for another node than this provisioner's
+    /// (a volume this node recorded for it is not used).
+    pub another_node: bool,
 }
 
 /// What the claim's worker does.
@@ -159,6 +162,14 @@ pub fn claim(v: &ClaimView<'_>) -> ClaimAction {
                 ClaimAction::Forget(r.entry.volume.clone())
             } else {
                 ClaimAction::Nothing
+            };
+        }
+        if v.another_node {
+            // Rescheduled to another node: what this node may have made goes.
+            return if r.ambiguous() {
+                ClaimAction::HandOver(r.entry.volume.clone())
+            } else {
+                ClaimAction::Forget(r.entry.volume.clone())
             };
         }
         if !r.ambiguous() {
@@ -244,6 +255,8 @@ pub struct RecordView<'a> {
     pub class_cached: bool,
     /// Whether a PV of the volume's name is cached.
     pub pv_cached: bool,
+    /// `--node-deployment`: the claim is selected for another node than this provisioner's.
+    pub another_node: bool,
 }
 
 /// What the record's worker does.
@@ -275,7 +288,7 @@ pub fn record(v: &RecordView<'_>) -> RecordAction {
         .as_ref()
         .and_then(|s| s.volume_name.as_deref())
         .is_some_and(|b| !b.is_empty() && b != v.volume.entry.volume);
-    if bound_elsewhere || !v.class_cached {
+    if bound_elsewhere || !v.class_cached || v.another_node {
         return RecordAction::Delete;
     }
     RecordAction::Claim
@@ -457,6 +470,7 @@ mod tests {
         infeasible: bool,
         stale: bool,
         named_has_class: bool,
+        another_node: bool,
         want: ClaimAction,
     }
 
@@ -472,8 +486,13 @@ mod tests {
                 infeasible: false,
                 stale: false,
                 named_has_class: false,
+                another_node: false,
                 want,
             }
+        }
+        fn another_node(mut self) -> Self {
+            self.another_node = true;
+            self
         }
         fn named_has_class(mut self) -> Self {
             self.named_has_class = true;
@@ -539,6 +558,20 @@ mod tests {
             )
             .no_class(),
             Case::new("a PV exists already", pvc(|_| {}), ClaimAction::Nothing).pv_cached(),
+            Case::new(
+                "node deployment: a claim moved to another node drops what was only recorded",
+                pvc(|_| {}),
+                ClaimAction::Forget(NAME.into()),
+            )
+            .record(recorded(NAME, fresh()))
+            .another_node(),
+            Case::new(
+                "node deployment: a claim moved to another node hands a volume that may exist over",
+                pvc(|_| {}),
+                ClaimAction::HandOver(NAME.into()),
+            )
+            .record(recorded(NAME, Phase::Recorded { ambiguous: true }))
+            .another_node(),
             Case::new(
                 "a deleted claim without a record is left alone",
                 pvc(deleting),
@@ -780,6 +813,7 @@ mod tests {
                 infeasible: case.infeasible,
                 stale: case.stale,
                 named_has_class: case.named_has_class,
+                another_node: case.another_node,
             };
             assert_eq!(super::claim(&view), case.want, "{}", case.what);
         }
@@ -808,6 +842,7 @@ mod tests {
             infeasible: false,
             stale: false,
             named_has_class: false,
+            another_node: false,
         };
         assert_eq!(super::claim(&view), ClaimAction::Nothing);
         let _ = State::Final;
@@ -947,6 +982,7 @@ mod tests {
                 claim,
                 class_cached,
                 pv_cached,
+                another_node: false,
             };
             assert_eq!(record_held(&view), want, "{what}");
         }
@@ -956,9 +992,20 @@ mod tests {
                 claim,
                 class_cached,
                 pv_cached,
+                another_node: false,
             };
             assert_eq!(record(&view), want, "{what}");
         }
+        // Node deployment: a live claim now selected for another node leaves this node's
+        // volume to be deleted.
+        let view = RecordView {
+            volume: &ambiguous,
+            claim: Some(&live),
+            class_cached: true,
+            pv_cached: false,
+            another_node: true,
+        };
+        assert_eq!(record(&view), RecordAction::Delete);
     }
 
     fn pv(edit: impl FnOnce(&mut CachedPv)) -> CachedPv {

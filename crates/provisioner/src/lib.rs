@@ -21,6 +21,7 @@
 //! - [`record`]: the durable record of in-flight volumes (a few Leases), written in batches;
 //! - [`inflight`]: the controller's one memory of recorded volumes and recent writes;
 //! - [`decide`]: what to do next with a claim, a recorded volume or a PV, pure;
+//! - [`node`]: distributed provisioning (`--node-deployment`): which claims and volumes are a node's;
 //! - [`controller`]: the watch caches, queues and workers that tie them together;
 //! - [`service`]: what the binary runs after its start-up checks.
 
@@ -33,6 +34,7 @@ pub mod decide;
 pub mod flags;
 pub mod inflight;
 pub mod metrics;
+pub mod node;
 pub mod pv;
 /// Kubernetes resource quantities as byte counts (the kit's, shared with the resizer).
 pub use plugreg_sidecar_kit::quantity;

@@ -17,6 +17,7 @@ use plugreg_sidecar_kit::leader::{
 use plugreg_sidecar_kit::ratelimit;
 
 use crate::metrics::{Metrics, ProvisionMetrics};
+use crate::node::NodeDeployment;
 use crate::record::Journal;
 use crate::request::RequestOptions;
 
@@ -63,6 +64,8 @@ pub struct Service {
     pub metrics: Arc<Metrics>,
     /// Capacity tracking (`--enable-capacity`): its configuration and its own client.
     pub capacity: Option<(crate::capacity::Config, kube::Client)>,
+    /// Distributed provisioning (`--node-deployment`).
+    pub node: Option<NodeDeployment>,
 }
 
 /// How the run ended badly.
@@ -88,11 +91,17 @@ impl Service {
         // Leader election has a client and a bucket of its own: renewing the Lease never
         // waits behind the work (upstream gives it its own clientset too).
         let election = ratelimit::own_client(self.kube_config.clone(), self.qps, self.burst)?;
+        // Each node keeps a record of its own: a volume one node's driver may have made is
+        // finished or deleted by that node only.
+        let record = match &self.node {
+            Some(nd) => crate::node::record_base(&lease_name(&self.driver_name), &nd.local.node),
+            None => lease_name(&self.driver_name),
+        };
         let (journal, found) = Journal::new(
             ratelimit::unlimited_client(self.kube_config)?,
             limiter,
             &self.record_namespace,
-            &lease_name(&self.driver_name),
+            &record,
         );
         let component = format!("{}_{}_{}", self.driver_name, self.host, uuid4());
         let events = Recorder::start(low.clone(), &component, &self.host, shutdown.clone());
@@ -107,6 +116,7 @@ impl Service {
             timeout: self.timeout,
             clone_protection_workers: self.clone_protection_workers,
             snapshot_sweep: self.snapshot_sweep,
+            node: self.node.map(Arc::new),
         };
         let (refresh, refreshes) = crate::capacity::Refresh::channel();
         let capacity = self.capacity.map(|(cfg, client)| {

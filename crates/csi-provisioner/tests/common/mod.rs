@@ -194,6 +194,24 @@ impl Env {
         self.provisioner_env(args, &[])
     }
 
+    /// Starts `csi-provisioner` for the driver at `socket` (another instance of this test's
+    /// driver, a node's in a node deployment) with `args` and `env` added.
+    pub fn provisioner_at(
+        &self,
+        socket: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Provisioner {
+        Provisioner::start_env(
+            socket,
+            self.cluster.api.kubeconfig_path(),
+            args,
+            self.dir.path(),
+            None,
+            env,
+        )
+    }
+
     /// Starts `csi-provisioner` for this driver with `args` added and the environment
     /// variables `env` set (`NAMESPACE`, `POD_NAME`, as a pod's manifest sets them).
     pub fn provisioner_env(&self, args: &[&str], env: &[(&str, &str)]) -> Provisioner {
@@ -364,6 +382,7 @@ impl Provisioner {
             .env_remove("KUBECONFIG")
             .env_remove("NAMESPACE")
             .env_remove("POD_NAME")
+            .env_remove("NODE_NAME")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())

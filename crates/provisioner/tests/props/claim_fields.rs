@@ -419,6 +419,7 @@ fn check_claim(u: &mut Unstructured, claim: &PersistentVolumeClaim) -> Result<()
         infeasible: u.arbitrary()?,
         stale: u.arbitrary()?,
         named_has_class: u.arbitrary()?,
+        another_node: u.arbitrary()?,
     };
     if let ClaimAction::Provision { volume } = decide::claim(&view) {
         assert_eq!(Ok(&volume), name.as_ref());
