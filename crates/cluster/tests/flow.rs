@@ -879,18 +879,14 @@ spec:
 /// Storage capacity tracking with the real kube-scheduler (issue 31): a WaitForFirstConsumer
 /// claim larger than the node's published capacity leaves its pod Pending with the scheduler's
 /// own reason; once the pool grows, csi-provisioner publishes it, the scheduler places the pod,
-/// the volume is provisioned and the pod runs.
+/// the volume is provisioned and the pod runs. Here the controller Deployment's provisioner
+/// publishes and provisions (its objects owned by its ReplicaSet).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_waits_for_capacity_and_runs_once_it_grows() {
-    use k8s_openapi::api::core::v1::Pod;
-    use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity};
+    use k8s_openapi::api::storage::v1::CSIDriver;
     let overlay = test_overlay(&[("capacity.yaml", CAPACITY)]);
     let cluster = start_cluster_only(KubeVersion::V1_36_2).await;
-    let pool = cluster
-        .node()
-        .host_path("/var/lib/plugreg-csi-test-driver/capacity");
-    std::fs::create_dir_all(pool.parent().unwrap()).unwrap();
-    std::fs::write(&pool, (16u64 << 20).to_string()).unwrap();
+    let pool = capacity_pool(&cluster, 16 << 20);
     deploy_overlay(&cluster, overlay.path()).await;
     // The scheduler looks at capacity only for a driver that says it publishes it.
     let drivers: Api<CSIDriver> = Api::all(cluster.client());
@@ -902,16 +898,84 @@ async fn a_claim_waits_for_capacity_and_runs_once_it_grows() {
         )
         .await
         .expect("storageCapacity on the CSIDriver");
-    let ns = "capacity";
+    let (pv, owner) = waits_for_capacity(&cluster, &pool, "capacity").await;
+    assert_eq!(
+        owner, "ReplicaSet",
+        "the controller Deployment's ReplicaSet"
+    );
+    assert!(pv.spec.and_then(|s| s.csi).is_some());
+    cluster.shutdown().await.expect("tear down");
+}
+
+/// Distributed provisioning in the cluster (issue 31): `deploy/test-distributed` runs
+/// csi-provisioner in the node DaemonSet with `--node-deployment` and capacity tracking, and
+/// none in the controller Deployment. The node's provisioner publishes its node's capacity
+/// (owned by its pod), the scheduler keeps the too-large claim's pod Pending and places it once
+/// the pool grows, and the node's own provisioner provisions the volume (its identity, in the
+/// PV, ends with the node's name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_own_provisioner_provisions_once_the_capacity_allows() {
+    // The two test overlays name the same images (the cluster imports deploy/test's).
+    let images = |dir: &str| {
+        let text = std::fs::read_to_string(repo().join(dir).join("kustomization.yaml")).unwrap();
+        let from = text.find("images:").expect("an images list");
+        let to = text.find("configMapGenerator:").expect("the driver name");
+        text[from..to].to_owned()
+    };
+    assert_eq!(images("deploy/test-distributed"), images("deploy/test"));
+    let cluster = start_cluster_only(KubeVersion::V1_36_2).await;
+    let pool = capacity_pool(&cluster, 16 << 20);
+    deploy_overlay(&cluster, &repo().join("deploy/test-distributed")).await;
+    let (pv, owner) = waits_for_capacity(&cluster, &pool, "distributed").await;
+    assert_eq!(owner, "Pod", "the node pod (--capacity-ownerref-level=0)");
+    let identity = pv
+        .spec
+        .and_then(|s| s.csi)
+        .and_then(|c| c.volume_attributes)
+        .and_then(|a| {
+            a.get("storage.kubernetes.io/csiProvisionerIdentity")
+                .cloned()
+        })
+        .unwrap_or_default();
+    assert!(
+        identity.ends_with(&format!("-{DRIVER}-{}", plugreg_cluster::NODE_NAME)),
+        "provisioned by the node's provisioner: {identity}"
+    );
+    cluster.shutdown().await.expect("tear down");
+}
+
+/// The node's pool file of csi-test-driver (`--capacity-file`), holding `bytes`.
+fn capacity_pool(cluster: &plugreg_cluster::Cluster, bytes: u64) -> std::path::PathBuf {
+    let pool = cluster
+        .node()
+        .host_path("/var/lib/plugreg-csi-test-driver/capacity");
+    std::fs::create_dir_all(pool.parent().unwrap()).unwrap();
+    std::fs::write(&pool, bytes.to_string()).unwrap();
+    pool
+}
+
+/// The scheduler's side of capacity tracking, in namespace `ns` with a WaitForFirstConsumer
+/// class named after it: the pool (16 MiB) published, a 64 MiB claim's pod Pending with the
+/// scheduler's reason and nothing provisioned, then the pool grown to 1 GiB and the pod
+/// running. Returns the claim's PV and the kind of the published object's owner.
+async fn waits_for_capacity(
+    cluster: &plugreg_cluster::Cluster,
+    pool: &std::path::Path,
+    ns: &str,
+) -> (PersistentVolume, String) {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::storage::v1::CSIStorageCapacity;
     cluster.create_namespace(ns).await.expect("namespace");
-    storage_class(&cluster, "capacity-wffc").await;
+    let class = format!("{ns}-wffc");
+    storage_class(cluster, &class).await;
     let capacities: Api<CSIStorageCapacity> = Api::namespaced(cluster.client(), DRIVER_NS);
-    let published = wait(&cluster, "the node's capacity published", || {
+    let published = wait(cluster, "the node's capacity published", || {
         let capacities = capacities.clone();
+        let class = class.clone();
         async move {
             let list = capacities.list(&ListParams::default()).await?;
             Ok(list.items.into_iter().find(|c| {
-                c.storage_class_name == "capacity-wffc"
+                c.storage_class_name == class
                     && c.capacity.as_ref().map(|q| q.0.as_str()) == Some("16Mi")
             }))
         }
@@ -923,22 +987,18 @@ async fn a_claim_waits_for_capacity_and_runs_once_it_grows() {
         .clone()
         .unwrap_or_default();
     assert_eq!(owner.len(), 1, "{published:?}");
-    assert_eq!(
-        owner[0].kind, "ReplicaSet",
-        "the controller Deployment's ReplicaSet"
-    );
     cluster
         .apply(serde_json::json!({
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": "big", "namespace": ns},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "capacity-wffc",
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
                 "resources": {"requests": {"storage": "64Mi"}}},
         }))
         .await
         .expect("the claim");
-    pod_with_claim(&cluster, ns, "big-user", "big", "hello", "it fits").await;
+    pod_with_claim(cluster, ns, "big-user", "big", "hello", "it fits").await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), ns);
-    let why = wait(&cluster, "the scheduler's reason", || {
+    let why = wait(cluster, "the scheduler's reason", || {
         let pods = pods.clone();
         async move {
             let p = pods.get("big-user").await?;
@@ -964,9 +1024,10 @@ async fn a_claim_waits_for_capacity_and_runs_once_it_grows() {
         "nothing provisioned while it does not fit"
     );
     // The pool grows: published within a poll, the pod is placed and runs.
-    std::fs::write(&pool, (1u64 << 30).to_string()).unwrap();
-    wait_running(&cluster, ns, "big-user").await;
-    let pv = bound_volume(&cluster, ns, "big").await;
-    assert!(pv.spec.and_then(|s| s.csi).is_some());
-    cluster.shutdown().await.expect("tear down");
+    std::fs::write(pool, (1u64 << 30).to_string()).unwrap();
+    wait_running(cluster, ns, "big-user").await;
+    (
+        bound_volume(cluster, ns, "big").await,
+        owner[0].kind.clone(),
+    )
 }

@@ -68,12 +68,6 @@ const VENDOR_FORK_FLAGS: &[(&str, &str, &str)] = &[
 /// cluster waiting for what the flag promises.
 const NOT_IMPLEMENTED: &[(&str, &str, &str, &str)] = &[
     (
-        "provisioner",
-        "node-deployment",
-        "is not supported",
-        "distributed provisioning: ignoring it, each node's provisioner would take every claim",
-    ),
-    (
         "snapshotter",
         "enable-volume-group-snapshots",
         "volume group snapshots are not implemented",

@@ -26,25 +26,39 @@ struct Case {
     driver: &'static str,
     /// Container name -> image, in the DaemonSet and the Deployment.
     images: &'static [(&'static str, &'static str)],
+    /// `deploy/distributed`: csi-provisioner and csi-snapshotter in the node DaemonSet with
+    /// `--node-deployment`, the node's account bound to their roles, capacity published.
+    distributed: bool,
 }
+
+/// deploy/base's images (also deploy/distributed's).
+const BASE_IMAGES: &[(&str, &str)] = &[
+    ("csi-driver", "csi-driver"),
+    (
+        "node-driver-registrar",
+        "plugreg/csi-node-driver-registrar:v0.1.0",
+    ),
+    ("liveness-probe", "plugreg/livenessprobe:v0.1.0"),
+    ("csi-provisioner", "plugreg/csi-provisioner:v0.1.0"),
+    ("csi-attacher", "plugreg/csi-attacher:v0.1.0"),
+    ("csi-resizer", "plugreg/csi-resizer:v0.1.0"),
+    ("csi-snapshotter", "plugreg/csi-snapshotter:v0.1.0"),
+];
 
 const CASES: &[Case] = &[
     Case {
         dir: "deploy/base",
         namespace: "kube-system",
         driver: "csi.example.com",
-        images: &[
-            ("csi-driver", "csi-driver"),
-            (
-                "node-driver-registrar",
-                "plugreg/csi-node-driver-registrar:v0.1.0",
-            ),
-            ("liveness-probe", "plugreg/livenessprobe:v0.1.0"),
-            ("csi-provisioner", "plugreg/csi-provisioner:v0.1.0"),
-            ("csi-attacher", "plugreg/csi-attacher:v0.1.0"),
-            ("csi-resizer", "plugreg/csi-resizer:v0.1.0"),
-            ("csi-snapshotter", "plugreg/csi-snapshotter:v0.1.0"),
-        ],
+        images: BASE_IMAGES,
+        distributed: false,
+    },
+    Case {
+        dir: "deploy/distributed",
+        namespace: "kube-system",
+        driver: "csi.example.com",
+        images: BASE_IMAGES,
+        distributed: true,
     },
     Case {
         dir: "deploy/example",
@@ -80,6 +94,7 @@ const CASES: &[Case] = &[
                 "registry.example.com/plugreg/csi-snapshotter:v0.1.0",
             ),
         ],
+        distributed: false,
     },
 ];
 
@@ -210,6 +225,23 @@ async fn check_case(
     ] {
         want.insert((kind.to_owned(), namespace.to_owned(), name.clone()));
     }
+    if case.distributed {
+        for (kind, namespace, name) in [
+            (
+                "ClusterRoleBinding",
+                "",
+                format!("{}-node-provisioner", case.driver),
+            ),
+            (
+                "ClusterRoleBinding",
+                "",
+                format!("{}-node-snapshotter", case.driver),
+            ),
+            ("RoleBinding", ns, "node-provisioner-cfg".to_owned()),
+        ] {
+            want.insert((kind.to_owned(), namespace.to_owned(), name));
+        }
+    }
     let got: BTreeSet<(String, String, String)> = objects
         .iter()
         .map(|o| {
@@ -291,12 +323,22 @@ async fn check_case(
     );
     // The controller sidecars as upstream's samples run them: leader election with its
     // liveness probe, each on a port of its own (the pod's containers share one network).
-    for (sidecar, port, port_name) in [
-        ("csi-provisioner", 8080, "http-endpoint"),
-        ("csi-attacher", 8081, "attacher-http"),
-        ("csi-resizer", 8082, "resizer-http"),
-        ("csi-snapshotter", 8083, "snapshot-http"),
-    ] {
+    // Distributed, the provisioner and the snapshotter run on the nodes instead.
+    let central: &[(&str, u16, &str)] = if case.distributed {
+        check_node_sidecars(&ctx, node_spec);
+        &[
+            ("csi-attacher", 8081, "attacher-http"),
+            ("csi-resizer", 8082, "resizer-http"),
+        ]
+    } else {
+        &[
+            ("csi-provisioner", 8080, "http-endpoint"),
+            ("csi-attacher", 8081, "attacher-http"),
+            ("csi-resizer", 8082, "resizer-http"),
+            ("csi-snapshotter", 8083, "snapshot-http"),
+        ]
+    };
+    for &(sidecar, port, port_name) in central {
         let container = deployment["spec"]["template"]["spec"]["containers"]
             .as_array()
             .and_then(|cs| cs.iter().find(|c| c["name"] == sidecar))
@@ -336,13 +378,33 @@ async fn check_case(
         .iter()
         .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
     {
+        let name = binding["metadata"]["name"].as_str().unwrap_or_default();
+        let account = if name.contains("node-") {
+            "csi-node"
+        } else {
+            "csi-controller"
+        };
         assert_eq!(
             binding["subjects"],
-            json!([{"kind": "ServiceAccount", "name": "csi-controller", "namespace": ns}]),
-            "{ctx}: {} {}: the controller's account is the one bound",
+            json!([{"kind": "ServiceAccount", "name": account, "namespace": ns}]),
+            "{ctx}: {} {name}: the account bound",
             binding["kind"],
-            binding["metadata"]["name"]
         );
+    }
+    if case.distributed {
+        // The node pod gets a token; the scheduler reads the capacity (a field v1.20 drops:
+        // CSIStorageCapacity is alpha and off there).
+        let account = objects
+            .iter()
+            .find(|o| o["kind"] == "ServiceAccount" && o["metadata"]["name"] == "csi-node")
+            .expect("the node's account");
+        assert_eq!(account["automountServiceAccountToken"], true, "{ctx}");
+        let capacity = &find("CSIDriver")["spec"]["storageCapacity"];
+        if server.version() == plugreg_testpeers::KubeVersion::V1_20_2 {
+            assert!(capacity.is_null() || *capacity == true, "{ctx}: {capacity}");
+        } else {
+            assert_eq!(*capacity, true, "{ctx}: CSIDriver storageCapacity");
+        }
     }
     // Volumes are attached by csi-attacher: the kubelet waits for its VolumeAttachment.
     assert_eq!(
@@ -363,6 +425,65 @@ async fn check_case(
         .expect("get daemonset");
     assert!(stored.is_none(), "{ctx}: the dry run stored the DaemonSet");
     eprintln!("ok: {ctx}: {} objects", objects.len());
+}
+
+/// deploy/distributed's node sidecars: csi-provisioner with csi-driver-host-path's distributed
+/// flags and the three variables they read; csi-snapshotter with `--node-deployment` and
+/// `NODE_NAME`; neither with leader election (every node works).
+fn check_node_sidecars(ctx: &str, node_spec: &Value) {
+    let container = |name: &str| {
+        node_spec["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+            .unwrap_or_else(|| panic!("{ctx}: no {name} in the DaemonSet"))
+            .clone()
+    };
+    let env_names = |c: &Value| -> Vec<String> {
+        c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let provisioner = container("csi-provisioner");
+    for flag in [
+        "--node-deployment=true",
+        "--strict-topology=true",
+        "--immediate-topology=false",
+        "--enable-capacity",
+        "--capacity-ownerref-level=0",
+        "--feature-gates=Topology=true",
+    ] {
+        assert!(
+            provisioner["args"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x == flag)),
+            "{ctx}: csi-provisioner lacks {flag}: {}",
+            provisioner["args"]
+        );
+    }
+    assert_eq!(
+        env_names(&provisioner),
+        ["NODE_NAME", "NAMESPACE", "POD_NAME"],
+        "{ctx}"
+    );
+    let snapshotter = container("csi-snapshotter");
+    assert!(
+        snapshotter["args"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "--node-deployment=true")),
+        "{ctx}: {}",
+        snapshotter["args"]
+    );
+    assert_eq!(env_names(&snapshotter), ["NODE_NAME"], "{ctx}");
+    for c in [&provisioner, &snapshotter] {
+        assert!(
+            !c["args"].to_string().contains("leader-election"),
+            "{ctx}: {}",
+            c["args"]
+        );
+    }
 }
 
 /// Every `$(VAR)` left in a container's args must be one Kubernetes expands from that
