@@ -9,7 +9,8 @@
 //! by one without room, after a GetCapacity with the claim's filtered parameters and
 //! capabilities; with `--node-deployment-immediate-binding=false` nobody takes one until the
 //! annotation is set from outside; each node publishes the capacity of its own segment under its
-//! own manager id; NodeGetInfo's failure stops the start.
+//! own manager id; a RESOURCE_EXHAUSTED owner gives the claim back to the race; NodeGetInfo's
+//! failure stops the start. The race runs on v1.20.2 too.
 
 mod common;
 
@@ -46,6 +47,16 @@ fn key(env: &Env) -> String {
 /// Starts `n` nodes with `pools[i]` bytes each; every provisioner gets `args` besides the node
 /// deployment's.
 async fn nodes(env: &Env, pools: &[i64], args: &[&str]) -> Vec<Node> {
+    nodes_with(env, pools, args, |_, _| {}).await
+}
+
+/// [`nodes`], with `tweak` applied to node `i`'s driver.
+async fn nodes_with(
+    env: &Env,
+    pools: &[i64],
+    args: &[&str],
+    tweak: impl Fn(usize, &mut DriverConfig),
+) -> Vec<Node> {
     let mut out = Vec::new();
     for (i, bytes) in pools.iter().enumerate() {
         let name = format!("{}-n{i}", env.ns);
@@ -63,6 +74,8 @@ async fn nodes(env: &Env, pools: &[i64], args: &[&str]) -> Vec<Node> {
             capacity: Capacity::with_pools([(segment, *bytes)]),
             ..DriverConfig::default()
         };
+        let mut cfg = cfg;
+        tweak(i, &mut cfg);
         let calls = cfg.calls.clone();
         let socket = dir.join("csi.sock");
         let driver = plugreg_csi_test_driver::start(cfg, &socket).await.unwrap();
@@ -246,7 +259,17 @@ async fn each_node_provisions_and_deletes_only_its_own_volumes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_immediate_claim_is_taken_once_by_a_node_with_room() {
-    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    immediate_claims_race(KubeVersion::V1_36_2).await;
+}
+
+/// The same on Kubernetes 1.20, whose claims and annotations are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_immediate_claim_is_taken_once_by_a_node_with_room_on_v1_20() {
+    immediate_claims_race(KubeVersion::V1_20_2).await;
+}
+
+async fn immediate_claims_race(version: KubeVersion) {
+    let env = Env::new(version, |_| {}).await;
     let class = env
         .class(
             "",
@@ -381,4 +404,66 @@ async fn a_failed_node_get_info_stops_the_start() {
         "{log}"
     );
     assert_eq!(env.calls.node_get_info(), 1);
+}
+
+/// §B.5: the owner's driver answers RESOURCE_EXHAUSTED: the claim's annotation is removed and
+/// the nodes compete again; the claim ends Bound all the same, provisioned once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_owner_gives_the_claim_back_to_the_race() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let class = env
+        .class("", json!({"volumeBindingMode": "Immediate"}))
+        .await;
+    let nodes = nodes_with(
+        &env,
+        &[10 * GI, 10 * GI],
+        &[
+            "--node-deployment-base-delay=300ms",
+            "--node-deployment-max-delay=600ms",
+        ],
+        |i, d| {
+            if i == 0 {
+                // Node 0's driver refuses its first CreateVolume as out of room.
+                d.faults.insert(
+                    Method::CreateVolume,
+                    Fault {
+                        error: Some(Failure::new(Code::ResourceExhausted, "no room after all")),
+                        fail_first: Some(1),
+                        ..Fault::default()
+                    },
+                );
+            }
+        },
+    )
+    .await;
+    // The scheduler's word for an Immediate claim: node 0 first.
+    env.claim(
+        "data",
+        &class,
+        "1Gi",
+        json!({"metadata": {"annotations": {SELECTED: nodes[0].name}}}),
+    )
+    .await;
+    let claim = env.wait_bound("data").await;
+    let failed = env.wait_event(&env.ns, "data", "ProvisioningFailed").await;
+    assert!(failed.contains("no room after all"), "{failed}");
+    // Provisioned once, by the node its annotation names after the new round: node 0 again
+    // (its second CreateVolume) or node 1 (node 0's refused call made nothing).
+    let owner = selected(&claim).unwrap_or_default().to_owned();
+    let creates: Vec<u64> = nodes
+        .iter()
+        .map(|n| n.calls.count(Method::CreateVolume))
+        .collect();
+    if owner == nodes[0].name {
+        assert_eq!(creates, vec![2, 0]);
+    } else {
+        assert_eq!(owner, nodes[1].name);
+        assert_eq!(creates, vec![1, 1]);
+    }
+    let pv = env
+        .volumes()
+        .get(claim.spec.as_ref().unwrap().volume_name.as_ref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(affinity_nodes(&pv, &key(&env)), vec![owner]);
 }
