@@ -53,7 +53,7 @@ use crate::csi::{Capabilities, Driver};
 use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
 use crate::inflight::InFlight;
 use crate::metrics::{Metrics, ProvisionMetrics};
-use crate::node::{self, NodeDeployment, Take};
+use crate::node::{self, NodeDeployment, Take, Waiting};
 use crate::pv::FINALIZER as PV_FINALIZER;
 use crate::record::{Entry, Journal, RecordError};
 use crate::request::{self, ANN_SELECTED_NODE, RequestOptions};
@@ -894,21 +894,23 @@ impl Controller {
                         go_quote(&name)
                     ));
                 };
-                if cached.uid() != uid {
-                    return Err("PVC was replaced".to_owned());
-                }
                 let current = cached.claim();
                 drop(cached);
-                if let Some(n) = current
-                    .annotations()
-                    .get(ANN_SELECTED_NODE)
-                    .filter(|n| !n.is_empty())
-                {
-                    if n != node_name {
+                match node::waiting(&current, &uid, node_name) {
+                    Waiting::Free => {}
+                    Waiting::Replaced => return Err("PVC was replaced".to_owned()),
+                    Waiting::Bound => {
                         lock(&self.owner_attempts).remove(&uid);
+                        debug!("PVC {key} is bound already, not trying to become its owner");
+                        return Ok(());
                     }
-                    // Another node's now (or ours: its event brings the claim back).
-                    return Ok(());
+                    Waiting::Taken { ours } => {
+                        if !ours {
+                            lock(&self.owner_attempts).remove(&uid);
+                        }
+                        // Another node's now (or ours: its event brings the claim back).
+                        return Ok(());
+                    }
                 }
                 let now = Instant::now();
                 if now >= deadline {

@@ -138,6 +138,52 @@ pub fn take(
     }
 }
 
+/// What a node waiting to become a claim's owner makes of the claim as cached now (§B.4
+/// step 2; the claim's deletion is the caller's: it is no longer cached).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waiting {
+    /// Still nobody's: wait on.
+    Free,
+    /// Another claim of the same name (another UID).
+    Replaced,
+    /// Bound to a volume already: somebody provisioned it. (The cache trims a Bound claim to
+    /// what its provisioning needs, its annotations included, so a Bound claim must not read
+    /// as free: found by the race benchmark, where losers rewrote the winner's annotation.)
+    Bound,
+    /// Its selected node is set: this node's own (its event brings the claim back) or another's.
+    Taken {
+        /// Whether it is this node.
+        ours: bool,
+    },
+}
+
+/// [`Waiting`] of `claim` (as cached) for the node `node` that started waiting for the claim
+/// with `uid`.
+pub fn waiting(claim: &PersistentVolumeClaim, uid: &str, node: &str) -> Waiting {
+    if claim.metadata.uid.as_deref() != Some(uid) {
+        return Waiting::Replaced;
+    }
+    let bound = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty())
+        || claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+    if bound {
+        return Waiting::Bound;
+    }
+    match claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_SELECTED_NODE))
+        .filter(|n| !n.is_empty())
+    {
+        Some(n) => Waiting::Taken { ours: n == node },
+        None => Waiting::Free,
+    }
+}
+
 /// The wait before attempt `n` (from 0) to become a claim's owner (§B.4 step 1):
 /// `max(0, min(base * 2^n, max) - u * base)` with `u` uniform in [0, 1). With the defaults
 /// (20 s, 60 s): (0, 20 s], then (20 s, 40 s], then (40 s, 60 s] for every later attempt.
@@ -288,6 +334,48 @@ mod tests {
             "worker-1".to_owned(),
         )]));
         assert_eq!(take(&alpha, &wffc, "worker-1", true), Take::Skip);
+    }
+
+    #[test]
+    fn a_bound_claim_is_nobody_s_to_take_even_trimmed() {
+        let mut c = claim(None);
+        c.metadata.uid = Some("u1".into());
+        assert_eq!(waiting(&c, "u1", "worker-1"), Waiting::Free);
+        assert_eq!(waiting(&c, "u2", "worker-1"), Waiting::Replaced);
+        let mut mine = claim(Some("worker-1"));
+        mine.metadata.uid = Some("u1".into());
+        assert_eq!(
+            waiting(&mine, "u1", "worker-1"),
+            Waiting::Taken { ours: true }
+        );
+        assert_eq!(
+            waiting(&mine, "u1", "worker-2"),
+            Waiting::Taken { ours: false }
+        );
+        // Bound, as the cache keeps it: the annotation trimmed away.
+        let mut bound = crate::request::tests::claim_with("u1");
+        bound.metadata.annotations = Some(BTreeMap::from([(
+            ANN_SELECTED_NODE.to_owned(),
+            "worker-2".to_owned(),
+        )]));
+        bound.spec.as_mut().unwrap().volume_name = Some("pv-1".into());
+        bound.status = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            ..Default::default()
+        });
+        crate::cached::trim_claim(&mut bound);
+        assert_eq!(selected_of(&bound), None, "the cache drops it");
+        assert_eq!(waiting(&bound, "u1", "worker-1"), Waiting::Bound);
+        // Its volume named, KCM's status not written yet.
+        let mut named = claim(None);
+        named.metadata.uid = Some("u1".into());
+        named.spec = Some(Default::default());
+        named.spec.as_mut().unwrap().volume_name = Some("pv-1".into());
+        assert_eq!(waiting(&named, "u1", "worker-1"), Waiting::Bound);
+    }
+
+    fn selected_of(c: &PersistentVolumeClaim) -> Option<&String> {
+        c.metadata.annotations.as_ref()?.get(ANN_SELECTED_NODE)
     }
 
     #[test]
