@@ -8,7 +8,7 @@
 //! `BENCHMARKS.md` between `<!-- bench:cluster:start -->` and `<!-- bench:cluster:end -->`.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::CSINode;
@@ -16,6 +16,7 @@ use kube::api::Api;
 use plugreg_testpeers::KubeVersion;
 use tokio::time::Instant;
 
+use crate::trace::Window;
 use crate::{Cluster, ClusterOptions, Error, ImageSet, NODE_NAME, StartTimes, workload};
 
 /// The block of `BENCHMARKS.md` this benchmark owns.
@@ -45,6 +46,9 @@ pub struct BenchOptions {
     pub images: ImageSet,
     /// The kustomization that installs the driver (`deploy/test`).
     pub overlay: PathBuf,
+    /// Trace the last claim life's steps through the API server's audit log
+    /// ([`crate::trace`]): the first cluster of v1.36.2 writes one.
+    pub trace: bool,
 }
 
 /// The figures of one release.
@@ -78,6 +82,8 @@ pub struct ReleaseFigures {
     pub expanded: Vec<Duration>,
     /// Everything of a life deleted -> no PV, VolumeAttachment or snapshot content left.
     pub all_gone: Vec<Duration>,
+    /// The last claim life's steps, traced ([`BenchOptions::trace`]), as Markdown.
+    pub trace: Option<String>,
 }
 
 /// Runs the benchmark.
@@ -89,12 +95,14 @@ pub async fn run(options: &BenchOptions) -> Result<Vec<ReleaseFigures>, Error> {
             ..Default::default()
         };
         for i in 0..options.starts.max(1) {
-            let cluster =
-                Cluster::start(ClusterOptions::new(*version, options.images.files.clone())).await?;
+            let lives_here = i == 0 && *version == KubeVersion::V1_36_2 && options.lives > 0;
+            let mut cluster_options = ClusterOptions::new(*version, options.images.files.clone());
+            cluster_options.audit = options.trace && lives_here;
+            let cluster = Cluster::start(cluster_options).await?;
             figures.starts.push(cluster.start_times());
             // Snapshots need the CRDs and the Go snapshot-controller (v1.36.2 only: the CRDs
             // need a recent API server), before the driver, as a cluster that offers them has.
-            let snapshots = if i == 0 && *version == KubeVersion::V1_36_2 && options.lives > 0 {
+            let snapshots = if lives_here {
                 plugreg_testpeers::install_snapshot_crds(cluster.api_server()).await?;
                 Some(plugreg_testpeers::SnapshotController::start(cluster.api_server()).await?)
             } else {
@@ -107,7 +115,11 @@ pub async fn run(options: &BenchOptions) -> Result<Vec<ReleaseFigures>, Error> {
             if i == 0 {
                 volume_lives(&cluster, options, &mut figures).await?;
                 if snapshots.is_some() {
-                    claim_lives(&cluster, options, &mut figures).await?;
+                    let windows = claim_lives(&cluster, options, &mut figures).await?;
+                    if let Some(log) = cluster.api_server().audit_log_path() {
+                        let requests = crate::trace::read(log)?;
+                        figures.trace = Some(crate::trace::markdown(&requests, &windows));
+                    }
                 }
             }
             drop(snapshots);
@@ -230,7 +242,18 @@ async fn claim_lives(
     cluster: &Cluster,
     options: &BenchOptions,
     figures: &mut ReleaseFigures,
-) -> Result<(), Error> {
+) -> Result<Vec<Window>, Error> {
+    // The last life's steps, for the trace.
+    let mut windows = Vec::new();
+    let mut mark = |last: bool, step: &str, start: SystemTime| {
+        if last {
+            windows.push(Window {
+                step: step.to_owned(),
+                start,
+                end: SystemTime::now(),
+            });
+        }
+    };
     use k8s_openapi::api::storage::v1::VolumeAttachment;
     use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
     let snapshot_kind = |kind: &str, plural: &str| ApiResource {
@@ -293,14 +316,18 @@ async fn claim_lives(
         }
     };
     for i in 0..options.lives {
+        let last = i + 1 == options.lives;
         let (data, app) = (format!("data-{i}"), format!("app-{i}"));
+        let wall = SystemTime::now();
         workload::claim(cluster, ns, &data, "bench-wffc").await?;
         workload::pod_with_claim(cluster, ns, &app, &options.images.busybox, &data, "f", "x")
             .await?;
         until(STEP, "the pod Running", running(app.clone())).await?;
+        mark(last, "claim + pod created -> Running", wall);
 
         let snap = format!("snap-{i}");
         let t = Instant::now();
+        let wall = SystemTime::now();
         cluster
             .apply(serde_json::json!({
                 "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
@@ -331,9 +358,11 @@ async fn claim_lives(
         let cut = *cut.lock().unwrap_or_else(|e| e.into_inner());
         figures.snapshot_cut.push(cut.unwrap_or(ready));
         figures.snapshot_ready.push(ready);
+        mark(last, "VolumeSnapshot created -> readyToUse", wall);
 
         let (restored, reader) = (format!("restored-{i}"), format!("reader-{i}"));
         let t = Instant::now();
+        let wall = SystemTime::now();
         cluster
             .apply(serde_json::json!({
                 "apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -355,9 +384,11 @@ async fn claim_lives(
         .await?;
         until(STEP, "the restored pod Running", running(reader.clone())).await?;
         figures.restored_running.push(t.elapsed());
+        mark(last, "restored claim + pod created -> Running", wall);
 
         let clone = format!("clone-{i}");
         let t = Instant::now();
+        let wall = SystemTime::now();
         cluster
             .apply(serde_json::json!({
                 "apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -369,8 +400,10 @@ async fn claim_lives(
             .await?;
         until(STEP, "the clone Bound", bound(clone.clone())).await?;
         figures.clone_bound.push(t.elapsed());
+        mark(last, "cloned claim created -> Bound", wall);
 
         let t = Instant::now();
+        let wall = SystemTime::now();
         claims
             .patch(
                 &data,
@@ -391,8 +424,10 @@ async fn claim_lives(
         })
         .await?;
         figures.expanded.push(t.elapsed());
+        mark(last, "claim in use grown -> status capacity", wall);
 
         let t = Instant::now();
+        let wall = SystemTime::now();
         for p in [&app, &reader] {
             pods.delete(p, &Default::default()).await?;
         }
@@ -414,8 +449,13 @@ async fn claim_lives(
         })
         .await?;
         figures.all_gone.push(t.elapsed());
+        mark(
+            last,
+            "everything deleted -> no PV, VolumeAttachment or content",
+            wall,
+        );
     }
-    Ok(())
+    Ok(windows)
 }
 
 async fn until<F, Fut>(limit: Duration, what: &str, mut probe: F) -> Result<(), Error>
@@ -602,6 +642,18 @@ pub fn markdown(info: &RunInfo, figures: &[ReleaseFigures]) -> String {
             &f.teardown,
         );
         o.push('\n');
+        if let Some(trace) = &f.trace {
+            o.push_str(
+                "### Where the last claim life's time went (audit log of the API server)\n\n\
+                 The API server's audit log (level Metadata, written in blocking mode: each \
+                 request waits for its line) read back for each step of the last life \
+                 (`crates/cluster/src/trace.rs`): every request but watches, lists, Leases, \
+                 Events and the benchmark's own, in the order received, with who made it, \
+                 the API server's time, and how long after the previous answer it came (its \
+                 maker's reaction: the watch event, its queue, its own work and driver call).\n\n",
+            );
+            o.push_str(trace);
+        }
     }
     o.push_str(END);
     o.push('\n');

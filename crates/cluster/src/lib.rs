@@ -31,6 +31,7 @@ mod error;
 pub mod host;
 pub mod images;
 pub mod node;
+pub mod trace;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -65,15 +66,19 @@ pub struct ClusterOptions {
     pub images: Vec<ImageFile>,
     /// The kubelet's `-v`.
     pub kubelet_verbosity: u8,
+    /// The API server writes an audit log of every request (`ApiServer::audit_log_path` of
+    /// [`Cluster::api_server`]).
+    pub audit: bool,
 }
 
 impl ClusterOptions {
-    /// A cluster of `version` importing `images`, kubelet at `-v=2`.
+    /// A cluster of `version` importing `images`, kubelet at `-v=2`, no audit log.
     pub fn new(version: KubeVersion, images: Vec<ImageFile>) -> Self {
         Self {
             version,
             images,
             kubelet_verbosity: 2,
+            audit: false,
         }
     }
 }
@@ -139,7 +144,14 @@ impl Cluster {
         let mut times = StartTimes::default();
         check(options.version)?;
         let version = options.version;
-        let api = ApiServer::start_version(version).await?;
+        let api = ApiServer::start_with(
+            version,
+            &plugreg_testpeers::ApiServerOptions {
+                audit: options.audit,
+                ..Default::default()
+            },
+        )
+        .await?;
         let client = api.client().await?;
         let ca = api.ca_cert_path().display().to_string();
         let sa_key = api.service_account_key_path().display().to_string();

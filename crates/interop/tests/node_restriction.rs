@@ -171,7 +171,7 @@ for_each_kube_version! {
     /// refusal reads as we word ours.
     async fn our_label_rule_is_the_real_node_restriction(k: KubeVersion) {
         let node = "rule-node";
-        let server = ApiServer::start_with(k, &ApiServerOptions { nodes: vec![node.into()] })
+        let server = ApiServer::start_with(k, &ApiServerOptions { nodes: vec![node.into()], ..Default::default() })
             .await
             .unwrap_or_else(|e| panic!("kube-apiserver {k}: {e}"));
         let admin = server.client().await.unwrap();
@@ -257,7 +257,7 @@ for_each_kube_version! {
     /// before the API server would refuse it, in the same words.
     async fn the_manager_works_with_the_kubelets_own_identity(k: KubeVersion) {
         let node = "own-node";
-        let server = ApiServer::start_with(k, &ApiServerOptions { nodes: vec![node.into()] })
+        let server = ApiServer::start_with(k, &ApiServerOptions { nodes: vec![node.into()], ..Default::default() })
             .await
             .unwrap_or_else(|e| panic!("kube-apiserver {k}: {e}"));
         let admin = server.client().await.unwrap();

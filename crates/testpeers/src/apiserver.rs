@@ -48,6 +48,8 @@ pub struct ApiServer {
     ca_cert: PathBuf,
     pki: Pki,
     log: PathBuf,
+    /// The audit log, when [`ApiServerOptions::audit`] asked for one.
+    audit_log: Option<PathBuf>,
     // Dropped last (fields drop in declaration order, after Drop::drop).
     dir: TempDir,
 }
@@ -60,6 +62,10 @@ pub struct ApiServerOptions {
     /// authorization is `Node,RBAC` and the NodeRestriction admission is on, as in a kubeadm
     /// cluster.
     pub nodes: Vec<String>,
+    /// Write an audit log (JSON lines, level Metadata, stage ResponseComplete only) of every
+    /// request: who asked what, when it arrived and when it was answered. For tracing where a
+    /// step's time goes ([`ApiServer::audit_log_path`]).
+    pub audit: bool,
 }
 
 impl ApiServer {
@@ -119,8 +125,23 @@ impl ApiServer {
             ca_cert: pki.ca_cert.clone(),
             pki,
             log: d.join("kube-apiserver.log"),
+            audit_log: options.audit.then(|| d.join("audit.log")),
             dir,
         };
+        let mut audit_args = Vec::new();
+        if let Some(path) = &server.audit_log {
+            let policy = d.join("audit-policy.yaml");
+            write_file(
+                &policy,
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\nrules:\n- level: Metadata\n",
+            )?;
+            audit_args = vec![
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", path.display()),
+                "--audit-log-format=json".to_owned(),
+                "--audit-log-mode=blocking".to_owned(),
+            ];
+        }
 
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
@@ -140,6 +161,7 @@ impl ApiServer {
                     port,
                     !options.nodes.is_empty(),
                 ))
+                .args(&audit_args)
                 .stdin(Stdio::null())
                 .stdout(log)
                 .stderr(log2)
@@ -199,6 +221,11 @@ impl ApiServer {
         let s = Arc::new(Self::start_version(version).await?);
         *slot = Arc::downgrade(&s);
         Ok(s)
+    }
+
+    /// The audit log (JSON lines), when it was asked for ([`ApiServerOptions::audit`]).
+    pub fn audit_log_path(&self) -> Option<&Path> {
+        self.audit_log.as_deref()
     }
 
     /// The release of this API server.

@@ -45,6 +45,10 @@ struct Bench {
     /// Whole claim lives on v1.36.2 (snapshot, restore, clone, expansion, clean-up).
     #[arg(long, default_value_t = 5)]
     lives: usize,
+    /// Trace the last claim life's steps through the API server's audit log (who made which
+    /// request when); the timeline goes into the section.
+    #[arg(long)]
+    trace: bool,
     /// The Markdown file to write the section into (printed to stdout otherwise).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -177,7 +181,11 @@ async fn run_bench(bench: Bench) -> anyhow::Result<()> {
             .take(3)
             .collect::<Vec<_>>()
             .join(" "),
-        command: "scripts/cluster.sh bench --out BENCHMARKS.md".to_owned(),
+        // As run: scripts/cluster.sh passes its arguments through.
+        command: std::iter::once("scripts/cluster.sh bench".to_owned())
+            .chain(std::env::args().skip(2))
+            .collect::<Vec<_>>()
+            .join(" "),
     };
     eprintln!("building the images from {} ...", bin_dir.display());
     let images = ImageSet::build(&repo, &bin_dir, &bin_dir.join("cluster-images"))?;
@@ -188,6 +196,7 @@ async fn run_bench(bench: Bench) -> anyhow::Result<()> {
         lives: bench.lives,
         images,
         overlay: repo.join("deploy/test"),
+        trace: bench.trace,
     };
     let figures = plugreg_cluster::bench::run(&options).await?;
     let section = plugreg_cluster::bench::markdown(&info, &figures);
