@@ -8,8 +8,9 @@
 #       yours, applies each overlay (an overlay of deploy/; default deploy/test), prints
 #       `export KUBECONFIG=...` and waits; Ctrl-C tears everything down.
 #
-#   scripts/cluster.sh bench [--out BENCHMARKS.md]
-#       the cluster benchmark (crates/cluster/src/bench.rs).
+#   scripts/cluster.sh bench [--starts N] [--runs N] [--lives N] [--trace] [--out BENCHMARKS.md]
+#       the cluster benchmark (crates/cluster/src/bench.rs); --trace adds, from the API
+#       server's audit log, who made which request when in each step of the last claim life.
 #
 # Needs root and the project's set-up: `bash interop/build-peers.sh` (Kubernetes v1.20.2 and
 # v1.36.2, containerd, runc, CNI plugins) and `bash images/setup.sh` (umoci, kubectl v1.20.2,
