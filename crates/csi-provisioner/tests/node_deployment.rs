@@ -467,3 +467,54 @@ async fn an_exhausted_owner_gives_the_claim_back_to_the_race() {
         .unwrap();
     assert_eq!(affinity_nodes(&pv, &key(&env)), vec![owner]);
 }
+
+/// §B.4 step 3: a GetCapacity that fails does not stop a node from taking the claim (upstream
+/// proceeds), and §B.3: a class whose allowed topologies exclude a node is never taken by it
+/// (no capacity check, no CreateVolume there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_capacity_check_proceeds_and_allowed_topologies_exclude() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    let nodes = nodes_with(
+        &env,
+        &[10 * GI, 10 * GI],
+        &[
+            "--node-deployment-base-delay=300ms",
+            "--node-deployment-max-delay=600ms",
+        ],
+        |i, d| {
+            if i == 1 {
+                d.faults.insert(
+                    Method::GetCapacity,
+                    Fault {
+                        error: Some(Failure::new(Code::Unavailable, "pool offline")),
+                        ..Fault::default()
+                    },
+                );
+            }
+        },
+    )
+    .await;
+    // Only node 1 is allowed: node 0 never competes, node 1's check fails and it goes on.
+    let class = env
+        .class(
+            "",
+            json!({"volumeBindingMode": "Immediate",
+                   "allowedTopologies": [{"matchLabelExpressions": [
+                       {"key": key(&env), "values": [nodes[1].name]}]}]}),
+        )
+        .await;
+    env.claim("data", &class, "1Gi", json!({})).await;
+    let claim = env.wait_bound("data").await;
+    assert_eq!(selected(&claim), Some(nodes[1].name.as_str()));
+    assert!(
+        nodes[1].calls.count(Method::GetCapacity) >= 1,
+        "node 1 checked its room"
+    );
+    assert_eq!(nodes[1].calls.count(Method::CreateVolume), 1);
+    assert_eq!(nodes[0].calls.count(Method::GetCapacity), 0);
+    assert_eq!(nodes[0].calls.count(Method::CreateVolume), 0);
+    nodes[0]
+        .provisioner
+        .wait_log_line("are not compatible with node")
+        .await;
+}
