@@ -779,11 +779,13 @@ async fn retain_keeps_the_released_volume_and_drops_the_finalizer_v1_36_2() {
 // --- Deletion (§12) ---
 
 /// A driver with PUBLISH_UNPUBLISH_VOLUME: while a VolumeAttachment names the PV, deletion is
-/// refused with a VolumeFailedDelete event on the PV; once it is gone, the volume is deleted.
+/// refused with a VolumeFailedDelete event on the PV; once it is gone, the volume is deleted,
+/// at once: the attachment's deletion brings the PV back (issue 33), not its back-off, which
+/// here is minutes long.
 async fn attached(version: KubeVersion) {
     let env = Env::new(version, |c| c.controller_publish = true).await;
     let class = env.class("", json!({"reclaimPolicy": "Delete"})).await;
-    let _p = env.provisioner(&["--retry-interval-start=100ms"]);
+    let _p = env.provisioner(&["--retry-interval-start=3m", "--retry-interval-max=5m"]);
     env.claim("data", &class, "1Mi", json!({})).await;
     let pv = bound_volume(&env, "data").await;
     let pv_name = pv.name_any();

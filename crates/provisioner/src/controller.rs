@@ -395,8 +395,21 @@ pub async fn run(
     } else {
         (None, None)
     };
+    // A volume's deletion waits for its attachments to go (§12): the deletion of one brings
+    // its PV back at once, not after the PV's back-off (up to --retry-interval-max).
+    let q = Arc::clone(&volumes_q);
     let attachments = attach.then(|| {
-        cache::watch::<VolumeAttachment>(&client, &shutdown, &mut ready, trim_attachment, |_, _| {})
+        cache::watch::<VolumeAttachment>(
+            &client,
+            &shutdown,
+            &mut ready,
+            trim_attachment,
+            move |va: &VolumeAttachment, deleted| {
+                if deleted && let Some(pv) = va.spec.source.persistent_volume_name.as_deref() {
+                    q.add(pv.to_owned());
+                }
+            },
+        )
     });
 
     for r in ready {
