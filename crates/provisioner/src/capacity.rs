@@ -196,7 +196,8 @@ pub fn manager_id(node: Option<&str>) -> String {
     format!("{MANAGER}-{:08x}", fnv1a32(&joined))
 }
 
-fn fnv1a32(s: &str) -> u32 {
+/// FNV-1a, 32 bits (the manager id's hash; also the node record's name).
+pub(crate) fn fnv1a32(s: &str) -> u32 {
     s.bytes().fold(0x811c_9dc5_u32, |h, b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     })

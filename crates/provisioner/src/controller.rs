@@ -838,12 +838,10 @@ impl Controller {
 
     /// `--node-deployment`: whether the claim is selected for another node than this one.
     fn another_node(&self, claim: &PersistentVolumeClaim) -> bool {
-        self.cfg.node.as_ref().is_some_and(|nd| {
-            claim
-                .annotations()
-                .get(ANN_SELECTED_NODE)
-                .is_some_and(|n| !n.is_empty() && *n != nd.local.node)
-        })
+        self.cfg
+            .node
+            .as_ref()
+            .is_some_and(|nd| node::selected(claim).is_some_and(|n| n != nd.local.node))
     }
 
     /// §B.4: waits this node's turn, checks its capacity, and writes its name into the claim's

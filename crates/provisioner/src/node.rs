@@ -93,12 +93,16 @@ pub fn record_base(lease: &str, node: &str) -> String {
     if joined.len() <= 63 {
         return joined;
     }
-    let hash = joined.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
+    let hash = crate::capacity::fnv1a32(&joined);
     // Names are ASCII (DNS subdomains); a cut must not end in a separator.
     let head = joined[..54].trim_end_matches(['-', '.']);
     format!("{head}-{hash:08x}")
+}
+
+/// The node the claim's GA `volume.kubernetes.io/selected-node` annotation names (the only key
+/// a node deployment reads; an empty value is no node).
+pub fn selected(claim: &PersistentVolumeClaim) -> Option<&str> {
+    crate::request::annotation(claim, ANN_SELECTED_NODE).filter(|n| !n.is_empty())
 }
 
 /// Whether this node takes a claim the provisioner would take (§B.3).
@@ -123,13 +127,7 @@ pub fn take(
     node: &str,
     immediate_binding: bool,
 ) -> Take {
-    let selected = claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_SELECTED_NODE))
-        .filter(|n| !n.is_empty());
-    match selected {
+    match selected(claim) {
         Some(n) if n == node => Take::Provision,
         Some(_) => Take::Skip,
         None if class.volume_binding_mode.as_deref() != Some("Immediate") => Take::Skip,
@@ -172,13 +170,7 @@ pub fn waiting(claim: &PersistentVolumeClaim, uid: &str, node: &str) -> Waiting 
     if bound {
         return Waiting::Bound;
     }
-    match claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_SELECTED_NODE))
-        .filter(|n| !n.is_empty())
-    {
+    match selected(claim) {
         Some(n) => Waiting::Taken { ours: n == node },
         None => Waiting::Free,
     }
@@ -364,7 +356,7 @@ mod tests {
             ..Default::default()
         });
         crate::cached::trim_claim(&mut bound);
-        assert_eq!(selected_of(&bound), None, "the cache drops it");
+        assert_eq!(selected(&bound), None, "the cache drops it");
         assert_eq!(waiting(&bound, "u1", "worker-1"), Waiting::Bound);
         // Its volume named, KCM's status not written yet.
         let mut named = claim(None);
@@ -372,10 +364,6 @@ mod tests {
         named.spec = Some(Default::default());
         named.spec.as_mut().unwrap().volume_name = Some("pv-1".into());
         assert_eq!(waiting(&named, "u1", "worker-1"), Waiting::Bound);
-    }
-
-    fn selected_of(c: &PersistentVolumeClaim) -> Option<&String> {
-        c.metadata.annotations.as_ref()?.get(ANN_SELECTED_NODE)
     }
 
     #[test]

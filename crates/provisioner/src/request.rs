@@ -144,7 +144,8 @@ pub fn volume_name(
     Ok(format!("{prefix}-{short}"))
 }
 
-fn annotation<'a>(claim: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
+/// The value of the claim's annotation `key`, if it has one.
+pub(crate) fn annotation<'a>(claim: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
     claim
         .metadata
         .annotations
