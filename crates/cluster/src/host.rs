@@ -1,7 +1,6 @@
 //! What the cluster needs from the host, checked before anything starts, and small helpers
 //! around host processes and commands.
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -147,14 +146,11 @@ pub fn mount_points(mountinfo: &Path) -> Result<Vec<String>, Error> {
         .collect())
 }
 
-/// A currently free TCP port on 127.0.0.1 (bound to port 0 and released). Another process may
-/// take it before it is used; the cluster's ports are all allocated this way.
+/// A currently free TCP port on 127.0.0.1, never one this process handed out before (two
+/// host-network pods of one cluster declaring one port cannot be scheduled together); see
+/// [`plugreg_testpeers::free_port`]. The cluster's ports are all allocated this way.
 pub fn free_port() -> Result<u16, Error> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| Error::io("binding 127.0.0.1:0 to find a free port", e))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| Error::io("reading a bound port", e))
+    Ok(plugreg_testpeers::free_port()?)
 }
 
 /// The parent process id of `pid`, from `/proc/<pid>/stat`.
@@ -243,6 +239,13 @@ mod tests {
         assert_eq!(unescape("/plain"), "/plain");
         assert_eq!(unescape("/end\\"), "/end\\");
         assert_eq!(unescape("/x\\134y"), "/x\\y");
+    }
+
+    #[test]
+    fn never_hands_out_a_port_twice() {
+        let ports: Vec<u16> = (0..200).map(|_| free_port().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len());
     }
 
     #[test]

@@ -597,16 +597,34 @@ fn apiserver_args(
     args
 }
 
-/// Picks a currently free TCP port on 127.0.0.1 (by binding port 0). Another
-/// process may take it before it is used; callers retry on collision.
-pub(crate) fn free_port() -> Result<u16, Error> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| Error::io("binding 127.0.0.1:0 to find a free port", e))?;
-    let port = l
-        .local_addr()
-        .map_err(|e| Error::io("reading a bound port", e))?
-        .port();
-    Ok(port)
+/// A currently free TCP port on 127.0.0.1 (bound to port 0 and released), never one this
+/// process handed out before. Another process may still take it before it is used; callers
+/// retry on collision.
+///
+/// The memory matters: the kernel may give a released port back to the next bind, and two
+/// peers (or two host-network pods of one cluster, which the scheduler then refuses to place
+/// together: "didn't have free ports for the requested pod ports") would get the same port.
+pub fn free_port() -> Result<u16, Error> {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..1000 {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|e| Error::io("binding 127.0.0.1:0 to find a free port", e))?;
+        let port = l
+            .local_addr()
+            .map_err(|e| Error::io("reading a bound port", e))?
+            .port();
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if given.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(Error::io(
+        "finding a free port on 127.0.0.1 not handed out before",
+        std::io::Error::from(std::io::ErrorKind::AddrInUse),
+    ))
 }
 
 #[derive(Debug)]

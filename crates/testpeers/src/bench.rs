@@ -11,13 +11,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-/// A free TCP port of 127.0.0.1 (for a sidecar's `--http-endpoint`).
+/// A free TCP port of 127.0.0.1 (for a sidecar's `--http-endpoint`), never one this process
+/// handed out before ([`crate::free_port`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    crate::free_port().expect("a free port on 127.0.0.1")
 }
 
 /// A sidecar's API requests so far (its `plugreg_kube_requests_total` on `/metrics` at

@@ -41,7 +41,7 @@ mod scheduler;
 pub mod sidecar;
 mod snapshot;
 
-pub use apiserver::{ApiServer, ApiServerOptions};
+pub use apiserver::{ApiServer, ApiServerOptions, free_port};
 pub use controller_manager::{
     ControllerManager, VOLUME_CONTROLLERS, VOLUME_CONTROLLERS_V1_20, volume_controllers,
 };
