@@ -40,7 +40,8 @@
 //!   [`lifecycle`] (a controller sidecar's process: signals, the watched driver connection,
 //!   start-up raced against both, the run and its upstream way of stopping),
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
-//!   work queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`service`] (the clients, the
+//!   work queue), [`runtime`] (the controller runtime: workers, per-key serialisation,
+//!   back-off, resync and the memory of our own writes, over the queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`service`] (the clients, the
 //!   election and the controllers of a run), [`vac`] (the
 //!   VolumeAttributesClass type and its discovery check), [`snapshot`] (the snapshot API's
 //!   types and the annotations and finalizers its controllers agree on).
@@ -77,6 +78,8 @@ pub mod quantity;
 pub mod queue;
 #[cfg(feature = "controller")]
 pub mod ratelimit;
+#[cfg(feature = "controller")]
+pub mod runtime;
 #[cfg(feature = "controller")]
 pub mod service;
 #[cfg(feature = "controller")]
