@@ -1,6 +1,7 @@
 //! The controller: watch caches of VolumeSnapshotContents and VolumeSnapshotClasses, the work
-//! queue `csi-snapshotter-content` with `--worker-threads` workers, and the sync of one
-//! content (create, readiness, pre-provisioned status, deletion). Decisions are
+//! queue `csi-snapshotter-content`, and the sync of one content (create, readiness,
+//! pre-provisioned status, deletion), run by the sidecar kit's [`Runner`] with
+//! `--worker-threads` workers and the `--resync-period` resync. Decisions are
 //! [`crate::decide`]'s; this module carries them out.
 //!
 //! The caches keep of each content only what the decisions read: name, UID, resource version,
@@ -10,8 +11,8 @@
 //! Writes are JSON merge patches that name only what they change (one annotation, the status
 //! fields, the finalizer list with the resource version it was read at), never a whole
 //! object. The sidecar's own writes do not wake it (upstream's `ShouldEnqueueContentChange`);
-//! a sync that finds the cache older than its own last write of the content waits for the
-//! watch to catch up instead of acting on what it already changed.
+//! a sync that finds the cache older than its own last write of the content ([`Writes`])
+//! looks again shortly instead of acting on what it already changed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,18 +28,18 @@ use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::queue::WorkQueue;
+use plugreg_sidecar_kit::runtime::{Action, Lane, Runner, Writes};
 use plugreg_sidecar_kit::snapshot::{
     ANN_BEING_CREATED, ANN_BEING_DELETED, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
     ANN_GROUP_SNAPSHOT_HANDLE, FINALIZER_CONTENT_BOUND, LABEL_MANAGED_BY, VolumeSnapshotClass,
     VolumeSnapshotContent,
 };
 use serde_json::json;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
 use crate::csi::{Driver, DriverCaps, Failed};
-use crate::decide::{self, Action, SecretRef, Taken};
+use crate::decide::{self, SecretRef, Taken};
 
 /// The content queue's name (upstream's).
 pub const CONTENT_QUEUE: &str = "csi-snapshotter-content";
@@ -93,58 +94,9 @@ pub enum ControllerError {
     Sync,
 }
 
-/// How one sync ended.
-enum Outcome {
-    /// Nothing more to do until the content changes.
-    Done,
-    /// Not ready yet, or failed: again after the back-off.
-    Retry(String),
-    /// The cache is behind our last write: look again shortly.
-    Later,
-}
-
-type Queue = Arc<WorkQueue<String>>;
-
 /// A failed create or check: the content as last written (its status decides whether the
 /// error is written again) and the error.
 type SyncFailure = Box<(VolumeSnapshotContent, String)>;
-
-/// Resource versions of our own last write of each content (see the module docs).
-#[derive(Default)]
-struct Written(Mutex<HashMap<String, u64>>);
-
-impl Written {
-    fn record(&self, c: &VolumeSnapshotContent) {
-        if let Some(rv) = rv(&c.metadata) {
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(c.name_any(), rv);
-        }
-    }
-
-    fn forget(&self, name: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-    }
-
-    fn cache_behind(&self, c: &VolumeSnapshotContent) -> bool {
-        let mine = self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&c.name_any())
-            .copied();
-        matches!((mine, rv(&c.metadata)), (Some(mine), Some(cached)) if cached < mine)
-    }
-}
-
-/// The resource version as a number (etcd's revision); opaque ones are never compared.
-fn rv(m: &ObjectMeta) -> Option<u64> {
-    m.resource_version.as_deref()?.parse().ok()
-}
 
 /// The annotations a decision reads; the rest of a content's are dropped from the cache.
 const KEPT_ANNOTATIONS: [&str; 5] = [
@@ -195,8 +147,8 @@ struct Controller {
     recorder: Recorder,
     contents: Store<VolumeSnapshotContent>,
     classes: Store<VolumeSnapshotClass>,
-    queue: Queue,
-    written: Written,
+    /// Our own last write of each content, by name.
+    written: Arc<Writes<String>>,
 }
 
 /// Runs until `shutdown` (Ok) or until a cache cannot be filled (Err).
@@ -205,7 +157,7 @@ pub async fn run(
     clients: Clients,
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
-    let queue: Queue = WorkQueue::new(
+    let queue: Arc<WorkQueue<String>> = WorkQueue::new(
         CONTENT_QUEUE,
         cfg.retry_start,
         cfg.retry_max,
@@ -220,7 +172,7 @@ pub async fn run(
     // object run one after the other on the watch's task.
     let pending_fp: Arc<Mutex<u64>> = Arc::default();
     let seen: Mutex<HashMap<String, (u64, bool)>> = Mutex::default();
-    let written = Arc::new(Written::default());
+    let written: Arc<Writes<String>> = Arc::default();
     let (q, driver, fp_in, fp_out, w) = (
         Arc::clone(&queue),
         cfg.driver.clone(),
@@ -284,58 +236,34 @@ pub async fn run(
         "",
         shutdown.clone(),
     );
-    let written = Arc::into_inner(written).unwrap_or_default();
     let ctl = Arc::new(Controller {
         clients,
         recorder,
         contents,
         classes,
-        queue,
         written,
         cfg,
     });
-
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..ctl.cfg.workers.max(1) {
-        let c = Arc::clone(&ctl);
-        workers.spawn(async move {
-            while let Some(item) = c.queue.next().await {
-                let key = item.key.clone();
-                match c.sync(&key).await {
-                    Outcome::Done => c.queue.forget(&key),
-                    Outcome::Retry(why) => {
-                        debug!(content = %key, why = %why, "content needs another sync");
-                        c.queue.add_rate_limited(key);
-                    }
-                    Outcome::Later => c.queue.add_after(key, CACHE_CATCH_UP),
-                }
-                c.queue.done(item);
-            }
-        });
-    }
     // Upstream's informer resync: every content is synced again every --resync-period.
-    let c = Arc::clone(&ctl);
-    let stop = shutdown.clone();
-    workers.spawn(async move {
-        if c.cfg.resync.is_zero() {
-            return;
-        }
-        let mut tick = tokio::time::interval_at(Instant::now() + c.cfg.resync, c.cfg.resync);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    for content in c.contents.state() {
-                        if content.spec.driver == c.cfg.driver {
-                            c.queue.add(content.name_any());
-                        }
-                    }
+    let (c, q) = (Arc::clone(&ctl), Arc::clone(&queue));
+    Runner::new(vec![Lane::new(queue, ctl.cfg.workers)])
+        .resync(ctl.cfg.resync, move || {
+            for content in c.contents.state() {
+                if content.spec.driver == c.cfg.driver {
+                    q.add(content.name_any());
                 }
-                () = stop.cancelled() => return,
             }
-        }
-    });
-    shutdown.cancelled().await;
-    while workers.join_next().await.is_some() {}
+        })
+        .run(
+            ctl,
+            shutdown,
+            |c: Arc<Controller>, _, name: String| async move { c.sync(&name).await },
+            |_: &Controller, _, name: &String, why: String| {
+                debug!(content = %name, why = %why, "content needs another sync");
+                Action::Retry
+            },
+        )
+        .await;
     info!("Shutting down CSI snapshotter");
     Ok(())
 }
@@ -387,11 +315,12 @@ impl Controller {
             .event(&Self::reference(c), EventType::Warning, reason, message);
     }
 
-    /// One sync of the content `name`.
-    async fn sync(&self, name: &str) -> Outcome {
+    /// One sync of the content `name`: what next, or why it needs another one after the
+    /// back-off.
+    async fn sync(&self, name: &str) -> Result<Action, String> {
         let Some(cached) = self.contents.get(&ObjectRef::new(name)) else {
             debug!(content = name, "content was deleted, ignoring");
-            return Outcome::Done;
+            return Ok(Action::Done);
         };
         let content = (*cached).clone();
         drop(cached);
@@ -402,41 +331,43 @@ impl Controller {
             .and_then(|n| self.class(n))
             .map(|c| c.driver.clone());
         if !decide::is_ours(&content, &self.cfg.driver, class_driver.as_deref()) {
-            return Outcome::Done;
+            return Ok(Action::Done);
         }
-        if self.written.cache_behind(&content) {
-            return Outcome::Later;
+        if self
+            .written
+            .behind(name, content.metadata.resource_version.as_deref())
+        {
+            return Ok(Action::After(CACHE_CATCH_UP));
         }
         let action = decide::action(&content);
         let result = match action {
-            Action::Delete => return self.delete(content).await,
-            Action::Create | Action::CreateAgain => self.create(content.clone()).await,
-            Action::CheckStatic => self.check_static(content.clone()).await,
-            Action::Ready => {
-                if decide::being_created(&content) {
-                    match self.remove_being_created(&content).await {
-                        Ok(_) => return Outcome::Done,
-                        Err(e) => {
-                            return Outcome::Retry(format!(
-                                "failed to remove VolumeSnapshotBeingCreated annotation on the content {name}: {}",
-                                decide::go_quote(&e)
-                            ));
-                        }
-                    }
-                }
-                return Outcome::Done;
+            decide::Action::Delete => return self.delete(content).await,
+            decide::Action::Create | decide::Action::CreateAgain => {
+                self.create(content.clone()).await
             }
-            Action::Nothing => return Outcome::Done,
+            decide::Action::CheckStatic => self.check_static(content.clone()).await,
+            decide::Action::Ready => {
+                if decide::being_created(&content) {
+                    self.remove_being_created(&content).await.map_err(|e| {
+                        format!(
+                            "failed to remove VolumeSnapshotBeingCreated annotation on the content {name}: {}",
+                            decide::go_quote(&e)
+                        )
+                    })?;
+                }
+                return Ok(Action::Done);
+            }
+            decide::Action::Nothing => return Ok(Action::Done),
         };
         match result {
-            Ok(true) => Outcome::Done,
-            Ok(false) => Outcome::Retry("snapshot not ready yet".into()),
+            Ok(true) => Ok(Action::Done),
+            Ok(false) => Err("snapshot not ready yet".into()),
             Err(failure) => {
                 let (current, err) = *failure;
                 let (reason, message) = decide::failure(action, &err);
                 self.record_error(&current, reason, &message).await;
                 error!(content = name, err = %err, "could not sync content");
-                Outcome::Retry(err)
+                Err(err)
             }
         }
     }
@@ -452,7 +383,9 @@ impl Controller {
             .patch_status(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
-            Ok(updated) => self.written.record(&updated),
+            Ok(updated) => self
+                .written
+                .record(c.name_any(), updated.metadata.resource_version.as_deref()),
             Err(e) => {
                 error!(content = %c.name_any(), err = %api_message(&e), "failed to write the content's error status")
             }
@@ -498,7 +431,8 @@ impl Controller {
             .patch(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))
             .await
             .map_err(|e| api_message(&e))?;
-        self.written.record(&updated);
+        self.written
+            .record(c.name_any(), updated.metadata.resource_version.as_deref());
         Ok(updated)
     }
 
@@ -537,7 +471,8 @@ impl Controller {
                     api_message(&e)
                 )
             })?;
-        self.written.record(&updated);
+        self.written
+            .record(name, updated.metadata.resource_version.as_deref());
         Ok(updated)
     }
 
@@ -750,7 +685,7 @@ impl Controller {
     }
 
     /// Deletion: DeleteSnapshot by policy, the status cleared, then the finalizer removed.
-    async fn delete(&self, c: VolumeSnapshotContent) -> Outcome {
+    async fn delete(&self, c: VolumeSnapshotContent) -> Result<Action, String> {
         let name = c.name_any();
         let status = c.status.as_ref();
         let handle = status.and_then(|s| s.snapshot_handle.clone());
@@ -768,7 +703,7 @@ impl Controller {
                         decide::REASON_DELETE_ERROR,
                         "Failed to get snapshot credentials",
                     );
-                    return Outcome::Retry(format!(
+                    return Err(format!(
                         "failed to get input parameters to delete snapshot for content {name}: {}",
                         decide::go_quote(&e)
                     ));
@@ -781,7 +716,7 @@ impl Controller {
                     decide::go_quote(&f.message)
                 );
                 error!(content = %name, err = %err, "could not sync content");
-                return Outcome::Retry(err);
+                return Err(err);
             }
             match self
                 .api()
@@ -793,7 +728,8 @@ impl Controller {
                 .await
             {
                 Ok(updated) => {
-                    self.written.record(&updated);
+                    self.written
+                        .record(name.clone(), updated.metadata.resource_version.as_deref());
                     current = updated;
                 }
                 Err(e) => {
@@ -802,13 +738,13 @@ impl Controller {
                         decide::REASON_DELETE_ERROR,
                         "Failed to clear content status",
                     );
-                    return Outcome::Retry(api_message(&e));
+                    return Err(api_message(&e));
                 }
             }
         }
         let finalizers = current.metadata.finalizers.clone().unwrap_or_default();
         if !finalizers.iter().any(|f| f == FINALIZER_CONTENT_BOUND) {
-            return Outcome::Done;
+            return Ok(Action::Done);
         }
         let rest: Vec<&String> = finalizers
             .iter()
@@ -824,11 +760,9 @@ impl Controller {
             "finalizers": rest,
             "resourceVersion": current.metadata.resource_version,
         }});
-        match self.patch_meta(&current, patch).await {
-            Ok(_) => Outcome::Done,
-            Err(e) => Outcome::Retry(format!(
-                "snapshot controller failed to update {name} on API server: {e}"
-            )),
-        }
+        self.patch_meta(&current, patch).await.map_err(|e| {
+            format!("snapshot controller failed to update {name} on API server: {e}")
+        })?;
+        Ok(Action::Done)
     }
 }
