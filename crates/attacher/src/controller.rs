@@ -1,12 +1,14 @@
 //! The controller: watch caches (kube-runtime reflectors) of VolumeAttachments,
-//! PersistentVolumes and (with the real handler) CSINodes; three work queues; the ListVolumes
-//! reconciler. Decisions are [`crate::decide`]'s; this module carries them out.
+//! PersistentVolumes and (with the real handler) CSINodes; three work queues, whose workers,
+//! back-off and resync are the kit's [`runtime`](plugreg_sidecar_kit::runtime)'s; the
+//! ListVolumes reconciler. Decisions are [`crate::decide`]'s; this module carries them out.
 //!
 //! Better than upstream (external-attacher #706, #761): attaches and detaches wait in separate
 //! queues (`csi-attacher-va` and `csi-attacher-va-detach`, each with `--worker-threads`
-//! workers), so a crowd of detaches cannot starve attaches or the other way round; the two
-//! never work on the same VolumeAttachment at once (a per-name lock); and each queue's backlog
-//! and the age of its oldest waiting item are in `/metrics`
+//! workers), so a crowd of detaches cannot starve attaches or the other way round; the two are
+//! lanes of one [`Runner`], which never lets them work on the same VolumeAttachment at once
+//! (the PV queue has a runner of its own: PV names are another key space); and each queue's
+//! backlog and the age of its oldest waiting item are in `/metrics`
 //! (`csi_attacher_queue_backlog`, `csi_attacher_queue_oldest_waiting_seconds`).
 //!
 //! A failed sync waits out its back-off (`--retry-interval-start` doubling to
@@ -33,14 +35,14 @@ use plugreg_runtime::prom;
 use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::metrics::{Collector, Families, Metrics};
 use plugreg_sidecar_kit::queue::WorkQueue;
+use plugreg_sidecar_kit::runtime::{Action, Lane, LaneId, Runner, Writes};
 use serde_json::Value;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
 use crate::cached::{Compact, Pv, Va};
 use crate::csi::{Driver, RpcFailure};
-use crate::decide::{self, Action, DriverCaps};
+use crate::decide::{self, DriverCaps};
 
 /// The attach queue's name (upstream's single VolumeAttachment queue).
 pub const ATTACH_QUEUE: &str = "csi-attacher-va";
@@ -48,6 +50,9 @@ pub const ATTACH_QUEUE: &str = "csi-attacher-va";
 pub const DETACH_QUEUE: &str = "csi-attacher-va-detach";
 /// The PV queue's name.
 pub const PV_QUEUE: &str = "csi-attacher-pv";
+
+/// The detach queue's lane in the VolumeAttachment runner (the attach queue's is 0).
+const DETACH_LANE: LaneId = 1;
 
 /// What the controller needs to know.
 #[derive(Debug, Clone)]
@@ -99,15 +104,6 @@ pub enum ControllerError {
 #[derive(Debug)]
 struct Requeue(String);
 
-/// How a sync that did not fail ended.
-#[derive(Debug, PartialEq)]
-enum Synced {
-    /// Done: the key's back-off starts over.
-    Done,
-    /// Nothing changed since its last attempt failed: the back-off stands and brings it back.
-    Waiting,
-}
-
 /// For each VolumeAttachment whose last sync failed, the [`decide::sync_fingerprint`] of what
 /// that sync left (the object after its own writes, errors aside).
 #[derive(Default, Clone)]
@@ -130,45 +126,6 @@ fn cached_fingerprint(written: VolumeAttachment) -> u64 {
 }
 
 type Queue = Arc<WorkQueue<String>>;
-
-/// One lock per VolumeAttachment name, so the attach and detach workers never work on the
-/// same one at once.
-#[derive(Default)]
-struct KeyLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
-
-impl KeyLocks {
-    async fn lock(&self, key: &str) -> KeyGuard<'_> {
-        let m = {
-            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(map.entry(key.to_owned()).or_default())
-        };
-        let guard = Arc::clone(&m).lock_owned().await;
-        KeyGuard {
-            locks: self,
-            key: key.to_owned(),
-            _guard: guard,
-        }
-    }
-}
-
-struct KeyGuard<'a> {
-    locks: &'a KeyLocks,
-    key: String,
-    _guard: tokio::sync::OwnedMutexGuard<()>,
-}
-
-impl Drop for KeyGuard<'_> {
-    fn drop(&mut self) {
-        let mut map = self.locks.0.lock().unwrap_or_else(|e| e.into_inner());
-        // Two references: the map's and this guard's mutex; nobody else waits for it.
-        if map
-            .get(&self.key)
-            .is_some_and(|m| Arc::strong_count(m) <= 2)
-        {
-            map.remove(&self.key);
-        }
-    }
-}
 
 /// `csi_attacher_queue_backlog` and `csi_attacher_queue_oldest_waiting_seconds` of the three
 /// queues.
@@ -218,56 +175,16 @@ struct Controller {
     attach_q: Queue,
     detach_q: Queue,
     pv_q: Queue,
-    locks: KeyLocks,
     /// VolumeAttachments the reconciler found out of step with the driver: their next sync
     /// skips the "already attached / detached" rules (consumed by it).
     forced: Mutex<HashSet<String>>,
     /// The resource version of this process's last write of each VolumeAttachment that its
-    /// watch will report as a change worth a sync (finalizer, `attached`).
-    written: Written,
+    /// watch will report as a change worth a sync (finalizer, `attached`). A sync that finds
+    /// the cache older would act on what it already changed (a second ControllerPublishVolume
+    /// and status write, upstream does both); it waits for the watch event of that write
+    /// instead, which queues the VolumeAttachment again.
+    written: Arc<Writes<String>>,
     failed: Failed,
-}
-
-/// Resource versions of our own writes, by VolumeAttachment name. A sync that finds the cache
-/// older than our last write would act on what it already changed (a second
-/// ControllerPublishVolume and status write, upstream does both); it waits for the watch
-/// event of that write instead, which queues the VolumeAttachment again.
-#[derive(Default, Clone)]
-struct Written(Arc<Mutex<HashMap<String, u64>>>);
-
-impl Written {
-    fn record(&self, va: &VolumeAttachment) {
-        if let Some(rv) = rv(va) {
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(va.name_any(), rv);
-        }
-    }
-
-    fn forget(&self, name: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-    }
-
-    /// Whether the cached `va` is older than our last write of it.
-    fn cache_behind(&self, va: &VolumeAttachment) -> bool {
-        let mine = self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&va.name_any())
-            .copied();
-        matches!((mine, rv(va)), (Some(mine), Some(cached)) if cached < mine)
-    }
-}
-
-/// The resource version as a number: etcd's revision on every real API server. Opaque ones
-/// (`None`) are never compared.
-fn rv(va: &VolumeAttachment) -> Option<u64> {
-    va.metadata.resource_version.as_deref()?.parse().ok()
 }
 
 /// Runs until `shutdown` (Ok) or until a cache cannot be filled (Err).
@@ -299,8 +216,8 @@ pub async fn run(
 
     let mut ready = Vec::new();
     let fingerprints: Mutex<HashMap<String, u64>> = Mutex::default();
-    let written = Written::default();
-    let w = written.clone();
+    let written: Arc<Writes<String>> = Arc::default();
+    let w = Arc::clone(&written);
     let failed = Failed::default();
     let f = failed.clone();
     let (aq, dq, pq, driver) = (
@@ -389,80 +306,58 @@ pub async fn run(
         attach_q,
         detach_q,
         pv_q,
-        locks: KeyLocks::default(),
         forced: Mutex::default(),
         written,
         failed,
         cfg,
     });
 
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..ctl.cfg.workers.max(1) {
-        for (queue, detach) in [(&ctl.attach_q, false), (&ctl.detach_q, true)] {
-            let (c, q) = (Arc::clone(&ctl), Arc::clone(queue));
-            workers.spawn(async move {
-                while let Some(item) = q.next().await {
-                    let key = item.key.clone();
-                    match c.sync_va(&key, detach).await {
-                        Ok(Synced::Done) => q.forget(&key),
-                        Ok(Synced::Waiting) => {}
-                        Err(Requeue(e)) => {
-                            debug!(VolumeAttachment = %key, err = %e, "Error processing");
-                            q.add_rate_limited(key);
-                        }
-                    }
-                    q.done(item);
-                }
-            });
-        }
-        let c = Arc::clone(&ctl);
-        workers.spawn(async move {
-            while let Some(item) = c.pv_q.next().await {
-                let key = item.key.clone();
-                match c.sync_pv(&key).await {
-                    Ok(()) => c.pv_q.forget(&key),
-                    Err(Requeue(e)) => {
-                        debug!(PersistentVolume = %key, err = %e, "Error processing");
-                        c.pv_q.add_rate_limited(key);
-                    }
-                }
-                c.pv_q.done(item);
-            }
-        });
-    }
-    // Upstream's informers resync every --resync: every object is synced again.
+    // Upstream's informers resync every --resync: every object (PVs too) is synced again.
     let c = Arc::clone(&ctl);
-    let stop = shutdown.clone();
-    workers.spawn(async move {
-        if c.cfg.resync.is_zero() {
+    let vas = Runner::new(vec![
+        Lane::new(Arc::clone(&ctl.attach_q), ctl.cfg.workers),
+        Lane::new(Arc::clone(&ctl.detach_q), ctl.cfg.workers),
+    ])
+    .resync(ctl.cfg.resync, move || c.resync())
+    .run(
+        Arc::clone(&ctl),
+        shutdown.clone(),
+        |c: Arc<Controller>, lane, key: String| async move {
+            c.sync_va(&key, lane == DETACH_LANE).await
+        },
+        |_: &Controller, _, key: &String, Requeue(e)| {
+            debug!(VolumeAttachment = %key, err = %e, "Error processing");
+            Action::Retry
+        },
+    );
+    let pvs =
+        Runner::new(vec![Lane::new(Arc::clone(&ctl.pv_q), ctl.cfg.workers)]).run(
+            Arc::clone(&ctl),
+            shutdown.clone(),
+            |c: Arc<Controller>, _, key: String| async move {
+                c.sync_pv(&key).await.map(|()| Action::Done)
+            },
+            |_: &Controller, _, key: &String, Requeue(e)| {
+                debug!(PersistentVolume = %key, err = %e, "Error processing");
+                Action::Retry
+            },
+        );
+    let reconciler = async {
+        if !ctl.cfg.caps.reconciles() {
             return;
         }
-        let mut tick = tokio::time::interval_at(Instant::now() + c.cfg.resync, c.cfg.resync);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => c.resync(),
-                () = stop.cancelled() => return,
-            }
-        }
-    });
-    if ctl.cfg.caps.reconciles() {
         info!(
             "CSI driver supports list volumes published nodes. Using capability to reconcile volume attachment objects with actual backend state"
         );
-        let c = Arc::clone(&ctl);
-        let stop = shutdown.clone();
-        workers.spawn(async move {
-            loop {
-                c.reconcile().await;
-                tokio::select! {
-                    () = tokio::time::sleep(c.cfg.reconcile_sync) => {}
-                    () = stop.cancelled() => return,
-                }
+        loop {
+            ctl.reconcile().await;
+            tokio::select! {
+                () = tokio::time::sleep(ctl.cfg.reconcile_sync) => {}
+                () = shutdown.cancelled() => return,
             }
-        });
-    }
-    shutdown.cancelled().await;
-    while workers.join_next().await.is_some() {}
+        }
+    };
+    tokio::join!(vas, pvs, reconciler);
     info!("Shutting CSI attacher");
     Ok(())
 }
@@ -535,31 +430,41 @@ impl Controller {
         }
     }
 
+    /// Remembers our write of a VolumeAttachment, `written` the API server's answer.
+    fn wrote(&self, written: &VolumeAttachment) {
+        self.written.record(
+            written.name_any(),
+            written.metadata.resource_version.as_deref(),
+        );
+    }
+
     /// One sync of the VolumeAttachment `name` from the attach (`detach` false) or detach
-    /// queue.
-    async fn sync_va(&self, name: &str, detach: bool) -> Result<Synced, Requeue> {
-        let _guard = self.locks.lock(name).await;
+    /// queue; the runtime has it reconciled by no other worker meanwhile.
+    async fn sync_va(&self, name: &str, detach: bool) -> Result<Action, Requeue> {
         let Some(va) = self.va(name) else {
             debug!(
                 VolumeAttachment = name,
                 "VolumeAttachment was deleted, ignoring"
             );
-            return Ok(Synced::Done);
+            return Ok(Action::Done);
         };
         if !decide::is_ours(&va, &self.cfg.driver) {
-            return Ok(Synced::Done);
+            return Ok(Action::Done);
         }
         if decide::deleting(&va) != detach {
             // Its state changed after it was queued: the other queue's.
             route(&self.attach_q, &self.detach_q, &va, name.to_owned());
-            return Ok(Synced::Done);
+            return Ok(Action::Done);
         }
-        if self.written.cache_behind(&va) {
+        if self
+            .written
+            .behind(name, va.metadata.resource_version.as_deref())
+        {
             debug!(
                 VolumeAttachment = name,
                 "cache older than our last write; its watch event queues it again"
             );
-            return Ok(Synced::Done);
+            return Ok(Action::Wait);
         }
         let queue = if detach {
             &self.detach_q
@@ -571,24 +476,24 @@ impl Controller {
                 VolumeAttachment = name,
                 "unchanged since its last attempt failed; waiting out its back-off"
             );
-            return Ok(Synced::Waiting);
+            return Ok(Action::Wait);
         }
         let forced = self.take_forced(name);
         let mut left = decide::sync_fingerprint(&va);
         let result = match decide::decide(&va, &self.cfg.driver, &self.cfg.caps, forced) {
-            Action::Nothing(why) => {
+            decide::Action::Nothing(why) => {
                 debug!(VolumeAttachment = name, "{why}");
                 Ok(())
             }
-            Action::MarkAttached => self.mark_attached(&va).await,
-            Action::Attach => self.attach(&va, &mut left).await,
-            Action::Detach => self.detach(&va).await,
+            decide::Action::MarkAttached => self.mark_attached(&va).await,
+            decide::Action::Attach => self.attach(&va, &mut left).await,
+            decide::Action::Detach => self.detach(&va).await,
         };
         let mut failed = self.failed.map();
         match result {
             Ok(()) => {
                 failed.remove(name);
-                Ok(Synced::Done)
+                Ok(Action::Done)
             }
             Err(e) => {
                 failed.insert(name.to_owned(), left);
@@ -740,7 +645,7 @@ impl Controller {
                 .await
             {
                 Ok(written) => {
-                    self.written.record(&written);
+                    self.wrote(&written);
                     *left = cached_fingerprint(written);
                 }
                 Err(e) => {
@@ -780,7 +685,7 @@ impl Controller {
                 &Patch::Merge(decide::attached_status_patch(va, &context)),
             )
             .await
-            .map(|written| self.written.record(&written))
+            .map(|written| self.wrote(&written))
             .map_err(|e| Requeue(format!("failed to mark as attached: {}", api_message(&e))))
     }
 
@@ -822,7 +727,7 @@ impl Controller {
                 .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                 .await
             {
-                Ok(written) => self.written.record(&written),
+                Ok(written) => self.wrote(&written),
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
                 Err(e) => {
                     return Err(Requeue(format!(
@@ -844,7 +749,7 @@ impl Controller {
             .await
         {
             Ok(written) => {
-                self.written.record(&written);
+                self.wrote(&written);
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
