@@ -1,12 +1,15 @@
 //! The resize and modify controllers: watch caches of claims, volumes (and pods, and
 //! VolumeAttributesClasses), one work queue each (both named `<driver>-pvc`, as upstream, so
-//! their `workqueue_*` metrics merge), `--workers` workers each, and the syncs that act on the
-//! decisions of [`crate::decide`].
+//! their `workqueue_*` metrics merge), each run by a [`Runner`] of the kit's runtime with
+//! `--workers` workers and the resync, and the syncs that act on the decisions of
+//! [`crate::decide`]. The two runners are independent, as upstream's controllers: a claim may
+//! be resized and modified at the same time.
 //!
 //! What a sync writes, and in which order, is upstream's (the crate README lists it). Every
-//! claim write goes through the `status` subresource; the PV gets merge patches. An object a
-//! write returns is kept until the watch delivers it (or something newer), so that the next
-//! sync never acts on the state before its own write.
+//! claim write goes through the `status` subresource; the PV gets merge patches. The
+//! resourceVersion a write returns is remembered ([`Writes`]) until the watch delivers it (or
+//! something newer): a sync that finds the cached claim or PV older than its own write looks
+//! again after [`CACHE_CATCH_UP`], so that it never acts on the state before that write.
 //!
 //! No call that may have changed the volume is forgotten: the target size is written to
 //! `status.allocatedResources` (and the modify target to `status.modifyVolumeStatus`) before
@@ -35,12 +38,13 @@ use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::quantity::format_binary_si;
 use plugreg_sidecar_kit::queue::WorkQueue;
+use plugreg_sidecar_kit::runtime::{Action, Lane, Runner, Writes};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cached::{Claim, Compact, PodUse, Pv, Trim};
+use crate::cached::{Claim, Compact, PodUse, Pv};
 use crate::csi::{Driver, Resizer, error_text};
 use crate::decide::{self, ClaimView, Failure, Memory, Modify, Resize, SlowSet};
 use crate::kube::{self as k, VolumeAttributesClass, claim_key};
@@ -93,14 +97,10 @@ pub enum ControllerError {
     Sync,
 }
 
-/// How a failed sync comes back.
-#[derive(Debug)]
-enum Retry {
-    /// After the queue's back-off.
-    Backoff,
-    /// After this long (the rest of the infeasible slow-retry window).
-    After(Duration),
-}
+/// How long a sync that found the cache behind its own last write waits before looking again.
+/// Not [`Action::Wait`]: the watch event of the write does not always bring the key back (the
+/// update filters are upstream's, and a PV's event never brings its claim).
+const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
 
 /// Keys whose last target was infeasible, and since when (`slowset`): kept for the window.
 #[derive(Debug, Default)]
@@ -134,74 +134,25 @@ impl SlowSetMap {
     }
 }
 
-/// Objects our own writes returned (in their cached form), until the watch has them (or
-/// something newer): the watch drops each as it delivers its successor, so none outlives the
-/// write that made it by more than a watch event.
-#[derive(Debug)]
-struct Fresh<T: Trim> {
-    objects: Mutex<HashMap<String, Compact<T>>>,
-}
-
-impl<T: Trim> Default for Fresh<T> {
-    fn default() -> Self {
-        Fresh {
-            objects: Mutex::default(),
-        }
+/// Forgets our last write of `key` once the watch cache holds it or something newer (`cached`):
+/// [`Writes`] forgets only when told, and would otherwise keep every claim and PV this process
+/// ever wrote (issue 20 holds the resizer to 16 MiB at 1,000 claims). The check and the forget
+/// are two steps; nothing comes between them on the binary's one runtime thread (no `await`), so
+/// a write recorded meanwhile is never lost.
+fn caught_up(writes: &Writes<String>, key: &str, cached: Option<&str>) {
+    if !writes.behind(key, cached) {
+        writes.forget(key);
     }
 }
 
-fn rv_of<K: Resource>(o: &K) -> u64 {
-    o.meta()
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-impl<T: Trim> Fresh<T> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Compact<T>>> {
-        self.objects.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    /// Keeps `o`, the answer to our write of `key`, unless the watch has delivered it (or
-    /// something newer) already: `cached`, read now. The watch and the answer race (they come
-    /// on different connections); an answer kept after the watch had it would stay until the
-    /// object's next change, which after a finished expansion never comes.
-    fn put(&self, key: String, o: T::Object, cached: Option<Arc<Compact<T>>>) {
-        let mut m = self.lock();
-        if cached.is_some_and(|c| rv_of(&*c) >= rv_of(&o)) {
-            m.remove(&key);
-        } else {
-            m.insert(key, Compact::new(o));
-        }
-        // A burst of writes grows the table; it does not shrink by itself.
-        let (len, capacity) = (m.len(), m.capacity());
-        if capacity > 64 && len * 4 < capacity {
-            m.shrink_to(len * 2);
-        }
-    }
-    /// The watch delivered `o` of `key` (or its deletion): ours goes if it is not newer.
-    fn seen(&self, key: &str, o: &Compact<T>, deleted: bool) {
-        let mut m = self.lock();
-        if let Some(ours) = m.get(key)
-            && (deleted || rv_of(ours) <= rv_of(o))
-        {
-            m.remove(key);
-        }
-    }
-    /// The newer of the cached object and ours (none when the cache has none: an object we
-    /// wrote was in the cache before, so it has been deleted since).
-    fn pick(&self, key: &str, cached: Option<Arc<Compact<T>>>) -> Option<Arc<T::Object>> {
-        let mut m = self.lock();
-        let Some(ours) = m.get(key) else {
-            return cached.map(|c| Arc::new(c.object()));
-        };
-        match cached {
-            Some(c) if rv_of(ours) > rv_of(&*c) => Some(Arc::new(ours.object())),
-            c => {
-                m.remove(key);
-                c.map(|c| Arc::new(c.object()))
-            }
-        }
+/// Remembers our write of `key` whose answer is `written`, unless the watch cache has it
+/// already (`cached`, read after the answer): the answer and the watch race on different
+/// connections, and a write remembered after its watch event would stay until the object's next
+/// change, which after a finished expansion never comes.
+fn remember(writes: &Writes<String>, key: String, written: Option<&str>, cached: Option<&str>) {
+    writes.record(key.clone(), written);
+    if cached.is_some() {
+        caught_up(writes, &key, cached);
     }
 }
 
@@ -239,8 +190,10 @@ struct Controller {
     volumes: Store<Compact<Pv>>,
     pods: Option<Pods>,
     classes: Option<Store<VolumeAttributesClass>>,
-    fresh_claims: Arc<Fresh<Claim>>,
-    fresh_volumes: Arc<Fresh<Pv>>,
+    /// Our last write of each claim (by key) the watch has not delivered yet.
+    claim_writes: Arc<Writes<String>>,
+    /// The same of each PV (by name).
+    volume_writes: Arc<Writes<String>>,
     resize_q: Arc<WorkQueue<String>>,
     modify_q: Arc<WorkQueue<String>>,
     /// Claims (by key) whose last expansion ended with a final error.
@@ -281,9 +234,9 @@ pub async fn run(
     let modifying = cfg.modify;
     // The last view of each claim, for the update filters.
     let mut seen: HashMap<String, decide::Seen> = HashMap::new();
-    let fresh_claims = Arc::new(Fresh::<Claim>::default());
-    let fresh_volumes = Arc::new(Fresh::<Pv>::default());
-    let fresh = Arc::clone(&fresh_claims);
+    let claim_writes = Arc::new(Writes::default());
+    let volume_writes = Arc::new(Writes::default());
+    let writes = Arc::clone(&claim_writes);
     let claims = cache::watch::<Compact<Claim>>(
         &c.client,
         &shutdown,
@@ -292,13 +245,14 @@ pub async fn run(
         move |cached, deleted| {
             let pvc = &cached.object();
             let key = claim_key(pvc);
-            fresh.seen(&key, cached, deleted);
             if deleted {
+                writes.forget(&key);
                 seen.remove(&key);
                 rq.forget(&key);
                 mq.forget(&key);
                 return;
             }
+            caught_up(&writes, &key, pvc.metadata.resource_version.as_deref());
             let view = k::claim_view(pvc);
             let mv = k::modify_view(pvc);
             match seen.get(&key) {
@@ -322,13 +276,23 @@ pub async fn run(
             seen.insert(key, decide::Seen::of(&view, &mv.spec));
         },
     );
-    let fresh = Arc::clone(&fresh_volumes);
+    let writes = Arc::clone(&volume_writes);
     let volumes = cache::watch::<Compact<Pv>>(
         &c.client,
         &shutdown,
         &mut ready,
         |_| {},
-        move |pv, deleted| fresh.seen(&pv.name_any(), pv, deleted),
+        move |pv, deleted| {
+            if deleted {
+                writes.forget(&pv.name_any());
+            } else {
+                caught_up(
+                    &writes,
+                    &pv.name_any(),
+                    pv.meta().resource_version.as_deref(),
+                );
+            }
+        },
     );
     let pods = (resizing && cfg.handle_inuse).then(|| {
         info!(controller = %cfg.driver, "Register Pod informer for resizer");
@@ -373,8 +337,8 @@ pub async fn run(
         volumes,
         pods,
         classes,
-        fresh_claims,
-        fresh_volumes,
+        claim_writes,
+        volume_writes,
         resize_q,
         modify_q,
         final_errors: Mutex::default(),
@@ -383,31 +347,31 @@ pub async fn run(
         modify_slow: SlowSetMap::default(),
         uncertain: Mutex::default(),
     });
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..ctl.cfg.workers {
-        if resizing {
-            let c = Arc::clone(&ctl);
-            workers.spawn(async move {
-                while let Some(item) = c.resize_q.next().await {
-                    let key = item.key.clone();
-                    match c.sync_resize(&key).await {
-                        Ok(()) => c.resize_q.forget(&key),
-                        Err(Retry::Backoff) => {
-                            c.resize_q.add_rate_limited(key);
-                        }
-                        Err(Retry::After(d)) => c.resize_q.add_after(key, d),
+    let resync = ctl.cfg.resync.max(Duration::from_secs(1));
+    let mut tasks = tokio::task::JoinSet::new();
+    if resizing {
+        let c = Arc::clone(&ctl);
+        tasks.spawn(
+            Runner::new(lane(&ctl.resize_q, ctl.cfg.workers))
+                .resync(resync, move || {
+                    for pvc in c.claims.state() {
+                        c.resize_q.add(claim_key(&pvc.object()));
                     }
-                    c.resize_q.done(item);
-                }
-            });
-        }
+                })
+                .run(
+                    Arc::clone(&ctl),
+                    shutdown.clone(),
+                    |c, _, key| async move { c.sync_resize(&key).await },
+                    |_, _, _, ()| Action::Retry,
+                ),
+        );
     }
     if ctl.cfg.modify {
         // The modify controller waits for the class cache on its own (as upstream's): an API
         // server that never serves the classes holds up modifying, not resizing.
         let c = Arc::clone(&ctl);
         let stop = shutdown.clone();
-        workers.spawn(async move {
+        tasks.spawn(async move {
             for r in class_ready {
                 tokio::select! {
                     res = r => if res.is_err() {
@@ -431,28 +395,29 @@ pub async fn run(
                     }
                 }
             }
-            let mut modifiers = tokio::task::JoinSet::new();
-            for _ in 0..c.cfg.workers {
-                let c = Arc::clone(&c);
-                modifiers.spawn(async move {
-                    while let Some(item) = c.modify_q.next().await {
-                        let key = item.key.clone();
-                        match c.sync_modify(&key).await {
-                            Ok(()) => c.modify_q.forget(&key),
-                            Err(()) => {
-                                c.modify_q.add_rate_limited(key);
-                            }
+            let r = Arc::clone(&c);
+            Runner::new(lane(&c.modify_q, c.cfg.workers))
+                .resync(resync, move || {
+                    for pvc in r.claims.state() {
+                        let pvc = pvc.object();
+                        let mv = k::modify_view(&pvc);
+                        if mv.status.is_none() && k::claim_view(&pvc).bound {
+                            r.modify_q.add(claim_key(&pvc));
                         }
-                        c.modify_q.done(item);
                     }
-                });
-            }
-            while modifiers.join_next().await.is_some() {}
+                })
+                .run(
+                    c,
+                    stop,
+                    |c, _, key| async move { c.sync_modify(&key).await },
+                    |_, _, _, ()| Action::Retry,
+                )
+                .await;
         });
     }
     let c = Arc::clone(&ctl);
     let stop = shutdown.clone();
-    workers.spawn(async move {
+    tasks.spawn(async move {
         loop {
             let name = tokio::select! {
                 n = class_rx.recv() => match n { Some(n) => n, None => return },
@@ -469,33 +434,18 @@ pub async fn run(
             }
         }
     });
-    let c = Arc::clone(&ctl);
-    let stop = shutdown.clone();
-    workers.spawn(async move {
-        let period = c.cfg.resync.max(Duration::from_secs(1));
-        let mut tick = tokio::time::interval_at(Instant::now() + period, period);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    for pvc in c.claims.state() {
-                        let pvc = pvc.object();
-                        let key = claim_key(&pvc);
-                        if c.cfg.resizer.is_some() {
-                            c.resize_q.add(key.clone());
-                        }
-                        let mv = k::modify_view(&pvc);
-                        if c.cfg.modify && mv.status.is_none() && k::claim_view(&pvc).bound {
-                            c.modify_q.add(key);
-                        }
-                    }
-                }
-                () = stop.cancelled() => return,
-            }
-        }
-    });
     shutdown.cancelled().await;
-    while workers.join_next().await.is_some() {}
+    while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+/// The lane of `queue` with `workers` workers; none for none (`--workers=0`: as upstream, no
+/// sync runs; a lane runs at least one worker).
+fn lane(queue: &Arc<WorkQueue<String>>, workers: usize) -> Vec<Lane<String>> {
+    if workers == 0 {
+        return Vec::new();
+    }
+    vec![Lane::new(Arc::clone(queue), workers)]
 }
 
 fn claim_ref(pvc: &PersistentVolumeClaim) -> ObjectReference {
@@ -522,15 +472,25 @@ fn kube_error(e: &kube::Error) -> String {
 }
 
 impl Controller {
-    fn claim(&self, key: &str) -> Option<Arc<PersistentVolumeClaim>> {
+    fn claim(&self, key: &str) -> Option<PersistentVolumeClaim> {
         let (ns, name) = key.split_once('/')?;
-        let cached = self.claims.get(&reflector::ObjectRef::new(name).within(ns));
-        self.fresh_claims.pick(key, cached)
+        let cached = self
+            .claims
+            .get(&reflector::ObjectRef::new(name).within(ns))?;
+        Some(cached.object())
     }
 
-    fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
-        let cached = self.volumes.get(&reflector::ObjectRef::new(name));
-        self.fresh_volumes.pick(name, cached)
+    fn volume(&self, name: &str) -> Option<PersistentVolume> {
+        Some(self.volumes.get(&reflector::ObjectRef::new(name))?.object())
+    }
+
+    /// Whether the cached claim `key` or its PV is older than our own last write of it.
+    fn behind(&self, key: &str, pvc: &PersistentVolumeClaim, pv: &PersistentVolume) -> bool {
+        self.claim_writes
+            .behind(key, pvc.metadata.resource_version.as_deref())
+            || self
+                .volume_writes
+                .behind(&pv.name_any(), pv.metadata.resource_version.as_deref())
     }
 
     fn event(&self, pvc: &PersistentVolumeClaim, type_: EventType, reason: &str, message: &str) {
@@ -561,7 +521,14 @@ impl Controller {
         {
             Ok(new) => {
                 let cached = self.claims.get(&reflector::ObjectRef::new(name).within(ns));
-                self.fresh_claims.put(claim_key(&new), new.clone(), cached);
+                remember(
+                    &self.claim_writes,
+                    claim_key(&new),
+                    new.metadata.resource_version.as_deref(),
+                    cached
+                        .as_deref()
+                        .and_then(|c| c.meta().resource_version.as_deref()),
+                );
                 Ok(new)
             }
             Err(e) => Err(format!(
@@ -579,7 +546,14 @@ impl Controller {
         {
             Ok(new) => {
                 let cached = self.volumes.get(&reflector::ObjectRef::new(name));
-                self.fresh_volumes.put(name.to_owned(), new.clone(), cached);
+                remember(
+                    &self.volume_writes,
+                    name.to_owned(),
+                    new.metadata.resource_version.as_deref(),
+                    cached
+                        .as_deref()
+                        .and_then(|c| c.meta().resource_version.as_deref()),
+                );
                 Ok(new)
             }
             Err(e) => Err(kube_error(&e)),
@@ -616,44 +590,43 @@ impl Controller {
 
     // ---- resizing
 
-    async fn sync_resize(&self, key: &str) -> Result<(), Retry> {
+    /// One resize sync of the claim `key`; `Err`: failed (logged), again after its back-off.
+    async fn sync_resize(&self, key: &str) -> Result<Action, ()> {
         let Some(pvc) = self.claim(key) else {
-            return Ok(());
+            return Ok(Action::Done);
         };
         let view = k::claim_view(&pvc);
         if view.volume_name.is_empty() {
-            return Ok(());
+            return Ok(Action::Done);
         }
         let Some(pv) = self.volume(&view.volume_name) else {
             error!(
                 pvc = key,
                 "Error syncing PVC: PV {:?} bound to pvc {key:?} not found", view.volume_name
             );
-            return Err(Retry::Backoff);
+            return Err(());
         };
+        if self.behind(key, &pvc, &pv) {
+            return Ok(Action::After(CACHE_CATCH_UP));
+        }
         if self.cfg.annotate_fs_resize
             && let Err(e) = self.clean_pre_resize_annotation(&pv, &view).await
         {
             error!(pvc = key, "Error syncing PVC: {e}");
-            return Err(Retry::Backoff);
+            return Err(());
         }
         if !decide::needs_resize(&view) {
             debug!(target: "plugreg_resizer::v4", pvc = key, "No need to resize PVC");
-            return Ok(());
+            return Ok(Action::Done);
         }
         if !supports(&self.cfg.driver, &pv, &pvc) {
             debug!(target: "plugreg_resizer::v4", pvc = key, "Resizer doesn't support PV");
-            return Ok(());
+            return Ok(Action::Done);
         }
-        let result = if self.cfg.recover {
+        if self.cfg.recover {
             self.expand_and_recover(key, &pvc, &pv, &view).await
         } else {
             self.expand_legacy(key, &pvc, &pv, &view).await
-        };
-        match result {
-            Ok(()) => Ok(()),
-            Err(Retry::After(d)) => Err(Retry::After(d)),
-            Err(Retry::Backoff) => Err(Retry::Backoff),
         }
     }
 
@@ -684,7 +657,7 @@ impl Controller {
         pvc: &PersistentVolumeClaim,
         pv: &PersistentVolume,
         view: &ClaimView,
-    ) -> Result<(), Retry> {
+    ) -> Result<Action, ()> {
         let pv_cap = k::pv_capacity(pv);
         let controller_expands = self.cfg.resizer == Some(Resizer::Csi);
         let in_slow_set = self
@@ -710,7 +683,7 @@ impl Controller {
             memory,
             controller_expands,
         ) {
-            Resize::Stop => return Ok(()),
+            Resize::Stop => return Ok(Action::Done),
             Resize::DelayRetry => {
                 let left = self
                     .resize_slow
@@ -720,7 +693,7 @@ impl Controller {
                     pvc = key,
                     "skipping volume expansion for pvc {key}, because expansion previously failed with infeasible error"
                 );
-                return Err(Retry::After(left));
+                return Ok(Action::After(left));
             }
             Resize::Expand {
                 target,
@@ -754,10 +727,11 @@ impl Controller {
                     pvc = key,
                     "Error syncing PVC: marking pvc {key:?} as resizing failed: {e}"
                 );
-                return Err(Retry::Backoff);
+                return Err(());
             }
         };
-        self.resize_call(key, &pvc, pv, target).await
+        self.resize_call(key, &pvc, pv, target).await?;
+        Ok(Action::Done)
     }
 
     /// Steps 2-6 of a resize: the in-use guard, the event, the call and what follows.
@@ -767,7 +741,7 @@ impl Controller {
         pvc: &PersistentVolumeClaim,
         pv: &PersistentVolume,
         target: i64,
-    ) -> Result<(), Retry> {
+    ) -> Result<(), ()> {
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
         let (ns, name) = key.split_once('/').unwrap_or_default();
         if self.cfg.handle_inuse {
@@ -779,7 +753,7 @@ impl Controller {
                 );
                 self.event(pvc, EventType::Warning, "VolumeResizeFailed", &msg);
                 error!(pvc = key, "Error syncing PVC: {msg}");
-                return Err(Retry::Backoff);
+                return Err(());
             }
             set(&self.in_use_errors).remove(&uid);
         }
@@ -803,7 +777,7 @@ impl Controller {
             }
             Err(e) => {
                 self.resize_failed(key, pvc, &pv_name, &uid, e).await;
-                Err(Retry::Backoff)
+                Err(())
             }
         }
     }
@@ -887,7 +861,7 @@ impl Controller {
         pv: &PersistentVolume,
         new_size: i64,
         node_expansion: bool,
-    ) -> Result<(), Retry> {
+    ) -> Result<(), ()> {
         let pv_name = pv.name_any();
         let size = format_binary_si(new_size);
         let mut body = json!({"spec": {"capacity": {"storage": size}}});
@@ -913,7 +887,7 @@ impl Controller {
             );
             self.event(pvc, EventType::Warning, "VolumeResizeFailed", &msg);
             error!(pvc = key, "Error syncing PVC: {msg}");
-            return Err(Retry::Backoff);
+            return Err(());
         }
         let now = now();
         if node_expansion {
@@ -947,7 +921,7 @@ impl Controller {
                     pvc = key,
                     "Error syncing PVC: mark PVC {key:?} as node expansion required failed: {e}"
                 );
-                return Err(Retry::Backoff);
+                return Err(());
             }
             self.event(
                 pvc,
@@ -972,7 +946,7 @@ impl Controller {
                     pvc = key,
                     "Error syncing PVC: mark PVC {key:?} as resize finished failed: {e}"
                 );
-                return Err(Retry::Backoff);
+                return Err(());
             }
             self.event(
                 pvc,
@@ -1052,9 +1026,9 @@ impl Controller {
         pvc: &PersistentVolumeClaim,
         pv: &PersistentVolume,
         view: &ClaimView,
-    ) -> Result<(), Retry> {
+    ) -> Result<Action, ()> {
         let Some(target) = decide::legacy_target(view, k::pv_capacity(pv)) else {
-            return Ok(());
+            return Ok(Action::Done);
         };
         let now = now();
         let body = json!({"status": {"conditions": k::merge_resize_conditions(
@@ -1069,21 +1043,23 @@ impl Controller {
                     pvc = key,
                     "Error syncing PVC: marking pvc {key:?} as resizing failed: Mark PVC {key:?} as resize as in progress failed: {e}"
                 );
-                return Err(Retry::Backoff);
+                return Err(());
             }
         };
-        self.resize_call(key, &pvc, pv, target).await
+        self.resize_call(key, &pvc, pv, target).await?;
+        Ok(Action::Done)
     }
 
     // ---- modifying
 
-    async fn sync_modify(&self, key: &str) -> Result<(), ()> {
+    /// One modify sync of the claim `key`; `Err`: failed (logged), again after its back-off.
+    async fn sync_modify(&self, key: &str) -> Result<Action, ()> {
         let Some(pvc) = self.claim(key) else {
-            return Ok(());
+            return Ok(Action::Done);
         };
         let view = k::claim_view(&pvc);
         if view.volume_name.is_empty() {
-            return Ok(());
+            return Ok(Action::Done);
         }
         let Some(pv) = self.volume(&view.volume_name) else {
             error!(
@@ -1092,13 +1068,16 @@ impl Controller {
             );
             return Err(());
         };
+        if self.behind(key, &pvc, &pv) {
+            return Ok(Action::After(CACHE_CATCH_UP));
+        }
         let ours = pv
             .spec
             .as_ref()
             .and_then(|s| s.csi.as_ref())
             .is_some_and(|c| c.driver == self.cfg.driver);
         if !ours || !view.bound {
-            return Ok(());
+            return Ok(Action::Done);
         }
         let mv = k::modify_view(&pvc);
         let in_slow = self
@@ -1113,7 +1092,7 @@ impl Controller {
             SlowSet::Keep => {}
         }
         match action {
-            Modify::Nothing => Ok(()),
+            Modify::Nothing => Ok(Action::Done),
             Modify::SlowSkip => {
                 error!(
                     pvc = key,
@@ -1142,7 +1121,7 @@ impl Controller {
                         return Err(());
                     }
                 }
-                Ok(())
+                Ok(Action::Done)
             }
             Modify::Continue(target) => {
                 let Some(vac) = self.class(&target) else {
@@ -1152,7 +1131,8 @@ impl Controller {
                     );
                     return Err(());
                 };
-                self.modify_call(key, &pvc, &pv, &vac).await
+                self.modify_call(key, &pvc, &pv, &vac).await?;
+                Ok(Action::Done)
             }
             Modify::Start(target) => {
                 let Some(vac) = self.class(&target) else {
@@ -1168,7 +1148,7 @@ impl Controller {
                     }
                     // As upstream: no requeue; the claim's next change (or the resync of
                     // claims without a modify status) brings it back.
-                    return Ok(());
+                    return Ok(Action::Done);
                 };
                 let now = now();
                 let cond = k::condition(
@@ -1199,7 +1179,8 @@ impl Controller {
                         pvc.name_any()
                     ),
                 );
-                self.modify_call(key, &pvc, &pv, &vac).await
+                self.modify_call(key, &pvc, &pv, &vac).await?;
+                Ok(Action::Done)
             }
         }
     }
@@ -1446,12 +1427,6 @@ mod tests {
         );
     }
 
-    fn claim(rv: &str) -> PersistentVolumeClaim {
-        serde_json::from_value(json!({"metadata": {"name": "c", "namespace": "ns",
-            "resourceVersion": rv, "managedFields": [{"manager": "m", "fieldsV1": {"f:status": {}}}]}}))
-        .unwrap()
-    }
-
     /// Checklist 6: only our driver's PV bound to this very claim (namespace and UID).
     #[test]
     fn supports_only_our_pv_bound_to_this_claim() {
@@ -1532,38 +1507,26 @@ mod tests {
         );
     }
 
-    /// The answer to our own write is kept only until the watch delivers it (or something
-    /// newer): before, each claim's last answer stayed for good, managed fields and all.
+    /// Our write is remembered only until the watch delivers it (or something newer), also
+    /// when the watch comes before the answer: before, each claim's last answer stayed for good.
     #[test]
-    fn our_writes_answers_go_once_the_watch_has_them() {
-        let fresh = Fresh::<Claim>::default();
-        fresh.put("ns/c".into(), claim("7"), None);
-        assert!(
-            fresh.lock()["ns/c"]
-                .object()
-                .metadata
-                .managed_fields
-                .is_none()
-        );
-        // An older object from the watch: ours stays, and is what a sync reads.
-        fresh.seen("ns/c", &Compact::<Claim>::new(claim("6")), false);
-        let older = Arc::new(Compact::<Claim>::new(claim("6")));
-        let picked = fresh.pick("ns/c", Some(older)).unwrap();
-        assert_eq!(picked.metadata.resource_version.as_deref(), Some("7"));
+    fn our_writes_are_forgotten_once_the_watch_has_them() {
+        let w = Writes::default();
+        remember(&w, "ns/c".into(), Some("7"), Some("6"));
+        // An older object from the watch: the cache is behind, ours stays.
+        caught_up(&w, "ns/c", Some("6"));
+        assert!(w.behind("ns/c", Some("6")));
         // The watch catches up: ours goes.
-        fresh.seen("ns/c", &Compact::<Claim>::new(claim("7")), false);
-        assert!(fresh.lock().is_empty());
+        caught_up(&w, "ns/c", Some("7"));
+        assert!(w.is_empty());
         // An answer the watch has delivered already (or something newer) is not kept: the
-        // watch came first, and nothing would drop it.
-        let delivered = Arc::new(Compact::<Claim>::new(claim("8")));
-        fresh.put("ns/c".into(), claim("8"), Some(Arc::clone(&delivered)));
-        assert!(fresh.lock().is_empty());
-        fresh.put("ns/c".into(), claim("7"), Some(delivered));
-        assert!(fresh.lock().is_empty());
-        // A deletion drops ours too.
-        fresh.put("ns/c".into(), claim("9"), None);
-        fresh.seen("ns/c", &Compact::<Claim>::new(claim("8")), true);
-        assert!(fresh.lock().is_empty());
+        // watch came first, and nothing would forget it.
+        remember(&w, "ns/c".into(), Some("8"), Some("8"));
+        remember(&w, "ns/c".into(), Some("7"), Some("8"));
+        assert!(w.is_empty());
+        // No cached copy to compare with: kept.
+        remember(&w, "ns/c".into(), Some("9"), None);
+        assert!(w.behind("ns/c", Some("8")));
     }
 
     #[tokio::test(start_paused = true)]
