@@ -29,6 +29,7 @@ use kube::runtime::watcher;
 use plugreg_sidecar_kit::cache::{self, Readiness};
 use plugreg_sidecar_kit::metrics::{Collector, Families};
 use plugreg_sidecar_kit::queue::WorkQueue;
+use plugreg_sidecar_kit::runtime::{Action, Lane, Runner};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -878,22 +879,30 @@ pub async fn run(
     info!("Started Capacity Controller");
 
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..ctl.cfg.workers.max(1) {
-        let c = Arc::clone(&ctl);
-        tasks.spawn(async move {
-            while let Some(item) = c.queue.next().await {
-                let key = item.key.clone();
-                match c.sync(&key).await {
-                    Ok(()) => c.queue.forget(&key),
-                    Err(e) => {
-                        let n = c.queue.add_rate_limited(key.clone());
-                        warn!("Retrying {key:?} after {n} failures: {e}");
-                    }
-                }
-                c.queue.done(item);
-            }
-        });
-    }
+    // The poll: every item at start (queued by the first recompute) and then once per interval.
+    let c = Arc::clone(&ctl);
+    let poll = move || {
+        let items: Vec<Item> = c.lock().items.iter().cloned().collect();
+        for (segment, class) in items {
+            c.queue.add(Key::Sync(segment, class));
+        }
+    };
+    tasks.spawn(
+        Runner::new(vec![Lane::new(Arc::clone(&ctl.queue), ctl.cfg.workers)])
+            .resync(ctl.cfg.poll, poll)
+            .run(
+                Arc::clone(&ctl),
+                shutdown.clone(),
+                |c: Arc<Controller>, _, key: Key| async move {
+                    c.sync(&key).await.map(|()| Action::Done)
+                },
+                |c: &Controller, _, key: &Key, e| {
+                    let n = c.queue.failures(key) + 1;
+                    warn!("Retrying {key:?} after {n} failures: {e}");
+                    Action::Retry
+                },
+            ),
+    );
     // Topology and class changes.
     {
         let stop = shutdown.clone();
@@ -927,23 +936,6 @@ pub async fn run(
                     .filter(|(_, cls)| *cls == class)
                     .cloned()
                     .collect();
-                for (segment, class) in items {
-                    c.queue.add(Key::Sync(segment, class));
-                }
-            }
-        });
-    }
-    // The poll: every item at start (queued by the first recompute) and then once per interval.
-    {
-        let c = Arc::clone(&ctl);
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    () = tokio::time::sleep(c.cfg.poll) => {}
-                    () = stop.cancelled() => return,
-                }
-                let items: Vec<Item> = c.lock().items.iter().cloned().collect();
                 for (segment, class) in items {
                     c.queue.add(Key::Sync(segment, class));
                 }

@@ -41,6 +41,7 @@ use plugreg_sidecar_kit::cache::{self, CompactStore, Keyed as _};
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::queue::WorkQueue;
+use plugreg_sidecar_kit::runtime::{Action, Lane, Runner, Writes};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -235,6 +236,9 @@ struct Controller {
     /// Source claims of clones whose cloning protection may be released.
     clone_sources: Arc<WorkQueue<Box<str>>>,
     inflight: Arc<InFlight>,
+    /// This process's reschedules (removals of the selected-node annotation), by claim UID:
+    /// until the cache shows one, the cached claim still carries the old node.
+    writes: Arc<Writes<String>>,
     /// `--node-deployment`: this node's attempts to become the owner of each claim of
     /// immediate binding, by claim UID (§B.4; dropped with the claim).
     owner_attempts: Arc<Mutex<HashMap<String, u32>>>,
@@ -316,12 +320,14 @@ pub async fn run(
 
     let mut ready = Vec::new();
     let owner_attempts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    let (q, r, m, cp, attempts) = (
+    let writes = Arc::new(Writes::default());
+    let (q, r, m, cp, attempts, w) = (
         Arc::clone(&claims_q),
         Arc::clone(&records_q),
         Arc::clone(&inflight),
         Arc::clone(&clone_sources_q),
         Arc::clone(&owner_attempts),
+        Arc::clone(&writes),
     );
     // Decoded whole, kept compact (`CachedClaim::new`).
     let claims = cache::watch_compact::<PersistentVolumeClaim, _>(
@@ -342,6 +348,7 @@ pub async fn run(
                     r.add(v.entry.volume);
                 }
                 lock(&attempts).remove(c.uid());
+                w.forget(c.uid());
             } else {
                 q.add(c.key().into());
             }
@@ -472,30 +479,30 @@ pub async fn run(
         records: records_q,
         clone_sources: clone_sources_q,
         inflight,
+        writes,
         owner_attempts,
         stop: shutdown.clone(),
     });
     let mut workers = tokio::task::JoinSet::new();
+    // Each sync is boxed: its future (tens of KiB for a claim's) lives on the heap only while
+    // the key is worked on, not in each of the idle workers' tasks.
     if clone_protection {
         info!(
             "starting {} cloning-protection workers",
             ctl.cfg.clone_protection_workers.max(1)
         );
-        for _ in 0..ctl.cfg.clone_protection_workers.max(1) {
-            let c = Arc::clone(&ctl);
-            workers.spawn(async move {
-                while let Some(item) = c.clone_sources.next().await {
-                    let key = item.key.clone();
-                    match Box::pin(c.sync_clone_source(&key)).await {
-                        Ok(()) => c.clone_sources.forget(&key),
-                        Err(Requeue) => {
-                            c.clone_sources.add_rate_limited(key.clone());
-                        }
-                    }
-                    c.clone_sources.done(item);
-                }
-            });
-        }
+        let lane = Lane::new(
+            Arc::clone(&ctl.clone_sources),
+            ctl.cfg.clone_protection_workers,
+        );
+        workers.spawn(Runner::new(vec![lane]).run(
+            Arc::clone(&ctl),
+            shutdown.clone(),
+            |c: Arc<Controller>, _, key: Box<str>| {
+                Box::pin(async move { c.sync_clone_source(&key).await.map(|()| Action::Done) })
+            },
+            |_: &Controller, _, _, Requeue| Action::Retry,
+        ));
     }
     if !ctl.cfg.snapshot_sweep.is_zero() && ctl.cfg.capabilities.create_delete_snapshot {
         workers.spawn(Arc::clone(&ctl).sweep_snapshots(shutdown.clone()));
@@ -514,74 +521,64 @@ pub async fn run(
             c.inflight.add(e, true);
         }
     });
-    // Each sync is boxed: its future (tens of KiB for a claim's) lives on the heap only while
-    // the key is worked on, not in each of the idle workers' tasks.
-    for _ in 0..ctl.cfg.workers.max(1) {
-        let c = Arc::clone(&ctl);
-        workers.spawn(async move {
-            while let Some(item) = c.claims.next().await {
-                let key = item.key.clone();
-                match Box::pin(c.sync_claim(&key)).await {
-                    Ok(()) => c.claims.forget(&key),
-                    Err(Requeue) => {
-                        let n = c.claims.add_rate_limited(key.clone());
-                        info!(key = %key, failures = n, "Retrying syncing claim");
-                    }
-                }
-                c.claims.done(item);
-            }
-        });
-        let c = Arc::clone(&ctl);
-        workers.spawn(async move {
-            while let Some(item) = c.volumes.next().await {
-                let key = item.key.clone();
-                match Box::pin(c.sync_volume(&key)).await {
-                    Ok(()) => c.volumes.forget(&key),
-                    Err(Requeue) => {
-                        let n = c.volumes.add_rate_limited(key.clone());
-                        info!(volume = %key, failures = n, "Retrying syncing volume");
-                    }
-                }
-                c.volumes.done(item);
-            }
-        });
-        let c = Arc::clone(&ctl);
-        workers.spawn(async move {
-            while let Some(item) = c.records.next().await {
-                let key = item.key.clone();
-                match Box::pin(c.sync_record(&key)).await {
-                    Ok(()) => c.records.forget(&key),
-                    Err(Requeue) => {
-                        let n = c.records.add_rate_limited(key.clone());
-                        info!(volume = %key, failures = n, "Retrying the in-flight volume");
-                    }
-                }
-                c.records.done(item);
-            }
-        });
-    }
+    let n = ctl.cfg.workers;
     // Upstream re-enqueues every claim and volume every 15 minutes; the record too.
     let c = Arc::clone(&ctl);
-    let stop = shutdown.clone();
-    workers.spawn(async move {
-        let mut tick = tokio::time::interval_at(Instant::now() + RESYNC, RESYNC);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    for claim in c.caches.claims.state() {
-                        c.claims.add(claim.key().into());
-                    }
-                    for v in c.caches.volumes.state() {
-                        c.volumes.add(v.name.to_string());
-                    }
-                    for v in c.inflight.volumes() {
-                        c.records.add(v);
-                    }
-                }
-                () = stop.cancelled() => return,
-            }
+    let resync = move || {
+        for claim in c.caches.claims.state() {
+            c.claims.add(claim.key().into());
         }
-    });
+        for v in c.caches.volumes.state() {
+            c.volumes.add(v.name.to_string());
+        }
+        for v in c.inflight.volumes() {
+            c.records.add(v);
+        }
+    };
+    workers.spawn(
+        Runner::new(vec![Lane::new(Arc::clone(&ctl.claims), n)])
+            .resync(RESYNC, resync)
+            .run(
+                Arc::clone(&ctl),
+                shutdown.clone(),
+                |c: Arc<Controller>, _, key: Box<str>| {
+                    Box::pin(async move { c.sync_claim(&key).await.map(|()| Action::Done) })
+                },
+                |c: &Controller, _, key, Requeue| {
+                    let failures = c.claims.failures(key) + 1;
+                    info!(key = %key, failures, "Retrying syncing claim");
+                    Action::Retry
+                },
+            ),
+    );
+    workers.spawn(
+        Runner::new(vec![Lane::new(Arc::clone(&ctl.volumes), n)]).run(
+            Arc::clone(&ctl),
+            shutdown.clone(),
+            |c: Arc<Controller>, _, key: String| {
+                Box::pin(async move { c.sync_volume(&key).await.map(|()| Action::Done) })
+            },
+            |c: &Controller, _, key: &String, Requeue| {
+                let failures = c.volumes.failures(key) + 1;
+                info!(volume = %key, failures, "Retrying syncing volume");
+                Action::Retry
+            },
+        ),
+    );
+    workers.spawn(
+        Runner::new(vec![Lane::new(Arc::clone(&ctl.records), n)]).run(
+            Arc::clone(&ctl),
+            shutdown.clone(),
+            |c: Arc<Controller>, _, key: String| {
+                Box::pin(async move { c.sync_record(&key).await.map(|()| Action::Done) })
+            },
+            |c: &Controller, _, key: &String, Requeue| {
+                let failures = c.records.failures(key) + 1;
+                info!(volume = %key, failures, "Retrying the in-flight volume");
+                Action::Retry
+            },
+        ),
+    );
     shutdown.cancelled().await;
     while workers.join_next().await.is_some() {}
     Ok(())
@@ -718,7 +715,7 @@ impl Controller {
             name: &name,
             pv_cached,
             infeasible,
-            stale: self.inflight.stale(&uid, &version, now),
+            stale: self.writes.behind(uid.as_str(), Some(version.as_str())),
             named_has_class,
             another_node: self.another_node(&claim),
         };
@@ -1695,8 +1692,8 @@ impl Controller {
     }
 
     /// Removes the selected-node annotation so that the scheduler picks another node (upstream's
-    /// reschedule). The cache's versions up to this write are remembered as stale: one of them
-    /// still carries the old node.
+    /// reschedule). The write is remembered: until the cache shows it, the cached claim still
+    /// carries the old node.
     async fn reschedule(&self, claim: &PersistentVolumeClaim) -> Result<(), Failure> {
         let ns = claim.namespace().unwrap_or_default();
         let written = self
@@ -1709,12 +1706,9 @@ impl Controller {
                     "failed to remove the selected-node annotation: {e}"
                 )))
             })?;
-        if let Some((before, after)) = written {
-            let mut stale = vec![before];
-            stale.extend(claim.resource_version());
-            stale.retain(|v| *v != after);
-            self.inflight
-                .set_stale(&claim.uid().unwrap_or_default(), stale, Instant::now());
+        if let Some((_, after)) = written {
+            self.writes
+                .record(claim.uid().unwrap_or_default(), Some(after.as_str()));
         }
         Ok(())
     }

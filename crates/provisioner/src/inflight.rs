@@ -7,8 +7,9 @@
 //!   a worker is acting on it (so that the claim's worker and the record's worker never act on
 //!   one volume at once).
 //! - Claims: upstream's slow set (an INVALID_ARGUMENT delays the claim's retries for five
-//!   minutes while its class is unchanged), and the versions a reschedule made stale (the cache
-//!   may still show the old selected node).
+//!   minutes while its class is unchanged). (A reschedule the cache does not show yet is the
+//!   controller's [`Writes`](plugreg_sidecar_kit::runtime::Writes), the kit's one memory of
+//!   our own writes.)
 //! - PVs: the ones whose volume this process deleted, and the ones whose finalizer it removed,
 //!   until the cache catches up.
 //!
@@ -25,9 +26,6 @@ use crate::record::Entry;
 
 /// How long an INVALID_ARGUMENT keeps a claim in the slow set (upstream's library default).
 pub const INFEASIBLE_RETENTION: Duration = Duration::from_secs(300);
-/// How long the caches are waited for at most (a PV this process saved or deleted, a claim
-/// it rescheduled).
-pub const CACHE_LAG: Duration = Duration::from_secs(60);
 /// How long a PV deletion is remembered (the DELETE and the finalizer removal come back).
 pub const DELETED_MEMORY: Duration = Duration::from_secs(600);
 /// Notes kept before a sweep of the expired ones.
@@ -70,8 +68,6 @@ impl Volume {
 struct ClaimNote {
     /// The class UID and time of the last INVALID_ARGUMENT.
     infeasible: Option<(String, Instant)>,
-    /// resourceVersions from before a reschedule, and when it was made.
-    stale: Option<(Vec<String>, Instant)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,34 +211,6 @@ impl InFlight {
             .is_some_and(|(c, at)| c == class_uid && now.duration_since(*at) < INFEASIBLE_RETENTION)
     }
 
-    /// Notes that the claim `uid` was rescheduled: its `versions` are stale now.
-    pub fn set_stale(&self, uid: &str, versions: Vec<String>, now: Instant) {
-        let mut s = self.lock();
-        sweep(&mut s, now);
-        s.claims.entry(uid.to_owned()).or_default().stale = Some((versions, now));
-    }
-
-    /// Whether the claim `uid` at `version` predates this process's reschedule of it. The
-    /// first newer version ends the wait.
-    pub fn stale(&self, uid: &str, version: &str, now: Instant) -> bool {
-        let mut s = self.lock();
-        let Some(note) = s.claims.get_mut(uid) else {
-            return false;
-        };
-        match &note.stale {
-            Some((versions, at))
-                if now.duration_since(*at) < CACHE_LAG && versions.iter().any(|v| v == version) =>
-            {
-                true
-            }
-            Some(_) => {
-                note.stale = None;
-                false
-            }
-            None => false,
-        }
-    }
-
     /// Notes that the volume of the PV `uid` is deleted (`finalized`: its finalizer too).
     pub fn set_deleted(&self, uid: &str, finalized: bool, now: Instant) {
         let mut s = self.lock();
@@ -279,15 +247,9 @@ impl InFlight {
 fn sweep(s: &mut State, now: Instant) {
     if s.claims.len() >= SWEEP_AT {
         s.claims.retain(|_, n| {
-            let infeasible = n
-                .infeasible
+            n.infeasible
                 .as_ref()
-                .is_some_and(|(_, at)| now.duration_since(*at) < INFEASIBLE_RETENTION);
-            let stale = n
-                .stale
-                .as_ref()
-                .is_some_and(|(_, at)| now.duration_since(*at) < CACHE_LAG);
-            infeasible || stale
+                .is_some_and(|(_, at)| now.duration_since(*at) < INFEASIBLE_RETENTION)
         });
     }
     if s.pvs.len() >= SWEEP_AT {
@@ -360,14 +322,6 @@ mod tests {
             "another class starts afresh"
         );
         assert!(!m.infeasible("u1", "class-1", t0 + INFEASIBLE_RETENTION));
-
-        m.set_stale("u1", vec!["10".into(), "11".into()], t0);
-        assert!(m.stale("u1", "10", t0));
-        assert!(m.stale("u1", "11", t0));
-        assert!(!m.stale("u1", "12", t0), "a newer version ends the wait");
-        assert!(!m.stale("u1", "10", t0), "for good");
-        m.set_stale("u2", vec!["5".into()], t0);
-        assert!(!m.stale("u2", "5", t0 + CACHE_LAG));
 
         m.set_deleted("pv-1", false, t0);
         assert_eq!(m.deleted("pv-1", t0), Some(Deleted::Volume));

@@ -159,6 +159,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             .map_or(self.max, |d| d.min(self.max))
     }
 
+    /// How many times in a row `key` has failed (its back-off step; 0 after [`forget`]).
+    ///
+    /// [`forget`]: Self::forget
+    pub fn failures<Q>(&self, key: &Q) -> u32
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.lock().failures.get(key).copied().unwrap_or(0)
+    }
+
     /// Resets `key`'s back-off.
     pub fn forget(&self, key: &K) {
         self.lock().failures.remove(key);
@@ -273,8 +284,10 @@ mod tests {
         assert_eq!(q.backoff(10), Duration::from_secs(300));
         assert_eq!(q.backoff(u32::MAX), Duration::from_secs(300));
         let t0 = Instant::now();
+        assert_eq!(q.failures("a"), 0);
         q.add_rate_limited("a".into());
         q.add_rate_limited("a".into());
+        assert_eq!(q.failures("a"), 2);
         let item = q.next().await.unwrap();
         // The first retry (1 s) comes first; the second (2 s) finds it queued or processing.
         assert_eq!(Instant::now() - t0, Duration::from_secs(1));

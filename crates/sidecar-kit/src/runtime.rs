@@ -235,15 +235,26 @@ impl<K: Eq + Hash> Writes<K> {
         self.map().remove(key);
     }
 
-    /// Whether the cached copy of `key`, at `cached`, is older than our last write of it.
+    /// Whether the cached copy of `key`, at `cached`, is older than our last write of it. A
+    /// cache that has caught up ends the memory of the write (a cache never goes back), so
+    /// the memory holds only writes whose echo is still to come.
     pub fn behind<Q>(&self, key: &Q, cached: Option<&str>) -> bool
     where
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let mine = self.map().get(key).copied();
-        let cached = cached.and_then(|v| v.parse::<u64>().ok());
-        matches!((mine, cached), (Some(mine), Some(cached)) if cached < mine)
+        let mut map = self.map();
+        let Some(&mine) = map.get(key) else {
+            return false;
+        };
+        match cached.and_then(|v| v.parse::<u64>().ok()) {
+            Some(cached) if cached < mine => true,
+            Some(_) => {
+                map.remove(key);
+                false
+            }
+            None => false,
+        }
     }
 
     /// How many objects are remembered.
@@ -428,11 +439,15 @@ mod tests {
         w.record("c".into(), None);
         assert_eq!(w.len(), 1);
         assert!(w.behind("a", Some("9")));
-        assert!(!w.behind("a", Some("10")));
-        assert!(!w.behind("a", Some("11")));
         assert!(!w.behind("a", None));
-        w.forget("a");
+        assert!(w.behind("a", Some("9")));
+        // Caught up: the write is forgotten.
+        assert!(!w.behind("a", Some("10")));
+        assert!(w.is_empty());
         assert!(!w.behind("a", Some("9")));
+        w.record("a".into(), Some("12"));
+        w.forget("a");
+        assert!(!w.behind("a", Some("11")));
         assert!(w.is_empty());
     }
 }
