@@ -134,26 +134,13 @@ impl SlowSetMap {
     }
 }
 
-/// Forgets our last write of `key` once the watch cache holds it or something newer (`cached`):
-/// [`Writes`] forgets only when told, and would otherwise keep every claim and PV this process
-/// ever wrote (issue 20 holds the resizer to 16 MiB at 1,000 claims). The check and the forget
-/// are two steps; nothing comes between them on the binary's one runtime thread (no `await`), so
-/// a write recorded meanwhile is never lost.
-fn caught_up(writes: &Writes<String>, key: &str, cached: Option<&str>) {
-    if !writes.behind(key, cached) {
-        writes.forget(key);
-    }
-}
-
 /// Remembers our write of `key` whose answer is `written`, unless the watch cache has it
 /// already (`cached`, read after the answer): the answer and the watch race on different
 /// connections, and a write remembered after its watch event would stay until the object's next
 /// change, which after a finished expansion never comes.
 fn remember(writes: &Writes<String>, key: String, written: Option<&str>, cached: Option<&str>) {
     writes.record(key.clone(), written);
-    if cached.is_some() {
-        caught_up(writes, &key, cached);
-    }
+    writes.seen(&key, cached);
 }
 
 /// Whether the resizer of `driver` handles the claim's PV: the driver's CSI volume, or (for a
@@ -252,7 +239,7 @@ pub async fn run(
                 mq.forget(&key);
                 return;
             }
-            caught_up(&writes, &key, pvc.metadata.resource_version.as_deref());
+            writes.seen(&key, pvc.metadata.resource_version.as_deref());
             let view = k::claim_view(pvc);
             let mv = k::modify_view(pvc);
             match seen.get(&key) {
@@ -286,11 +273,7 @@ pub async fn run(
             if deleted {
                 writes.forget(&pv.name_any());
             } else {
-                caught_up(
-                    &writes,
-                    &pv.name_any(),
-                    pv.meta().resource_version.as_deref(),
-                );
+                writes.seen(&pv.name_any(), pv.meta().resource_version.as_deref());
             }
         },
     );
@@ -1514,10 +1497,10 @@ mod tests {
         let w = Writes::default();
         remember(&w, "ns/c".into(), Some("7"), Some("6"));
         // An older object from the watch: the cache is behind, ours stays.
-        caught_up(&w, "ns/c", Some("6"));
+        w.seen("ns/c", Some("6"));
         assert!(w.behind("ns/c", Some("6")));
         // The watch catches up: ours goes.
-        caught_up(&w, "ns/c", Some("7"));
+        w.seen("ns/c", Some("7"));
         assert!(w.is_empty());
         // An answer the watch has delivered already (or something newer) is not kept: the
         // watch came first, and nothing would forget it.

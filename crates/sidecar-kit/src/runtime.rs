@@ -257,6 +257,19 @@ impl<K: Eq + Hash> Writes<K> {
         }
     }
 
+    /// The cache has `key` at `cached` (a watch event, or a read after a write's answer): a
+    /// write it covers is forgotten. Without it, a write whose echo reaches the cache before
+    /// its answer is recorded stays until the object's next change or deletion.
+    pub fn seen<Q>(&self, key: &Q, cached: Option<&str>)
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if cached.is_some() {
+            self.behind(key, cached);
+        }
+    }
+
     /// How many objects are remembered.
     pub fn len(&self) -> usize {
         self.map().len()
@@ -445,6 +458,11 @@ mod tests {
         assert!(!w.behind("a", Some("10")));
         assert!(w.is_empty());
         assert!(!w.behind("a", Some("9")));
+        w.record("a".into(), Some("12"));
+        w.seen("a", Some("11"));
+        assert_eq!(w.len(), 1, "an older copy keeps the write");
+        w.seen("a", Some("12"));
+        assert!(w.is_empty(), "the echo ends it");
         w.record("a".into(), Some("12"));
         w.forget("a");
         assert!(!w.behind("a", Some("11")));
