@@ -391,6 +391,21 @@ impl From<WatchedPv> for CachedPv {
     }
 }
 
+impl decide::AsPvFacts for CachedPv {
+    fn pv_facts(&self) -> decide::PvFacts<'_> {
+        let spec = self.spec.as_ref();
+        decide::PvFacts {
+            provisioned_by: self.provisioned_by.as_deref(),
+            csi_driver: spec.and_then(|s| s.csi.as_ref()).map(|c| c.driver.as_str()),
+            in_tree: spec.is_some_and(|s| s.in_tree.is_some()),
+            reclaim_policy: spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref()),
+            phase: self.status.as_ref().and_then(|s| s.phase.as_deref()),
+            deleting: self.deletion_timestamp.is_some(),
+            has_finalizer: self.has_finalizer,
+        }
+    }
+}
+
 impl cache::Keyed for CachedPv {
     fn key(&self) -> &str {
         &self.name
@@ -556,6 +571,54 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(csi.spec.unwrap().in_tree, None);
+    }
+
+    /// The volume's worker reads the cached PV's facts: an in-tree PV as in-tree, with its
+    /// translation's driver.
+    #[test]
+    fn a_cached_pv_reads_as_its_facts() {
+        use decide::{AsPvFacts, PvFacts};
+        let released: CachedPv = serde_json::from_value(json!({
+            "metadata": {"name": "p", "finalizers": [crate::pv::FINALIZER],
+                "deletionTimestamp": "2026-11-25T10:01:00Z",
+                "annotations": {crate::pv::ANN_PROVISIONED_BY: "d"}},
+            "spec": {"persistentVolumeReclaimPolicy": "Retain",
+                "csi": {"driver": "d", "volumeHandle": "h"}},
+            "status": {"phase": "Released"},
+        }))
+        .unwrap();
+        assert_eq!(
+            released.pv_facts(),
+            PvFacts {
+                provisioned_by: Some("d"),
+                csi_driver: Some("d"),
+                in_tree: false,
+                reclaim_policy: Some("Retain"),
+                phase: Some("Released"),
+                deleting: true,
+                has_finalizer: true,
+            }
+        );
+        // §5.1: a static in-tree PV (no provisioned-by) stays kube-controller-manager's.
+        let static_pv: CachedPv = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete",
+                "gcePersistentDisk": {"pdName": "d"}},
+            "status": {"phase": "Released"},
+        }))
+        .unwrap();
+        let f = static_pv.pv_facts();
+        assert_eq!(
+            (f.provisioned_by, f.csi_driver, f.in_tree),
+            (None, Some("pd.csi.storage.gke.io"), true)
+        );
+        let view = decide::VolumeView {
+            pv: &static_pv,
+            driver: "pd.csi.storage.gke.io",
+            deleted: None,
+        };
+        assert_eq!(decide::volume(&view), decide::VolumeAction::Nothing);
+        assert_eq!(CachedPv::default().pv_facts(), PvFacts::default());
     }
 
     #[test]

@@ -1909,7 +1909,7 @@ impl Controller {
         };
         let uid = volume.uid.to_string();
         let view = decide::VolumeView {
-            pv: &volume,
+            pv: &*volume,
             driver: &self.cfg.driver,
             deleted: self.inflight.deleted(&uid, Instant::now()),
         };

@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
-use crate::cached::CachedPv;
 use crate::classify::ProvisionError;
 use crate::inflight::{Deleted, Phase, Volume};
 use crate::request::{self, DataSource};
@@ -302,11 +301,44 @@ pub fn record_held(v: &RecordView<'_>) -> RecordAction {
     }
 }
 
+/// What the volume's worker reads of a PV: plain facts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PvFacts<'a> {
+    /// Its `pv.kubernetes.io/provisioned-by` annotation.
+    pub provisioned_by: Option<&'a str>,
+    /// The driver of its CSI source (of an in-tree PV: its translation's).
+    pub csi_driver: Option<&'a str>,
+    /// Whether it is an in-tree PV (CSI migration).
+    pub in_tree: bool,
+    /// `persistentVolumeReclaimPolicy` (unset: `Delete`).
+    pub reclaim_policy: Option<&'a str>,
+    /// Its phase.
+    pub phase: Option<&'a str>,
+    /// Whether its deletion was asked for.
+    pub deleting: bool,
+    /// Whether it carries the provisioner's finalizer.
+    pub has_finalizer: bool,
+}
+
+/// A PV as some store keeps it, read as [`PvFacts`] (the watch cache's
+/// `CachedPv` is one): the decisions depend on the facts, not on
+/// the cache.
+pub trait AsPvFacts {
+    /// The facts.
+    fn pv_facts(&self) -> PvFacts<'_>;
+}
+
+impl AsPvFacts for PvFacts<'_> {
+    fn pv_facts(&self) -> PvFacts<'_> {
+        *self
+    }
+}
+
 /// What the volume's worker sees.
 #[derive(Debug)]
-pub struct VolumeView<'a> {
-    /// The PV as cached.
-    pub pv: &'a CachedPv,
+pub struct VolumeView<'a, P: ?Sized> {
+    /// The PV.
+    pub pv: &'a P,
     /// The driver name.
     pub driver: &'a str,
     /// What this process deleted of it recently.
@@ -327,35 +359,22 @@ pub enum VolumeAction {
 }
 
 /// The PV's next step.
-pub fn volume(v: &VolumeView<'_>) -> VolumeAction {
-    let pv = v.pv;
-    let ours = match pv.provisioned_by.as_deref() {
+pub fn volume<P: AsPvFacts + ?Sized>(v: &VolumeView<'_, P>) -> VolumeAction {
+    let pv = v.pv.pv_facts();
+    let ours = match pv.provisioned_by {
         // A PV saved in-tree for a migrated claim names the in-tree plugin.
         Some(p) => {
             p == v.driver || Some(p) == plugreg_sidecar_kit::migration::in_tree_plugin(v.driver)
         }
         // A static in-tree PV is kube-controller-manager's, whatever its translation says.
-        None => pv
-            .spec
-            .as_ref()
-            .filter(|s| s.in_tree.is_none())
-            .and_then(|s| s.csi.as_ref())
-            .is_some_and(|c| c.driver == v.driver),
+        None => !pv.in_tree && pv.csi_driver == Some(v.driver),
     };
     if !ours {
         return VolumeAction::Nothing;
     }
-    let policy = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
-        .unwrap_or("Delete");
-    let phase = pv
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("");
-    let deleting = pv.deletion_timestamp.is_some();
+    let policy = pv.reclaim_policy.unwrap_or("Delete");
+    let phase = pv.phase.unwrap_or("");
+    let deleting = pv.deleting;
     let has_finalizer = pv.has_finalizer;
     if policy == "Delete" && !deleting && phase == "Bound" && !has_finalizer {
         return VolumeAction::AddFinalizer;
@@ -381,7 +400,6 @@ pub fn volume(v: &VolumeView<'_>) -> VolumeAction {
 mod tests {
     use super::*;
     use crate::classify::State;
-    use crate::pv::ANN_PROVISIONED_BY;
     use crate::record::{Entry, Template};
     use crate::request::tests::{claim_with, class};
     use crate::topology::tests::DRIVER;
@@ -1008,39 +1026,40 @@ mod tests {
         assert_eq!(record(&view), RecordAction::Delete);
     }
 
-    fn pv(edit: impl FnOnce(&mut CachedPv)) -> CachedPv {
-        let mut v: CachedPv = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": NAME, "annotations": {ANN_PROVISIONED_BY: DRIVER}},
-            "spec": {"persistentVolumeReclaimPolicy": "Delete",
-                "csi": {"driver": DRIVER, "volumeHandle": "vol-1"}},
-            "status": {"phase": "Bound"},
-        }))
-        .unwrap();
+    /// A Bound PV of the driver with the Delete policy, `edit` applied.
+    fn pv(edit: impl FnOnce(&mut PvFacts<'static>)) -> PvFacts<'static> {
+        let mut v = PvFacts {
+            provisioned_by: Some(DRIVER),
+            csi_driver: Some(DRIVER),
+            reclaim_policy: Some("Delete"),
+            phase: Some("Bound"),
+            ..PvFacts::default()
+        };
         edit(&mut v);
         v
     }
 
-    fn phase(v: &mut CachedPv, p: &str) {
-        v.status.as_mut().unwrap().phase = Some(p.into());
+    fn phase(v: &mut PvFacts<'static>, p: &'static str) {
+        v.phase = Some(p);
     }
 
-    fn finalizer(v: &mut CachedPv) {
+    fn finalizer(v: &mut PvFacts<'_>) {
         v.has_finalizer = true;
     }
 
-    fn policy(v: &mut CachedPv, p: &str) {
-        v.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some(p.into());
+    fn policy(v: &mut PvFacts<'static>, p: &'static str) {
+        v.reclaim_policy = Some(p);
     }
 
     #[test]
     fn volumes() {
         use VolumeAction::*;
-        let cases: Vec<(&str, CachedPv, Option<Deleted>, VolumeAction)> = vec![
+        let cases: Vec<(&str, PvFacts<'static>, Option<Deleted>, VolumeAction)> = vec![
             ("bound: finalizer added", pv(|_| {}), None, AddFinalizer),
             ("bound with finalizer", pv(finalizer), None, Nothing),
             (
                 "another driver's",
-                pv(|v| v.provisioned_by = Some("other".into())),
+                pv(|v| v.provisioned_by = Some("other")),
                 None,
                 Nothing,
             ),
@@ -1091,7 +1110,7 @@ mod tests {
                 "being deleted without our finalizer",
                 pv(|v| {
                     phase(v, "Released");
-                    v.deletion_timestamp = Some(now());
+                    v.deleting = true;
                 }),
                 None,
                 Nothing,
@@ -1101,7 +1120,7 @@ mod tests {
                 pv(|v| {
                     phase(v, "Released");
                     finalizer(v);
-                    v.deletion_timestamp = Some(now());
+                    v.deleting = true;
                 }),
                 Some(Deleted::Volume),
                 RemoveFinalizer,
@@ -1111,7 +1130,7 @@ mod tests {
                 pv(|v| {
                     phase(v, "Released");
                     finalizer(v);
-                    v.deletion_timestamp = Some(now());
+                    v.deleting = true;
                 }),
                 Some(Deleted::Finalized),
                 Nothing,
@@ -1121,7 +1140,7 @@ mod tests {
                 pv(|v| {
                     phase(v, "Released");
                     finalizer(v);
-                    v.deletion_timestamp = Some(now());
+                    v.deleting = true;
                 }),
                 None,
                 Delete,
@@ -1142,7 +1161,7 @@ mod tests {
     #[test]
     fn an_in_tree_pv_is_its_migration_targets() {
         let released = pv(|v| {
-            v.provisioned_by = Some("kubernetes.io/gce-pd".into());
+            v.provisioned_by = Some("kubernetes.io/gce-pd");
             phase(v, "Released");
             finalizer(v);
         });
@@ -1159,13 +1178,12 @@ mod tests {
             assert_eq!(volume(&view), want, "{driver}");
         }
         // §5.1: a static in-tree PV (no provisioned-by) stays kube-controller-manager's.
-        let static_pv: CachedPv = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": NAME},
-            "spec": {"persistentVolumeReclaimPolicy": "Delete",
-                "gcePersistentDisk": {"pdName": "d"}},
-            "status": {"phase": "Released"},
-        }))
-        .unwrap();
+        let static_pv = pv(|v| {
+            v.provisioned_by = None;
+            v.csi_driver = Some("pd.csi.storage.gke.io");
+            v.in_tree = true;
+            phase(v, "Released");
+        });
         let view = VolumeView {
             pv: &static_pv,
             driver: "pd.csi.storage.gke.io",
