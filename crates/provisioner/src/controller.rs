@@ -39,7 +39,6 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use plugreg_sidecar_kit::cache::{self, CompactStore, Keyed as _};
 use plugreg_sidecar_kit::events::{EventType, Recorder};
-use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::queue::WorkQueue;
 use plugreg_sidecar_kit::runtime::{Action, Lane, Runner, Writes};
 use serde_json::json;
@@ -49,12 +48,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::cached::{CachedClaim, CachedPv, WatchedPv};
-use crate::classify::{ProvisionError, State};
+use crate::classify::ProvisionError;
 use crate::csi::{Capabilities, Driver};
 use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
 use crate::inflight::InFlight;
 use crate::metrics::{Metrics, ProvisionMetrics};
 use crate::node::{self, NodeDeployment, Take, Waiting};
+use crate::plan::{self, Failure};
 use crate::pv::FINALIZER as PV_FINALIZER;
 use crate::record::{Entry, Journal, RecordError};
 use crate::request::{self, ANN_SELECTED_NODE, RequestOptions};
@@ -635,14 +635,6 @@ fn entry_claim_ref(e: &Entry) -> ObjectReference {
     }
 }
 
-/// How a provisioning attempt failed.
-enum Failure {
-    /// Retry with back-off, no event (upstream's errors without events).
-    Silent(String),
-    /// Retry with back-off after a `ProvisioningFailed` event.
-    Error(ProvisionError),
-}
-
 impl From<ActError> for Failure {
     fn from(e: ActError) -> Self {
         match e {
@@ -672,49 +664,34 @@ impl Controller {
         let class_name = request::claim_class(&claim);
         let class = self.caches.classes.get(&ObjectRef::new(&class_name));
         let record = self.inflight.volume_of_claim(&uid);
+        let driver = self.cfg.driver.as_str();
         let opts = &self.cfg.request;
         let name =
             request::volume_name(&opts.volume_name_prefix, opts.volume_name_uuid_length, &uid);
-        // Only a previous version's intent on a claim neither the annotation nor the class
-        // gives to this driver needs the scan of the classes.
-        let named_has_class = decide::has_legacy_intent(&claim) && class.is_none() && {
-            let named = request::storage_provisioner(&claim);
-            named.is_some_and(|n| {
-                n != self.cfg.driver
-                    && self
-                        .caches
-                        .classes
-                        .state()
-                        .iter()
-                        .any(|c| c.provisioner == n)
-            })
-        };
-        let legacy_ours =
-            decide::legacy_intent_of(&claim, class.as_deref(), &self.cfg.driver, named_has_class);
-        let volume = record
-            .as_ref()
-            .map(|r| r.entry.volume.clone())
-            .or_else(|| {
-                legacy_ours
-                    .then(|| decide::legacy_volume(&claim).map(str::to_owned))
-                    .flatten()
-            })
-            .or_else(|| name.clone().ok());
-        let pv_cached = volume
-            .as_ref()
-            .is_some_and(|v| self.caches.volumes.get(v).is_some());
-        let infeasible = class.as_ref().is_some_and(|c| {
-            self.inflight
-                .infeasible(&uid, &c.uid().unwrap_or_default(), now)
-        });
+        let named_has_class =
+            decide::class_to_find(&claim, class.as_deref(), driver).is_some_and(|n| {
+                let classes = self.caches.classes.state();
+                classes.iter().any(|c| c.provisioner == n)
+            });
+        let volume = decide::volume_to_find(
+            &claim,
+            class.as_deref(),
+            driver,
+            named_has_class,
+            record.as_ref(),
+            &name,
+        );
         let view = decide::ClaimView {
             claim: &claim,
             class: class.as_deref(),
-            driver: &self.cfg.driver,
+            driver,
             record: record.as_ref(),
             name: &name,
-            pv_cached,
-            infeasible,
+            pv_cached: volume.is_some_and(|v| self.caches.volumes.get(&v).is_some()),
+            infeasible: class.as_ref().is_some_and(|c| {
+                let class_uid = c.uid().unwrap_or_default();
+                self.inflight.infeasible(&uid, &class_uid, now)
+            }),
             stale: self.writes.behind(uid.as_str(), Some(version.as_str())),
             named_has_class,
             another_node: self.another_node(&claim),
@@ -766,79 +743,80 @@ impl Controller {
                 );
                 Ok(())
             }
-            ClaimAction::Provision { volume } => {
-                let Some(class) = class else {
-                    return Err(Requeue);
-                };
-                // §B.3: a node provisions its own claims only (one it recorded is its own).
-                if let Some(nd) = &self.cfg.node
-                    && record.is_none()
-                {
-                    match node::take(&claim, &class, &nd.local.node, nd.immediate_binding) {
-                        Take::Provision => {}
-                        Take::Skip => return Ok(()),
-                        Take::TryOwner => {
-                            return match self.become_owner(&claim, &class, nd).await {
-                                Ok(()) => Ok(()),
-                                Err(e) => {
-                                    self.fail(
-                                        &claim,
-                                        &class_name,
-                                        ProvisionError::no_change(format!(
-                                            "node check failed: PVC {key}: {e}"
-                                        )),
-                                    );
-                                    Err(Requeue)
-                                }
-                            };
-                        }
-                    }
+            ClaimAction::Provision { volume } => match class {
+                Some(class) => {
+                    self.provision_claim(key, &claim, &class, &volume, record)
+                        .await
                 }
-                let started = Instant::now();
-                let result = self.provision(&claim, &class, &volume, record).await;
-                // A volume made, or an error that changed state: what the class's segments
-                // hold may have changed.
-                if let (Some(r), Ok(()) | Err(Failure::Error(_))) =
-                    (&self.clients.capacity, &result)
-                {
-                    r.class(&class_name);
+                None => Err(Requeue),
+            },
+        }
+    }
+
+    /// [`ClaimAction::Provision`]: unless `--node-deployment` leaves the claim to another node
+    /// (or to becoming its owner first), provisions its volume and reports the attempt's end.
+    async fn provision_claim(
+        &self,
+        key: &str,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+        volume: &str,
+        record: Option<crate::inflight::Volume>,
+    ) -> Result<(), Requeue> {
+        let class_name = request::claim_class(claim);
+        let nd = self.cfg.node.as_deref();
+        let this_node = nd.map(|nd| plan::ThisNode {
+            name: &nd.local.node,
+            immediate_binding: nd.immediate_binding,
+        });
+        match (plan::take(claim, class, record.is_some(), this_node), nd) {
+            (Take::Provision, _) => {}
+            (Take::TryOwner, Some(nd)) => {
+                return self.become_owner(claim, class, nd).await.map_err(|e| {
+                    self.fail(claim, &class_name, plan::owner_failed(key, &e));
+                    Requeue
+                });
+            }
+            (Take::Skip | Take::TryOwner, _) => return Ok(()),
+        }
+        let started = Instant::now();
+        let result = self.provision(claim, class, volume, record).await;
+        let end = plan::finished(result);
+        if end.refresh_capacity
+            && let Some(r) = &self.clients.capacity
+        {
+            r.class(&class_name);
+        }
+        match end.result {
+            Ok(()) => {
+                let took = started.elapsed();
+                self.clients
+                    .provisioned
+                    .provision_succeeded(&class_name, "", took);
+                Ok(())
+            }
+            Err(Failure::Silent(e)) => {
+                self.clients.provisioned.provision_failed(&class_name, "");
+                debug!(claim = %key, "{e}");
+                Err(Requeue)
+            }
+            Err(Failure::Error(e)) => {
+                if end.slow {
+                    let uid = claim.uid().unwrap_or_default();
+                    let class_uid = class.uid().unwrap_or_default();
+                    self.inflight
+                        .set_infeasible(&uid, &class_uid, Instant::now());
                 }
-                match result {
-                    Ok(()) => {
-                        self.clients.provisioned.provision_succeeded(
-                            &class_name,
-                            "",
-                            started.elapsed(),
-                        );
-                        Ok(())
-                    }
-                    Err(Failure::Silent(e)) => {
-                        self.clients.provisioned.provision_failed(&class_name, "");
-                        debug!(claim = %key, "{e}");
-                        Err(Requeue)
-                    }
-                    Err(Failure::Error(e)) => {
-                        if e.infeasible {
-                            self.inflight.set_infeasible(
-                                &uid,
-                                &class.uid().unwrap_or_default(),
-                                Instant::now(),
-                            );
-                        }
-                        self.fail(&claim, &class_name, e);
-                        Err(Requeue)
-                    }
-                }
+                self.fail(claim, &class_name, e);
+                Err(Requeue)
             }
         }
     }
 
     /// `--node-deployment`: whether the claim is selected for another node than this one.
     fn another_node(&self, claim: &PersistentVolumeClaim) -> bool {
-        self.cfg
-            .node
-            .as_ref()
-            .is_some_and(|nd| node::selected(claim).is_some_and(|n| n != nd.local.node))
+        let this = self.cfg.node.as_deref().map(|nd| nd.local.node.as_str());
+        decide::another_node(claim, this)
     }
 
     /// §B.4: waits this node's turn, checks its capacity, and writes its name into the claim's
@@ -1044,26 +1022,15 @@ impl Controller {
     /// Upstream's `ProvisioningFailed` event and log line.
     fn fail(&self, claim: &PersistentVolumeClaim, class: &str, e: ProvisionError) {
         self.clients.provisioned.provision_failed(class, "");
-        // The library's wrapping of every Provision error.
-        let e = e.context(&format!(
-            "failed to provision volume with StorageClass {}",
-            crate::secrets::go_quote(class)
-        ));
+        let report = plan::failed_event(class, e);
         let r = pv::claim_ref(claim);
-        let msg = if e.infeasible {
-            format!(
-                "Volume provisioning failed with infeasible error. Retries will be delayed. {}",
-                e.message
-            )
-        } else {
-            e.message.clone()
-        };
-        self.event(&r, EventType::Warning, "ProvisioningFailed", &msg);
-        warn!(claim = %format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any()), "failed to provision volume: {}", e.message);
+        self.event(&r, EventType::Warning, "ProvisioningFailed", &report.event);
+        warn!(claim = %format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any()), "failed to provision volume: {}", report.log);
     }
 
     /// Records the volume (unless a CreateVolume of it may have run already: then the recorded
-    /// request is repeated), calls CreateVolume, and saves the PV.
+    /// request is repeated), calls CreateVolume, and saves the PV: each step's facts gathered
+    /// here, decided by [`plan`], and carried out here.
     async fn provision(
         &self,
         claim: &PersistentVolumeClaim,
@@ -1083,75 +1050,48 @@ impl Controller {
                 claim.name_any()
             ),
         );
-        self.check_capabilities().map_err(Failure::Error)?;
-        let ambiguous = record
-            .as_ref()
-            .is_some_and(crate::inflight::Volume::ambiguous);
-        // A class of the in-tree plugin this driver replaces is translated (CSI migration);
-        // mount options, reclaim policy and binding mode are the same in both.
-        let (csi_class, migrated) = request::csi_class(class, driver).map_err(Failure::Error)?;
-        let mut prepared = match request::prepare_as(
+        let c = plan::Claim {
             claim,
-            &csi_class,
+            class,
             driver,
-            &self.cfg.request,
-            &self.caches,
-            Some(volume),
-        ) {
-            Ok(p) => p,
-            Err(e) if e.state == State::Reschedule => {
-                if record.is_some() && !ambiguous {
-                    self.drop_record(volume);
-                }
-                self.reschedule(claim).await?;
-                return Err(Failure::Error(e));
-            }
-            Err(e) => return Err(Failure::Error(e)),
+            identity: &self.cfg.identity,
+            options: &self.cfg.request,
+            volume,
+            record: record.as_ref(),
+        };
+        let mut ready = match plan::start(&c, self.check_capabilities(), &self.caches) {
+            Ok(ready) => ready,
+            Err(f) => return Err(self.failed(claim, volume, f).await),
         };
         // Upstream only logs the deprecation warnings.
-        for w in &prepared.warnings {
+        for w in &ready.prepared.warnings {
             warn!("{w}");
         }
         // The claim's VolumeAttributesClass, read live as upstream does (an error leaves the
-        // claim as it is, to be retried); a request already recorded keeps what it had.
-        if let Some(name) = prepared.volume_attributes_class.clone()
-            && !ambiguous
-        {
+        // claim as it is, to be retried).
+        if let Some(name) = &ready.attributes_class {
             let api: Api<plugreg_sidecar_kit::vac::VolumeAttributesClass> =
                 Api::all(self.clients.high.clone());
-            let vac = api.get(&name).await.map_err(|e| {
+            let vac = api.get(name).await.map_err(|e| {
                 Failure::Error(ProvisionError::no_change(format!(
                     "failed to get VolumeAttributesClass {name}: {e}"
                 )))
             })?;
-            request::apply_attributes_class(&mut prepared, &vac, driver).map_err(Failure::Error)?;
+            request::apply_attributes_class(&mut ready.prepared, &vac, driver)
+                .map_err(Failure::Error)?;
         }
-        // A restore or a clone: the source, read live and checked as upstream does (a request
-        // already recorded keeps the source it had), then protected by its finalizer until the
-        // volume exists.
-        let source = request::data_source(claim).map_err(Failure::Error)?;
-        if !ambiguous {
-            prepared.request.volume_content_source =
-                self.content_source(claim, class, &source).await?;
+        // A restore or a clone: the source, read live and checked as upstream does, then
+        // protected by its finalizer until the volume exists.
+        if ready.read_source {
+            ready.prepared.request.volume_content_source =
+                self.content_source(claim, class, &ready.source).await?;
         }
-        self.protect_source(&source).await?;
-        // A CreateVolume that may have run is repeated as it was: the driver answers a
-        // repeated request with the volume it made.
-        let (mut request, secret) = match record.as_ref().filter(|_| ambiguous) {
-            Some(v) => (
-                v.entry.request().map_err(ActError::from)?,
-                v.entry.template.secret.clone(),
-            ),
-            None => (
-                prepared.request.clone(),
-                prepared.provisioner_secret.clone(),
-            ),
+        self.protect_source(&ready.source).await?;
+        let send = match plan::send(&c, &ready) {
+            Ok(send) => send,
+            Err(f) => return Err(self.failed(claim, volume, f).await),
         };
-        let entry = Entry::new(claim, &request, secret.clone());
-        if record
-            .as_ref()
-            .is_none_or(|v| !ambiguous && v.entry != entry)
-        {
+        if let Some(entry) = send.record {
             self.inflight.add(entry.clone(), false);
             if let Err(e) = self.clients.journal.record(entry).await {
                 self.inflight.remove(volume);
@@ -1162,132 +1102,52 @@ impl Controller {
             .inflight
             .begin(volume)
             .ok_or_else(|| ActError::Busy(volume.to_owned()))?;
-        if let Some(s) = &secret {
+        let mut request = send.request;
+        if let Some(s) = &send.secret {
             request.secrets = self.secret_data(s).await?;
         }
 
-        let reschedule_possible =
-            self.cfg.request.topology && request::selected_node(claim).is_some();
-        let response = match self
+        let answer = self
             .clients
             .driver
-            .create_volume(request.clone(), migrated)
+            .create_volume(request.clone(), ready.migrated)
             .await
-        {
+            .map_err(|e| e.to_status());
+        let response = match plan::created(&ready, answer) {
             Ok(r) => r,
-            Err(err) => {
-                let e = ProvisionError::from_create_volume(&err.to_status(), reschedule_possible);
-                match e.state {
-                    State::Background => self.inflight.mark_ambiguous(volume),
-                    State::Reschedule => {
-                        if !ambiguous {
-                            self.drop_record(volume);
-                        }
-                        self.reschedule(claim).await?;
-                    }
-                    // A definite answer to the first request: nothing runs in the driver.
-                    State::Final | State::NoChange if !ambiguous => self.drop_record(volume),
-                    State::Final | State::NoChange => {}
-                }
-                return Err(Failure::Error(e));
-            }
+            Err(f) => return Err(self.failed(claim, volume, f).await),
         };
-        let built = pv::build(
-            &prepared,
-            claim,
-            class,
-            driver,
-            &self.cfg.identity,
-            &response,
-            &self.cfg.request,
-        )
-        .and_then(|pv| {
-            if !migrated {
-                return Ok(pv);
+        let pv_object = match plan::built(&c, &ready, &response) {
+            plan::Built::Save(pv) => pv,
+            plan::Built::Cleanup {
+                id,
+                message,
+                warning,
+            } => {
+                if let Some(w) = warning {
+                    warn!(pv = %volume, "{w}");
+                }
+                let deleted = self.cleanup(&id, &request.secrets, ready.migrated).await;
+                let f = plan::cleaned_up(volume, message, deleted);
+                return Err(self.failed(claim, volume, f).await);
             }
-            // CSI migration saves the PV in its in-tree form.
-            migration::translate_csi_pv_to_in_tree(&pv).map_err(|e| {
-                warn!(pv = %volume, "failed to translate CSI PV to in-tree due to: {e}. Deleting provisioned PV");
-                pv::PvError::InTree(e.to_string())
-            })
-        });
-        let pv_object = match built {
-            Ok(v) => v,
-            Err(e) => {
-                let id = response
-                    .volume
-                    .as_ref()
-                    .map(|v| v.volume_id.clone())
-                    .unwrap_or_default();
-                let msg = match e {
-                    pv::PvError::TooSmall {
-                        capacity,
-                        requested,
-                    } => format!(
-                        "created volume capacity {capacity} less than requested capacity {requested}"
-                    ),
-                    pv::PvError::MissingContentSource => "volume content source missing".into(),
-                    // Upstream leaves the volume and retries forever (it deletes an empty
-                    // PV); decisions M2: the volume is deleted and the error reported.
-                    pv::PvError::InTree(e) => e,
-                    pv::PvError::NoVolumeId => {
-                        // Nothing to clean up without an id; the driver broke the spec. Its
-                        // volume may exist: the record stays.
-                        self.inflight.mark_ambiguous(volume);
-                        return Err(Failure::Error(ProvisionError::final_(
-                            "CreateVolume returned no volume id",
-                        )));
-                    }
-                };
-                let msg = match self.cleanup(&id, &request.secrets, migrated).await {
-                    Ok(()) => {
-                        self.drop_record(volume);
-                        msg
-                    }
-                    Err(status) => {
-                        // The volume exists: the record keeps it until a retry cleans it up.
-                        self.inflight.mark_ambiguous(volume);
-                        // Upstream's two texts differ in the case of one letter.
-                        let cleanup = if msg == "volume content source missing" {
-                            "cleanup"
-                        } else {
-                            "Cleanup"
-                        };
-                        format!(
-                            "{msg}. {cleanup} of volume {volume} failed, volume is orphaned: {}",
-                            plugreg_runtime::report::grpc(&status)
-                        )
-                    }
-                };
-                return Err(Failure::Error(ProvisionError::new(State::Background, msg)));
-            }
+            plan::Built::Fail(f) => return Err(self.failed(claim, volume, f).await),
         };
         let pvs: Api<PersistentVolume> = Api::all(self.clients.high.clone());
-        match pvs.create(&PostParams::default(), &pv_object).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                debug!(pv = %volume, "persistentvolume already exists");
-            }
-            Err(e) => {
-                // The volume exists in the driver: the record stays and the retry repeats the
-                // request (CreateVolume is idempotent by name), as upstream retries the save.
-                self.inflight.mark_ambiguous(volume);
-                warn!(pv = %volume, "Failed to save volume: {e}");
-                return Err(Failure::Error(ProvisionError::new(
-                    State::Background,
-                    format!("failed to save persistentvolume {volume}: {e}"),
-                )));
+        let answer = pvs.create(&PostParams::default(), &pv_object).await;
+        match plan::saved(volume, answer.map(drop).map_err(|e| api_error(&e))) {
+            plan::Saved::Created => {}
+            plan::Saved::Existed => debug!(pv = %volume, "persistentvolume already exists"),
+            plan::Saved::Failed { warning, failed } => {
+                warn!(pv = %volume, "{warning}");
+                return Err(self.failed(claim, volume, failed).await);
             }
         }
         // The PV is the volume's record now; the memory stays until the cache shows it.
         self.inflight.mark_saved(volume, Instant::now());
         self.clients.journal.forget(volume);
-        // Only a `spec.dataSource` snapshot loses its finalizer here, as upstream; any other
-        // is left to the sweeper.
-        if let Some(ds) = claim.spec.as_ref().and_then(|s| s.data_source.as_ref())
-            && ds.kind == "VolumeSnapshot"
-        {
-            self.release_snapshot(&ns, &ds.name).await;
+        if let Some(snapshot) = plan::snapshot_to_release(claim) {
+            self.release_snapshot(&ns, snapshot).await;
         }
         info!(claim = %format!("{ns}/{}", claim.name_any()), pv = %volume, "successfully created PV");
         self.event(
@@ -1297,6 +1157,27 @@ impl Controller {
             &format!("Successfully provisioned volume {volume}"),
         );
         Ok(())
+    }
+
+    /// Carries out a failed step of [`Controller::provision`]: the record first, then the
+    /// reschedule (whose own failure is reported instead); returns what is reported.
+    async fn failed(
+        &self,
+        claim: &PersistentVolumeClaim,
+        volume: &str,
+        f: plan::Failed,
+    ) -> Failure {
+        match f.record {
+            plan::RecordStep::Keep => {}
+            plan::RecordStep::Drop => self.drop_record(volume),
+            plan::RecordStep::MarkAmbiguous => self.inflight.mark_ambiguous(volume),
+        }
+        if f.reschedule
+            && let Err(e) = self.reschedule(claim).await
+        {
+            return e;
+        }
+        f.failure
     }
 
     /// The content source of a restore or a clone (`None` for an empty volume): the snapshot
@@ -2143,6 +2024,17 @@ fn edit_finalizer(obj: &mut serde_json::Value, finalizer: &str, on: bool) -> boo
             true
         }
         _ => false,
+    }
+}
+
+/// A failed API call as [`plan`] reads it.
+fn api_error(e: &kube::Error) -> plan::ApiError {
+    plan::ApiError {
+        code: match e {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        },
+        text: e.to_string(),
     }
 }
 

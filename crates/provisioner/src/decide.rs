@@ -232,6 +232,48 @@ pub fn claim(v: &ClaimView<'_>) -> ClaimAction {
     }
 }
 
+/// The provisioner whose StorageClasses the claim's worker looks for
+/// ([`ClaimView::named_has_class`]): the one a previous version's intent's annotation names
+/// when that is not this driver and the claim's class is gone. Only then does the intent's
+/// owner depend on the classes (see [`legacy_intent_of`]).
+pub fn class_to_find<'a>(
+    c: &'a PersistentVolumeClaim,
+    class: Option<&StorageClass>,
+    driver: &str,
+) -> Option<&'a str> {
+    if !has_legacy_intent(c) || class.is_some() {
+        return None;
+    }
+    request::storage_provisioner(c).filter(|n| *n != driver)
+}
+
+/// The name of the claim's volume whose PV the claim's worker looks for
+/// ([`ClaimView::pv_cached`]): the recorded one, else the one of a previous version's intent
+/// of this driver, else the one the flags give (`name`). The other arguments are
+/// [`ClaimView`]'s.
+pub fn volume_to_find(
+    c: &PersistentVolumeClaim,
+    class: Option<&StorageClass>,
+    driver: &str,
+    named_has_class: bool,
+    record: Option<&Volume>,
+    name: &Result<String, ProvisionError>,
+) -> Option<String> {
+    if let Some(r) = record {
+        return Some(r.entry.volume.clone());
+    }
+    legacy_intent_of(c, class, driver, named_has_class)
+        .then(|| legacy_volume(c).map(str::to_owned))
+        .flatten()
+        .or_else(|| name.clone().ok())
+}
+
+/// `--node-deployment`: whether the claim is selected for another node than `node` (this
+/// provisioner's; none: not a node's provisioner).
+pub fn another_node(c: &PersistentVolumeClaim, node: Option<&str>) -> bool {
+    node.is_some_and(|node| crate::node::selected(c).is_some_and(|n| n != node))
+}
+
 fn infeasible(c: &PersistentVolumeClaim) -> ClaimAction {
     ClaimAction::Retry(format!(
         "skipping volume provisioning for pvc {}, because provisioning previously failed with infeasible error",
@@ -320,9 +362,8 @@ pub struct PvFacts<'a> {
     pub has_finalizer: bool,
 }
 
-/// A PV as some store keeps it, read as [`PvFacts`] (the watch cache's
-/// `CachedPv` is one): the decisions depend on the facts, not on
-/// the cache.
+/// A PV as some store keeps it, read as [`PvFacts`] (the watch cache's `CachedPv` is one):
+/// the decisions depend on the facts, not on the cache.
 pub trait AsPvFacts {
     /// The facts.
     fn pv_facts(&self) -> PvFacts<'_>;
@@ -834,6 +875,125 @@ mod tests {
                 another_node: case.another_node,
             };
             assert_eq!(super::claim(&view), case.want, "{}", case.what);
+        }
+    }
+
+    #[test]
+    fn the_classes_are_scanned_only_for_an_intent_without_its_class() {
+        let cases = [
+            ("no intent", pvc(other), None, None),
+            (
+                "an intent with its class",
+                pvc(|c| legacy(c, "old-1")),
+                Some(class()),
+                None,
+            ),
+            (
+                "an intent of this driver",
+                pvc(|c| legacy(c, "old-1")),
+                None,
+                None,
+            ),
+            (
+                "an intent named for another provisioner, class gone",
+                pvc(|c| {
+                    legacy(c, "old-1");
+                    other(c);
+                }),
+                None,
+                Some("other"),
+            ),
+        ];
+        for (what, claim, class, want) in cases {
+            assert_eq!(
+                class_to_find(&claim, class.as_ref(), DRIVER),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_volume_looked_for_is_the_recorded_then_the_intents_then_the_flags() {
+        let name: Result<String, ProvisionError> = Ok(NAME.into());
+        let no_name = Err(ProvisionError::final_(
+            "volume name prefix cannot be of length 0",
+        ));
+        let recorded = recorded("old-prefix-1234", fresh());
+        let plain = pvc(|_| {});
+        let intent = pvc(|c| legacy(c, "old-1"));
+        let others = pvc(|c| {
+            legacy(c, "old-1");
+            other(c);
+        });
+        let cl = class();
+        let oc = other_class();
+        #[allow(clippy::type_complexity)]
+        let cases: [(
+            &str,
+            &PersistentVolumeClaim,
+            Option<&StorageClass>,
+            Option<&Volume>,
+            &Result<String, ProvisionError>,
+            Option<&str>,
+        ); 6] = [
+            ("the flags'", &plain, Some(&cl), None, &name, Some(NAME)),
+            ("no name", &plain, Some(&cl), None, &no_name, None),
+            (
+                "recorded",
+                &intent,
+                Some(&cl),
+                Some(&recorded),
+                &name,
+                Some("old-prefix-1234"),
+            ),
+            (
+                "an intent of this driver",
+                &intent,
+                Some(&cl),
+                None,
+                &name,
+                Some("old-1"),
+            ),
+            (
+                "another driver's intent",
+                &others,
+                Some(&oc),
+                None,
+                &name,
+                Some(NAME),
+            ),
+            (
+                "an orphaned intent",
+                &others,
+                None,
+                None,
+                &name,
+                Some("old-1"),
+            ),
+        ];
+        for (what, claim, class, record, name, want) in cases {
+            let got = volume_to_find(claim, class, DRIVER, false, record, name);
+            assert_eq!(got.as_deref(), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn another_node_is_a_selected_node_not_ours() {
+        let on = |n: &str| {
+            pvc(|c| {
+                c.annotations_mut()
+                    .insert(request::ANN_SELECTED_NODE.into(), n.into());
+            })
+        };
+        let cases = [
+            ("no node deployment", on("n2"), None, false),
+            ("ours", on("n1"), Some("n1"), false),
+            ("another's", on("n2"), Some("n1"), true),
+            ("not scheduled", on(""), Some("n1"), false),
+        ];
+        for (what, claim, node, want) in cases {
+            assert_eq!(another_node(&claim, node), want, "{what}");
         }
     }
 

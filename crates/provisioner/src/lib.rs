@@ -35,6 +35,7 @@ pub mod flags;
 pub mod inflight;
 pub mod metrics;
 pub mod node;
+pub mod plan;
 pub mod pv;
 /// Kubernetes resource quantities as byte counts (the kit's, shared with the resizer).
 pub use plugreg_sidecar_kit::quantity;
