@@ -10,7 +10,9 @@
 //!
 //! Each worker gathers a view of the caches and of the in-flight memory ([`InFlight`]), asks
 //! [`crate::decide`] what to do, and does it: the decisions are pure and tested without I/O,
-//! the acting is here.
+//! the acting is here. Provisioning a claim is a few such steps ([`crate::plan`]: before
+//! CreateVolume, with its answer, with the PV and its save; [`crate::owner`] for a node's
+//! claims), and what an Update writes is [`crate::edit`]'s.
 //!
 //! Reads come from the caches only, apart from the provisioner secret (a live GET, as upstream:
 //! watching every secret of the cluster would cost memory and widen RBAC) and the rare claim
@@ -51,19 +53,18 @@ use crate::cached::{CachedClaim, CachedPv, WatchedPv};
 use crate::classify::ProvisionError;
 use crate::csi::{Capabilities, Driver};
 use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
+use crate::edit;
 use crate::inflight::InFlight;
 use crate::metrics::{Metrics, ProvisionMetrics};
-use crate::node::{self, NodeDeployment, Take, Waiting};
+use crate::node::{self, NodeDeployment, Take};
+use crate::owner;
 use crate::plan::{self, Failure};
 use crate::pv::FINALIZER as PV_FINALIZER;
 use crate::record::{Entry, Journal, RecordError};
-use crate::request::{self, ANN_SELECTED_NODE, RequestOptions};
-use crate::secrets::go_quote;
+use crate::request::{self, RequestOptions};
 use crate::topology::TopologySource;
 use crate::{pv, secrets, source};
-use plugreg_proto::csi::v1::{
-    GetCapacityRequest, Topology, VolumeContentSource, volume_content_source,
-};
+use plugreg_proto::csi::v1::{VolumeContentSource, volume_content_source};
 use plugreg_sidecar_kit::snapshot::{self, VolumeSnapshot, VolumeSnapshotContent};
 
 /// Upstream's effective resync of claims and volumes.
@@ -822,7 +823,8 @@ impl Controller {
     /// §B.4: waits this node's turn, checks its capacity, and writes its name into the claim's
     /// `selected-node` annotation; the Update's event brings the claim back, now this node's.
     /// Returns without an error when another node took the claim first, when this node has too
-    /// little capacity, or when the class's allowed topologies exclude this node.
+    /// little capacity, or when the class's allowed topologies exclude this node. Each answer
+    /// is read by [`owner`].
     async fn become_owner(
         &self,
         claim: &PersistentVolumeClaim,
@@ -834,27 +836,15 @@ impl Controller {
         let name = claim.name_any();
         let key: Box<str> = format!("{ns}/{name}").into();
         let uid = claim.uid().unwrap_or_default();
-        let opts = &self.cfg.request;
-        if opts.topology
-            && class
-                .allowed_topologies
-                .as_ref()
-                .is_some_and(|t| !t.is_empty())
-            && let Err(e) = crate::topology::requirements(
-                &name,
-                Some(node_name),
-                class,
-                &self.cfg.driver,
-                opts.strict_topology,
-                opts.immediate_topology,
-                &self.caches,
-            )
-        {
-            debug!(
-                "the allowed topologies of storage class {} are not compatible with node {node_name} for PVC {key}: {}",
-                class.name_any(),
-                e.message
-            );
+        let cx = owner::Context {
+            node: node_name,
+            class,
+            driver: &self.cfg.driver,
+            options: &self.cfg.request,
+            topology: &self.caches,
+        };
+        if let Some(why) = owner::excluded(claim, &cx) {
+            debug!("{why}");
             return Ok(());
         }
         let poll = (nd.base_delay / 100).max(Duration::from_millis(10));
@@ -874,30 +864,23 @@ impl Controller {
             let deadline = Instant::now() + wait;
             // The cached claim, watched while waiting and once at the end.
             let current = loop {
-                let Some(cached) = self.caches.claims.get(&key) else {
-                    return Err(format!(
-                        "PVC not found: persistentvolumeclaim {} not found",
-                        go_quote(&name)
-                    ));
-                };
-                let current = cached.claim();
-                drop(cached);
-                match node::waiting(&current, &uid, node_name) {
-                    Waiting::Free => {}
-                    Waiting::Replaced => return Err("PVC was replaced".to_owned()),
-                    Waiting::Bound => {
-                        lock(&self.owner_attempts).remove(&uid);
-                        debug!("PVC {key} is bound already, not trying to become its owner");
-                        return Ok(());
-                    }
-                    Waiting::Taken { ours } => {
-                        if !ours {
+                let cached = self.caches.claims.get(&key).map(|c| c.claim());
+                let current = match owner::waited(cached, &name, &uid, node_name) {
+                    owner::Waited::Free(current) => current,
+                    owner::Waited::Stop {
+                        forget_attempts,
+                        log,
+                    } => {
+                        if forget_attempts {
                             lock(&self.owner_attempts).remove(&uid);
                         }
-                        // Another node's now (or ours: its event brings the claim back).
+                        if let Some(log) = log {
+                            debug!("{log}");
+                        }
                         return Ok(());
                     }
-                }
+                    owner::Waited::Fail(e) => return Err(e),
+                };
                 let now = Instant::now();
                 if now >= deadline {
                     break current;
@@ -909,109 +892,60 @@ impl Controller {
                     }
                 }
             };
-            if !self.enough_capacity(&current, class, node_name).await {
+            if !self.enough_capacity(&current, &cx).await {
                 debug!(
                     "not enough capacity for PVC {key} with resource version {} on node {node_name}",
                     current.resource_version().unwrap_or_default()
                 );
                 return Ok(());
             }
-            // The Update of upstream, as a merge patch that carries the cached
-            // resourceVersion: the same precondition, without sending the whole claim back
-            // (the cache keeps only part of it).
-            let patch = json!({"metadata": {
-                "resourceVersion": current.resource_version(),
-                "annotations": {ANN_SELECTED_NODE: node_name},
-            }});
+            let patch = owner::patch(&current, node_name);
             let api: Api<PersistentVolumeClaim> = Api::namespaced(self.clients.high.clone(), &ns);
-            match api
+            let answer = api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
+                .await;
+            match owner::patched(answer.map(drop).map_err(|e| api_error(&e)), node_name) {
+                owner::Patched::Owner => {
                     lock(&self.owner_attempts).remove(&uid);
                     info!(claim = %key, node = node_name, "became the owner of the claim");
                     return Ok(());
                 }
-                Err(kube::Error::Api(s)) if s.code == 409 => {
+                owner::Patched::Retry => {
                     debug!("conflict during PVC {key} update, will try again");
                 }
-                Err(e) => {
-                    return Err(format!(
-                        "selecting node {} for PVC failed: {}",
-                        go_quote(node_name),
-                        go_error(&e)
-                    ));
-                }
+                owner::Patched::Fail(e) => return Err(e),
             }
         }
     }
 
     /// §B.4 step 3: whether this node's driver reports room for the claim in one of the
-    /// request's topology terms (or without topology). A claim of zero bytes needs no room;
-    /// a request that cannot be prepared or a GetCapacity that fails lets the node proceed,
-    /// as upstream. Unlike upstream, preparing the request has no side effects (no finalizer
-    /// is added to a data source, no secret is read): the request is only looked at.
+    /// request's topology terms (or without topology); what to ask and what the answers mean
+    /// is [`owner::capacity_check`]'s and [`owner::capacity_answer`]'s.
     async fn enough_capacity(
         &self,
         claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-        node_name: &str,
+        cx: &owner::Context<'_>,
     ) -> bool {
-        let key = format!(
-            "{}/{}",
-            claim.namespace().unwrap_or_default(),
-            claim.name_any()
-        );
-        let mut claim = claim.clone();
-        claim
-            .annotations_mut()
-            .insert(ANN_SELECTED_NODE.to_owned(), node_name.to_owned());
-        let prepared = request::csi_class(class, &self.cfg.driver).and_then(|(class, _)| {
-            request::prepare(
-                &claim,
-                &class,
-                &self.cfg.driver,
-                &self.cfg.request,
-                &self.caches,
-            )
-        });
-        let prepared = match prepared {
-            Ok(p) => p,
-            Err(e) => {
-                debug!(
-                    "proceeding with becoming owner of PVC {key} although the capacity check failed: {}",
-                    e.message
-                );
+        let key = owner::key(claim);
+        let (needed, requests) = match owner::capacity_check(claim, cx) {
+            owner::CapacityCheck::Proceed(log) => {
+                if let Some(log) = log {
+                    debug!("{log}");
+                }
                 return true;
             }
+            owner::CapacityCheck::Ask { needed, requests } => (needed, requests),
         };
-        if prepared.requested_bytes == 0 {
-            return true;
-        }
-        let terms: Vec<Option<Topology>> = match prepared
-            .request
-            .accessibility_requirements
-            .as_ref()
-            .filter(|r| !r.requisite.is_empty())
-        {
-            Some(r) => r.requisite.iter().cloned().map(Some).collect(),
-            None => vec![None],
-        };
-        for term in terms {
-            let req = GetCapacityRequest {
-                volume_capabilities: prepared.request.volume_capabilities.clone(),
-                parameters: prepared.request.parameters.clone(),
-                accessible_topology: term,
-            };
-            match self.clients.driver.get_capacity_with(req).await {
-                Ok(r) if r.available_capacity >= prepared.requested_bytes => return true,
-                Ok(_) => {}
-                Err(e) => {
-                    debug!(
-                        "proceeding with becoming owner of PVC {key} although the capacity check failed: GetCapacity: {}",
-                        plugreg_runtime::report::grpc(&e.to_status())
-                    );
+        for req in requests {
+            let answer = self.clients.driver.get_capacity_with(req).await;
+            let available = answer
+                .map(|r| r.available_capacity)
+                .map_err(|e| e.to_status());
+            match owner::capacity_answer(&key, available, needed) {
+                owner::CapacityAnswer::Enough => return true,
+                owner::CapacityAnswer::Short => {}
+                owner::CapacityAnswer::Proceed(log) => {
+                    debug!("{log}");
                     return true;
                 }
             }
@@ -1231,17 +1165,8 @@ impl Controller {
                 // Read live: the cache keeps of a Bound claim only what provisioning it needs.
                 let api: Api<PersistentVolumeClaim> = Api::namespaced(high.clone(), namespace);
                 let src = api.get(name).await.map_err(|e| {
-                    // The text of upstream's lister for a claim it does not have.
-                    let why = match &e {
-                        kube::Error::Api(s) if s.code == 404 => {
-                            format!("persistentvolumeclaim {} not found", go_quote(name))
-                        }
-                        e => go_error(e),
-                    };
-                    wrap(format!(
-                        "error getting PVC {name} (namespace {}) from api server: {why}",
-                        go_quote(&claim.namespace().unwrap_or_default())
-                    ))
+                    let ns = claim.namespace().unwrap_or_default();
+                    wrap(plan::source_claim_unreadable(name, &ns, &api_error(&e)))
                 })?;
                 let volume = source::clone_claim_checks(claim, &src).map_err(wrap)?;
                 let pvs: Api<PersistentVolume> = Api::all(high.clone());
@@ -1272,29 +1197,20 @@ impl Controller {
         match source {
             request::DataSource::Claim { name, namespace } => {
                 let path = format!("/api/v1/namespaces/{namespace}/persistentvolumeclaims");
-                update_json(high, &path, name, |o| {
-                    edit_finalizer(o, source::CLONE_FINALIZER, true)
+                let answer = update_json(high, &path, name, |o| {
+                    edit::finalizer(o, source::CLONE_FINALIZER, true)
                 })
-                .await
-                .map_err(|e| Failure::Error(ProvisionError::no_change(go_error(&e))))?;
+                .await;
+                plan::clone_protected(answer.map(drop).map_err(|e| api_error(&e)))?;
             }
             request::DataSource::Snapshot { name, namespace } => {
-                match update_json(high, &snapshots_path(namespace), name, |o| {
-                    edit_finalizer(o, source::SNAPSHOT_FINALIZER, true)
+                let answer = update_json(high, &snapshots_path(namespace), name, |o| {
+                    edit::finalizer(o, source::SNAPSHOT_FINALIZER, true)
                 })
-                .await
-                {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 403 => {
-                        info!(snapshot = %format!("{namespace}/{name}"), "not allowed to add the volumesnapshot-as-source-protection finalizer: {}", s.message);
-                    }
-                    Err(e) => {
-                        return Err(Failure::Error(ProvisionError::no_change(format!(
-                            "failed to add finalizer {} to snapshot {namespace}/{name}: {}",
-                            source::SNAPSHOT_FINALIZER,
-                            go_error(&e)
-                        ))));
-                    }
+                .await;
+                let answer = answer.map(drop).map_err(|e| api_error(&e));
+                if let Some(line) = plan::snapshot_protected(namespace, name, answer)? {
+                    info!(snapshot = %format!("{namespace}/{name}"), "{line}");
                 }
             }
             request::DataSource::None | request::DataSource::ExternalPopulator { .. } => {}
@@ -1306,17 +1222,14 @@ impl Controller {
     /// A snapshot gone, or a finalizer RBAC does not let us touch, is fine; any other failure
     /// is logged and left to the sweeper (provisioning still succeeded).
     async fn release_snapshot(&self, ns: &str, name: &str) {
-        match update_json(&self.clients.high, &snapshots_path(ns), name, |o| {
-            edit_finalizer(o, source::SNAPSHOT_FINALIZER, false)
+        let answer = update_json(&self.clients.high, &snapshots_path(ns), name, |o| {
+            edit::finalizer(o, source::SNAPSHOT_FINALIZER, false)
         })
-        .await
+        .await;
+        if let Some(w) =
+            plan::snapshot_released(ns, name, answer.map(drop).map_err(|e| api_error(&e)))
         {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {}
-            Err(e) => warn!(
-                "Failed to remove snapshot finalizer from {ns}/{name}: {}",
-                go_error(&e)
-            ),
+            warn!("{w}");
         }
     }
 
@@ -1373,7 +1286,7 @@ impl Controller {
         }
         match self
             .update_claim(&ns, &name, |o| {
-                edit_finalizer(o, source::CLONE_FINALIZER, false)
+                edit::finalizer(o, source::CLONE_FINALIZER, false)
             })
             .await
         {
@@ -1455,7 +1368,7 @@ impl Controller {
                     continue;
                 }
                 match update_json(&self.clients.low, &snapshots_path(&ns), &name, |o| {
-                    edit_finalizer(o, source::SNAPSHOT_FINALIZER, false)
+                    edit::finalizer(o, source::SNAPSHOT_FINALIZER, false)
                 })
                 .await
                 {
@@ -1578,9 +1491,7 @@ impl Controller {
     async fn reschedule(&self, claim: &PersistentVolumeClaim) -> Result<(), Failure> {
         let ns = claim.namespace().unwrap_or_default();
         let written = self
-            .update_claim(&ns, &claim.name_any(), |c| {
-                remove_key(&mut c["metadata"]["annotations"], ANN_SELECTED_NODE)
-            })
+            .update_claim(&ns, &claim.name_any(), edit::unselect_node)
             .await
             .map_err(|e| {
                 Failure::Error(ProvisionError::final_(format!(
@@ -1598,22 +1509,8 @@ impl Controller {
     async fn release_legacy(&self, claim: &PersistentVolumeClaim) -> Result<(), ActError> {
         let ns = claim.namespace().unwrap_or_default();
         let uid = claim.uid().unwrap_or_default();
-        self.update_claim(&ns, &claim.name_any(), |c| {
-            if c["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-                return false;
-            }
-            let a = remove_key(&mut c["metadata"]["annotations"], decide::LEGACY_INTENT);
-            let f = match c["metadata"]["finalizers"].as_array_mut() {
-                Some(list) => {
-                    let n = list.len();
-                    list.retain(|f| f.as_str() != Some(decide::LEGACY_FINALIZER));
-                    list.len() != n
-                }
-                None => false,
-            };
-            a || f
-        })
-        .await?;
+        self.update_claim(&ns, &claim.name_any(), |c| edit::release_legacy(c, &uid))
+            .await?;
         info!(claim = %format!("{ns}/{}", claim.name_any()), "released the provisioning intent of a previous version");
         Ok(())
     }
@@ -1627,45 +1524,34 @@ impl Controller {
         class: Option<&StorageClass>,
         volume: &str,
     ) -> Result<(), ActError> {
-        let stand_in;
-        let class = match class {
-            Some(c) => c,
-            None => {
-                stand_in = StorageClass {
-                    provisioner: self.cfg.driver.clone(),
-                    ..Default::default()
-                };
-                &stand_in
-            }
-        };
-        let prepared = request::prepare_as(
+        let entry = decide::legacy_entry(
             claim,
             class,
             &self.cfg.driver,
             &self.cfg.request,
             &self.caches,
-            Some(volume),
+            volume,
         )
         .map_err(ActError::Capabilities)?;
-        let entry = Entry::new(claim, &prepared.request, prepared.provisioner_secret);
         self.inflight.add(entry.clone(), true);
         if let Err(e) = self.clients.journal.record(entry).await {
             self.inflight.remove(volume);
             return Err(e.into());
         }
         self.release_legacy(claim).await?;
-        if claim.metadata.deletion_timestamp.is_some() {
-            self.event(
-                &pv::claim_ref(claim),
-                EventType::Normal,
-                CANCELLED_REASON,
-                &format!(
-                    "Claim released; volume {volume} that may have been created for it is recorded and will be deleted"
-                ),
-            );
-            self.records.add(volume.to_owned());
-        } else {
-            self.claims.add(claim_key(claim));
+        match decide::adopted(claim) {
+            decide::Adopted::Delete => {
+                self.event(
+                    &pv::claim_ref(claim),
+                    EventType::Normal,
+                    CANCELLED_REASON,
+                    &format!(
+                        "Claim released; volume {volume} that may have been created for it is recorded and will be deleted"
+                    ),
+                );
+                self.records.add(volume.to_owned());
+            }
+            decide::Adopted::Provision => self.claims.add(claim_key(claim)),
         }
         Ok(())
     }
@@ -2003,30 +1889,6 @@ async fn update_json(
     }
 }
 
-/// Adds (`on`) or removes `finalizer` in the object JSON `obj`; whether that changed it.
-fn edit_finalizer(obj: &mut serde_json::Value, finalizer: &str, on: bool) -> bool {
-    let meta = &mut obj["metadata"];
-    let has = meta["finalizers"]
-        .as_array()
-        .is_some_and(|l| l.iter().any(|f| f.as_str() == Some(finalizer)));
-    match (on, has) {
-        (true, false) => {
-            match meta["finalizers"].as_array_mut() {
-                Some(list) => list.push(json!(finalizer)),
-                None => meta["finalizers"] = json!([finalizer]),
-            }
-            true
-        }
-        (false, true) => {
-            if let Some(list) = meta["finalizers"].as_array_mut() {
-                list.retain(|f| f.as_str() != Some(finalizer));
-            }
-            true
-        }
-        _ => false,
-    }
-}
-
 /// A failed API call as [`plan`] reads it.
 fn api_error(e: &kube::Error) -> plan::ApiError {
     plan::ApiError {
@@ -2035,6 +1897,7 @@ fn api_error(e: &kube::Error) -> plan::ApiError {
             _ => None,
         },
         text: e.to_string(),
+        message: go_error(e),
     }
 }
 
@@ -2053,11 +1916,6 @@ fn snapshots_path(ns: &str) -> String {
         snapshot::GROUP,
         snapshot::VERSION
     )
-}
-
-/// Removes `key` from the JSON object `map`; whether it was there.
-fn remove_key(map: &mut serde_json::Value, key: &str) -> bool {
-    map.as_object_mut().is_some_and(|m| m.remove(key).is_some())
 }
 
 #[cfg(test)]

@@ -15,7 +15,9 @@ use kube::ResourceExt;
 
 use crate::classify::ProvisionError;
 use crate::inflight::{Deleted, Phase, Volume};
-use crate::request::{self, DataSource};
+use crate::record::Entry;
+use crate::request::{self, DataSource, RequestOptions};
+use crate::topology::TopologySource;
 
 /// The annotation of plugreg versions before the Lease record: the claim's volume name while
 /// a CreateVolume was in flight.
@@ -68,6 +70,55 @@ pub fn legacy_volume(c: &PersistentVolumeClaim) -> Option<&str> {
         .get(LEGACY_INTENT)
         .map(String::as_str)
         .filter(|v| !v.is_empty())
+}
+
+/// The record entry of a previous version's in-flight volume `volume`: its request built from
+/// the claim and its class, or (the class gone) from the claim alone, with a stand-in class
+/// of this driver.
+pub fn legacy_entry(
+    c: &PersistentVolumeClaim,
+    class: Option<&StorageClass>,
+    driver: &str,
+    options: &RequestOptions,
+    topology: &dyn TopologySource,
+    volume: &str,
+) -> Result<Entry, ProvisionError> {
+    let stand_in;
+    let class = match class {
+        Some(c) => c,
+        None => {
+            stand_in = StorageClass {
+                provisioner: driver.to_owned(),
+                ..Default::default()
+            };
+            &stand_in
+        }
+    };
+    let prepared = request::prepare_as(c, class, driver, options, topology, Some(volume))?;
+    Ok(Entry::new(
+        c,
+        &prepared.request,
+        prepared.provisioner_secret,
+    ))
+}
+
+/// Who finishes a previous version's volume once it is in the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adopted {
+    /// The claim is being deleted: the record's worker deletes the volume (with a
+    /// `ProvisioningCancelled` event).
+    Delete,
+    /// The claim's next sync provisions it.
+    Provision,
+}
+
+/// Who finishes the volume of a previous version's intent adopted from the claim.
+pub fn adopted(c: &PersistentVolumeClaim) -> Adopted {
+    if c.metadata.deletion_timestamp.is_some() {
+        Adopted::Delete
+    } else {
+        Adopted::Provision
+    }
 }
 
 /// What the claim's worker sees.
@@ -876,6 +927,44 @@ mod tests {
             };
             assert_eq!(super::claim(&view), case.want, "{}", case.what);
         }
+    }
+
+    #[test]
+    fn an_adopted_intent_is_recorded_with_its_class_or_a_stand_in() {
+        use crate::topology::tests::Cluster;
+        let opts = RequestOptions::default();
+        let c = pvc(|c| legacy(c, "old-1"));
+        let mut fast = class();
+        fast.parameters = Some([("type".to_owned(), "ssd".to_owned())].into());
+        let with_class =
+            legacy_entry(&c, Some(&fast), DRIVER, &opts, &Cluster::default(), "old-1").unwrap();
+        let without = legacy_entry(&c, None, DRIVER, &opts, &Cluster::default(), "old-1").unwrap();
+        assert_eq!(
+            (with_class.volume.as_str(), with_class.uid.as_str()),
+            ("old-1", UID)
+        );
+        let params = |e: &Entry| e.request().unwrap().parameters;
+        assert_eq!(
+            params(&with_class).get("type").map(String::as_str),
+            Some("ssd")
+        );
+        assert!(
+            params(&without).is_empty(),
+            "the stand-in has no parameters"
+        );
+        // A restore without CREATE_DELETE_SNAPSHOT makes no request.
+        let restore = pvc(|c| {
+            legacy(c, "old-1");
+            c.spec.as_mut().unwrap().data_source = Some(TypedLocalObjectReference {
+                api_group: Some(request::SNAPSHOT_GROUP.into()),
+                kind: "VolumeSnapshot".into(),
+                name: "snap".into(),
+            });
+        });
+        let e = legacy_entry(&restore, None, DRIVER, &opts, &Cluster::default(), "old-1");
+        assert_eq!(e.map_err(|e| e.state), Err(State::Final));
+        assert_eq!(adopted(&c), Adopted::Provision);
+        assert_eq!(adopted(&pvc(deleting)), Adopted::Delete);
     }
 
     #[test]

@@ -31,10 +31,12 @@ pub mod classify;
 pub mod controller;
 pub mod csi;
 pub mod decide;
+pub mod edit;
 pub mod flags;
 pub mod inflight;
 pub mod metrics;
 pub mod node;
+pub mod owner;
 pub mod plan;
 pub mod pv;
 /// Kubernetes resource quantities as byte counts (the kit's, shared with the resizer).

@@ -26,7 +26,8 @@ use crate::node::{self, Take};
 use crate::pv::{self, PvError};
 use crate::record::Entry;
 use crate::request::{self, DataSource, Prepared, RequestOptions};
-use crate::secrets::SecretRef;
+use crate::secrets::{SecretRef, go_quote};
+use crate::source;
 use crate::topology::TopologySource;
 
 /// How a provisioning attempt failed.
@@ -360,8 +361,10 @@ pub fn cleaned_up(volume: &str, message: String, deleted: Result<(), tonic::Stat
 pub struct ApiError {
     /// The HTTP status of the API server's answer (none: there was no answer).
     pub code: Option<u16>,
-    /// The error's text.
+    /// The error as the client prints it.
     pub text: String,
+    /// The error as Go's client prints it: the API server's message, or the client's error.
+    pub message: String,
 }
 
 /// The PV's save.
@@ -398,6 +401,61 @@ pub fn saved(volume: &str, answer: Result<(), ApiError>) -> Saved {
                 )),
             },
         },
+    }
+}
+
+/// Why the source claim `name` of a clone cannot be read (the claim's namespace `ns`): a
+/// claim that is not there reads as upstream's lister says it.
+pub fn source_claim_unreadable(name: &str, ns: &str, e: &ApiError) -> String {
+    let why = match e.code {
+        Some(404) => format!("persistentvolumeclaim {} not found", go_quote(name)),
+        _ => e.message.clone(),
+    };
+    format!(
+        "error getting PVC {name} (namespace {}) from api server: {why}",
+        go_quote(ns)
+    )
+}
+
+/// The answer to putting the cloning protection on the source claim: any failure fails the
+/// attempt (no change).
+pub fn clone_protected(answer: Result<(), ApiError>) -> Result<(), Failure> {
+    answer.map_err(|e| Failure::Error(ProvisionError::no_change(e.message)))
+}
+
+/// The answer to putting the restore protection on the source snapshot `ns/name`: Forbidden
+/// is tolerated, as upstream (RBAC may not grant it; the info line is returned); any other
+/// failure fails the attempt (no change).
+pub fn snapshot_protected(
+    ns: &str,
+    name: &str,
+    answer: Result<(), ApiError>,
+) -> Result<Option<String>, Failure> {
+    match answer {
+        Ok(()) => Ok(None),
+        Err(e) if e.code == Some(403) => Ok(Some(format!(
+            "not allowed to add the volumesnapshot-as-source-protection finalizer: {}",
+            e.message
+        ))),
+        Err(e) => Err(Failure::Error(ProvisionError::no_change(format!(
+            "failed to add finalizer {} to snapshot {ns}/{name}: {}",
+            source::SNAPSHOT_FINALIZER,
+            e.message
+        )))),
+    }
+}
+
+/// The answer to removing the restore protection from the snapshot `ns/name` after its
+/// restore: a snapshot gone, or a finalizer RBAC does not let us touch, is fine; any other
+/// failure is the returned warning, and left to the sweeper (provisioning succeeded).
+pub fn snapshot_released(ns: &str, name: &str, answer: Result<(), ApiError>) -> Option<String> {
+    match answer {
+        Ok(()) => None,
+        Err(e) if matches!(e.code, Some(403 | 404)) => None,
+        Err(e) => Some(format!(
+            "Failed to remove snapshot finalizer from {ns}/{name}: {}",
+            e.message
+        )),
     }
 }
 
@@ -989,6 +1047,7 @@ mod tests {
         let err = |code: Option<u16>| ApiError {
             code,
             text: "boom".into(),
+            message: "go".into(),
         };
         assert_eq!(saved(NAME, Ok(())), Saved::Created);
         assert_eq!(saved(NAME, Err(err(Some(409)))), Saved::Existed);
@@ -1008,6 +1067,72 @@ mod tests {
                 },
                 "{code:?}"
             );
+        }
+    }
+
+    fn api(code: Option<u16>) -> ApiError {
+        ApiError {
+            code,
+            text: "text".into(),
+            message: "message".into(),
+        }
+    }
+
+    #[test]
+    fn a_clones_source_claim_that_cannot_be_read() {
+        assert_eq!(
+            source_claim_unreadable("src", "apps", &api(Some(404))),
+            "error getting PVC src (namespace \"apps\") from api server: persistentvolumeclaim \"src\" not found"
+        );
+        for code in [Some(500), None] {
+            assert_eq!(
+                source_claim_unreadable("src", "apps", &api(code)),
+                "error getting PVC src (namespace \"apps\") from api server: message"
+            );
+        }
+    }
+
+    #[test]
+    fn source_protection_answers() {
+        let no_change = |m: &str| Err(Failure::Error(ProvisionError::no_change(m)));
+        assert_eq!(clone_protected(Ok(())), Ok(()));
+        assert_eq!(clone_protected(Err(api(Some(403)))), no_change("message"));
+        assert_eq!(clone_protected(Err(api(None))), no_change("message"));
+        let refused = |m: &str| Err(Failure::Error(ProvisionError::no_change(m)));
+        let failed = format!(
+            "failed to add finalizer {} to snapshot apps/snap: message",
+            source::SNAPSHOT_FINALIZER
+        );
+        let cases = [
+            ("protected", Ok(()), Ok(None)),
+            (
+                "not allowed: tolerated",
+                Err(api(Some(403))),
+                Ok(Some(
+                    "not allowed to add the volumesnapshot-as-source-protection finalizer: message"
+                        .to_owned(),
+                )),
+            ),
+            ("gone", Err(api(Some(404))), refused(&failed)),
+            ("no answer", Err(api(None)), refused(&failed)),
+        ];
+        for (what, answer, want) in cases {
+            assert_eq!(snapshot_protected("apps", "snap", answer), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn snapshot_release_answers() {
+        let warned = Some("Failed to remove snapshot finalizer from apps/snap: message".to_owned());
+        let cases = [
+            ("released", Ok(()), None),
+            ("not allowed", Err(api(Some(403))), None),
+            ("gone", Err(api(Some(404))), None),
+            ("conflict", Err(api(Some(409))), warned.clone()),
+            ("no answer", Err(api(None)), warned),
+        ];
+        for (what, answer, want) in cases {
+            assert_eq!(snapshot_released("apps", "snap", answer), want, "{what}");
         }
     }
 
