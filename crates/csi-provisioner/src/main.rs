@@ -23,13 +23,15 @@ use plugreg_provisioner::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags,
 use plugreg_provisioner::metrics::Metrics;
 use plugreg_provisioner::node;
 use plugreg_provisioner::request::RequestOptions;
-use plugreg_provisioner::service::{Service, ServiceError};
+use plugreg_provisioner::service::Service;
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
-use plugreg_sidecar_kit::leader::{self, LeaderElection, LeaderHealth};
+use plugreg_sidecar_kit::leader::{self, LeaderHealth};
+use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::ratelimit::kube_config;
+use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
 
 /// The target of this program's lines (the log filter shows plugreg's info lines at `-v=0`).
@@ -96,11 +98,9 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
         tracing::error!(target: LOG, "{e}");
         return Ok(1);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("building the runtime")?;
-    Ok(runtime.block_on(run(options, gates, node_name)))
+    // Not yet on the kit's one thread: the provisioner's throughput and timings (a hundred claim
+    // and a hundred volume workers by default) were measured on a multi-thread runtime.
+    lifecycle::block_on_multi_thread(run(options, gates, node_name)).context("building the runtime")
 }
 
 /// Logs what is accepted but has no effect here.
@@ -136,13 +136,9 @@ fn unsupported(_options: &Options, gates: &FeatureGates) -> Option<&'static str>
 
 /// Steps 6-18, then the controller; returns the exit code.
 async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -> i32 {
-    // Handlers first: a SIGTERM during start-up must not kill the process half-way.
-    let mut signals = match plugreg_runtime::signal::Signals::new() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(target: LOG, "installing signal handlers: {e}");
-            return 1;
-        }
+    let mut life = match Lifecycle::install() {
+        Ok(l) => l,
+        Err(code) => return code,
     };
     // Step 6.
     let kube_config = match kube_config(&options.controller).await {
@@ -152,8 +148,8 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
             return FATAL_EXIT;
         }
     };
-    // Steps 7 and 9 (the rate-limited clients) are the controller's: `kube_config` is handed
-    // over below. Step 8: the VolumeAttributesClass discovery check, as upstream: a gate not
+    // Steps 7 and 9 (the rate-limited clients) are the run's (the kit's `Kube`): `kube_config`
+    // is handed over below. Step 8: the VolumeAttributesClass discovery check, as upstream: a gate not
     // set explicitly is switched off when the API server serves no v1 VolumeAttributesClass.
     let mut volume_attributes_class = gates.volume_attributes_class;
     if volume_attributes_class && !gates.volume_attributes_class_explicit {
@@ -171,15 +167,13 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
     }
 
     // Step 10.
-    let connected = match csi::connect_watched(&options.csi_address, csi::CONNECT_WINDOW).await {
+    let channel = match life.connect(&options.csi_address).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(target: LOG, "{e}");
             return 1;
         }
     };
-    let lost = connected.lost.clone();
-    let channel = connected.channel;
     let startup = async {
         // Step 11.
         let mut metrics = Metrics::new(UNKNOWN_DRIVER);
@@ -293,36 +287,28 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
             http,
         })
     };
-    let started = tokio::select! {
-        started = startup => started,
-        code = csi::exit_on_connection_loss(lost.clone()) => Err(code),
-        signal = signals.shutdown() => {
-            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
-            Err(0)
-        }
-    };
-    let started = match started {
+    let started = match life.start(startup).await {
         Ok(s) => s,
         Err(code) => return code,
     };
 
     // Steps 19-20: the controller, directly or under the Lease.
-    let host = leader::hostname();
     let controller = &options.controller;
-    let leader = controller.leader_election.then(|| {
-        let mut le = LeaderElection::from_flags(controller, &started.name);
-        le.release_on_cancel = gates.release_leader_election_on_exit;
-        le.metrics = Some(started.metrics.clone());
-        le
-    });
-    let service = Service {
+    let kube = Kube::from_flags(
+        controller,
         kube_config,
-        qps: controller.rate_limit().0,
-        burst: controller.rate_limit().1,
+        &started.name,
+        flags::lease_name(&started.name),
+        gates.release_leader_election_on_exit,
+        started.health.clone(),
+        started.metrics.clone(),
+    );
+    let service = Service {
+        kube,
         driver: Arc::new(started.driver),
         driver_name: started.name.clone(),
         identity: started.identity.clone(),
-        host,
+        host: leader::hostname(),
         capabilities: started.capabilities,
         request: RequestOptions {
             volume_name_prefix: options.volume_name_prefix.clone(),
@@ -348,9 +334,6 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
             .unwrap_or(usize::MAX),
         snapshot_sweep: options.snapshot_orphan_sweep_interval,
         record_namespace: leader::namespace(&controller.leader_election_namespace),
-        leader,
-        health: started.health.clone(),
-        metrics: started.metrics.clone(),
         capacity: started.capacity,
         node: started.local.map(|local| node::NodeDeployment {
             local,
@@ -359,38 +342,20 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
             max_delay: options.node_deployment_max_delay,
         }),
     };
-    let shutdown = CancellationToken::new();
-    let run = service.run(shutdown.clone());
-    tokio::pin!(run);
-    let code = tokio::select! {
-        result = &mut run => match result {
-            Ok(()) => 0,
-            Err(ServiceError::Leader(e)) => {
-                tracing::error!(target: LOG, "Stopped leading: {e}");
-                1
-            }
-            Err(e) => {
-                tracing::error!(target: LOG, "{e}");
-                FATAL_EXIT
-            }
+    // Workers finish their current call on a signal; the Lease is released when the gate asks.
+    // A failed run is upstream's klog.Fatal.
+    let stop = Stop {
+        on_signal: OnSignal::Drain {
+            grace: SHUTDOWN_GRACE,
         },
-        signal = signals.shutdown() => {
-            tracing::info!(target: LOG, signal = signal.name(), "Shutting down");
-            // Workers finish their current call; the lease is released when the gate asks.
-            shutdown.cancel();
-            let _ = tokio::time::timeout(SHUTDOWN_GRACE, &mut run).await;
-            0
-        }
-        code = csi::exit_on_connection_loss(lost) => code,
+        leader_lost: LeaderLostLine::InMessage,
+        failed: FATAL_EXIT,
     };
-    // ---- end of the lead's hook.
-    if let Some(token) = started.http {
-        token.cancel();
-    }
-    code
+    let shutdown = CancellationToken::new();
+    life.run(service.run(shutdown.clone()), shutdown, stop, started.http)
+        .await
 }
 
-/// What start-up found out, for the controller.
 /// Step 17 (`docs/upstream/upstream-capacity-and-node-deployment.md` §A.2): the capacity client
 /// at `--kube-api-capacity-qps/-burst`, `NAMESPACE`, the owner from `POD_NAME` and
 /// `--capacity-ownerref-level`, the manager id and the API version. Every replica does this;
@@ -456,6 +421,7 @@ async fn capacity_start(
     ))
 }
 
+/// What start-up found out, for the controller.
 struct Started {
     /// The driver (= provisioner) name.
     name: String,

@@ -16,13 +16,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use plugreg_sidecar_kit::compat::Upstream;
-use plugreg_sidecar_kit::flags::{self as kit, Command, ControllerFlags, SidecarFlags, Syntax};
+use plugreg_sidecar_kit::flags::{
+    self as kit, Command, ControllerFlags, SidecarFlags, Syntax, other_gate,
+};
 use plugreg_sidecar_kit::goflag::{Kind, Spec, Value, flag};
 use plugreg_sidecar_kit::gosyntax::{SyntaxError, parse_duration, parse_int, parse_uint};
 use plugreg_sidecar_kit::pflag;
 
 pub use plugreg_sidecar_kit::flags::{
-    APISERVER_GATES, kubeconfig_path, parse_gate_list, parse_labels,
+    APISERVER_GATES, UnknownGate, kubeconfig_path, parse_gate_list, parse_labels,
 };
 pub use plugreg_sidecar_kit::goflag::{FLAG_ERROR_EXIT, FlagError};
 pub use plugreg_sidecar_kit::leader::{leader_identity, lease_name, sanitize_name};
@@ -356,20 +358,7 @@ const SPECS: &[Spec] = &[
     ),
 ];
 
-/// The name of every flag (without dashes), sorted, removed klog flags included.
-pub fn names() -> impl Iterator<Item = &'static str> {
-    COMMAND.names::<Options>()
-}
-
-/// The usage text pflag would print for these flags, for the program `argv0`.
-pub fn usage(argv0: &str) -> String {
-    COMMAND.usage::<Options>(argv0)
-}
-
-/// Parses the arguments after the program name.
-pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, FlagError> {
-    COMMAND.parse(args)
-}
+plugreg_sidecar_kit::command_functions!(Options);
 
 impl SidecarFlags for Options {
     fn specs() -> &'static [Spec] {
@@ -469,14 +458,9 @@ impl Default for FeatureGates {
     }
 }
 
-/// A `--feature-gates` name the provisioner does not know (upstream: `klog.Fatal`, exit 255).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unrecognized feature gate: {0}")]
-pub struct UnknownGate(pub String);
-
 impl FeatureGates {
     /// The gates after `requested` (from [`Options::feature_gates`]); the first unknown name (in
-    /// name order) is an error.
+    /// name order) is refused. An unknown name is upstream's `klog.Fatal`, exit [`FATAL_EXIT`].
     pub fn from_requested(requested: &BTreeMap<String, bool>) -> Result<Self, UnknownGate> {
         let mut gates = Self::default();
         for (name, &on) in requested {
@@ -488,9 +472,7 @@ impl FeatureGates {
                 }
                 "CrossNamespaceVolumeDataSource" => gates.cross_namespace_volume_data_source = on,
                 "ReleaseLeaderElectionOnExit" => gates.release_leader_election_on_exit = on,
-                "AllAlpha" | "AllBeta" => gates.ignored.push(name.clone()),
-                other if APISERVER_GATES.contains(&other) => gates.ignored.push(name.clone()),
-                other => return Err(UnknownGate(other.to_owned())),
+                other => other_gate(other, &mut gates.ignored)?,
             }
         }
         Ok(gates)

@@ -5,8 +5,9 @@
 //!
 //! What every Kubernetes controller sidecar shares (leader election, events, the rate-limited
 //! clients, the work queue, the metrics registry, the diagnostics server, the flag and `main`
-//! skeletons) is the sidecar kit's (`plugreg_sidecar_kit`, feature `controller`); this crate
-//! is the provisioner's own decisions, CSI calls and PersistentVolume rules.
+//! skeletons, the process's lifecycle and the run under the Lease) is the sidecar kit's
+//! (`plugreg_sidecar_kit`, feature `controller`); this crate is the provisioner's own
+//! decisions, CSI calls and PersistentVolume rules.
 //!
 //! The parts, each usable on its own:
 //! - [`flags`]: upstream's command line (pflag syntax) and its defaults;

@@ -1,34 +1,29 @@
-//! What `csi-provisioner` does after its start-up checks: the two rate-limited
-//! Kubernetes clients, the event recorder, and the controller, run directly or only while this
-//! process holds the Lease.
+//! What `csi-provisioner` does after its start-up checks: the two rate-limited Kubernetes
+//! clients and leader election (the kit's [`Kube`]), the in-flight record, the event recorder,
+//! and the controller with capacity tracking beside it, run directly or only while this process
+//! holds the Lease named after the driver (csi-lib-utils' name, the kit's `leader::lease_name`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use plugreg_sidecar_kit::events::Recorder;
+use plugreg_sidecar_kit::leader::lease_name;
+use plugreg_sidecar_kit::ratelimit;
+use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::controller::{self, Clients};
 use crate::csi::{Capabilities, Driver};
-use plugreg_sidecar_kit::events::Recorder;
-use plugreg_sidecar_kit::leader::{
-    LeaderElection, LeaderError, LeaderHealth, lease_name, run_elected,
-};
-use plugreg_sidecar_kit::ratelimit;
-
-use crate::metrics::{Metrics, ProvisionMetrics};
+use crate::metrics::ProvisionMetrics;
 use crate::node::NodeDeployment;
 use crate::record::Journal;
 use crate::request::RequestOptions;
 
 /// Everything the run needs, gathered by the binary's start-up.
 pub struct Service {
-    /// The Kubernetes client configuration (from `--master`, `--kubeconfig` or in-cluster).
-    pub kube_config: kube::Config,
-    /// `--kube-api-qps`.
-    pub qps: f64,
-    /// `--kube-api-burst`.
-    pub burst: u32,
+    /// Kubernetes: the clients' settings, leader election, health and metrics.
+    pub kube: Kube,
     /// The driver.
     pub driver: Arc<Driver>,
     /// GetPluginInfo's name.
@@ -56,12 +51,6 @@ pub struct Service {
     /// The namespace of the in-flight record's Leases (the leader election's namespace, also
     /// without `--leader-election`).
     pub record_namespace: String,
-    /// Leader election, when `--leader-election`.
-    pub leader: Option<LeaderElection>,
-    /// Shared with `/healthz/leader-election`.
-    pub health: LeaderHealth,
-    /// The metrics.
-    pub metrics: Arc<Metrics>,
     /// Capacity tracking (`--enable-capacity`): its configuration and its own client.
     pub capacity: Option<(crate::capacity::Config, kube::Client)>,
     /// Distributed provisioning (`--node-deployment`).
@@ -69,110 +58,100 @@ pub struct Service {
 }
 
 /// How the run ended badly.
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    /// The clients could not be built.
-    #[error("failed to build the Kubernetes clients: {0}")]
-    Clients(#[from] ratelimit::Error),
-    /// Leadership was lost (`Stopped leading`): upstream exits 1.
-    #[error("Stopped leading: {0}")]
-    Leader(#[from] LeaderError),
-    /// The caches never filled.
-    #[error(transparent)]
-    Controller(#[from] controller::ControllerError),
-}
+pub type ServiceError = plugreg_sidecar_kit::service::ServiceError<controller::ControllerError>;
 
 impl Service {
     /// Runs until `shutdown` (Ok) or until leadership is lost or the caches fail (Err).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServiceError> {
-        let (high, low, limiter) =
-            ratelimit::clients(self.kube_config.clone(), self.qps, self.burst)?;
-        self.metrics.register(limiter.clone());
-        // Leader election has a client and a bucket of its own: renewing the Lease never
-        // waits behind the work (upstream gives it its own clientset too).
-        let election = ratelimit::own_client(self.kube_config.clone(), self.qps, self.burst)?;
+        let Service {
+            kube,
+            driver,
+            driver_name,
+            identity,
+            host,
+            capabilities,
+            request,
+            workers,
+            retry_start,
+            retry_max,
+            timeout,
+            clone_protection_workers,
+            snapshot_sweep,
+            record_namespace,
+            capacity,
+            node,
+        } = self;
+        // The record's client has no bucket of its own: the record takes its tokens from the
+        // work's bucket itself, choosing each write's priority.
+        let record_client =
+            ratelimit::unlimited_client(kube.config.clone()).map_err(ServiceError::Clients)?;
         // Each node keeps a record of its own: a volume one node's driver may have made is
         // finished or deleted by that node only.
-        let record = match &self.node {
-            Some(nd) => crate::node::record_base(&lease_name(&self.driver_name), &nd.local.node),
-            None => lease_name(&self.driver_name),
+        let record = match &node {
+            Some(nd) => crate::node::record_base(&lease_name(&driver_name), &nd.local.node),
+            None => lease_name(&driver_name),
         };
-        let (journal, found) = Journal::new(
-            ratelimit::unlimited_client(self.kube_config)?,
-            limiter,
-            &self.record_namespace,
-            &record,
-        );
-        let component = format!("{}_{}_{}", self.driver_name, self.host, uuid4());
-        let events = Recorder::start(low.clone(), &component, &self.host, shutdown.clone());
+        let component = format!("{driver_name}_{host}_{}", uuid4());
+        let metrics = Arc::clone(&kube.metrics);
+        // Registered at start, as upstream's: every replica serves the counters.
+        let provisioned = ProvisionMetrics::registered(&metrics);
         let cfg = controller::Config {
-            driver: self.driver_name,
-            identity: self.identity,
-            request: self.request,
-            capabilities: self.capabilities,
-            workers: self.workers,
-            retry_start: self.retry_start,
-            retry_max: self.retry_max,
-            timeout: self.timeout,
-            clone_protection_workers: self.clone_protection_workers,
-            snapshot_sweep: self.snapshot_sweep,
-            node: self.node.map(Arc::new),
+            driver: driver_name,
+            identity,
+            request,
+            capabilities,
+            workers,
+            retry_start,
+            retry_max,
+            timeout,
+            clone_protection_workers,
+            snapshot_sweep,
+            node: node.map(Arc::new),
         };
-        let (refresh, refreshes) = crate::capacity::Refresh::channel();
-        let capacity = self.capacity.map(|(cfg, client)| {
-            (
-                cfg,
-                client,
-                low.clone(),
-                Arc::clone(&self.driver),
-                Arc::clone(&self.metrics),
-                refreshes,
-            )
-        });
-        let clients = Clients {
-            high: high.clone(),
-            low,
-            events,
-            driver: self.driver,
-            provisioned: ProvisionMetrics::registered(&self.metrics),
-            metrics: Arc::clone(&self.metrics),
-            journal,
-            found,
-            capacity: capacity.is_some().then_some(refresh),
-        };
-        let elected = self.leader.is_some();
-        Ok(run_elected(
-            self.leader.map(|le| (le, election)),
-            self.health,
-            shutdown,
-            |token| async move {
-                if elected {
-                    info!("became leader, starting");
-                }
-                // Capacity tracking runs beside the provisioning controller, as long as it.
-                let child = token.child_token();
-                let tracking = capacity.map(|(cfg, client, watch, driver, metrics, refreshes)| {
-                    tokio::spawn(crate::capacity::run(
-                        cfg,
-                        client,
-                        watch,
-                        driver,
-                        metrics,
-                        refreshes,
-                        child.clone(),
-                    ))
-                });
-                let r = controller::run(cfg, clients, token).await;
-                child.cancel();
-                if let Some(t) = tracking
-                    && let Ok(Err(e)) = t.await
-                {
-                    tracing::error!("{e}");
-                }
-                r
-            },
-        )
-        .await??)
+        let elected = kube.leader.is_some();
+        let events_end = shutdown.clone();
+        kube.run(shutdown, |c, token| async move {
+            if elected {
+                info!("became leader, starting");
+            }
+            let (journal, found) =
+                Journal::new(record_client, c.limiter, &record_namespace, &record);
+            let events = Recorder::start(c.low.clone(), &component, &host, events_end);
+            let (refresh, refreshes) = crate::capacity::Refresh::channel();
+            // Capacity tracking runs beside the provisioning controller, as long as it.
+            let child = token.child_token();
+            let tracking = capacity.map(|(cfg, client)| {
+                tokio::spawn(crate::capacity::run(
+                    cfg,
+                    client,
+                    c.low.clone(),
+                    Arc::clone(&driver),
+                    Arc::clone(&metrics),
+                    refreshes,
+                    child.clone(),
+                ))
+            });
+            let clients = Clients {
+                high: c.high,
+                low: c.low,
+                events,
+                driver,
+                provisioned,
+                metrics,
+                journal,
+                found,
+                capacity: tracking.is_some().then_some(refresh),
+            };
+            let r = controller::run(cfg, clients, token).await;
+            child.cancel();
+            if let Some(t) = tracking
+                && let Ok(Err(e)) = t.await
+            {
+                tracing::error!("{e}");
+            }
+            r
+        })
+        .await
     }
 }
 

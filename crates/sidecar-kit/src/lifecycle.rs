@@ -1,10 +1,10 @@
 //! The life of a controller sidecar's process once its flags are checked, as every controller
-//! sidecar walks it: one runtime thread ([`block_on`]), the signal handlers installed first
-//! ([`Lifecycle::install`]), the driver connection watched ([`Lifecycle::connect`]), the
-//! sidecar's own start-up steps raced against that connection's loss and a signal
-//! ([`Lifecycle::start`]), the heap trimmed from then on, and the run until it ends, a signal
-//! or the connection's loss ([`Lifecycle::run`]), with the sidecar's upstream way of stopping
-//! ([`Stop`]).
+//! sidecar walks it: one runtime thread ([`block_on`]; [`block_on_multi_thread`] for the
+//! provisioner), the signal handlers installed first ([`Lifecycle::install`]), the driver
+//! connection watched ([`Lifecycle::connect`]), the sidecar's own start-up steps raced against
+//! that connection's loss and a signal ([`Lifecycle::start`]), the heap trimmed from then on,
+//! and the run until it ends, a signal or the connection's loss ([`Lifecycle::run`]), with the
+//! sidecar's upstream way of stopping ([`Stop`]).
 //!
 //! The sidecar keeps its own start-up order and log texts: it writes them in the future it
 //! hands to [`Lifecycle::start`]. The lines logged here (`Shutting down`, `Stopped leading`,
@@ -29,6 +29,16 @@ const TRIM_PERIOD: Duration = Duration::from_secs(10);
 /// and one thread keeps one malloc arena (several grow apart after a crowd).
 pub fn block_on<F: Future>(future: F) -> std::io::Result<F::Output> {
     let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(runtime.block_on(future))
+}
+
+/// [`block_on`] on a multi-thread runtime (a worker thread per CPU, Tokio's default), for a
+/// sidecar whose throughput and timings were measured on one and not yet on one thread: the
+/// provisioner (a hundred claim and a hundred volume workers by default, its benchmarks).
+pub fn block_on_multi_thread<F: Future>(future: F) -> std::io::Result<F::Output> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     Ok(runtime.block_on(future))

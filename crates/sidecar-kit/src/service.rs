@@ -38,6 +38,10 @@ pub struct Clients {
     pub high: kube::Client,
     /// Events and other bulk writes: after every waiting high-priority request.
     pub low: kube::Client,
+    /// The bucket both share, for work that takes its tokens itself on a client without a
+    /// limit ([`ratelimit::unlimited_client`], [`ratelimit::RateLimiter::acquire`]): the
+    /// provisioner's in-flight record, which chooses each write's priority.
+    pub limiter: Arc<ratelimit::RateLimiter>,
 }
 
 /// How a run ended badly.
@@ -99,7 +103,7 @@ impl Kube {
         Fut: Future<Output = Result<(), E>>,
     {
         let (high, low, limiter) = ratelimit::clients(self.config.clone(), self.qps, self.burst)?;
-        self.metrics.register(limiter);
+        self.metrics.register(limiter.clone());
         let leader = match self.leader {
             Some(le) => Some((
                 le,
@@ -107,7 +111,7 @@ impl Kube {
             )),
             None => None,
         };
-        let clients = Clients { high, low };
+        let clients = Clients { high, low, limiter };
         run_elected(leader, self.health, shutdown, |token| work(clients, token))
             .await?
             .map_err(ServiceError::Controller)
