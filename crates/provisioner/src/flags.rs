@@ -91,7 +91,7 @@ pub struct Options {
     pub kube_api_capacity_qps: f32,
     /// `--kube-api-capacity-burst`.
     pub kube_api_capacity_burst: i64,
-    /// `--enable-capacity` (not supported yet: on means exit 1).
+    /// `--enable-capacity`: publish CSIStorageCapacity objects (capacity.rs).
     pub enable_capacity: bool,
     /// `--capacity-for-immediate-binding`.
     pub capacity_for_immediate_binding: bool,
@@ -99,7 +99,7 @@ pub struct Options {
     pub capacity_poll_interval: Duration,
     /// `--capacity-ownerref-level`.
     pub capacity_ownerref_level: i64,
-    /// `--node-deployment` (not supported yet: on means exit 1).
+    /// `--node-deployment`: provision only this node's claims (node.rs).
     pub node_deployment: bool,
     /// `--node-deployment-immediate-binding`.
     pub node_deployment_immediate_binding: bool,
@@ -221,7 +221,7 @@ const SPECS: &[Spec] = &[
         Kind::Bool,
         "",
         "",
-        "Publish CSIStorageCapacity objects. Not supported by this provisioner yet: setting it exits 1.",
+        "Publish CSIStorageCapacity objects with the capacity the driver reports through GetCapacity (needs the NAMESPACE environment variable, and POD_NAME unless --capacity-ownerref-level=-1).",
     ),
     flag(
         "enable-pprof",
@@ -270,7 +270,7 @@ const SPECS: &[Spec] = &[
         Kind::Bool,
         "",
         "",
-        "Run one provisioner per node (distributed provisioning). Not supported by this provisioner yet: setting it exits 1.",
+        "Run one provisioner per node beside the driver (distributed provisioning): it provisions only the claims of its own node (needs the NODE_NAME environment variable).",
     ),
     flag(
         "node-deployment-base-delay",
