@@ -3,12 +3,15 @@
 //! function here, and carries out what it returns.
 //!
 //! The steps, in the order the controller takes them:
-//! 1. [`take`]: whether this node provisions the claim at all (`--node-deployment`);
+//! 1. [`take`]: whether this node provisions the claim at all (`--node-deployment`; becoming
+//!    its owner first is [`crate::owner`]'s);
 //! 2. [`start`]: the request, or why there is none (and whether the claim is rescheduled);
+//!    then the restore's or clone's source: [`source_claim_unreadable`], and the answers to
+//!    its protection ([`clone_protected`], [`snapshot_protected`]);
 //! 3. [`send`]: what CreateVolume is sent, and whether the record is written first;
 //! 4. [`created`]: CreateVolume's answer: the volume, or what its failure leaves behind;
 //! 5. [`built`]: the PV to save, or the volume to delete again ([`cleaned_up`]);
-//! 6. [`saved`]: the PV's save; then [`snapshot_to_release`];
+//! 6. [`saved`]: the PV's save; then [`snapshot_to_release`] and [`snapshot_released`];
 //! 7. [`finished`] and [`failed_event`]: what the attempt's end reports.
 //!
 //! A failed step is a [`Failed`]: what becomes of the recorded volume, whether the claim is
