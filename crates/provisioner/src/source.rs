@@ -3,7 +3,7 @@
 //! with its texts. Pure: the controller reads the objects (live, as upstream) and passes them in.
 //!
 //! Each check returns upstream's inner message; the controller wraps it as upstream does
-//! ("error getting handle for DataSource Type <Kind> by Name <name>: ...") into a no-change
+//! (`error getting handle for DataSource Type <Kind> by Name <name>: ...`) into a no-change
 //! error, so the claim is retried with back-off after a `ProvisioningFailed` event.
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};

@@ -9,7 +9,7 @@
 //! claim write goes through the `status` subresource; the PV gets merge patches. The
 //! resourceVersion a write returns is remembered ([`Writes`]) until the watch delivers it (or
 //! something newer): a sync that finds the cached claim or PV older than its own write looks
-//! again after [`CACHE_CATCH_UP`], so that it never acts on the state before that write.
+//! again after `CACHE_CATCH_UP`, so that it never acts on the state before that write.
 //!
 //! No call that may have changed the volume is forgotten: the target size is written to
 //! `status.allocatedResources` (and the modify target to `status.modifyVolumeStatus`) before

@@ -117,7 +117,7 @@ struct Args {
     /// A pre-provisioned volume id (repeatable).
     #[arg(long = "volume", value_name = "ID", value_parser = parse_volume_id)]
     volumes: Vec<String>,
-    /// Where volumes live [default: <socket>.volumes].
+    /// Where volumes live [default: the socket path + ".volumes"].
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Keep the volumes in the data dir, as a real driver's backing store: instances sharing it
