@@ -1016,11 +1016,13 @@ impl Controller {
         }
         // A restore or a clone: the source, read live and checked as upstream does, then
         // protected by its finalizer until the volume exists.
+        let mut source_read = None;
         if ready.read_source {
-            ready.prepared.request.volume_content_source =
-                self.content_source(claim, class, &ready.source).await?;
+            let (source, read) = self.content_source(claim, class, &ready.source).await?;
+            ready.prepared.request.volume_content_source = source;
+            source_read = read;
         }
-        self.protect_source(&ready.source).await?;
+        self.protect_source(&ready.source, source_read).await?;
         let send = match plan::send(&c, &ready) {
             Ok(send) => send,
             Err(f) => return Err(self.failed(claim, volume, f).await),
@@ -1123,9 +1125,9 @@ impl Controller {
         claim: &PersistentVolumeClaim,
         class: &StorageClass,
         source: &request::DataSource,
-    ) -> Result<Option<VolumeContentSource>, Failure> {
+    ) -> Result<(Option<VolumeContentSource>, Option<serde_json::Value>), Failure> {
         let Some((kind, name)) = source.kind_and_name() else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let wrap = |msg: String| {
             Failure::Error(ProvisionError::no_change(format!(
@@ -1135,8 +1137,8 @@ impl Controller {
         let high = &self.clients.high;
         match source {
             request::DataSource::Snapshot { name, namespace } => {
-                let api: Api<VolumeSnapshot> = Api::namespaced(high.clone(), namespace);
-                let vs = api.get(name).await.map_err(|e| {
+                let raw = get_json(high, &snapshots_path(namespace), name).await;
+                let (vs, raw) = typed::<VolumeSnapshot>(raw).map_err(|e| {
                     wrap(format!(
                         "error getting snapshot {name} from api server: {}",
                         go_error(&e)
@@ -1151,20 +1153,20 @@ impl Controller {
                     );
                     wrap(source::not_bound(name))
                 })?;
-                source::restore_source(
+                let source = source::restore_source(
                     claim,
                     class,
                     &vs,
                     &vsc,
                     self.cfg.request.prevent_volume_mode_conversion,
                 )
-                .map(Some)
-                .map_err(wrap)
+                .map_err(wrap)?;
+                Ok((Some(source), Some(raw)))
             }
             request::DataSource::Claim { name, namespace } => {
                 // Read live: the cache keeps of a Bound claim only what provisioning it needs.
-                let api: Api<PersistentVolumeClaim> = Api::namespaced(high.clone(), namespace);
-                let src = api.get(name).await.map_err(|e| {
+                let raw = get_json(high, &claims_path(namespace), name).await;
+                let (src, raw) = typed::<PersistentVolumeClaim>(raw).map_err(|e| {
                     let ns = claim.namespace().unwrap_or_default();
                     wrap(plan::source_claim_unreadable(name, &ns, &api_error(&e)))
                 })?;
@@ -1180,31 +1182,36 @@ impl Controller {
                         None
                     }
                 };
-                source::clone_source(claim, class, &src, pv.as_ref())
-                    .map(Some)
-                    .map_err(wrap)
+                let source = source::clone_source(claim, class, &src, pv.as_ref()).map_err(wrap)?;
+                Ok((Some(source), Some(raw)))
             }
-            request::DataSource::None | request::DataSource::ExternalPopulator { .. } => Ok(None),
+            request::DataSource::None | request::DataSource::ExternalPopulator { .. } => {
+                Ok((None, None))
+            }
         }
     }
 
     /// Puts the provisioner's finalizer on the source before CreateVolume: the cloning
     /// protection on a source claim (any failure: no-change), the restore protection on a
     /// snapshot (Forbidden is tolerated, as upstream: RBAC may not grant it). A source gone
-    /// meanwhile needs no protection.
-    async fn protect_source(&self, source: &request::DataSource) -> Result<(), Failure> {
+    /// meanwhile needs no protection. `read` is the source as the checks just read it: the
+    /// Update starts from it (upstream's one round trip) and reads again only on a conflict.
+    async fn protect_source(
+        &self,
+        source: &request::DataSource,
+        read: Option<serde_json::Value>,
+    ) -> Result<(), Failure> {
         let high = &self.clients.high;
         match source {
             request::DataSource::Claim { name, namespace } => {
-                let path = format!("/api/v1/namespaces/{namespace}/persistentvolumeclaims");
-                let answer = update_json(high, &path, name, |o| {
+                let answer = update_known(high, &claims_path(namespace), name, read, |o| {
                     edit::finalizer(o, source::CLONE_FINALIZER, true)
                 })
                 .await;
                 plan::clone_protected(answer.map(drop).map_err(|e| api_error(&e)))?;
             }
             request::DataSource::Snapshot { name, namespace } => {
-                let answer = update_json(high, &snapshots_path(namespace), name, |o| {
+                let answer = update_known(high, &snapshots_path(namespace), name, read, |o| {
                     edit::finalizer(o, source::SNAPSHOT_FINALIZER, true)
                 })
                 .await;
@@ -1887,6 +1894,70 @@ async fn update_json(
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// `GET <path>/<name>` as JSON, kept whole: a PUT of it later drops no field the typed
+/// view does not know.
+async fn get_json(
+    client: &Client,
+    path: &str,
+    name: &str,
+) -> Result<serde_json::Value, kube::Error> {
+    let req = kube::core::Request::new(path)
+        .get(name, &kube::api::GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    client.request(req).await
+}
+
+/// The typed view of an object read as JSON, beside the JSON.
+fn typed<K: serde::de::DeserializeOwned>(
+    read: Result<serde_json::Value, kube::Error>,
+) -> Result<(K, serde_json::Value), kube::Error> {
+    let raw = read?;
+    let obj = K::deserialize(&raw).map_err(kube::Error::SerdeError)?;
+    Ok((obj, raw))
+}
+
+/// [`update_json`] starting from `known`, the object as just read, instead of a GET: one
+/// round trip. If it changed since (409 Conflict), the usual read-modify-write follows.
+async fn update_known(
+    client: &Client,
+    path: &str,
+    name: &str,
+    known: Option<serde_json::Value>,
+    edit: impl Fn(&mut serde_json::Value) -> bool,
+) -> Result<Option<(String, String)>, kube::Error> {
+    if let Some(mut obj) = known {
+        let before = obj["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if !edit(&mut obj) {
+            return Ok(None);
+        }
+        let body = serde_json::to_vec(&obj).map_err(kube::Error::SerdeError)?;
+        let req = kube::core::Request::new(path)
+            .replace(name, &PostParams::default(), body)
+            .map_err(kube::Error::BuildRequest)?;
+        match client.request::<serde_json::Value>(req).await {
+            Ok(written) => {
+                let after = written["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                return Ok(Some((before, after)));
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    update_json(client, path, name, edit).await
+}
+
+/// The collection path of claims in `ns`.
+fn claims_path(ns: &str) -> String {
+    format!("/api/v1/namespaces/{ns}/persistentvolumeclaims")
 }
 
 /// A failed API call as [`plan`] reads it.
