@@ -31,6 +31,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{DriverConfig, MountMode};
 use plugreg_testpeers::bench::{
@@ -83,7 +84,7 @@ fn count_watch(
         let api: Api<VolumeAttachment> = Api::all(client);
         let mut attached = std::collections::HashSet::new();
         let mut gone = std::collections::HashSet::new();
-        let mut s = std::pin::pin!(watcher(api, watcher::Config::default()));
+        let mut s = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
         while let Some(ev) = s.next().await {
             match ev {
                 Ok(watcher::Event::Apply(v) | watcher::Event::InitApply(v))

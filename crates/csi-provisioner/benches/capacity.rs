@@ -22,6 +22,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass};
 use kube::api::{Api, PostParams};
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{Capacity, DriverConfig, MountMode};
 use plugreg_testpeers::bench::{commit, create_all, date, load, write_block};
@@ -140,7 +141,7 @@ async fn main() {
     let (tx, mut rx) = tokio::sync::watch::channel(BTreeMap::<String, (String, String)>::new());
     let objects: Api<CSIStorageCapacity> = Api::namespaced(client.clone(), "bench");
     tokio::spawn(async move {
-        let mut s = std::pin::pin!(watcher(objects, watcher::Config::default()));
+        let mut s = std::pin::pin!(watcher(objects, watcher::Config::default()).default_backoff());
         while let Some(ev) = s.next().await {
             if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev {
                 let node = o

@@ -41,6 +41,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{Calls, Capacity, DriverConfig, Method, MountMode, RunningDriver};
 use plugreg_testpeers::bench::{commit, create_all, date, load, write_block};
@@ -457,7 +458,7 @@ async fn run(
         let (pvcs, seen) = (pvcs.clone(), Arc::clone(&seen));
         async move {
             let mut ready = Some(ready_tx);
-            let mut s = std::pin::pin!(watcher(pvcs, watcher::Config::default()));
+            let mut s = std::pin::pin!(watcher(pvcs, watcher::Config::default()).default_backoff());
             while let Some(ev) = s.next().await {
                 let c = match ev {
                     Ok(watcher::Event::InitDone) => {

@@ -26,6 +26,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, PostParams};
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{DriverConfig, MountMode};
 use plugreg_testpeers::bench::{commit, date, free_port, load, requests};
@@ -253,7 +254,7 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
         let pvs: Api<PartialObjectMeta<PersistentVolume>> = Api::all(client.clone());
         async move {
             let mut seen = std::collections::HashSet::new();
-            let mut s = std::pin::pin!(watcher(pvs, watcher::Config::default()));
+            let mut s = std::pin::pin!(watcher(pvs, watcher::Config::default()).default_backoff());
             while let Some(ev) = s.next().await {
                 if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev {
                     seen.insert(o.metadata.name.unwrap_or_default());
@@ -271,7 +272,7 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
         async move {
             let mut bound = std::collections::HashSet::new();
             let mut handed = std::collections::HashSet::new();
-            let mut s = std::pin::pin!(watcher(pvcs, watcher::Config::default()));
+            let mut s = std::pin::pin!(watcher(pvcs, watcher::Config::default()).default_backoff());
             while let Some(ev) = s.next().await {
                 let Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) = ev else {
                     continue;

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{DriverConfig, MountMode};
 use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
@@ -73,7 +74,7 @@ fn count_ready(client: kube::Client) -> tokio::sync::watch::Receiver<usize> {
     tokio::spawn(async move {
         let api: Api<VolumeSnapshot> = Api::namespaced(client, NS);
         let mut ready = std::collections::HashSet::new();
-        let mut s = std::pin::pin!(watcher(api, watcher::Config::default()));
+        let mut s = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
         while let Some(ev) = s.next().await {
             if let Ok(watcher::Event::Apply(v) | watcher::Event::InitApply(v)) = ev
                 && v.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
