@@ -16,17 +16,17 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use plugreg_attacher::controller::Config;
-use plugreg_attacher::csi::{self, CapabilityError, Driver};
+use plugreg_attacher::csi::{self, Driver};
 use plugreg_attacher::decide::{self, DriverCaps};
 use plugreg_attacher::flags::{self, COMMAND, FeatureGates, Flags, Options};
 use plugreg_attacher::service::{DRAIN, Service};
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
+use plugreg_sidecar_kit::driver::{CapabilityReads, Identify, IdentifyError, identify};
 use plugreg_sidecar_kit::leader::LeaderHealth;
 use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::metrics::Metrics;
-use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::ratelimit::kube_config;
 use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
@@ -35,8 +35,6 @@ use tokio_util::sync::CancellationToken;
 const LOG: &str = "plugreg_csi_attacher";
 /// Target prefixes of this program's own lines (their debug lines are upstream's V(2)).
 const OWN: &[&str] = &["plugreg_attacher", LOG];
-/// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
-const UNKNOWN_DRIVER: &str = "unknown-driver";
 /// How long a signalled process without leader election lets its workers finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -121,69 +119,57 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         }
     };
     let startup = async {
-        // Step 7: metrics before the name is known.
-        let mut metrics = Metrics::new(UNKNOWN_DRIVER);
-        // Step 9.
-        if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
-            tracing::error!(target: LOG, err = %e, "Failed to probe the CSI driver");
-            return Err(1);
-        }
-        // Step 10.
-        let probe_metrics = Arc::new(metrics);
-        let name = Driver::new(channel.clone(), options.timeout, probe_metrics.clone())
-            .max_grpc_log_length(options.max_grpc_log_length)
-            .plugin_info()
-            .await;
-        metrics = Arc::into_inner(probe_metrics).expect("the temporary driver is gone");
-        let name = match name {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::error!(target: LOG, err = %e, "Failed to get the CSI driver name");
-                return Err(1);
-            }
+        // Steps 7, 9-13: metrics named `unknown-driver` until the name is known; for a
+        // CSI-migration target a registry with the `migrated` label and a second Probe (in-tree
+        // PVs are translated, the kit's `migration`, whatever the driver); the HTTP server on
+        // the driver's registry; the capabilities.
+        let health = LeaderHealth::new();
+        let how = Identify {
+            timeout: options.timeout,
+            startup_deadline: Some(csi::STARTUP_CALL_TIMEOUT),
+            probe_first: true,
+            migration: true,
+            capabilities: CapabilityReads::PluginThenControllerService,
+            grpc_log: Some(options.max_grpc_log_length),
         };
-        tracing::debug!(target: LOG, driver = %name, "CSI driver name");
-        // Step 11: for a CSI-migration target upstream starts a metrics registry for the
-        // driver with the `migrated` label (the calls so far stay with the old one) and probes
-        // again; in-tree PVs are translated (the kit's `migration`) whatever the driver.
-        if migration::in_tree_plugin(&name).is_some() {
-            metrics = Metrics::new(&name);
-            metrics.with_migrated_label();
-            if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
+        let named = |name: &str| tracing::debug!(target: LOG, driver = %name, "CSI driver name");
+        let serve = async |_: &str, metrics: &Arc<Metrics>| {
+            let http = match diagnostics::spawn(&options.controller, metrics.clone(), &health).await
+            {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::error!(target: LOG, err = %e, "Failed to start HTTP server at specified address and metrics path");
+                    return Err(1);
+                }
+            };
+            if let Ok(address) = options.controller.http_address()
+                && !address.is_empty()
+            {
+                tracing::info!(target: LOG, address = %address, metricsPath = %options.controller.metrics_path, "ServeMux listening");
+            }
+            Ok(http)
+        };
+        let found = match identify(&channel, &how, named, serve).await {
+            Ok(f) => f,
+            Err(IdentifyError::Ready(code)) => return Err(code),
+            Err(e @ (IdentifyError::Probe(_) | IdentifyError::MigrationProbe(_))) => {
                 tracing::error!(target: LOG, err = %e, "Failed to probe the CSI driver");
                 return Err(1);
             }
-        }
-        // Step 12.
-        metrics.set_driver(&name);
-        let metrics = Arc::new(metrics);
-        let health = LeaderHealth::new();
-        let http = match diagnostics::spawn(&options.controller, metrics.clone(), &health).await {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::error!(target: LOG, err = %e, "Failed to start HTTP server at specified address and metrics path");
+            Err(e @ IdentifyError::Name(_)) => {
+                tracing::error!(target: LOG, err = %e, "Failed to get the CSI driver name");
                 return Err(1);
             }
-        };
-        if let Ok(address) = options.controller.http_address()
-            && !address.is_empty()
-        {
-            tracing::info!(target: LOG, address = %address, metricsPath = %options.controller.metrics_path, "ServeMux listening");
-        }
-        // Step 13.
-        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone())
-            .max_grpc_log_length(options.max_grpc_log_length);
-        let caps = match driver.capabilities().await {
-            Ok(c) => c,
-            Err(CapabilityError::Plugin(e)) => {
+            Err(e @ IdentifyError::PluginCapabilities(_)) => {
                 tracing::error!(target: LOG, err = %e, "Failed to check if the CSI Driver supports the CONTROLLER_SERVICE");
                 return Err(1);
             }
-            Err(CapabilityError::Controller(e)) => {
+            Err(e @ IdentifyError::ControllerCapabilities(_)) => {
                 tracing::error!(target: LOG, err = %e, "Failed to controller capability check");
                 return Err(1);
             }
         };
+        let caps = DriverCaps::from(&found.capabilities);
         // Step 14.
         if !caps.controller_service {
             tracing::debug!(target: LOG, "CSI driver does not support Plugin Controller Service, using trivial handler");
@@ -193,12 +179,12 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             tracing::debug!(target: LOG, "CSI driver supports ControllerPublishUnpublish, using real CSI handler");
         }
         Ok(Started {
-            name,
-            driver,
+            metrics: found.client.metrics().clone(),
+            name: found.name,
+            driver: Driver::new(found.client),
             caps,
-            metrics,
             health,
-            http,
+            http: found.ready,
         })
     };
     let started = match life.start(startup).await {

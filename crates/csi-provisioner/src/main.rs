@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use plugreg_provisioner::capacity;
-use plugreg_provisioner::csi::{self, Capabilities, Driver};
+use plugreg_provisioner::csi::{Capabilities, Driver};
 use plugreg_provisioner::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags, Options};
 use plugreg_provisioner::metrics::Metrics;
 use plugreg_provisioner::node;
@@ -27,6 +27,7 @@ use plugreg_provisioner::service::Service;
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
+use plugreg_sidecar_kit::driver::{CapabilityReads, Identify, IdentifyError, identify};
 use plugreg_sidecar_kit::leader::{self, LeaderHealth};
 use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::migration;
@@ -40,9 +41,6 @@ const LOG: &str = "plugreg_csi_provisioner";
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Target prefixes of this program's own lines (their debug lines are upstream's V(2)).
 const OWN: &[&str] = &["plugreg_provisioner", LOG];
-
-/// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
-const UNKNOWN_DRIVER: &str = "unknown-driver";
 
 /// The binary, for the kit's `main` skeleton.
 const PROGRAM: Program = Program {
@@ -175,49 +173,45 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
         }
     };
     let startup = async {
-        // Step 11.
-        let mut metrics = Metrics::new(UNKNOWN_DRIVER);
-        if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
-            tracing::error!(target: LOG, "{e}");
-            return Err(1);
-        }
-        // Step 12.
-        let metrics_arc = Arc::new(metrics);
-        let name = Driver::new(channel.clone(), options.timeout, metrics_arc.clone())
-            .plugin_info()
-            .await;
-        metrics = Arc::into_inner(metrics_arc).expect("the temporary driver is gone");
-        let name = match name {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::error!(target: LOG, "Error getting CSI driver name: {e}");
-                return Err(FATAL_EXIT);
+        // Steps 11-14: metrics named `unknown-driver` until the name is known; for a
+        // CSI-migration target a registry with the `migrated` label and a second Probe (claims
+        // of the in-tree plugin's classes are provisioned translated); the capabilities.
+        let how = Identify {
+            timeout: options.timeout,
+            startup_deadline: None,
+            probe_first: true,
+            migration: true,
+            capabilities: CapabilityReads::PluginAndController,
+            grpc_log: None,
+        };
+        let named = |name: &str| {
+            tracing::debug!(target: LOG, "Detected CSI driver {name}");
+            if let Some(in_tree) = migration::in_tree_plugin(name) {
+                tracing::debug!(target: LOG, "Supports migration from in-tree plugin: {in_tree}");
             }
         };
-        tracing::debug!(target: LOG, "Detected CSI driver {name}");
-        metrics.set_driver(&name);
-        // Step 13: for a CSI-migration target upstream starts a metrics registry for the
-        // driver with the `migrated` label (the calls so far stay with the old one) and probes
-        // again; claims of the in-tree plugin's classes are provisioned translated.
-        if let Some(in_tree) = migration::in_tree_plugin(&name) {
-            tracing::debug!(target: LOG, "Supports migration from in-tree plugin: {in_tree}");
-            metrics = Metrics::new(&name);
-            metrics.with_migrated_label();
-            if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
+        let found = match identify(&channel, &how, named, async |_, _| Ok::<_, i32>(())).await {
+            Ok(f) => f,
+            Err(IdentifyError::Ready(code)) => return Err(code),
+            Err(e @ (IdentifyError::Probe(_) | IdentifyError::MigrationProbe(_))) => {
                 tracing::error!(target: LOG, "{e}");
                 return Err(1);
             }
-        }
-        // Step 14.
-        let metrics = Arc::new(metrics);
-        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone());
-        let capabilities = match driver.capabilities().await {
-            Ok(c) => c,
-            Err(e) => {
+            Err(IdentifyError::Name(e)) => {
+                tracing::error!(target: LOG, "Error getting CSI driver name: {e}");
+                return Err(FATAL_EXIT);
+            }
+            Err(
+                e @ (IdentifyError::PluginCapabilities(_)
+                | IdentifyError::ControllerCapabilities(_)),
+            ) => {
                 tracing::error!(target: LOG, "Error getting CSI driver capabilities: {e}");
                 return Err(FATAL_EXIT);
             }
         };
+        let (name, capabilities) = (found.name, Capabilities::from(&found.capabilities));
+        let metrics = found.client.metrics().clone();
+        let driver = Driver::new(found.client);
         // Node deployment (§B.2 step 3): this node as the driver sees it, always asked.
         let local = match (&options.node_deployment, &node_name) {
             (true, Some(node)) => match driver.node_info().await {

@@ -12,7 +12,6 @@
 //! - 255: upstream's `klog.Fatalf`: a driver that can neither resize nor modify.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -23,11 +22,9 @@ use plugreg_resizer::service::Service;
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
-use plugreg_sidecar_kit::driver as conn;
+use plugreg_sidecar_kit::driver::{CapabilityReads, Identify, IdentifyError, identify};
 use plugreg_sidecar_kit::leader::LeaderHealth;
 use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
-use plugreg_sidecar_kit::metrics::Metrics;
-use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::ratelimit::kube_config;
 use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
@@ -38,8 +35,6 @@ const LOG: &str = "plugreg_csi_resizer";
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Target prefixes of this program's own lines.
 const OWN: &[&str] = &["plugreg_resizer", LOG];
-/// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
-const UNKNOWN_DRIVER: &str = "unknown-driver";
 
 /// The binary, for the kit's `main` skeleton.
 const PROGRAM: Program = Program {
@@ -146,36 +141,46 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
         }
     };
     let startup = async {
-        let mut metrics = Metrics::new(UNKNOWN_DRIVER);
-        if let Err(e) = conn::probe_forever(&channel, options.timeout, &metrics).await {
-            tracing::error!(target: LOG, err = %format!("failed probing CSI driver: {e}"), "Failed to create CSI client");
-            return Err(1);
-        }
-        // Step 9.
-        let name = match conn::plugin_name(&channel, options.timeout, &metrics).await {
-            Ok(n) => n,
-            Err(e) => {
+        // Steps 8-11: metrics named `unknown-driver` until the name is known; for a
+        // CSI-migration target a registry with the `migrated` label and a second Probe (in-tree
+        // PVs are translated, the kit's `migration`); the capabilities.
+        let how = Identify {
+            timeout: options.timeout,
+            startup_deadline: None,
+            probe_first: true,
+            migration: true,
+            capabilities: CapabilityReads::PluginThenControllerService,
+            grpc_log: None,
+        };
+        let named =
+            |name: &str| tracing::debug!(target: LOG, driverName = %name, "CSI driver name");
+        let found = match identify(&channel, &how, named, async |_, _| Ok::<_, i32>(())).await {
+            Ok(f) => f,
+            Err(IdentifyError::Ready(code)) => return Err(code),
+            Err(IdentifyError::Probe(e)) => {
+                tracing::error!(target: LOG, err = %format!("failed probing CSI driver: {e}"), "Failed to create CSI client");
+                return Err(1);
+            }
+            Err(IdentifyError::Name(e)) => {
                 tracing::error!(target: LOG, err = %e, "Get driver name failed");
                 return Err(1);
             }
-        };
-        tracing::debug!(target: LOG, driverName = %name, "CSI driver name");
-        // Step 10: for a CSI-migration target upstream starts a metrics registry for the
-        // driver with the `migrated` label (the calls so far stay with the old one) and probes
-        // again; in-tree PVs are translated (the kit's `migration`).
-        if migration::in_tree_plugin(&name).is_some() {
-            metrics = Metrics::new(&name);
-            metrics.with_migrated_label();
-            if let Err(e) = conn::probe_forever(&channel, options.timeout, &metrics).await {
+            Err(IdentifyError::MigrationProbe(e)) => {
                 tracing::error!(target: LOG, err = %format!("failed probing CSI driver: {e}"), "Failed to create MigratedCSI client");
                 return Err(1);
             }
-        }
-        metrics.set_driver(&name);
-        let metrics = Arc::new(metrics);
-        // Steps 11-12.
-        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone());
-        let found = match driver.find().await {
+            Err(
+                e @ (IdentifyError::PluginCapabilities(_)
+                | IdentifyError::ControllerCapabilities(_)),
+            ) => {
+                tracing::error!(target: LOG, err = %e, "Failed to create CSI resizer");
+                return Err(1);
+            }
+        };
+        let (name, metrics) = (found.name, found.client.metrics().clone());
+        // Step 12.
+        let driver = Driver::new(found.client);
+        let found = match driver.find(&found.capabilities).await {
             Ok(f) => f,
             Err(e @ StartError::NoControllerService) | Err(e @ StartError::Call(_)) => {
                 tracing::error!(target: LOG, err = %e, "Failed to create CSI resizer");

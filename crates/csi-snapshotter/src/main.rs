@@ -20,13 +20,14 @@ use anyhow::Context as _;
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
+use plugreg_sidecar_kit::driver::{CapabilityReads, Identify, IdentifyError, identify};
 use plugreg_sidecar_kit::leader::LeaderHealth;
 use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::ratelimit::kube_config;
 use plugreg_sidecar_kit::service::Kube;
 use plugreg_snapshotter::controller::Config;
-use plugreg_snapshotter::csi::{self, Driver, DriverCaps};
+use plugreg_snapshotter::csi::{Driver, DriverCaps};
 use plugreg_snapshotter::decide;
 use plugreg_snapshotter::flags::{self, COMMAND, FeatureGates, Flags, Options};
 use plugreg_snapshotter::service::{DRAIN, Service};
@@ -36,8 +37,6 @@ use tokio_util::sync::CancellationToken;
 const LOG: &str = "plugreg_csi_snapshotter";
 /// Target prefixes of this program's own lines (their debug lines are upstream's V(2)).
 const OWN: &[&str] = &["plugreg_snapshotter", LOG];
-/// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
-const UNKNOWN_DRIVER: &str = "unknown-driver";
 /// How long a signalled process without leader election lets its workers finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// `klog.Fatal`'s exit code.
@@ -129,48 +128,51 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         }
     };
     let startup = async {
-        let mut metrics = Metrics::new(UNKNOWN_DRIVER);
-        let probe_metrics = Arc::new(metrics);
-        let name = Driver::new(channel.clone(), options.timeout, probe_metrics.clone())
-            .plugin_info()
-            .await;
-        metrics = Arc::into_inner(probe_metrics).expect("the temporary driver is gone");
-        let name = match name {
-            Ok(n) => n,
-            Err(e) => {
+        // The name (counted as `unknown-driver`), the HTTP server on the driver's registry
+        // (before the Probe, whatever the leadership), the Probe, then the capabilities.
+        let health = LeaderHealth::new();
+        let how = Identify {
+            timeout: options.timeout,
+            startup_deadline: None,
+            probe_first: false,
+            migration: false,
+            capabilities: CapabilityReads::Controller,
+            grpc_log: None,
+        };
+        let named = |name: &str| tracing::debug!(target: LOG, driver = %name, "CSI driver name");
+        let serve = async |_: &str, metrics: &Arc<Metrics>| {
+            diagnostics::spawn(&options.controller, metrics.clone(), &health)
+                .await
+                .map_err(|e| {
+                    tracing::error!(
+                        target: LOG,
+                        "Failed to start HTTP server at specified address ({:?}) and metrics path ({:?}): {e}",
+                        options.controller.http_address().unwrap_or_default(),
+                        options.controller.metrics_path
+                    );
+                    FATAL
+                })
+        };
+        let found = match identify(&channel, &how, named, serve).await {
+            Ok(f) => f,
+            Err(IdentifyError::Ready(code)) => return Err(code),
+            Err(IdentifyError::Name(e)) => {
                 tracing::error!(target: LOG, "error getting CSI driver name: {e}");
                 return Err(1);
             }
-        };
-        tracing::debug!(target: LOG, driver = %name, "CSI driver name");
-        metrics.set_driver(&name);
-        let metrics = Arc::new(metrics);
-        let health = LeaderHealth::new();
-        // The HTTP server starts before the Probe, whatever the leadership.
-        let http = match diagnostics::spawn(&options.controller, metrics.clone(), &health).await {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::error!(
-                    target: LOG,
-                    "Failed to start HTTP server at specified address ({:?}) and metrics path ({:?}): {e}",
-                    options.controller.http_address().unwrap_or_default(),
-                    options.controller.metrics_path
-                );
-                return Err(FATAL);
+            Err(e @ (IdentifyError::Probe(_) | IdentifyError::MigrationProbe(_))) => {
+                tracing::error!(target: LOG, "error waiting for CSI driver to be ready: {e}");
+                return Err(1);
             }
-        };
-        if let Err(e) = csi::probe_forever(&channel, options.timeout, &metrics).await {
-            tracing::error!(target: LOG, "error waiting for CSI driver to be ready: {e}");
-            return Err(1);
-        }
-        let driver = Driver::new(channel.clone(), options.timeout, metrics.clone());
-        let caps = match driver.capabilities().await {
-            Ok(c) => c,
-            Err(e) => {
+            Err(
+                e @ (IdentifyError::PluginCapabilities(_)
+                | IdentifyError::ControllerCapabilities(_)),
+            ) => {
                 tracing::error!(target: LOG, "error determining if driver supports create/delete snapshot operations: {e}");
                 return Err(1);
             }
         };
+        let (name, caps) = (found.name, DriverCaps::from(&found.capabilities));
         if !caps.create_delete_snapshot {
             tracing::error!(target: LOG, "CSI driver {name} does not support ControllerCreateSnapshot");
             return Err(1);
@@ -185,11 +187,11 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
         }
         Ok(Started {
             name,
-            driver,
+            metrics: found.client.metrics().clone(),
+            driver: Driver::new(found.client),
             caps,
-            metrics,
             health,
-            http,
+            http: found.ready,
         })
     };
     let started = match life.start(startup).await {

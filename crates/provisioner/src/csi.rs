@@ -1,45 +1,25 @@
-//! The CSI driver as the provisioner sees it (`docs/upstream/upstream-external-provisioner.md` §2 steps 10-14):
-//! connecting to its socket within a window, probing it until it is ready, its name and
-//! capabilities, and the two Controller calls the provisioner makes (CreateVolume,
-//! DeleteVolume).
+//! The CSI driver as the provisioner sees it (`docs/upstream/upstream-external-provisioner.md`
+//! §2 steps 10-14): what the capabilities read at start-up mean to it, and the Controller and
+//! Node calls it makes (CreateVolume, DeleteVolume, GetCapacity, NodeGetInfo).
 //!
-//! The calls are `plugreg_csi_core`'s client's: each carries the `--timeout` deadline (as
-//! `grpc-timeout` and as a local timer), is made once (the controller retries on its own terms)
-//! and fails with its [`CallError`]; here each is also reported to [`Metrics::csi_call`].
-//! Messages are bounded to [`MAX_MESSAGE_SIZE`](plugreg_transport::MAX_MESSAGE_SIZE) both ways.
-//!
-//! Connection loss: upstream exits 1 once the driver connection is lost after start-up. Here
-//! [`connect_watched`] hands back a [`ConnectionLost`] that resolves when the transport under the
-//! channel ends (the driver closed it or died); `main` selects on it and calls
-//! [`exit_on_connection_loss`].
+//! The calls are the kit's timed client's ([`Client`], over `plugreg_csi_core`'s client): each
+//! carries the `--timeout` deadline (as `grpc-timeout` and as a local timer), is made once
+//! (the controller retries on its own terms), fails with its [`CallError`] and is reported to
+//! `csi_sidecar_operations_seconds`. Messages are bounded to
+//! [`MAX_MESSAGE_SIZE`](plugreg_transport::MAX_MESSAGE_SIZE) both ways. Connecting, probing,
+//! the name, the capability reads and the exit on connection loss are every controller
+//! sidecar's ([`plugreg_sidecar_kit::driver`]).
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use plugreg_csi_core::client::{CallError, Connection};
+use plugreg_csi_core::client::CallError;
 use plugreg_proto::csi::v1::{
     CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, GetCapacityRequest,
-    GetCapacityResponse, NodeGetInfoResponse, Topology, controller_service_capability,
-    plugin_capability,
+    GetCapacityResponse, NodeGetInfoRequest, NodeGetInfoResponse, Topology,
 };
-use tonic::transport::Channel;
+use plugreg_sidecar_kit::csi::{self as kit, Client, ControllerRpc, PluginService};
 
-use crate::metrics::Metrics;
-
-pub use plugreg_sidecar_kit::driver::{
-    CONNECT_WINDOW, Connected, ConnectionLost, CsiError, LOST_MESSAGE, PROBE, TERMINATION_LOG,
-    connect, connect_watched, connection, exit_on_connection_loss, probe_forever,
-    report_connection_loss, shown_address, socket_path,
-};
-
-/// `/csi.v1.Identity/GetPluginInfo`.
-pub const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
-/// `/csi.v1.Identity/GetPluginCapabilities`.
-pub const GET_PLUGIN_CAPABILITIES: &str = "/csi.v1.Identity/GetPluginCapabilities";
-/// `/csi.v1.Controller/ControllerGetCapabilities`.
-pub const CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.Controller/ControllerGetCapabilities";
 /// `/csi.v1.Controller/CreateVolume`.
 pub const CREATE_VOLUME: &str = "/csi.v1.Controller/CreateVolume";
 /// `/csi.v1.Controller/DeleteVolume`.
@@ -70,89 +50,40 @@ pub struct Capabilities {
     pub modify_volume: bool,
 }
 
-/// The driver's Identity and Controller calls, each within `--timeout` and counted in the
-/// metrics. Cheap to clone.
+impl From<&kit::Capabilities> for Capabilities {
+    /// What GetPluginCapabilities and ControllerGetCapabilities mean to the provisioner.
+    fn from(read: &kit::Capabilities) -> Self {
+        Self {
+            controller_service: read.has_service(PluginService::ControllerService),
+            accessibility_constraints: read
+                .has_service(PluginService::VolumeAccessibilityConstraints),
+            create_delete_volume: read.has_rpc(ControllerRpc::CreateDeleteVolume),
+            publish_unpublish_volume: read.has_rpc(ControllerRpc::PublishUnpublishVolume),
+            single_node_multi_writer: read.has_rpc(ControllerRpc::SingleNodeMultiWriter),
+            create_delete_snapshot: read.has_rpc(ControllerRpc::CreateDeleteSnapshot),
+            clone_volume: read.has_rpc(ControllerRpc::CloneVolume),
+            modify_volume: read.has_rpc(ControllerRpc::ModifyVolume),
+        }
+    }
+}
+
+/// The driver's Controller and Node calls, each within `--timeout` and counted in the metrics.
+/// Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Driver {
-    conn: Connection,
-    metrics: Arc<Metrics>,
+    client: Client,
 }
 
 impl Driver {
-    /// Calls over `ch`, each within `timeout`, reported to `metrics`.
-    pub fn new(ch: Channel, timeout: Duration, metrics: Arc<Metrics>) -> Self {
-        Self {
-            conn: connection(&ch, timeout),
-            metrics,
-        }
+    /// The calls on `client` (the one [`identify`](plugreg_sidecar_kit::driver::identify)
+    /// returns: `--timeout`, the metrics).
+    pub fn new(client: Client) -> Self {
+        Self { client }
     }
 
     /// The `--timeout` deadline of every call.
     pub fn timeout(&self) -> Duration {
-        self.conn.timeout()
-    }
-
-    /// GetPluginInfo: the driver name (the provisioner name); an empty one is an error.
-    pub async fn plugin_info(&self) -> Result<String, CsiError> {
-        let info = timed(
-            &self.metrics,
-            GET_PLUGIN_INFO,
-            None,
-            self.conn.get_plugin_info(),
-        )
-        .await
-        .map_err(CsiError::Call)?;
-        if info.name.is_empty() {
-            return Err(CsiError::EmptyName);
-        }
-        Ok(info.name)
-    }
-
-    /// GetPluginCapabilities, then ControllerGetCapabilities (each within the timeout).
-    pub async fn capabilities(&self) -> Result<Capabilities, CsiError> {
-        let plugin = timed(
-            &self.metrics,
-            GET_PLUGIN_CAPABILITIES,
-            None,
-            self.conn.get_plugin_capabilities(),
-        )
-        .await
-        .map_err(CsiError::Call)?;
-        let ctrl = timed(
-            &self.metrics,
-            CONTROLLER_GET_CAPABILITIES,
-            None,
-            self.conn.controller_get_capabilities(),
-        )
-        .await
-        .map_err(CsiError::Call)?;
-        let mut caps = Capabilities::default();
-        use plugin_capability::service::Type as P;
-        for cap in &plugin.capabilities {
-            if let Some(plugin_capability::Type::Service(s)) = &cap.r#type {
-                match P::try_from(s.r#type) {
-                    Ok(P::ControllerService) => caps.controller_service = true,
-                    Ok(P::VolumeAccessibilityConstraints) => caps.accessibility_constraints = true,
-                    _ => {}
-                }
-            }
-        }
-        use controller_service_capability::rpc::Type as C;
-        for cap in &ctrl.capabilities {
-            let Some(controller_service_capability::Type::Rpc(rpc)) = &cap.r#type else {
-                continue;
-            };
-            match C::try_from(rpc.r#type) {
-                Ok(C::CreateDeleteVolume) => caps.create_delete_volume = true,
-                Ok(C::PublishUnpublishVolume) => caps.publish_unpublish_volume = true,
-                Ok(C::SingleNodeMultiWriter) => caps.single_node_multi_writer = true,
-                Ok(C::CreateDeleteSnapshot) => caps.create_delete_snapshot = true,
-                Ok(C::CloneVolume) => caps.clone_volume = true,
-                Ok(C::ModifyVolume) => caps.modify_volume = true,
-                _ => {}
-            }
-        }
-        Ok(caps)
+        self.client.timeout()
     }
 
     /// CreateVolume within the timeout; `migrated`: for a claim of an in-tree class (the
@@ -162,13 +93,14 @@ impl Driver {
         req: CreateVolumeRequest,
         migrated: bool,
     ) -> Result<CreateVolumeResponse, CallError> {
-        timed(
-            &self.metrics,
-            CREATE_VOLUME,
-            Some(migrated),
-            self.conn.create_volume(&req),
-        )
-        .await
+        self.client
+            .timed_as(
+                CREATE_VOLUME,
+                Some(migrated),
+                &req,
+                self.client.connection().create_volume(&req),
+            )
+            .await
     }
 
     /// DeleteVolume within the timeout; `migrated`: of an in-tree PV (the metrics label).
@@ -182,14 +114,15 @@ impl Driver {
             volume_id: volume_id.to_owned(),
             secrets,
         };
-        timed(
-            &self.metrics,
-            DELETE_VOLUME,
-            Some(migrated),
-            self.conn.delete_volume(&req),
-        )
-        .await
-        .map(drop)
+        self.client
+            .timed_as(
+                DELETE_VOLUME,
+                Some(migrated),
+                &req,
+                self.client.connection().delete_volume(&req),
+            )
+            .await
+            .map(drop)
     }
 }
 
@@ -217,55 +150,65 @@ impl Driver {
         &self,
         req: GetCapacityRequest,
     ) -> Result<GetCapacityResponse, CallError> {
-        let conn = self.conn.clone();
-        timed(&self.metrics, GET_CAPACITY, None, async move {
-            let ctl = conn.controller();
-            conn.call("GetCapacity", &req, |r| {
-                let mut ctl = ctl.clone();
-                async move { ctl.get_capacity(r).await }
-            })
-            .await
-        })
-        .await
+        let conn = self.client.connection();
+        let ctl = conn.controller();
+        let call = conn.call("GetCapacity", &req, |r| {
+            let mut ctl = ctl.clone();
+            async move { ctl.get_capacity(r).await }
+        });
+        self.client.timed(GET_CAPACITY, &req, call).await
     }
 
     /// NodeGetInfo within the timeout (`--node-deployment` asks it once at start, on the same
     /// socket).
     pub async fn node_info(&self) -> Result<NodeGetInfoResponse, CallError> {
-        timed(
-            &self.metrics,
-            NODE_GET_INFO,
-            None,
-            self.conn.node_get_info(),
-        )
-        .await
+        self.client
+            .timed(
+                NODE_GET_INFO,
+                &NodeGetInfoRequest {},
+                self.client.connection().node_get_info(),
+            )
+            .await
     }
-}
-
-/// Runs one call and records it in `csi_sidecar_operations_seconds` (the kit's timing).
-/// `migrated` is the `migrated` label of a call for a volume (`true` for a claim of an in-tree
-/// class or an in-tree PV), `None` for the others; it shows only for a migration target.
-async fn timed<T>(
-    metrics: &Metrics,
-    method: &str,
-    migrated: Option<bool>,
-    call: impl Future<Output = Result<T, CallError>>,
-) -> Result<T, CallError> {
-    metrics
-        .timed_csi_call_as(method, migrated, call, CallError::code)
-        .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugreg_csi_test_driver::{DriverConfig, Failure, Fault, Method};
+    use crate::metrics::Metrics;
+    use plugreg_csi_test_driver::{DriverConfig, Failure, Fault, Method, RunningDriver};
     use plugreg_proto::csi::v1::{VolumeCapability, volume_capability};
+    use plugreg_sidecar_kit::driver::{
+        CapabilityReads, CsiError, Identified, Identify, IdentifyError, UNKNOWN_DRIVER, connect,
+        connect_watched, identify, shown_address, socket_path,
+    };
+    use std::convert::Infallible;
     use std::path::PathBuf;
+    use std::sync::Arc;
     use tonic::Code;
+    use tonic::transport::Channel;
 
-    fn metrics() -> Arc<Metrics> {
-        Arc::new(Metrics::new("test"))
+    /// Calls over `ch` within `timeout`.
+    fn client(ch: Channel, timeout: Duration) -> Client {
+        Client::new(ch, timeout, Arc::new(Metrics::new("test")))
+    }
+
+    /// The provisioner's start-up questions.
+    const PROVISIONER: Identify = Identify {
+        timeout: Duration::from_secs(5),
+        startup_deadline: None,
+        probe_first: true,
+        migration: true,
+        capabilities: CapabilityReads::PluginAndController,
+        grpc_log: None,
+    };
+
+    /// [`identify`] without the sidecar's steps.
+    async fn identify_plain(
+        ch: &Channel,
+        how: &Identify,
+    ) -> Result<Identified<()>, IdentifyError<Infallible>> {
+        identify(ch, how, |_| {}, async |_, _| Ok(())).await
     }
 
     fn mount_capability() -> VolumeCapability {
@@ -279,11 +222,31 @@ mod tests {
         }
     }
 
+    /// A test driver with `config` on a socket in a temporary directory, and a channel to it.
+    async fn started(config: DriverConfig) -> (tempfile::TempDir, RunningDriver, Channel) {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("csi.sock");
+        let driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
+        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        (dir, driver, ch)
+    }
+
     fn controller_driver() -> DriverConfig {
         DriverConfig {
             controller: true,
             ..Default::default()
         }
+    }
+
+    /// The calls received since `events` was subscribed.
+    fn received(
+        events: &mut tokio::sync::broadcast::Receiver<plugreg_csi_test_driver::Call>,
+    ) -> Vec<Method> {
+        std::iter::from_fn(|| events.try_recv().ok())
+            .map(|c| c.method)
+            .collect()
     }
 
     #[test]
@@ -305,27 +268,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn reads_name_and_capabilities_from_a_real_driver() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("csi.sock");
-        let _driver = plugreg_csi_test_driver::start(
-            DriverConfig {
-                accessibility_constraints: true,
-                controller_publish: true,
-                ..controller_driver()
-            },
-            &sock,
+    async fn identify_reads_name_and_capabilities_from_a_real_driver() {
+        let config = DriverConfig {
+            accessibility_constraints: true,
+            controller_publish: true,
+            ..controller_driver()
+        };
+        let mut events = config.calls.subscribe();
+        let (_dir, _driver, ch) = started(config).await;
+        let mut named = None;
+        let found = identify(
+            &ch,
+            &PROVISIONER,
+            |name| named = Some(name.to_owned()),
+            async |name, metrics| Ok::<_, ()>((name.to_owned(), Arc::clone(metrics))),
         )
         .await
         .unwrap();
-        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
-        assert_eq!(driver.plugin_info().await.unwrap(), "csi.plugreg.test");
-        let caps = driver.capabilities().await.unwrap();
+        assert_eq!(found.name, "csi.plugreg.test");
+        assert_eq!(named.as_deref(), Some("csi.plugreg.test"));
+        // `ready` gets the registry the client counts in.
+        assert_eq!(found.ready.0, "csi.plugreg.test");
+        assert!(Arc::ptr_eq(&found.ready.1, found.client.metrics()));
         assert_eq!(
-            caps,
+            Capabilities::from(&found.capabilities),
             Capabilities {
                 controller_service: true,
                 accessibility_constraints: true,
@@ -333,6 +299,166 @@ mod tests {
                 publish_unpublish_volume: true,
                 ..Capabilities::default()
             }
+        );
+        assert_eq!(
+            received(&mut events),
+            [
+                Method::Probe,
+                Method::GetPluginInfo,
+                Method::GetPluginCapabilities,
+                Method::ControllerGetCapabilities
+            ]
+        );
+        // The calls before the name count as `unknown-driver`, the later ones as the driver.
+        let text = found.client.metrics().render();
+        assert!(
+            text.contains(&format!("driver_name=\"{UNKNOWN_DRIVER}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginInfo\"")),
+            "{text}"
+        );
+        assert!(
+            text.contains("driver_name=\"csi.plugreg.test\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerGetCapabilities\""),
+            "{text}"
+        );
+    }
+
+    /// A CSI-migration target: a second Probe loop on a fresh registry with the `migrated`
+    /// label (the calls before it stay with the old one).
+    #[tokio::test]
+    async fn identify_reprobes_a_migration_target_on_a_migrated_registry() {
+        let config = DriverConfig {
+            name: "pd.csi.storage.gke.io".into(),
+            ..controller_driver()
+        };
+        let mut events = config.calls.subscribe();
+        let (_dir, _driver, ch) = started(config).await;
+        let found = identify_plain(&ch, &PROVISIONER).await.unwrap();
+        assert_eq!(
+            received(&mut events),
+            [
+                Method::Probe,
+                Method::GetPluginInfo,
+                Method::Probe,
+                Method::GetPluginCapabilities,
+                Method::ControllerGetCapabilities
+            ]
+        );
+        let text = found.client.metrics().render();
+        assert!(!text.contains(UNKNOWN_DRIVER), "{text}");
+        assert!(!text.contains("GetPluginInfo"), "{text}");
+        assert!(
+            text.contains("driver_name=\"pd.csi.storage.gke.io\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\""),
+            "{text}"
+        );
+        // Without `migration` (the snapshotter) the driver is not probed twice.
+        let how = Identify {
+            migration: false,
+            ..PROVISIONER
+        };
+        identify_plain(&ch, &how).await.unwrap();
+        assert_eq!(
+            received(&mut events),
+            [
+                Method::Probe,
+                Method::GetPluginInfo,
+                Method::GetPluginCapabilities,
+                Method::ControllerGetCapabilities
+            ]
+        );
+    }
+
+    /// The snapshotter's order: the name, `ready` (its HTTP server), then the Probe; only
+    /// ControllerGetCapabilities.
+    #[tokio::test]
+    async fn identify_can_probe_after_ready_and_read_the_controller_only() {
+        let config = controller_driver();
+        let calls = config.calls.clone();
+        let mut events = config.calls.subscribe();
+        let (_dir, _driver, ch) = started(config).await;
+        let how = Identify {
+            probe_first: false,
+            migration: false,
+            capabilities: CapabilityReads::Controller,
+            ..PROVISIONER
+        };
+        let found = identify(
+            &ch,
+            &how,
+            |_| {},
+            async |_, _| Ok::<_, ()>(calls.count(Method::Probe)),
+        )
+        .await
+        .unwrap();
+        assert_eq!(found.ready, 0, "no Probe before `ready`");
+        assert!(found.capabilities.plugin.is_empty());
+        assert!(
+            found
+                .capabilities
+                .has_rpc(ControllerRpc::CreateDeleteVolume)
+        );
+        assert_eq!(
+            received(&mut events),
+            [
+                Method::GetPluginInfo,
+                Method::Probe,
+                Method::ControllerGetCapabilities
+            ]
+        );
+    }
+
+    /// The attacher's and the resizer's reads: no ControllerGetCapabilities without
+    /// CONTROLLER_SERVICE; a failing `ready` ends it before the capabilities.
+    #[tokio::test]
+    async fn identify_skips_the_controller_without_its_service_and_stops_at_ready() {
+        let config = DriverConfig::default();
+        let calls = config.calls.clone();
+        let (_dir, _driver, ch) = started(config).await;
+        let how = Identify {
+            startup_deadline: Some(Duration::from_secs(1)),
+            capabilities: CapabilityReads::PluginThenControllerService,
+            ..PROVISIONER
+        };
+        let found = identify_plain(&ch, &how).await.unwrap();
+        assert!(
+            !found
+                .capabilities
+                .has_service(PluginService::ControllerService)
+        );
+        assert!(found.capabilities.controller.is_empty());
+        assert_eq!(calls.count(Method::ControllerGetCapabilities), 0);
+        let err = identify(&ch, &how, |_| {}, async |_, _| Err::<(), _>(7))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, IdentifyError::Ready(7)), "{err}");
+        assert_eq!(calls.count(Method::GetPluginCapabilities), 1);
+    }
+
+    /// Capabilities answered after the shared deadline are a failure of the read that did not
+    /// make it (the attacher's 1 s for both).
+    #[tokio::test]
+    async fn identify_shares_the_startup_deadline_between_the_capability_reads() {
+        let mut config = controller_driver();
+        config.faults.insert(
+            Method::ControllerGetCapabilities,
+            Fault {
+                delay: Some(Duration::from_millis(1500)),
+                ..Default::default()
+            },
+        );
+        let (_dir, _driver, ch) = started(config).await;
+        let how = Identify {
+            startup_deadline: Some(Duration::from_secs(1)),
+            capabilities: CapabilityReads::PluginThenControllerService,
+            timeout: Duration::from_secs(60),
+            ..PROVISIONER
+        };
+        let err = identify_plain(&ch, &how).await.unwrap_err();
+        assert!(
+            matches!(err, IdentifyError::ControllerCapabilities(_)),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "rpc error: code = DeadlineExceeded desc = context deadline exceeded"
         );
     }
 
@@ -349,7 +475,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
+        let driver = Driver::new(client(ch, Duration::from_secs(5)));
         let created = driver
             .create_volume(
                 CreateVolumeRequest {
@@ -373,8 +499,6 @@ mod tests {
 
     #[tokio::test]
     async fn calls_end_at_the_timeout_with_deadline_exceeded() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("csi.sock");
         let mut config = controller_driver();
         config.faults.insert(
             Method::CreateVolume,
@@ -383,11 +507,8 @@ mod tests {
                 ..Default::default()
             },
         );
-        let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        let driver = Driver::new(ch, Duration::from_millis(200), metrics());
+        let (_dir, _driver, ch) = started(config).await;
+        let driver = Driver::new(client(ch, Duration::from_millis(200)));
         let err = driver
             .create_volume(
                 CreateVolumeRequest {
@@ -403,35 +524,25 @@ mod tests {
 
     #[tokio::test]
     async fn an_empty_driver_name_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("csi.sock");
         let config = DriverConfig {
             name: String::new(),
             ..controller_driver()
         };
-        let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
+        let (_dir, _driver, ch) = started(config).await;
         assert!(matches!(
-            driver.plugin_info().await,
-            Err(CsiError::EmptyName)
+            identify_plain(&ch, &PROVISIONER).await,
+            Err(IdentifyError::Name(CsiError::EmptyName))
         ));
     }
 
     #[tokio::test]
     async fn capabilities_fail_without_a_controller_service() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("csi.sock");
-        let _driver = plugreg_csi_test_driver::start(DriverConfig::default(), &sock)
-            .await
-            .unwrap();
-        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
-        let err = driver.capabilities().await.unwrap_err();
+        let (_dir, _driver, ch) = started(DriverConfig::default()).await;
+        let err = identify_plain(&ch, &PROVISIONER).await.unwrap_err();
+        assert!(
+            matches!(err, IdentifyError::ControllerCapabilities(_)),
+            "{err}"
+        );
         assert!(err.to_string().contains("code = Unimplemented"), "{err}");
     }
 
@@ -449,8 +560,8 @@ mod tests {
             .await
             .unwrap();
         let ch = connecting.await.unwrap().unwrap();
-        let driver = Driver::new(ch, Duration::from_secs(5), metrics());
-        assert_eq!(driver.plugin_info().await.unwrap(), "csi.plugreg.test");
+        let name = client(ch, Duration::from_secs(5)).plugin_name().await;
+        assert_eq!(name.unwrap(), "csi.plugreg.test");
     }
 
     #[tokio::test(start_paused = true)]
@@ -465,8 +576,6 @@ mod tests {
 
     #[tokio::test]
     async fn probe_retries_timeouts_then_succeeds() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("csi.sock");
         let mut config = controller_driver();
         config.faults.insert(
             Method::Probe,
@@ -477,11 +586,9 @@ mod tests {
             },
         );
         let calls = config.calls.clone();
-        let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        probe_forever(&ch, Duration::from_secs(5), &Metrics::new("x"))
+        let (_dir, _driver, ch) = started(config).await;
+        client(ch, Duration::from_secs(5))
+            .probe_forever()
             .await
             .unwrap();
         assert_eq!(calls.count(Method::Probe), 3);
@@ -489,8 +596,6 @@ mod tests {
 
     #[tokio::test]
     async fn probe_unimplemented_is_fatal() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("csi.sock");
         let mut config = controller_driver();
         config.faults.insert(
             Method::Probe,
@@ -499,11 +604,9 @@ mod tests {
                 ..Default::default()
             },
         );
-        let _driver = plugreg_csi_test_driver::start(config, &sock).await.unwrap();
-        let ch = connect(sock.to_str().unwrap(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        let err = probe_forever(&ch, Duration::from_secs(5), &Metrics::new("x"))
+        let (_dir, _driver, ch) = started(config).await;
+        let err = client(ch, Duration::from_secs(5))
+            .probe_forever()
             .await
             .unwrap_err();
         assert_eq!(
@@ -528,10 +631,8 @@ mod tests {
             .await
             .unwrap();
         let probing = {
-            let ch = ch.clone();
-            tokio::spawn(async move {
-                probe_forever(&ch, Duration::from_secs(5), &Metrics::new("x")).await
-            })
+            let client = client(ch.clone(), Duration::from_secs(5));
+            tokio::spawn(async move { client.probe_forever().await })
         };
         calls.wait_for(Method::Probe, 2).await;
         assert!(!probing.is_finished());
@@ -563,23 +664,12 @@ mod tests {
         let connected = connect_watched(sock.to_str().unwrap(), Duration::from_secs(5))
             .await
             .unwrap();
-        let d = Driver::new(connected.channel.clone(), Duration::from_secs(5), metrics());
-        d.plugin_info().await.unwrap();
+        let c = client(connected.channel.clone(), Duration::from_secs(5));
+        c.plugin_name().await.unwrap();
         assert!(!connected.lost.is_closed());
         driver.stop().await.unwrap();
         tokio::time::timeout(Duration::from_secs(10), connected.lost.wait())
             .await
             .expect("the loss is signalled");
-    }
-
-    #[test]
-    fn connection_loss_writes_an_existing_termination_log_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("termination-log");
-        report_connection_loss(&log);
-        assert!(!log.exists(), "never created");
-        std::fs::write(&log, "old text that is longer").unwrap();
-        report_connection_loss(&log);
-        assert_eq!(std::fs::read_to_string(&log).unwrap(), LOST_MESSAGE);
     }
 }

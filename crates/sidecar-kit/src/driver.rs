@@ -1,7 +1,8 @@
 //! The CSI driver as every controller sidecar reaches it at start-up (upstream's csi-lib-utils:
-//! `docs/upstream/upstream-external-provisioner.md` §2 steps 10-11, the same in the attacher,
-//! resizer and snapshotter): connecting to its socket within a window, probing it until it is
-//! ready, and exiting when the connection is lost later.
+//! `docs/upstream/upstream-external-provisioner.md` §2 steps 10-14, the same in the attacher,
+//! resizer and snapshotter): connecting to its socket within a window, [`identify`]ing it
+//! (probing it until it is ready, its name and the metrics named after it, its capabilities),
+//! and exiting when the connection is lost later.
 //!
 //! Connection loss: upstream exits 1 once the driver connection is lost after start-up. Here
 //! [`connect_watched`] hands back a [`ConnectionLost`] that resolves when the transport under the
@@ -10,21 +11,23 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use plugreg_csi_core::client::{CallError, Connection, Retry};
+use plugreg_csi_core::client::CallError;
 use plugreg_runtime::report;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::connect::{self as kit_connect, ConnectWindow, Outcome};
+use crate::csi::{Capabilities, Client, PluginService};
 use crate::metrics::Metrics;
+use crate::migration;
 
 /// How long `main` waits for the driver socket at start-up (csi-lib-utils' limit).
 pub const CONNECT_WINDOW: Duration = Duration::from_secs(30);
-/// Pause between connection attempts, and between Probe attempts.
+/// Pause between connection attempts.
 const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What the process logs (and writes to the termination log) when the driver goes away.
@@ -32,8 +35,6 @@ pub const LOST_MESSAGE: &str = "Lost connection to CSI driver, exiting";
 /// Where Kubernetes reads a container's last words.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 
-/// `/csi.v1.Identity/Probe`.
-pub const PROBE: &str = "/csi.v1.Identity/Probe";
 /// Why talking to the driver failed at start-up. The texts are what `main` logs.
 #[derive(Debug, thiserror::Error)]
 pub enum CsiError {
@@ -100,7 +101,7 @@ pub fn socket_path(address: &str) -> Result<PathBuf, CsiError> {
 }
 
 /// Connects to the driver at `address`, an attempt about every second within `window`,
-/// logging "Still connecting to <address>" every 10 s.
+/// logging `Still connecting to <address>` every 10 s.
 pub async fn connect(address: &str, window: Duration) -> Result<Channel, CsiError> {
     connect_watched(address, window).await.map(|c| c.channel)
 }
@@ -198,64 +199,180 @@ pub async fn exit_on_connection_loss(lost: ConnectionLost) -> i32 {
     1
 }
 
-/// The driver's calls over `ch`, each within `timeout` and made once (the caller retries on
-/// its own terms).
-pub fn connection(ch: &Channel, timeout: Duration) -> Connection {
-    // The address is the channel's; the calls do not need it.
-    Connection::from_channel(ch.clone(), "", timeout, Retry::ONCE)
+/// How csi-lib-utils' metrics name the driver before GetPluginInfo has answered.
+pub const UNKNOWN_DRIVER: &str = "unknown-driver";
+
+/// Which capabilities [`identify`] reads, in each sidecar's upstream order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapabilityReads {
+    /// ControllerGetCapabilities only (the snapshotter).
+    Controller,
+    /// GetPluginCapabilities, then ControllerGetCapabilities (the provisioner).
+    PluginAndController,
+    /// GetPluginCapabilities, then ControllerGetCapabilities only for a plugin with
+    /// CONTROLLER_SERVICE (the attacher, the resizer).
+    PluginThenControllerService,
 }
 
-/// Probes the driver until it is ready (§2 step 11): a Probe about every second, each within
-/// `timeout`; `ready=false` and DeadlineExceeded are retried without limit, anything else
-/// (UNIMPLEMENTED included) is [`CsiError::Probe`].
-pub async fn probe_forever(
-    ch: &Channel,
-    timeout: Duration,
-    metrics: &Metrics,
-) -> Result<(), CsiError> {
-    let mut ticker = tokio::time::interval(RETRY_INTERVAL);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    ticker.tick().await; // the first tick is immediate
-    let conn = connection(ch, timeout);
-    loop {
-        tracing::info!("Probing CSI driver for readiness");
-        match metrics
-            .timed_csi_call(PROBE, conn.probe(), CallError::code)
-            .await
-        {
-            Ok(response) if response.ready != Some(false) => return Ok(()),
-            Ok(_) => tracing::info!("CSI driver is not ready"),
-            Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
-                tracing::info!("CSI driver probe timed out")
-            }
-            Err(e) => return Err(CsiError::Probe(report::grpc(&e.to_status()))),
+/// How a sidecar walks [`identify`]: the steps are every sidecar's, their order and deadlines
+/// its upstream's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identify {
+    /// Each Probe's deadline (`--timeout`), and each other call's unless `startup_deadline`.
+    pub timeout: Duration,
+    /// GetPluginInfo's deadline, and one shared by the capability reads together (the
+    /// attacher's fixed 1 s); `None`: each call within `timeout`.
+    pub startup_deadline: Option<Duration>,
+    /// Probe first (`false`: after the `ready` step, as the snapshotter, whose HTTP server
+    /// serves the metrics while the driver is not ready yet).
+    pub probe_first: bool,
+    /// For a CSI-migration target ([`migration::in_tree_plugin`]): a registry with the
+    /// `migrated` label (the calls so far stay with the old one) and a second Probe loop.
+    pub migration: bool,
+    /// The capability reads at the end.
+    pub capabilities: CapabilityReads,
+    /// `--max-grpc-log-length` of a sidecar that logs its calls ([`Client::logging_calls`]).
+    pub grpc_log: Option<i64>,
+}
+
+/// What [`identify`] found out.
+#[derive(Debug)]
+pub struct Identified<R> {
+    /// The driver's name (GetPluginInfo).
+    pub name: String,
+    /// The client for the run: its metrics registry is named after the driver (and has the
+    /// `migrated` label for a CSI-migration target).
+    pub client: Client,
+    /// The capability reads' answers.
+    pub capabilities: Capabilities,
+    /// What the `ready` step returned.
+    pub ready: R,
+}
+
+/// Which step of [`identify`] failed; the sidecar logs it in its own words. The texts are the
+/// failures' own.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentifyError<E> {
+    /// The Probe loop (the one before the name, or after `ready`).
+    #[error(transparent)]
+    Probe(CsiError),
+    /// GetPluginInfo failed or answered an empty name.
+    #[error(transparent)]
+    Name(CsiError),
+    /// The second Probe loop of a CSI-migration target.
+    #[error(transparent)]
+    MigrationProbe(CsiError),
+    /// The `ready` step.
+    #[error("{0}")]
+    Ready(E),
+    /// GetPluginCapabilities.
+    #[error("{}", report::grpc(&.0.to_status()))]
+    PluginCapabilities(#[source] CallError),
+    /// ControllerGetCapabilities.
+    #[error("{}", report::grpc(&.0.to_status()))]
+    ControllerCapabilities(#[source] CallError),
+}
+
+/// What every controller sidecar asks the driver before it starts (csi-lib-utils' and each
+/// sidecar's `main`): Probe until ready; GetPluginInfo's name, counted as `unknown-driver`
+/// until it is known; `named` (the sidecar's lines about the name); for a CSI-migration
+/// target a registry with the `migrated` label and a second Probe loop; the registry named
+/// after the driver; `ready` (e.g. the sidecar's HTTP server on that registry); then the
+/// capability reads. Each failure ends it with the step that failed.
+pub async fn identify<R, E>(
+    channel: &Channel,
+    how: &Identify,
+    named: impl FnOnce(&str),
+    ready: impl AsyncFnOnce(&str, &Arc<Metrics>) -> Result<R, E>,
+) -> Result<Identified<R>, IdentifyError<E>> {
+    let client_on = |metrics: Metrics| {
+        let client = Client::new(channel.clone(), how.timeout, Arc::new(metrics));
+        match how.grpc_log {
+            Some(max) => client.logging_calls(max),
+            None => client,
         }
-        ticker.tick().await;
+    };
+    let client = client_on(Metrics::new(UNKNOWN_DRIVER));
+    if how.probe_first {
+        client.probe_forever().await.map_err(IdentifyError::Probe)?;
     }
+    let name = client
+        .with_timeout(how.startup_deadline.unwrap_or(how.timeout))
+        .plugin_name()
+        .await
+        .map_err(IdentifyError::Name)?;
+    named(&name);
+    let migrated = how.migration && migration::in_tree_plugin(&name).is_some();
+    let mut metrics = if migrated {
+        let mut m = Metrics::new(&name);
+        m.with_migrated_label();
+        m
+    } else {
+        // set_driver needs the registry alone: the client goes first.
+        let unknown = Arc::clone(client.metrics());
+        drop(client);
+        Arc::into_inner(unknown).expect("identify holds the only client")
+    };
+    metrics.set_driver(&name);
+    let client = client_on(metrics);
+    if migrated {
+        client
+            .probe_forever()
+            .await
+            .map_err(IdentifyError::MigrationProbe)?;
+    }
+    let ready = ready(&name, client.metrics())
+        .await
+        .map_err(IdentifyError::Ready)?;
+    if !how.probe_first {
+        client.probe_forever().await.map_err(IdentifyError::Probe)?;
+    }
+    let capabilities = read_capabilities(&client, how).await?;
+    Ok(Identified {
+        name,
+        client,
+        capabilities,
+        ready,
+    })
 }
 
-/// `/csi.v1.Identity/GetPluginInfo`.
-pub const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
-
-/// The driver's name (GetPluginInfo within `timeout`, counted in `metrics`), as every sidecar
-/// asks it at start-up; an empty name is [`CsiError::EmptyName`].
-pub async fn plugin_name(
-    ch: &Channel,
-    timeout: Duration,
-    metrics: &Metrics,
-) -> Result<String, CsiError> {
-    let info = metrics
-        .timed_csi_call(
-            GET_PLUGIN_INFO,
-            connection(ch, timeout).get_plugin_info(),
-            CallError::code,
-        )
-        .await
-        .map_err(CsiError::Call)?;
-    if info.name.is_empty() {
-        return Err(CsiError::EmptyName);
+/// The capability reads of [`identify`].
+async fn read_capabilities<E>(
+    client: &Client,
+    how: &Identify,
+) -> Result<Capabilities, IdentifyError<E>> {
+    let deadline = how.startup_deadline.map(|d| Instant::now() + d);
+    // Each call gets what is left of the shared deadline, and none is made once it has passed.
+    let within = |method: &'static str| match deadline {
+        None => Ok(client.clone()),
+        Some(deadline) => match deadline.saturating_duration_since(Instant::now()) {
+            left if left.is_zero() => Err(CallError::Timeout {
+                method,
+                timeout: Duration::ZERO,
+                attempts: 0,
+            }),
+            left => Ok(client.with_timeout(left)),
+        },
+    };
+    let mut caps = Capabilities::default();
+    if how.capabilities != CapabilityReads::Controller {
+        caps.plugin = async { within("GetPluginCapabilities")?.plugin_capabilities().await }
+            .await
+            .map_err(IdentifyError::PluginCapabilities)?;
+        if how.capabilities == CapabilityReads::PluginThenControllerService
+            && !caps.has_service(PluginService::ControllerService)
+        {
+            return Ok(caps);
+        }
     }
-    Ok(info.name)
+    caps.controller = async {
+        within("ControllerGetCapabilities")?
+            .controller_capabilities()
+            .await
+    }
+    .await
+    .map_err(IdentifyError::ControllerCapabilities)?;
+    Ok(caps)
 }
 
 #[cfg(test)]

@@ -33,8 +33,9 @@
 //! - [`http`]: a small HTTP/1 diagnostics server with the bounds a network endpoint needs and one
 //!   shared health check in flight;
 //! - with the feature `controller` (kube and k8s-openapi; node sidecars leave it out):
-//!   [`driver`] (the CSI driver reached, probed and watched at start-up, as csi-lib-utils
-//!   does), [`leader`] (leader election on a Lease, [`leader::run_elected`] for a controller that
+//!   [`driver`] (the CSI driver reached, identified and watched at start-up, as csi-lib-utils
+//!   and the sidecars' `main`s do), [`csi`] (the one timed CSI client the sidecars' drivers
+//!   wrap), [`leader`] (leader election on a Lease, [`leader::run_elected`] for a controller that
 //!   works only while it leads), [`cache`] (trimmed watch caches), [`compact`] (their compact entries), [`events`] (client-go's
 //!   event recorder),
 //!   [`lifecycle`] (a controller sidecar's process: signals, the watched driver connection,
@@ -54,6 +55,8 @@ pub mod cli;
 pub mod compact;
 pub mod compat;
 pub mod connect;
+#[cfg(feature = "controller")]
+pub mod csi;
 #[cfg(feature = "controller")]
 pub mod diagnostics;
 #[cfg(feature = "controller")]

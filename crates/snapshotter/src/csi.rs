@@ -1,40 +1,27 @@
-//! The snapshotter's calls to the driver: GetPluginInfo and ControllerGetCapabilities at start
-//! (each within `--timeout`), then CreateSnapshot, ListSnapshots and DeleteSnapshot within
-//! `--timeout` each, every call counted in `csi_sidecar_operations_seconds`.
+//! The snapshotter's calls to the driver: CreateSnapshot, ListSnapshots and DeleteSnapshot
+//! within `--timeout` each, on the kit's timed client ([`Client`]: every call counted in
+//! `csi_sidecar_operations_seconds`), and what the capabilities read at start-up (GetPluginInfo
+//! and ControllerGetCapabilities, each within `--timeout`) mean to the snapshotter.
 //!
 //! Upstream also calls GetPluginInfo before every CreateSnapshot and ControllerGetCapabilities
 //! before every ListSnapshots; their answers cannot change while the driver runs (a new driver
 //! process means a new connection, and this process exits on connection loss), so this one
 //! asks once at start. Only the counts in the metric differ.
 //!
-//! Connecting, the Probe loop and the exit on connection loss are csi-lib-utils' code, shared
-//! with every controller sidecar ([`plugreg_sidecar_kit::driver`]).
+//! Connecting, the start-up questions and the exit on connection loss are every controller
+//! sidecar's ([`plugreg_sidecar_kit::driver`]).
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
 
-use plugreg_csi_core::client::{CallError, Connection, Retry};
+use plugreg_csi_core::client::CallError;
 use plugreg_proto::csi::v1::{
     CreateSnapshotRequest, DeleteSnapshotRequest, ListSnapshotsRequest, Snapshot,
-    controller_service_capability,
 };
 use plugreg_runtime::report;
-use plugreg_sidecar_kit::metrics::Metrics;
-use tonic::transport::Channel;
+use plugreg_sidecar_kit::csi::{Capabilities, Client, ControllerRpc};
 
 use crate::decide::Taken;
 
-pub use plugreg_sidecar_kit::driver::{
-    CONNECT_WINDOW, Connected, ConnectionLost, CsiError, connect_watched, exit_on_connection_loss,
-    probe_forever,
-};
-
-/// `/csi.v1.Identity/GetPluginInfo`.
-pub const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
-/// `/csi.v1.Controller/ControllerGetCapabilities`.
-pub const CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.Controller/ControllerGetCapabilities";
 /// `/csi.v1.Controller/CreateSnapshot`.
 pub const CREATE_SNAPSHOT: &str = "/csi.v1.Controller/CreateSnapshot";
 /// `/csi.v1.Controller/ListSnapshots`.
@@ -49,6 +36,17 @@ pub struct DriverCaps {
     pub create_delete_snapshot: bool,
     /// LIST_SNAPSHOTS (without it a pre-provisioned content is ready at once).
     pub list_snapshots: bool,
+}
+
+impl From<&Capabilities> for DriverCaps {
+    /// What ControllerGetCapabilities (no GetPluginCapabilities, as upstream) means to the
+    /// snapshotter.
+    fn from(read: &Capabilities) -> Self {
+        Self {
+            create_delete_snapshot: read.has_rpc(ControllerRpc::CreateDeleteSnapshot),
+            list_snapshots: read.has_rpc(ControllerRpc::ListSnapshots),
+        }
+    }
 }
 
 /// A failed snapshot call: Go's text of it (`rpc error: code = X desc = Y`) and its code
@@ -78,8 +76,7 @@ impl From<CallError> for Failed {
 /// The driver's calls. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Driver {
-    conn: Connection,
-    metrics: Arc<Metrics>,
+    client: Client,
 }
 
 fn taken(s: Snapshot) -> Taken {
@@ -103,58 +100,10 @@ fn stripped(secrets: &HashMap<String, String>) -> Vec<&str> {
 }
 
 impl Driver {
-    /// Calls over `ch`, each within `timeout` (`--timeout`), reported to `metrics`.
-    pub fn new(ch: Channel, timeout: Duration, metrics: Arc<Metrics>) -> Self {
-        Self {
-            conn: Connection::from_channel(ch, "", timeout, Retry::ONCE),
-            metrics,
-        }
-    }
-
-    async fn timed<T>(
-        &self,
-        method: &str,
-        call: impl Future<Output = Result<T, CallError>>,
-    ) -> Result<T, CallError> {
-        self.metrics
-            .timed_csi_call(method, call, CallError::code)
-            .await
-    }
-
-    /// GetPluginInfo: the driver name; empty is an error.
-    pub async fn plugin_info(&self) -> Result<String, CsiError> {
-        let info = self
-            .timed(GET_PLUGIN_INFO, self.conn.get_plugin_info())
-            .await
-            .map_err(CsiError::Call)?;
-        if info.name.is_empty() {
-            return Err(CsiError::EmptyName);
-        }
-        Ok(info.name)
-    }
-
-    /// ControllerGetCapabilities (no GetPluginCapabilities, as upstream).
-    pub async fn capabilities(&self) -> Result<DriverCaps, String> {
-        let ctrl = self
-            .timed(
-                CONTROLLER_GET_CAPABILITIES,
-                self.conn.controller_get_capabilities(),
-            )
-            .await
-            .map_err(|e| report::grpc(&e.to_status()))?;
-        use controller_service_capability::rpc::Type as C;
-        let mut caps = DriverCaps::default();
-        for cap in &ctrl.capabilities {
-            let Some(controller_service_capability::Type::Rpc(rpc)) = &cap.r#type else {
-                continue;
-            };
-            match C::try_from(rpc.r#type) {
-                Ok(C::CreateDeleteSnapshot) => caps.create_delete_snapshot = true,
-                Ok(C::ListSnapshots) => caps.list_snapshots = true,
-                _ => {}
-            }
-        }
-        Ok(caps)
+    /// The calls on `client` (the one [`identify`](plugreg_sidecar_kit::driver::identify)
+    /// returns: `--timeout`, the metrics).
+    pub fn new(client: Client) -> Self {
+        Self { client }
     }
 
     /// CreateSnapshot of `source_volume_id` named `name`. An answer without a snapshot is an
@@ -179,12 +128,12 @@ impl Driver {
             secrets = ?stripped(&req.secrets),
             "CreateSnapshot"
         );
-        let ctl = self.conn.controller();
-        let call = self.conn.call("CreateSnapshot", &req, |r| {
+        let ctl = self.client.connection().controller();
+        let call = self.client.connection().call("CreateSnapshot", &req, |r| {
             let mut c = ctl.clone();
             async move { c.create_snapshot(r).await }
         });
-        let resp = self.timed(CREATE_SNAPSHOT, call).await?;
+        let resp = self.client.timed(CREATE_SNAPSHOT, &req, call).await?;
         resp.snapshot.map(taken).ok_or_else(|| Failed {
             message: "the driver answered CreateSnapshot without a snapshot".into(),
             code: None,
@@ -202,12 +151,12 @@ impl Driver {
             secrets,
             ..ListSnapshotsRequest::default()
         };
-        let ctl = self.conn.controller();
-        let call = self.conn.call("ListSnapshots", &req, |r| {
+        let ctl = self.client.connection().controller();
+        let call = self.client.connection().call("ListSnapshots", &req, |r| {
             let mut c = ctl.clone();
             async move { c.list_snapshots(r).await }
         });
-        let resp = self.timed(LIST_SNAPSHOTS, call).await?;
+        let resp = self.client.timed(LIST_SNAPSHOTS, &req, call).await?;
         Ok(resp
             .entries
             .into_iter()
@@ -226,12 +175,12 @@ impl Driver {
             snapshot_id: snapshot_id.to_owned(),
             secrets,
         };
-        let ctl = self.conn.controller();
-        let call = self.conn.call("DeleteSnapshot", &req, |r| {
+        let ctl = self.client.connection().controller();
+        let call = self.client.connection().call("DeleteSnapshot", &req, |r| {
             let mut c = ctl.clone();
             async move { c.delete_snapshot(r).await }
         });
-        self.timed(DELETE_SNAPSHOT, call).await?;
+        self.client.timed(DELETE_SNAPSHOT, &req, call).await?;
         Ok(())
     }
 }
