@@ -2,6 +2,13 @@
 //! livenessprobe, csi-provisioner, and the controller sidecars to come) share, so that a sidecar
 //! is its own decisions plus a thin binary.
 //!
+//! The kit keeps the sidecar skeleton ([`flags`], [`compat`], [`cli`]), [`connect`] and the
+//! controller runtime; what stands on its own lives in three crates it re-exports at its root:
+//! `plugreg-goflag` (Go flag syntax and klog logging: [`gotext`], [`gosyntax`], [`goflag`],
+//! [`pflag`], [`logging`]), `plugreg-kube-types` (Kubernetes types and names: [`quantity`],
+//! [`migration`], `snapshot`, `vac`) and `plugreg-diag` (the diagnostics HTTP server and the
+//! metrics registry: [`http`], [`metrics`]).
+//!
 //! # What a new sidecar writes, and what the kit gives it
 //!
 //! A sidecar crate writes:
@@ -64,19 +71,10 @@ pub mod driver;
 #[cfg(feature = "controller")]
 pub mod events;
 pub mod flags;
-pub mod goflag;
-pub mod gosyntax;
-pub mod gotext;
-pub mod http;
 #[cfg(feature = "controller")]
 pub mod leader;
 #[cfg(feature = "controller")]
 pub mod lifecycle;
-pub mod logging;
-pub mod metrics;
-pub mod migration;
-pub mod pflag;
-pub mod quantity;
 #[cfg(feature = "controller")]
 pub mod queue;
 #[cfg(feature = "controller")]
@@ -85,10 +83,12 @@ pub mod ratelimit;
 pub mod runtime;
 #[cfg(feature = "controller")]
 pub mod service;
+
+pub use plugreg_diag::{http, metrics};
+pub use plugreg_goflag::{goflag, gosyntax, gotext, logging, pflag};
+pub use plugreg_kube_types::{migration, quantity};
 #[cfg(feature = "controller")]
-pub mod snapshot;
-#[cfg(feature = "controller")]
-pub mod vac;
+pub use plugreg_kube_types::{snapshot, vac};
 
 /// The version every sidecar reports (`--version`, the `Version` log line):
 /// `PLUGREG_VERSION` at build time, else `v` + the workspace version.

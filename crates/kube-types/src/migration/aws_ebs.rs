@@ -9,7 +9,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::error::Error;
 use super::topology;
-use crate::gotext;
+use plugreg_goflag::gotext;
 
 /// The driver.
 const DRIVER: &str = "ebs.csi.aws.com";

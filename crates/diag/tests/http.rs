@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use plugreg_sidecar_kit::http::{
+use plugreg_diag::http::{
     HEADER_READ_TIMEOUT, Incoming, Limits, Request, Response, StatusCode, serve_connection,
     serve_with, text_response,
 };
@@ -124,7 +124,7 @@ fn still_open(s: &TcpStream) -> bool {
 /// Raises this process's soft open-file limit to its hard limit; fails the test if that leaves
 /// fewer than `needed` descriptors.
 fn need_descriptors(needed: u64) {
-    let soft = plugreg_sidecar_kit::http::raise_open_file_limit();
+    let soft = plugreg_diag::http::raise_open_file_limit();
     assert!(
         soft >= needed,
         "this test needs {needed} open files; RLIMIT_NOFILE allows {soft} (raise the hard limit)"
@@ -134,7 +134,7 @@ fn need_descriptors(needed: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_is_answered_behind_1000_idle_and_slow_loris_clients() {
     need_descriptors(2 * 1000 + 200);
-    let (addr, token) = start(ok, plugreg_sidecar_kit::http::MAX_CONNECTIONS).await;
+    let (addr, token) = start(ok, plugreg_diag::http::MAX_CONNECTIONS).await;
     let crowd = tokio::task::spawn_blocking(move || {
         let mut crowd = Vec::new();
         for i in 0..1000 {
@@ -228,7 +228,7 @@ async fn a_client_that_does_not_read_its_answer_is_evicted_for_a_new_one() {
 async fn clients_that_do_not_read_give_their_worker_to_a_probe() {
     let (addr, token) = start(big_or_ok(), 1024).await;
     let mut readers = Vec::new();
-    for _ in 0..plugreg_sidecar_kit::http::MAX_ANSWERING {
+    for _ in 0..plugreg_diag::http::MAX_ANSWERING {
         let mut reader = slow_reader(addr).await;
         start_big_answer(&mut reader);
         readers.push(reader);

@@ -282,7 +282,7 @@ impl Metrics {
     }
 
     /// Adds the label `migrated` to `csi_sidecar_operations_seconds`, as upstream's controller
-    /// sidecars do for a CSI-migration target driver ([`crate::migration`]).
+    /// sidecars do for a CSI-migration target driver (`plugreg_kube_types::migration`).
     pub fn with_migrated_label(&mut self) {
         self.lock().csi.with_migrated_label();
     }

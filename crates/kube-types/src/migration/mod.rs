@@ -1,5 +1,5 @@
 //! CSI migration: the in-tree volume plugins that Kubernetes hands to CSI drivers, and (with the
-//! feature `controller`) the translation between their objects and CSI's, as
+//! feature `k8s`) the translation between their objects and CSI's, as
 //! k8s.io/csi-translation-lib v0.36.1 does it for the controller sidecars
 //! (`spec/upstream-csi-migration.md`).
 //!
@@ -13,32 +13,32 @@
 //! as `fsType` beside `csi.storage.k8s.io/fstype`, or `zone` beside `zones`), we iterate in the
 //! keys' sorted order, so the last key in that order wins; upstream's result is random there.
 
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod aws_ebs;
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod azure_disk;
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod azure_file;
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod cinder;
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod error;
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod gce_pd;
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod portworx;
-#[cfg(all(test, feature = "controller"))]
+#[cfg(all(test, feature = "k8s"))]
 mod tests_translate;
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod topology;
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod translate;
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 mod vsphere;
 
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 pub use error::{Error, RegionError, TopologyError};
-#[cfg(feature = "controller")]
+#[cfg(feature = "k8s")]
 pub use translate::{
     in_tree_plugin_of_pv, is_pv_migratable, repair_volume_handle, translate_csi_pv_to_in_tree,
     translate_in_tree_pv_to_csi, translate_storage_class,

@@ -10,7 +10,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::error::Error;
 use super::topology::{self, BETA_ZONE, GA_ZONE, MULTI_ZONE_DELIMITER};
-use crate::gotext;
+use plugreg_goflag::gotext;
 
 /// The driver.
 const DRIVER: &str = "pd.csi.storage.gke.io";

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::gotext::quote;
+use plugreg_goflag::gotext::quote;
 
 /// A translation that failed; `Display` is csi-translation-lib's error text (the sidecars wrap
 /// it in their own prefixes, as upstream's do).
