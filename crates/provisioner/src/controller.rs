@@ -552,37 +552,58 @@ pub async fn run(
                 },
             ),
     );
-    workers.spawn(
-        Runner::new(vec![Lane::new(Arc::clone(&ctl.volumes), n)]).run(
-            Arc::clone(&ctl),
-            shutdown.clone(),
-            |c: Arc<Controller>, _, key: String| {
-                Box::pin(async move { c.sync_volume(&key).await.map(|()| Action::Done) })
-            },
-            |c: &Controller, _, key: &String, Requeue| {
-                let failures = c.volumes.failures(key) + 1;
-                info!(volume = %key, failures, "Retrying syncing volume");
-                Action::Retry
-            },
-        ),
-    );
-    workers.spawn(
-        Runner::new(vec![Lane::new(Arc::clone(&ctl.records), n)]).run(
-            Arc::clone(&ctl),
-            shutdown.clone(),
-            |c: Arc<Controller>, _, key: String| {
-                Box::pin(async move { c.sync_record(&key).await.map(|()| Action::Done) })
-            },
-            |c: &Controller, _, key: &String, Requeue| {
-                let failures = c.records.failures(key) + 1;
-                info!(volume = %key, failures, "Retrying the in-flight volume");
-                Action::Retry
-            },
-        ),
-    );
+    workers.spawn(volume_runner(&ctl, &shutdown, Volumes::Pv));
+    workers.spawn(volume_runner(&ctl, &shutdown, Volumes::Record));
     shutdown.cancelled().await;
     while workers.join_next().await.is_some() {}
     Ok(())
+}
+
+/// The two queues keyed by volume name.
+#[derive(Clone, Copy)]
+enum Volumes {
+    /// PVs of this driver.
+    Pv,
+    /// The volumes of the in-flight record.
+    Record,
+}
+
+/// The runner of one of the queues keyed by volume name, with `--worker-threads` workers.
+fn volume_runner(
+    ctl: &Arc<Controller>,
+    shutdown: &CancellationToken,
+    which: Volumes,
+) -> impl Future<Output = ()> + use<> {
+    let queue = match which {
+        Volumes::Pv => &ctl.volumes,
+        Volumes::Record => &ctl.records,
+    };
+    Runner::new(vec![Lane::new(Arc::clone(queue), ctl.cfg.workers)]).run(
+        Arc::clone(ctl),
+        shutdown.clone(),
+        move |c: Arc<Controller>, _, key: String| {
+            Box::pin(async move {
+                match which {
+                    Volumes::Pv => c.sync_volume(&key).await,
+                    Volumes::Record => c.sync_record(&key).await,
+                }
+                .map(|()| Action::Done)
+            })
+        },
+        move |c: &Controller, _, key: &String, Requeue| {
+            match which {
+                Volumes::Pv => {
+                    let failures = c.volumes.failures(key) + 1;
+                    info!(volume = %key, failures, "Retrying syncing volume");
+                }
+                Volumes::Record => {
+                    let failures = c.records.failures(key) + 1;
+                    info!(volume = %key, failures, "Retrying the in-flight volume");
+                }
+            }
+            Action::Retry
+        },
+    )
 }
 
 /// A Node as topology reads it: its name and labels.
@@ -1867,11 +1888,23 @@ async fn update_json(
     let req = kube::core::Request::new(path)
         .get(name, &kube::api::GetParams::default())
         .map_err(kube::Error::BuildRequest)?;
-    let mut obj: serde_json::Value = match client.request(req).await {
+    let obj: serde_json::Value = match client.request(req).await {
         Ok(o) => o,
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
         Err(e) => return Err(e),
     };
+    edit_and_put(client, path, name, obj, edit).await
+}
+
+/// `obj` (as read) edited by `edit` and `PUT` to `<path>/<name>`: the resourceVersions before
+/// and after, or `None` when the edit changes nothing or the object is gone.
+async fn edit_and_put(
+    client: &Client,
+    path: &str,
+    name: &str,
+    mut obj: serde_json::Value,
+    edit: impl FnOnce(&mut serde_json::Value) -> bool,
+) -> Result<Option<(String, String)>, kube::Error> {
     let before = obj["metadata"]["resourceVersion"]
         .as_str()
         .unwrap_or_default()
@@ -1927,29 +1960,10 @@ async fn update_known(
     known: Option<serde_json::Value>,
     edit: impl Fn(&mut serde_json::Value) -> bool,
 ) -> Result<Option<(String, String)>, kube::Error> {
-    if let Some(mut obj) = known {
-        let before = obj["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if !edit(&mut obj) {
-            return Ok(None);
-        }
-        let body = serde_json::to_vec(&obj).map_err(kube::Error::SerdeError)?;
-        let req = kube::core::Request::new(path)
-            .replace(name, &PostParams::default(), body)
-            .map_err(kube::Error::BuildRequest)?;
-        match client.request::<serde_json::Value>(req).await {
-            Ok(written) => {
-                let after = written["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                return Ok(Some((before, after)));
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+    if let Some(obj) = known {
+        match edit_and_put(client, path, name, obj, &edit).await {
             Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e),
+            answer => return answer,
         }
     }
     update_json(client, path, name, edit).await
