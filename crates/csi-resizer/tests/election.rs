@@ -22,6 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use plugreg_resizer::kube::VolumeAttributesClass;
 use plugreg_testpeers::KubeVersion;
+use plugreg_testpeers::bench::free_port;
 use serde_json::json;
 
 /// Where `deploy/base` runs the controller sidecars, and its ServiceAccount there.
@@ -204,14 +205,6 @@ async fn the_upstream_sample_rbac_is_enough_v1_36() {
 #[tokio::test]
 async fn the_upstream_sample_rbac_is_enough_v1_20() {
     sample_rbac_is_enough(KubeVersion::V1_20_2).await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One `GET path` on the diagnostics endpoint: (status code, body), `None` while it is not up.

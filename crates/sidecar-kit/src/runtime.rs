@@ -19,7 +19,6 @@
 //!   the key again.
 
 use std::collections::HashMap;
-use std::fmt::Display;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -281,7 +280,7 @@ impl<K: Eq + Hash> Writes<K> {
     }
 }
 
-impl<K: Display> std::fmt::Debug for Writes<K> {
+impl<K> std::fmt::Debug for Writes<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let n = self.0.lock().map_or(0, |m| m.len());
         write!(f, "Writes({n})")
