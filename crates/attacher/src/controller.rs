@@ -204,13 +204,16 @@ pub async fn run(
     };
     let (attach_q, detach_q, pv_q): (Queue, Queue, Queue) =
         (queue(ATTACH_QUEUE), queue(DETACH_QUEUE), queue(PV_QUEUE));
-    clients.metrics.register(Arc::new(Backlog {
-        queues: vec![
-            Arc::clone(&attach_q),
-            Arc::clone(&detach_q),
-            Arc::clone(&pv_q),
-        ],
-    }));
+    clients.metrics.register(
+        "attacher-backlog",
+        Arc::new(Backlog {
+            queues: vec![
+                Arc::clone(&attach_q),
+                Arc::clone(&detach_q),
+                Arc::clone(&pv_q),
+            ],
+        }),
+    );
     let fin = decide::finalizer(&cfg.driver);
     let client = clients.kube.clone();
 

@@ -9,8 +9,28 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, Clients, Config};
 use crate::csi::Driver;
+use crate::decide::DriverCaps;
+use crate::flags::{FeatureGates, Options};
+
+/// The controller's settings for the driver `driver` with `caps`, from the command line.
+pub fn config(options: &Options, gates: &FeatureGates, driver: &str, caps: DriverCaps) -> Config {
+    Config {
+        driver: driver.to_owned(),
+        caps,
+        default_fstype: options.default_fstype.clone(),
+        workers: usize::try_from(options.worker_threads).unwrap_or(usize::MAX),
+        retry_start: options.retry_interval_start,
+        retry_max: options.retry_interval_max,
+        resync: options.resync,
+        reconcile_sync: options.reconcile_sync,
+        timeout: options.timeout,
+        max_entries: options.max_entries as i32,
+        error_codes: gates.mutable_csinode_allocatable_count,
+    }
+}
 
 /// Everything the run needs, gathered by the binary's start-up.
+#[derive(Clone)]
 pub struct Service {
     /// Kubernetes: the clients' settings, leader election, health and metrics.
     pub kube: Kube,

@@ -15,11 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use plugreg_attacher::controller::Config;
 use plugreg_attacher::csi::{self, Driver};
 use plugreg_attacher::decide::{self, DriverCaps};
 use plugreg_attacher::flags::{self, COMMAND, FeatureGates, Flags, Options};
-use plugreg_attacher::service::{DRAIN, Service};
+use plugreg_attacher::service::{self, DRAIN, Service};
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
@@ -207,19 +206,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     let service = Service {
         kube,
         driver: started.driver,
-        config: Config {
-            driver: started.name.clone(),
-            caps: started.caps,
-            default_fstype: options.default_fstype.clone(),
-            workers: usize::try_from(options.worker_threads).unwrap_or(usize::MAX),
-            retry_start: options.retry_interval_start,
-            retry_max: options.retry_interval_max,
-            resync: options.resync,
-            reconcile_sync: options.reconcile_sync,
-            timeout: options.timeout,
-            max_entries: options.max_entries as i32,
-            error_codes: gates.mutable_csinode_allocatable_count,
-        },
+        config: service::config(&options, &gates, &started.name, started.caps),
     };
     let stop = Stop {
         on_signal: OnSignal::Controller {

@@ -14,21 +14,17 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context as _;
-use plugreg_provisioner::capacity;
 use plugreg_provisioner::csi::{Capabilities, Driver};
 use plugreg_provisioner::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags, Options};
-use plugreg_provisioner::metrics::Metrics;
-use plugreg_provisioner::node;
-use plugreg_provisioner::request::RequestOptions;
-use plugreg_provisioner::service::Service;
+use plugreg_provisioner::start::{self, Started};
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
 use plugreg_sidecar_kit::driver::{CapabilityReads, Identify, IdentifyError, identify};
-use plugreg_sidecar_kit::leader::{self, LeaderHealth};
+use plugreg_sidecar_kit::leader::LeaderHealth;
 use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::migration;
 use plugreg_sidecar_kit::ratelimit::kube_config;
@@ -82,7 +78,7 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
     PROGRAM.warn_legacy(&flags.legacy);
     let options = flags.options;
     warn_ignored(&options, &gates);
-    if let Some(refusal) = unsupported(&options, &gates) {
+    if let Some(refusal) = start::unsupported(&gates) {
         tracing::error!(target: LOG, "{refusal}");
         return Ok(1);
     }
@@ -119,17 +115,6 @@ fn warn_ignored(options: &Options, gates: &FeatureGates) {
     for gate in &gates.ignored {
         tracing::info!(target: LOG, gate = %gate, "Ignoring feature gate: it has no effect on the provisioner");
     }
-}
-
-/// The first feature switched on that this provisioner does not implement yet (exit 1, rather
-/// than silently doing nothing).
-fn unsupported(_options: &Options, gates: &FeatureGates) -> Option<&'static str> {
-    if gates.cross_namespace_volume_data_source {
-        return Some(
-            "the CrossNamespaceVolumeDataSource feature gate is not supported by this csi-provisioner yet; remove it or use the upstream image",
-        );
-    }
-    None
 }
 
 /// Steps 6-18, then the controller; returns the exit code.
@@ -214,28 +199,17 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
         let driver = Driver::new(found.client);
         // Node deployment (§B.2 step 3): this node as the driver sees it, always asked.
         let local = match (&options.node_deployment, &node_name) {
-            (true, Some(node)) => match driver.node_info().await {
-                Ok(info) => Some(node::Local {
-                    node: node.clone(),
-                    node_id: info.node_id,
-                    segment: info
-                        .accessible_topology
-                        .map(|t| t.segments.into_iter().collect()),
-                }),
+            (true, Some(node)) => match start::local_node(&driver, node).await {
+                Ok(local) => Some(local),
                 Err(e) => {
-                    tracing::error!(target: LOG, "Failed to get node info from CSI driver: {}", plugreg_runtime::report::grpc(&e.to_status()));
+                    tracing::error!(target: LOG, "{e}");
                     return Err(FATAL_EXIT);
                 }
             },
             _ => None,
         };
         // Step 15.
-        let identity = flags::provisioner_identity(
-            unix_millis(),
-            random(),
-            &name,
-            local.as_ref().map(|l| l.node.as_str()),
-        );
+        let identity = start::identity(&name, local.as_ref().map(|l| l.node.as_str()));
         // Step 16 (the informers themselves are the controller's).
         if capabilities.publish_unpublish_volume {
             tracing::info!(
@@ -250,7 +224,7 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
         }
         // Step 17: capacity tracking's client, owner, manager and API version.
         let capacity = if options.enable_capacity {
-            match capacity_start(&options, &kube_config, &name, local.as_ref()).await {
+            match start::capacity(&options, &kube_config, &name, local.as_ref()).await {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::error!(target: LOG, "{e}");
@@ -269,73 +243,32 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
                 return Err(FATAL_EXIT);
             }
         };
-        Ok(Started {
+        let started = Started {
             capacity,
             local,
             name,
             identity,
-            driver,
+            driver: Arc::new(driver),
             capabilities,
-            metrics,
-            health,
-            http,
-        })
+        };
+        Ok((started, metrics, health, http))
     };
-    let started = match life.start(startup).await {
+    let (started, metrics, health, http) = match life.start(startup).await {
         Ok(s) => s,
         Err(code) => return code,
     };
 
     // Steps 19-20: the controller, directly or under the Lease.
-    let controller = &options.controller;
     let kube = Kube::from_flags(
-        controller,
+        &options.controller,
         kube_config,
         &started.name,
         flags::lease_name(&started.name),
         gates.release_leader_election_on_exit,
-        started.health.clone(),
-        started.metrics.clone(),
+        health,
+        metrics,
     );
-    let service = Service {
-        kube,
-        driver: Arc::new(started.driver),
-        driver_name: started.name.clone(),
-        identity: started.identity.clone(),
-        host: leader::hostname(),
-        capabilities: started.capabilities,
-        request: RequestOptions {
-            volume_name_prefix: options.volume_name_prefix.clone(),
-            volume_name_uuid_length: options.volume_name_uuid_length,
-            extra_create_metadata: options.extra_create_metadata,
-            default_fstype: options.default_fstype.clone(),
-            controller_publish_readonly: options.controller_publish_readonly,
-            strict_topology: options.strict_topology,
-            immediate_topology: options.immediate_topology,
-            topology: gates.topology && started.capabilities.accessibility_constraints,
-            single_node_multi_writer: started.capabilities.single_node_multi_writer,
-            volume_attributes_class,
-            modify_volume: started.capabilities.modify_volume,
-            create_delete_snapshot: started.capabilities.create_delete_snapshot,
-            clone_volume: started.capabilities.clone_volume,
-            prevent_volume_mode_conversion: options.prevent_volume_mode_conversion,
-        },
-        workers: usize::try_from(options.worker_threads).unwrap_or(usize::MAX),
-        retry_start: options.retry_interval_start,
-        retry_max: options.retry_interval_max,
-        timeout: options.timeout,
-        clone_protection_workers: usize::try_from(options.cloning_protection_threads)
-            .unwrap_or(usize::MAX),
-        snapshot_sweep: options.snapshot_orphan_sweep_interval,
-        record_namespace: leader::namespace(&controller.leader_election_namespace),
-        capacity: started.capacity,
-        node: started.local.map(|local| node::NodeDeployment {
-            local,
-            immediate_binding: options.node_deployment_immediate_binding,
-            base_delay: options.node_deployment_base_delay,
-            max_delay: options.node_deployment_max_delay,
-        }),
-    };
+    let service = start::service(&options, &gates, volume_attributes_class, kube, started);
     // Workers finish their current call on a signal; the Lease is released when the gate asks.
     // A failed run is upstream's klog.Fatal.
     let stop = Stop {
@@ -346,134 +279,6 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
         failed: FATAL_EXIT,
     };
     let shutdown = CancellationToken::new();
-    life.run(service.run(shutdown.clone()), shutdown, stop, started.http)
+    life.run(service.run(shutdown.clone()), shutdown, stop, http)
         .await
-}
-
-/// Step 17 (`docs/upstream/upstream-capacity-and-node-deployment.md` §A.2): the capacity client
-/// at `--kube-api-capacity-qps/-burst`, `NAMESPACE`, the owner from `POD_NAME` and
-/// `--capacity-ownerref-level`, the manager id and the API version. Every replica does this;
-/// only the leader runs the controller.
-async fn capacity_start(
-    options: &Options,
-    kube_config: &kube::Config,
-    driver: &str,
-    local: Option<&node::Local>,
-) -> Result<(capacity::Config, kube::Client), String> {
-    let client = plugreg_sidecar_kit::ratelimit::own_client(
-        kube_config.clone(),
-        f64::from(options.kube_api_capacity_qps),
-        u32::try_from(options.kube_api_capacity_burst.max(0)).unwrap_or(u32::MAX),
-    )
-    .map_err(|e| format!("Failed to create client: {e}"))?;
-    let namespace = std::env::var("NAMESPACE")
-        .ok()
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| capacity::StartError::Namespace.to_string())?;
-    let level = options.capacity_ownerref_level;
-    let owner = if level >= 0 {
-        let pod = std::env::var("POD_NAME")
-            .ok()
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| capacity::StartError::PodName.to_string())?;
-        let owner = capacity::owner(&client, &namespace, &pod, level)
-            .await
-            .map_err(|e| e.to_string())?;
-        if let Some(o) = &owner {
-            tracing::info!(
-                target: LOG,
-                "using {}/{} {} as owner of CSIStorageCapacity objects",
-                o.api_version,
-                o.kind,
-                o.name
-            );
-        }
-        owner
-    } else {
-        None
-    };
-    let api = capacity::detect_api(&client, &namespace)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok((
-        capacity::Config {
-            driver: driver.to_owned(),
-            namespace,
-            owner,
-            manager: capacity::manager_id(local.map(|l| l.node.as_str())),
-            immediate_binding: options.capacity_for_immediate_binding,
-            poll: options.capacity_poll_interval,
-            workers: usize::try_from(options.capacity_threads)
-                .unwrap_or(usize::MAX)
-                .max(1),
-            retry_start: options.retry_interval_start,
-            retry_max: options.retry_interval_max,
-            api,
-            fixed: local.map(|l| l.segment.clone().unwrap_or_default()),
-        },
-        client,
-    ))
-}
-
-/// What start-up found out, for the controller.
-struct Started {
-    /// The driver (= provisioner) name.
-    name: String,
-    /// The provisioner identity (§2 step 15).
-    identity: String,
-    /// The driver's calls.
-    driver: Driver,
-    /// What the driver can do.
-    capabilities: Capabilities,
-    /// The metrics registry, named after the driver.
-    metrics: Arc<Metrics>,
-    /// Behind `/healthz/leader-election`.
-    health: LeaderHealth,
-    /// Stops the HTTP server, if one runs.
-    http: Option<CancellationToken>,
-    /// Capacity tracking's configuration and client (`--enable-capacity`).
-    capacity: Option<(capacity::Config, kube::Client)>,
-    /// This node (`--node-deployment`).
-    local: Option<node::Local>,
-}
-
-fn unix_millis() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
-}
-
-/// A number in 0..10000 that differs between processes (upstream: `rand.Intn(10000)`).
-fn random() -> u32 {
-    (plugreg_runtime::backoff::random_u64() % 10_000) as u32
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unsupported_features_are_named() {
-        let gates = FeatureGates::default();
-        assert!(unsupported(&Options::default(), &gates).is_none());
-        let o = Options {
-            enable_capacity: true,
-            ..Options::default()
-        };
-        assert!(unsupported(&o, &gates).is_none(), "capacity tracking runs");
-        let o = Options {
-            node_deployment: true,
-            ..Options::default()
-        };
-        assert!(unsupported(&o, &gates).is_none(), "node deployment runs");
-        let g = FeatureGates {
-            cross_namespace_volume_data_source: true,
-            ..FeatureGates::default()
-        };
-        assert!(
-            unsupported(&Options::default(), &g)
-                .unwrap()
-                .contains("CrossNamespaceVolumeDataSource")
-        );
-    }
 }

@@ -15,10 +15,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use plugreg_resizer::controller::Config;
 use plugreg_resizer::csi::{Driver, Resizer, StartError};
 use plugreg_resizer::flags::{self, COMMAND, FATAL_EXIT, FeatureGates, Flags, Options};
-use plugreg_resizer::service::Service;
+use plugreg_resizer::service::{self, Service};
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
 use plugreg_sidecar_kit::diagnostics;
@@ -232,19 +231,7 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
     );
     let service = Service {
         kube,
-        config: Config {
-            driver: name,
-            resizer: found.resizer,
-            modify: found.modify && gates.volume_attributes_class,
-            workers: flags::workers(&options),
-            retry_start: options.retry_interval_start,
-            retry_max: options.retry_interval_max,
-            resync: options.resync_period,
-            recover: gates.recover_volume_expansion_failure,
-            annotate_fs_resize: gates.annotate_fs_resize,
-            handle_inuse: options.handle_volume_inuse_error,
-            extra_modify_metadata: options.extra_modify_metadata,
-        },
+        config: service::config(&options, &gates, &name, found),
         driver,
     };
     let stop = Stop {

@@ -26,11 +26,10 @@ use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, 
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::ratelimit::kube_config;
 use plugreg_sidecar_kit::service::Kube;
-use plugreg_snapshotter::controller::Config;
 use plugreg_snapshotter::csi::{Driver, DriverCaps};
 use plugreg_snapshotter::decide;
 use plugreg_snapshotter::flags::{self, COMMAND, FeatureGates, Flags, Options};
-use plugreg_snapshotter::service::{DRAIN, Service};
+use plugreg_snapshotter::service::{self, DRAIN, Service};
 use tokio_util::sync::CancellationToken;
 
 /// The target of this program's lines.
@@ -173,16 +172,8 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             }
         };
         let (name, caps) = (found.name, DriverCaps::from(&found.capabilities));
-        if !caps.create_delete_snapshot {
-            tracing::error!(target: LOG, "CSI driver {name} does not support ControllerCreateSnapshot");
-            return Err(1);
-        }
-        if options.snapshot_name_prefix.is_empty() {
-            tracing::error!(target: LOG, "{}", flags::EMPTY_PREFIX);
-            return Err(1);
-        }
-        if gates.volume_group_snapshot {
-            tracing::error!(target: LOG, "--feature-gates=CSIVolumeGroupSnapshot=true: volume group snapshots are not implemented by this csi-snapshotter (upstream has them off by default)");
+        if let Some(refusal) = service::refusal(&options, &gates, &name, caps) {
+            tracing::error!(target: LOG, "{refusal}");
             return Err(1);
         }
         Ok(Started {
@@ -213,18 +204,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     let service = Service {
         kube,
         driver: started.driver,
-        config: Config {
-            driver: started.name.clone(),
-            caps: started.caps,
-            name_prefix: options.snapshot_name_prefix.clone(),
-            uuid_length: options.snapshot_name_uuid_length,
-            extra_create_metadata: options.extra_create_metadata,
-            workers: usize::try_from(options.worker_threads).unwrap_or(1),
-            retry_start: options.retry_interval_start,
-            retry_max: options.retry_interval_max,
-            resync: options.resync_period,
-            node,
-        },
+        config: service::config(&options, &started.name, started.caps, node),
     };
     // With leader election and no release on exit, upstream then stays up idle (SIGINT) or is
     // killed (SIGTERM); here the process ends at once and the Lease expires by itself.

@@ -80,7 +80,10 @@ impl Families {
             return;
         }
         let out = self.0.entry(name.to_owned()).or_default();
-        prom::header(out, name, help, kind);
+        if out.is_empty() {
+            // Two collectors may add series to one family (the controllers of one process).
+            prom::header(out, name, help, kind);
+        }
         for (labels, v) in series {
             prom::sample(out, name, &labels, v);
         }
@@ -98,7 +101,9 @@ impl Families {
             return;
         }
         let out = self.0.entry(name.to_owned()).or_default();
-        prom::header(out, name, help, "histogram");
+        if out.is_empty() {
+            prom::header(out, name, help, "histogram");
+        }
         for (labels, h) in series {
             h.write(out, name, &labels);
         }
@@ -228,7 +233,8 @@ pub struct Metrics {
     /// Seconds since the epoch at which the process started.
     start: f64,
     state: Mutex<State>,
-    collectors: Mutex<Vec<Arc<dyn Collector>>>,
+    /// By key: registering a key again replaces its collector (a controller restarted).
+    collectors: Mutex<Vec<(String, Arc<dyn Collector>)>>,
 }
 
 impl Default for Metrics {
@@ -293,12 +299,15 @@ impl Metrics {
         self.start = seconds;
     }
 
-    /// Adds `collector`'s families to every later [`render`](Self::render).
-    pub fn register(&self, collector: Arc<dyn Collector>) {
-        self.collectors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(collector);
+    /// Adds `collector`'s families to every later [`render`](Self::render), under `key`: a
+    /// collector registered under the same key before is replaced (a controller that restarts
+    /// inside the process registers its counters again).
+    pub fn register(&self, key: &str, collector: Arc<dyn Collector>) {
+        let mut all = self.collectors.lock().unwrap_or_else(|e| e.into_inner());
+        match all.iter_mut().find(|(k, _)| k == key) {
+            Some(entry) => entry.1 = collector,
+            None => all.push((key.to_owned(), collector)),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -462,7 +471,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        for c in collectors {
+        for (_, c) in collectors {
             c.collect(&mut f);
         }
         f.into_text()
@@ -615,7 +624,7 @@ mod tests {
         let mut m = Metrics::new("d");
         m.set_start_time(1_700_000_000.25);
         m.leader("l", true);
-        m.register(Arc::new(Fixed));
+        m.register("fixed", Arc::new(Fixed));
         let text = m.render_with(None);
         let names: Vec<&str> = text
             .lines()
@@ -632,6 +641,39 @@ mod tests {
         );
         assert!(text.ends_with("zz_last 2\n"), "{text}");
         assert!(text.contains("\nprocess_start_time_seconds 1.70000000025e+09\n"));
+    }
+
+    #[derive(Debug)]
+    struct Labelled(&'static str, f64);
+
+    impl Collector for Labelled {
+        fn collect(&self, families: &mut Families) {
+            families.samples(
+                "shared_total",
+                "S.",
+                "counter",
+                [(prom::labels(&[("c", self.0)]), self.1)],
+            );
+        }
+    }
+
+    /// Two collectors of one family write one header; a key registered again replaces its
+    /// collector instead of adding a second one.
+    #[test]
+    fn a_family_of_two_collectors_has_one_header_and_keys_replace() {
+        let m = Metrics::new("d");
+        m.register("a", Arc::new(Labelled("a", 1.0)));
+        m.register("b", Arc::new(Labelled("b", 2.0)));
+        m.register("a", Arc::new(Labelled("a", 3.0)));
+        let text = m.render_with(None);
+        assert_eq!(
+            text.matches("# TYPE shared_total counter").count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("shared_total{c=\"a\"} 3\n"), "{text}");
+        assert!(text.contains("shared_total{c=\"b\"} 2\n"), "{text}");
+        assert_eq!(text.matches("shared_total{").count(), 2, "{text}");
     }
 
     /// A migration target's series carry `migrated`: `false` for a volume's call, empty for

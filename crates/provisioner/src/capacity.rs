@@ -734,7 +734,7 @@ pub async fn run(
         notifier(&changed),
     );
     let gauges = Arc::new(Gauges::default());
-    metrics.register(gauges.clone());
+    metrics.register("capacity", gauges.clone());
     let ctl = Arc::new(Controller {
         client: client.clone(),
         driver,

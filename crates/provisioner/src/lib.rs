@@ -24,6 +24,7 @@
 //! - [`decide`]: what to do next with a claim, a recorded volume or a PV, pure;
 //! - [`node`]: distributed provisioning (`--node-deployment`): which claims and volumes are a node's;
 //! - [`controller`]: the watch caches, queues and workers that tie them together;
+//! - [`start`]: the start-up steps after the driver is identified, and the [`service`] they build;
 //! - [`service`]: what the binary runs after its start-up checks.
 
 pub mod cached;
@@ -47,4 +48,5 @@ pub mod request;
 pub mod secrets;
 pub mod service;
 pub mod source;
+pub mod start;
 pub mod topology;

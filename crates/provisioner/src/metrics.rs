@@ -38,7 +38,7 @@ impl ProvisionMetrics {
     /// New counters, gathered with the rest of `metrics`.
     pub fn registered(metrics: &Metrics) -> Arc<Self> {
         let this = Arc::new(Self::default());
-        metrics.register(this.clone());
+        metrics.register("provision", this.clone());
         this
     }
 

@@ -21,6 +21,7 @@ use crate::record::Journal;
 use crate::request::RequestOptions;
 
 /// Everything the run needs, gathered by the binary's start-up.
+#[derive(Clone)]
 pub struct Service {
     /// Kubernetes: the clients' settings, leader election, health and metrics.
     pub kube: Kube,

@@ -7,9 +7,29 @@ use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, Clients, Config};
-use crate::csi::Driver;
+use crate::csi::{Driver, Found};
+use crate::flags::{self, FeatureGates, Options};
+
+/// The controllers' settings for the driver `driver`, which can do what `found` says, from the
+/// command line (`gates` after the VolumeAttributesClass discovery check).
+pub fn config(options: &Options, gates: &FeatureGates, driver: &str, found: Found) -> Config {
+    Config {
+        driver: driver.to_owned(),
+        resizer: found.resizer,
+        modify: found.modify && gates.volume_attributes_class,
+        workers: flags::workers(options),
+        retry_start: options.retry_interval_start,
+        retry_max: options.retry_interval_max,
+        resync: options.resync_period,
+        recover: gates.recover_volume_expansion_failure,
+        annotate_fs_resize: gates.annotate_fs_resize,
+        handle_inuse: options.handle_volume_inuse_error,
+        extra_modify_metadata: options.extra_modify_metadata,
+    }
+}
 
 /// Everything the run needs, gathered by the binary's start-up.
+#[derive(Clone)]
 pub struct Service {
     /// Kubernetes: the clients' settings, leader election, health and metrics.
     pub kube: Kube,

@@ -313,6 +313,8 @@ where
 #[derive(Debug, Clone, Default)]
 pub struct LeaderHealth {
     state: Arc<Mutex<HealthState>>,
+    /// The checks of the other controllers of one process ([`LeaderHealth::joined`]).
+    parts: Arc<[LeaderHealth]>,
 }
 
 #[derive(Debug, Default)]
@@ -330,15 +332,30 @@ impl LeaderHealth {
         Self::default()
     }
 
+    /// One check for the elections of several controllers in one process (`csi-sidecars`):
+    /// unhealthy when any of `parts` is, with the first one's reason.
+    pub fn joined(parts: Vec<LeaderHealth>) -> Self {
+        Self {
+            state: Arc::default(),
+            parts: parts.into(),
+        }
+    }
+
     /// `Ok` or the reason this process is unhealthy (client-go's `Check`, its words).
     pub fn check(&self) -> Result<(), String> {
-        let s = self.lock();
-        match s.observed {
-            Some(seen) if s.leader && seen.elapsed() > s.lease_duration + HEALTH_TOLERANCE => Err(
-                format!("failed election to renew leadership on lease {}", s.name),
-            ),
-            _ => Ok(()),
+        {
+            let s = self.lock();
+            if let Some(seen) = s.observed
+                && s.leader
+                && seen.elapsed() > s.lease_duration + HEALTH_TOLERANCE
+            {
+                return Err(format!(
+                    "failed election to renew leadership on lease {}",
+                    s.name
+                ));
+            }
         }
+        self.parts.iter().try_for_each(LeaderHealth::check)
     }
 
     /// Whether the record last seen names this process as the holder.
@@ -862,5 +879,25 @@ mod tests {
             lease.spec.and_then(|s| s.strategy).as_deref(),
             Some("OldestEmulationVersion")
         );
+    }
+
+    /// A joined check is as healthy as its least healthy part, and names that part's lease.
+    #[test]
+    fn a_joined_check_fails_with_the_part_that_fails() {
+        let (a, b) = (LeaderHealth::new(), LeaderHealth::new());
+        let joined = LeaderHealth::joined(vec![a.clone(), b.clone()]);
+        assert_eq!(joined.check(), Ok(()));
+        b.configure("external-attacher-leader-d", Duration::from_secs(15));
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(60))
+            .expect("a minute after boot");
+        b.observe(true, long_ago);
+        a.observe(true, Instant::now());
+        assert_eq!(
+            joined.check(),
+            Err("failed election to renew leadership on lease external-attacher-leader-d".into())
+        );
+        b.observe(false, Instant::now());
+        assert_eq!(joined.check(), Ok(()));
     }
 }

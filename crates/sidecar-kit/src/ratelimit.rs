@@ -486,20 +486,43 @@ where
 /// registry ([`Metrics::register`](crate::metrics::Metrics::register)).
 impl Collector for RateLimiter {
     fn collect(&self, families: &mut Families) {
-        let kube = self.requests_by_kind();
-        families.samples(
-            "plugreg_kube_requests_total",
-            "Requests sent to the Kubernetes API server (both clients), by verb and resource.",
-            "counter",
-            kube.iter().map(|(k, n)| {
-                let (verb, resource) = k.split_once(' ').unwrap_or((k.as_str(), ""));
-                (
-                    prom::labels(&[("resource", resource), ("verb", verb)]),
-                    *n as f64,
-                )
-            }),
-        );
+        requests(self, None, families);
     }
+}
+
+/// One controller's bucket among several in one process (`csi-sidecars`): its
+/// `plugreg_kube_requests_total` series carry the label `controller`.
+#[derive(Debug)]
+pub struct ControllerRequests {
+    /// The controller's bucket.
+    pub limiter: Arc<RateLimiter>,
+    /// The `controller` label's value.
+    pub controller: String,
+}
+
+impl Collector for ControllerRequests {
+    fn collect(&self, families: &mut Families) {
+        requests(&self.limiter, Some(&self.controller), families);
+    }
+}
+
+fn requests(limiter: &RateLimiter, controller: Option<&str>, families: &mut Families) {
+    let kube = limiter.requests_by_kind();
+    families.samples(
+        "plugreg_kube_requests_total",
+        "Requests sent to the Kubernetes API server (both clients), by verb and resource.",
+        "counter",
+        kube.iter().map(|(k, n)| {
+            let (verb, resource) = k.split_once(' ').unwrap_or((k.as_str(), ""));
+            let labels = match controller {
+                Some(c) => {
+                    prom::labels(&[("controller", c), ("resource", resource), ("verb", verb)])
+                }
+                None => prom::labels(&[("resource", resource), ("verb", verb)]),
+            };
+            (labels, *n as f64)
+        }),
+    );
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@ use crate::leader::{LeaderElection, LeaderError, LeaderHealth, run_elected};
 use crate::metrics::Metrics;
 use crate::ratelimit;
 
-/// What the run needs of Kubernetes, gathered by the binary's start-up.
+/// What the run needs of Kubernetes, gathered by the binary's start-up. Cloned for each run
+/// of a controller that restarts inside its process (`csi-sidecars`).
+#[derive(Clone)]
 pub struct Kube {
     /// The Kubernetes client configuration.
     pub config: kube::Config,
@@ -30,6 +32,12 @@ pub struct Kube {
     pub health: LeaderHealth,
     /// The metrics (the token bucket's are registered here).
     pub metrics: Arc<Metrics>,
+    /// The controller's name among several in one process (`csi-sidecars`): its bucket's
+    /// request counter carries it as the label `controller`. `None` in a sidecar of its own.
+    pub controller: Option<&'static str>,
+    /// The client the election renews its Lease on, shared by the controllers of one process;
+    /// `None`: a client of its own, at the work's QPS and burst, built by [`Kube::run`].
+    pub leader_client: Option<kube::Client>,
 }
 
 /// The clients of the work, sharing one token bucket.
@@ -86,6 +94,8 @@ impl Kube {
             leader,
             health,
             metrics,
+            controller: None,
+            leader_client: None,
         }
     }
 
@@ -103,13 +113,23 @@ impl Kube {
         Fut: Future<Output = Result<(), E>>,
     {
         let (high, low, limiter) = ratelimit::clients(self.config.clone(), self.qps, self.burst)?;
-        self.metrics.register(limiter.clone());
-        let leader = match self.leader {
-            Some(le) => Some((
+        match self.controller {
+            None => self.metrics.register("kube-requests", limiter.clone()),
+            Some(c) => self.metrics.register(
+                &format!("kube-requests/{c}"),
+                Arc::new(ratelimit::ControllerRequests {
+                    limiter: limiter.clone(),
+                    controller: c.to_owned(),
+                }),
+            ),
+        }
+        let leader = match (self.leader, self.leader_client) {
+            (Some(le), Some(client)) => Some((le, client)),
+            (Some(le), None) => Some((
                 le,
                 ratelimit::own_client(self.config, self.qps, self.burst)?,
             )),
-            None => None,
+            (None, _) => None,
         };
         let clients = Clients { high, low, limiter };
         run_elected(leader, self.health, shutdown, |token| work(clients, token))
