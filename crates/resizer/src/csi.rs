@@ -74,13 +74,26 @@ impl Driver {
     /// NodeGetCapabilities for the others, then the modifier's ControllerGetCapabilities, in
     /// upstream's order.
     pub async fn find(&self, read: &Capabilities) -> Result<Found, StartError> {
+        self.decide(read, true).await
+    }
+
+    /// [`find`](Self::find) without reading the controller capabilities again (`csi-sidecars`,
+    /// whose one identification read them for every controller): only a driver that does not
+    /// expand is asked for its node capabilities.
+    pub async fn find_in(&self, read: &Capabilities) -> Result<Found, StartError> {
+        self.decide(read, false).await
+    }
+
+    async fn decide(&self, read: &Capabilities, again: bool) -> Result<Found, StartError> {
         let call = |e: CallError| StartError::Call(error_text(&e));
         if !read.has_service(PluginService::ControllerService) {
             return Err(StartError::NoControllerService);
         }
         let resizer = if read.has_rpc(ControllerRpc::ExpandVolume) {
-            // Upstream reads SINGLE_NODE_MULTI_WRITER once more here.
-            self.client.controller_capabilities().await.map_err(call)?;
+            if again {
+                // Upstream reads SINGLE_NODE_MULTI_WRITER once more here.
+                self.client.controller_capabilities().await.map_err(call)?;
+            }
             Some(Resizer::Csi)
         } else {
             let node = self
@@ -98,12 +111,15 @@ impl Driver {
             });
             node_expand.then_some(Resizer::Trivial)
         };
-        let modify = self
-            .client
-            .controller_capabilities()
-            .await
-            .map_err(call)?
-            .contains(&ControllerRpc::ModifyVolume);
+        let modify = if again {
+            self.client
+                .controller_capabilities()
+                .await
+                .map_err(call)?
+                .contains(&ControllerRpc::ModifyVolume)
+        } else {
+            read.has_rpc(ControllerRpc::ModifyVolume)
+        };
         Ok(Found { resizer, modify })
     }
 

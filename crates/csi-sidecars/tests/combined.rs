@@ -1,0 +1,380 @@
+//! `csi-sidecars` against the real peers: its own kube-apiserver v1.36.2 with
+//! kube-controller-manager (its PV controller binds claims) and the Go snapshot-controller
+//! v8.6.0 with the snapshot CRDs, the test CSI driver on a Unix socket, and the binary as a
+//! child process running all four controllers.
+//!
+//! One test walks a claim's life through the four controllers of one process, then takes the
+//! attacher's Lease away from it: the attacher stops and campaigns again while the others go
+//! on, and takes the Lease back once it is free.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use plugreg_csi_test_driver::{DriverConfig, Method, MountMode};
+use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
+use plugreg_testpeers::sidecar::{self, LoggedSidecar, controller_command, http_get};
+use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion, SnapshotController};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(90);
+const NS: &str = "flow";
+const DRIVER: &str = "all.csi.plugreg.test";
+const NODE: &str = "node-1";
+
+async fn poll<T, F, Fut>(what: &str, sidecar: &LoggedSidecar, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; csi-sidecars' log:\n{}",
+            sidecar.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn create<K: kube::Resource<DynamicType = ()>>(client: &kube::Client, mut object: Value) {
+    let ar = ApiResource::erase::<K>(&());
+    object["apiVersion"] = json!(ar.api_version);
+    object["kind"] = json!(ar.kind);
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(object).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+fn bound(c: &PersistentVolumeClaim) -> Option<String> {
+    let bound = c.status.as_ref()?.phase.as_deref() == Some("Bound");
+    bound.then(|| c.spec.as_ref()?.volume_name.clone())?
+}
+
+fn attached(va: &VolumeAttachment) -> bool {
+    va.status.as_ref().is_some_and(|s| s.attached)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_controllers_in_one_process_each_under_its_own_lease() {
+    let api = ApiServer::start_version(KubeVersion::V1_36_2)
+        .await
+        .expect("kube-apiserver v1.36.2");
+    let _kcm = ControllerManager::start(
+        &api,
+        plugreg_testpeers::volume_controllers(KubeVersion::V1_36_2),
+    )
+    .await
+    .expect("kube-controller-manager");
+    let _snapshots = SnapshotController::start(&api)
+        .await
+        .expect("snapshot-controller v8.6.0");
+    let client = api.client().await.unwrap();
+    create::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
+    create::<CSINode>(
+        &client,
+        json!({"metadata": {"name": NODE}, "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE}]}}),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let cfg = DriverConfig {
+        name: DRIVER.to_owned(),
+        node_id: NODE.to_owned(),
+        controller: true,
+        controller_publish: true,
+        controller_expand: true,
+        snapshots: true,
+        data_dir: Some(dir.path().join("volumes")),
+        mount: MountMode::Directory,
+        ..DriverConfig::default()
+    };
+    let calls = cfg.calls.clone();
+    let _driver = plugreg_csi_test_driver::start(cfg, &socket).await.unwrap();
+
+    let http = sidecar::free_addr();
+    let cmd = controller_command(
+        env!("CARGO_BIN_EXE_csi-sidecars"),
+        &socket,
+        api.kubeconfig_path(),
+        &[
+            "--controllers=provisioner,attacher,resizer,snapshotter",
+            "--leader-election",
+            &format!("--leader-election-namespace={NS}"),
+            "--leader-election-lease-duration=4s",
+            "--leader-election-renew-deadline=3s",
+            "--leader-election-retry-period=1s",
+            &format!("--http-endpoint={http}"),
+            "--provisioner-kube-api-qps=50",
+        ],
+    );
+    let mut process = LoggedSidecar::spawn(cmd, dir.path().join("csi-sidecars.log"));
+
+    // Provisioned and bound.
+    create::<StorageClass>(
+        &client,
+        json!({"metadata": {"name": "all"}, "provisioner": DRIVER, "allowVolumeExpansion": true}),
+    )
+    .await;
+    let claim = |name: &str| {
+        json!({
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"storageClassName": "all", "accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}},
+        })
+    };
+    create::<PersistentVolumeClaim>(&client, claim("data")).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+    let pv = poll("claim data Bound", &process, || async {
+        claims
+            .get_opt("data")
+            .await
+            .ok()
+            .flatten()
+            .as_ref()
+            .and_then(bound)
+    })
+    .await;
+
+    // One identification for the four: one GetPluginInfo, one read of each capability set
+    // (the resizer reads the controller's again before each expansion, as upstream's does).
+    assert_eq!(calls.count(Method::GetPluginInfo), 1);
+    assert_eq!(calls.count(Method::GetPluginCapabilities), 1);
+    assert_eq!(calls.count(Method::ControllerGetCapabilities), 1);
+
+    // Attached.
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let va = |name: &str, pv: &str| {
+        json!({"metadata": {"name": name},
+               "spec": {"attacher": DRIVER, "nodeName": NODE,
+                        "source": {"persistentVolumeName": pv}}})
+    };
+    create::<VolumeAttachment>(&client, va("va-data", &pv)).await;
+    poll("va-data attached", &process, || async {
+        vas.get_opt("va-data").await.ok().flatten().filter(attached)
+    })
+    .await;
+
+    // Expanded.
+    claims
+        .patch(
+            "data",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}})),
+        )
+        .await
+        .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    poll("PV expanded to 2Gi", &process, || async {
+        let v = pvs.get_opt(&pv).await.ok().flatten()?;
+        let size = v.spec?.capacity?.get("storage")?.0.clone();
+        (size == "2Gi").then_some(())
+    })
+    .await;
+
+    // Snapshotted.
+    create::<VolumeSnapshotClass>(
+        &client,
+        json!({"metadata": {"name": "all"}, "driver": DRIVER, "deletionPolicy": "Delete"}),
+    )
+    .await;
+    create::<VolumeSnapshot>(
+        &client,
+        json!({"metadata": {"name": "snap", "namespace": NS},
+               "spec": {"source": {"persistentVolumeClaimName": "data"},
+                        "volumeSnapshotClassName": "all"}}),
+    )
+    .await;
+    let snaps: Api<VolumeSnapshot> = Api::namespaced(client.clone(), NS);
+    poll("snapshot ready", &process, || async {
+        let s = snaps.get_opt("snap").await.ok().flatten()?;
+        (s.status?.ready_to_use == Some(true)).then_some(())
+    })
+    .await;
+
+    // Each controller holds its sidecar's upstream Lease.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let names = [
+        plugreg_provisioner::flags::lease_name(DRIVER),
+        plugreg_attacher::decide::lease_name(DRIVER),
+        plugreg_resizer::flags::lease_name(DRIVER),
+        plugreg_snapshotter::decide::lease_name(DRIVER),
+    ];
+    assert_eq!(
+        names,
+        [
+            "all-csi-plugreg-test",
+            "external-attacher-leader-all-csi-plugreg-test",
+            "external-resizer-all-csi-plugreg-test",
+            "external-snapshotter-leader-all-csi-plugreg-test",
+        ]
+    );
+    let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    let mut identity = None;
+    for name in &names {
+        let lease = leases.get(name).await.unwrap();
+        let h = holder(&lease).unwrap_or_default();
+        assert!(!h.is_empty(), "{name} has a holder");
+        assert_eq!(identity.get_or_insert(h.clone()), &h, "one identity");
+    }
+
+    // One /metrics for all, one header per family, one leader series per Lease.
+    let (status, metrics) = http_get(http, "/metrics");
+    assert_eq!(status, 200);
+    for name in &names {
+        assert!(
+            metrics.contains(&format!(
+                "leader_election_master_status{{name=\"{name}\"}} 1"
+            )),
+            "{name} in\n{metrics}"
+        );
+    }
+    for method in [
+        "CreateVolume",
+        "ControllerPublishVolume",
+        "ControllerExpandVolume",
+        "CreateSnapshot",
+    ] {
+        assert!(
+            metrics.contains(&format!("/csi.v1.Controller/{method}")),
+            "{method}"
+        );
+    }
+    for c in ["provisioner", "attacher", "resizer", "snapshotter"] {
+        assert!(
+            metrics.contains(&format!("plugreg_kube_requests_total{{controller=\"{c}\"")),
+            "{c}'s bucket in\n{metrics}"
+        );
+    }
+    for line in metrics.lines().filter(|l| l.starts_with("# TYPE ")) {
+        assert_eq!(metrics.matches(&format!("{line}\n")).count(), 1, "{line}");
+    }
+    assert_eq!(
+        http_get(http, "/healthz/leader-election"),
+        (200, "ok".into())
+    );
+
+    // The attacher's Lease taken away: the attacher stops and campaigns; the process and the
+    // other controllers go on.
+    let steal = |holder: &str, seconds: i32| {
+        json!({"spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds,
+                        "renewTime": Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}})
+    };
+    leases
+        .patch(
+            &names[1],
+            &PatchParams::default(),
+            &Patch::Merge(steal("someone-else", 3600)),
+        )
+        .await
+        .unwrap();
+    poll("the attacher stops leading", &process, || async {
+        process
+            .log()
+            .lines()
+            .find(|l| l.contains("Stopped leading") && l.contains("controller=\"attacher\""))
+            .map(drop)
+    })
+    .await;
+    assert!(process.running(), "the process goes on:\n{}", process.log());
+    create::<PersistentVolumeClaim>(&client, claim("more")).await;
+    let more = poll(
+        "claim more Bound without the attacher",
+        &process,
+        || async {
+            claims
+                .get_opt("more")
+                .await
+                .ok()
+                .flatten()
+                .as_ref()
+                .and_then(bound)
+        },
+    )
+    .await;
+    create::<VolumeAttachment>(&client, va("va-more", &more)).await;
+    let (_, metrics) = http_get(http, "/metrics");
+    assert!(
+        metrics.contains(&format!(
+            "leader_election_master_status{{name=\"{}\"}} 0",
+            names[1]
+        )),
+        "{metrics}"
+    );
+    assert!(
+        !vas.get("va-more").await.map(|v| attached(&v)).unwrap(),
+        "nobody attaches while another holds the Lease"
+    );
+
+    // The Lease free again: the attacher takes it back and attaches.
+    leases
+        .patch(
+            &names[1],
+            &PatchParams::default(),
+            &Patch::Merge(steal("", 1)),
+        )
+        .await
+        .unwrap();
+    poll(
+        "va-more attached after the Lease came back",
+        &process,
+        || async { vas.get_opt("va-more").await.ok().flatten().filter(attached) },
+    )
+    .await;
+    let lease = leases.get(&names[1]).await.unwrap();
+    assert_eq!(holder(&lease), identity);
+
+    // A clean stop.
+    process.signal("TERM");
+    assert_eq!(process.exit_code().await, 0, "{}", process.log());
+}
+
+#[test]
+fn command_line_refusals_exit_2_and_help_exits_0() {
+    let bin = env!("CARGO_BIN_EXE_csi-sidecars");
+    let (code, _, err) = sidecar::run_to_end(bin, &["--csi-address=/x"]);
+    assert_eq!(code, 2);
+    assert!(err.starts_with("--controllers is required"), "{err}");
+    let (code, _, err) =
+        sidecar::run_to_end(bin, &["--controllers=attacher", "--attacher-timeout=x"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--attacher-timeout"), "{err}");
+    let (code, _, err) = sidecar::run_to_end(bin, &["--help"]);
+    assert_eq!(code, 0);
+    assert!(err.contains("--provisioner-worker-threads"), "{err}");
+    let (code, out, _) = sidecar::run_to_end(bin, &["--version"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(plugreg_sidecar_kit::VERSION), "{out}");
+}
+
+#[test]
+fn a_start_up_refusal_names_its_controller_and_exits_1() {
+    let bin = env!("CARGO_BIN_EXE_csi-sidecars");
+    let (code, out, err) = sidecar::run_to_end(
+        bin,
+        &[
+            "--controllers=resizer,snapshotter",
+            "--snapshotter-feature-gates=NoSuchGate=true",
+            sidecar::MASTER,
+        ],
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        format!("{out}{err}").contains("snapshotter: "),
+        "{out}{err}"
+    );
+}
