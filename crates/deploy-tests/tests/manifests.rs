@@ -7,7 +7,7 @@
 //! One test per API server version; add a version by adding a test that passes its
 //! `ApiServer` to [`check_all`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -26,9 +26,23 @@ struct Case {
     driver: &'static str,
     /// Container name -> image, in the DaemonSet and the Deployment.
     images: &'static [(&'static str, &'static str)],
+    /// Where the controller sidecars run.
+    layout: Layout,
+}
+
+/// Where a case runs the controller sidecars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `deploy/base`: csi-provisioner, csi-attacher, csi-resizer and csi-snapshotter in the
+    /// controller Deployment, each with leader election and a port of its own.
+    Separate,
     /// `deploy/distributed`: csi-provisioner and csi-snapshotter in the node DaemonSet with
-    /// `--node-deployment`, the node's account bound to their roles, capacity published.
-    distributed: bool,
+    /// `--node-deployment`, the node's account bound to their roles, capacity published; the
+    /// attacher and the resizer stay in the Deployment.
+    Distributed,
+    /// `deploy/sidecars`: the four in one `csi-sidecars` container of the Deployment, with
+    /// one port, and deploy/base's RBAC unchanged.
+    OneProcess,
 }
 
 /// deploy/base's images (also deploy/distributed's).
@@ -51,14 +65,29 @@ const CASES: &[Case] = &[
         namespace: "kube-system",
         driver: "csi.example.com",
         images: BASE_IMAGES,
-        distributed: false,
+        layout: Layout::Separate,
     },
     Case {
         dir: "deploy/distributed",
         namespace: "kube-system",
         driver: "csi.example.com",
         images: BASE_IMAGES,
-        distributed: true,
+        layout: Layout::Distributed,
+    },
+    Case {
+        dir: "deploy/sidecars",
+        namespace: "kube-system",
+        driver: "csi.example.com",
+        images: &[
+            ("csi-driver", "csi-driver"),
+            (
+                "node-driver-registrar",
+                "plugreg/csi-node-driver-registrar:v0.1.0",
+            ),
+            ("liveness-probe", "plugreg/livenessprobe:v0.1.0"),
+            ("csi-sidecars", "plugreg/csi-sidecars:v0.1.0"),
+        ],
+        layout: Layout::OneProcess,
     },
     Case {
         dir: "deploy/example",
@@ -94,7 +123,7 @@ const CASES: &[Case] = &[
                 "registry.example.com/plugreg/csi-snapshotter:v0.1.0",
             ),
         ],
-        distributed: false,
+        layout: Layout::Separate,
     },
 ];
 
@@ -123,11 +152,46 @@ async fn check_all(server: &ApiServer) {
     }
     for kubectl in kubectls() {
         let label = kubectl_version(&kubectl);
+        let mut rbac_of = BTreeMap::new();
         for case in CASES {
-            check_case(server, &client, &kubectl, &label, case).await;
+            let objects = check_case(server, &client, &kubectl, &label, case).await;
+            rbac_of.insert(case.dir, rbac(&objects));
+        }
+        // One process runs what the four sidecars ran, with their Leases: the union of their
+        // RBAC, which deploy/base already binds to the one account, and nothing more.
+        for case in CASES.iter().filter(|c| c.layout == Layout::OneProcess) {
+            assert_eq!(
+                rbac_of[case.dir], rbac_of["deploy/base"],
+                "{} with {label}: RBAC differs from deploy/base's",
+                case.dir
+            );
         }
         check_broken_overlay_is_refused(server, &kubectl, &label);
     }
+}
+
+/// The RBAC objects by kind and name: their rules, subjects and role references.
+fn rbac(objects: &[Value]) -> BTreeMap<(String, String), Value> {
+    objects
+        .iter()
+        .filter(|o| {
+            ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+                .iter()
+                .any(|k| o["kind"] == *k)
+        })
+        .map(|o| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (
+                (s(&o["kind"]), s(&o["metadata"]["name"])),
+                json!({
+                    "namespace": o["metadata"]["namespace"],
+                    "rules": o["rules"],
+                    "subjects": o["subjects"],
+                    "roleRef": o["roleRef"],
+                }),
+            )
+        })
+        .collect()
 }
 
 /// Namespaced objects are dry-run into an existing namespace: create it for real.
@@ -153,13 +217,14 @@ fn apply_dry_run(server: &ApiServer, kubectl: &Path, dir: &Path) -> Output {
         .expect("running kubectl")
 }
 
+/// One case with one kubectl; returns the objects the server sent back.
 async fn check_case(
     server: &ApiServer,
     client: &kube::Client,
     kubectl: &Path,
     label: &str,
     case: &Case,
-) {
+) -> Vec<Value> {
     let ctx = format!("{} with {label}", case.dir);
     let out = apply_dry_run(server, kubectl, &repo_root().join(case.dir));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -225,7 +290,7 @@ async fn check_case(
     ] {
         want.insert((kind.to_owned(), namespace.to_owned(), name.clone()));
     }
-    if case.distributed {
+    if case.layout == Layout::Distributed {
         for (kind, namespace, name) in [
             (
                 "ClusterRoleBinding",
@@ -323,36 +388,50 @@ async fn check_case(
     );
     // The controller sidecars as upstream's samples run them: leader election with its
     // liveness probe, each on a port of its own (the pod's containers share one network).
-    // Distributed, the provisioner and the snapshotter run on the nodes instead.
-    let central: &[(&str, u16, &str)] = if case.distributed {
-        check_node_sidecars(&ctx, node_spec);
-        &[
-            ("csi-attacher", 8081, "attacher-http"),
-            ("csi-resizer", 8082, "resizer-http"),
-        ]
-    } else {
-        &[
+    // Distributed, the provisioner and the snapshotter run on the nodes instead. In one
+    // process, the four take the same args once, unprefixed, and share one port.
+    let central: &[(&str, u16, &str)] = match case.layout {
+        Layout::Separate => &[
             ("csi-provisioner", 8080, "http-endpoint"),
             ("csi-attacher", 8081, "attacher-http"),
             ("csi-resizer", 8082, "resizer-http"),
             ("csi-snapshotter", 8083, "snapshot-http"),
-        ]
+        ],
+        Layout::Distributed => {
+            check_node_sidecars(&ctx, node_spec);
+            &[
+                ("csi-attacher", 8081, "attacher-http"),
+                ("csi-resizer", 8082, "resizer-http"),
+            ]
+        }
+        Layout::OneProcess => &[("csi-sidecars", 8080, "http-endpoint")],
     };
     for &(sidecar, port, port_name) in central {
         let container = deployment["spec"]["template"]["spec"]["containers"]
             .as_array()
             .and_then(|cs| cs.iter().find(|c| c["name"] == sidecar))
             .unwrap_or_else(|| panic!("{ctx}: no {sidecar} container"));
+        let mut args = Vec::new();
+        if case.layout == Layout::OneProcess {
+            args.push("--controllers=provisioner,attacher,resizer,snapshotter".to_owned());
+        }
+        args.extend([
+            "--csi-address=$(ADDRESS)".to_owned(),
+            "--leader-election".to_owned(),
+            "--leader-election-namespace=$(POD_NAMESPACE)".to_owned(),
+            format!("--http-endpoint=:{port}"),
+            "--v=2".to_owned(),
+        ]);
+        assert_eq!(container["args"], json!(args), "{ctx}: {sidecar} args");
         assert_eq!(
-            container["args"],
-            json!([
-                "--csi-address=$(ADDRESS)",
-                "--leader-election",
-                "--leader-election-namespace=$(POD_NAMESPACE)",
-                format!("--http-endpoint=:{port}"),
-                "--v=2"
-            ]),
-            "{ctx}: {sidecar} args"
+            container["volumeMounts"],
+            json!([{"name": "socket-dir", "mountPath": "/csi"}]),
+            "{ctx}: {sidecar} mounts the driver's socket directory"
+        );
+        assert_eq!(
+            container["ports"].as_array().map(Vec::len),
+            Some(1),
+            "{ctx}: {sidecar} ports"
         );
         let probe = &container["livenessProbe"];
         assert_eq!(
@@ -391,7 +470,7 @@ async fn check_case(
             binding["kind"],
         );
     }
-    if case.distributed {
+    if case.layout == Layout::Distributed {
         // The node pod gets a token; the scheduler reads the capacity (a field v1.20 drops:
         // CSIStorageCapacity is alpha and off there).
         let account = objects
@@ -425,6 +504,7 @@ async fn check_case(
         .expect("get daemonset");
     assert!(stored.is_none(), "{ctx}: the dry run stored the DaemonSet");
     eprintln!("ok: {ctx}: {} objects", objects.len());
+    objects
 }
 
 /// deploy/distributed's node sidecars: csi-provisioner with csi-driver-host-path's distributed
