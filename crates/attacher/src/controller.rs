@@ -84,6 +84,8 @@ pub struct Config {
 /// Who the controller talks to.
 #[derive(Clone)]
 pub struct Clients {
+    /// Where the watch caches get their events.
+    pub watches: cache::Watches,
     /// The rate-limited Kubernetes client.
     pub kube: Client,
     /// The driver.
@@ -215,7 +217,6 @@ pub async fn run(
         }),
     );
     let fin = decide::finalizer(&cfg.driver);
-    let client = clients.kube.clone();
 
     let mut ready = Vec::new();
     let fingerprints: Mutex<HashMap<String, u64>> = Mutex::default();
@@ -230,7 +231,7 @@ pub async fn run(
         cfg.driver.clone(),
     );
     let vas = cache::watch::<Compact<Va>>(
-        &client,
+        &clients.watches,
         &shutdown,
         &mut ready,
         |_| {},
@@ -265,7 +266,7 @@ pub async fn run(
     );
     let (pq, f2, driver) = (Arc::clone(&pv_q), fin.clone(), cfg.driver.clone());
     let pvs = cache::watch::<Compact<Pv>>(
-        &client,
+        &clients.watches,
         &shutdown,
         &mut ready,
         |_| {},
@@ -281,7 +282,7 @@ pub async fn run(
     let csinodes = cfg.caps.real_handler().then(|| {
         let driver = cfg.driver.clone();
         cache::watch::<CSINode>(
-            &client,
+            &clients.watches,
             &shutdown,
             &mut not_waited,
             move |n| n.spec.drivers.retain(|d| d.name == driver),

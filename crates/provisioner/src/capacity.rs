@@ -656,12 +656,12 @@ impl Controller {
 }
 
 /// Runs capacity tracking until `shutdown`: watches, the work queue's workers and the poll
-/// loop. `client` is the capacity client (its own rate limit), `watch_client` the one the
-/// Node, CSINode and StorageClass watches use.
+/// loop. `client` is the capacity client (its own rate limit), `watches` where the Node,
+/// CSINode and StorageClass watches come from.
 pub async fn run(
     cfg: Config,
     client: kube::Client,
-    watch_client: kube::Client,
+    watches: cache::Watches,
     driver: Arc<Driver>,
     metrics: Arc<Metrics>,
     mut refresh: tokio::sync::mpsc::UnboundedReceiver<String>,
@@ -689,7 +689,7 @@ pub async fn run(
         }
         None => Some((
             cache::watch::<Node>(
-                &watch_client,
+                &watches,
                 &shutdown,
                 &mut ready,
                 |n| {
@@ -705,7 +705,7 @@ pub async fn run(
                 notifier(&changed),
             ),
             cache::watch::<CSINode>(
-                &watch_client,
+                &watches,
                 &shutdown,
                 &mut ready,
                 move |c| {
@@ -720,7 +720,7 @@ pub async fn run(
         )),
     };
     let classes = cache::watch::<StorageClass>(
-        &watch_client,
+        &watches,
         &shutdown,
         &mut ready,
         |c| {

@@ -135,6 +135,8 @@ pub struct Clients {
     pub found: mpsc::UnboundedReceiver<Entry>,
     /// Capacity tracking's refresh after volume operations (`--enable-capacity`).
     pub capacity: Option<crate::capacity::Refresh>,
+    /// Where the watch caches get their events.
+    pub watches: cache::Watches,
 }
 
 /// A step that failed: what the claim's, PV's or record's worker logs or puts in an event.
@@ -308,7 +310,7 @@ pub async fn run(
     );
     let clone_protection = cfg.capabilities.clone_volume;
     let inflight = Arc::new(InFlight::default());
-    let client = clients.high.clone();
+    let watches = clients.watches.clone();
     let topology = cfg.request.topology;
     let attach = cfg.capabilities.publish_unpublish_volume;
     if attach {
@@ -332,7 +334,7 @@ pub async fn run(
     );
     // Decoded whole, kept compact (`CachedClaim::new`).
     let claims = cache::watch_compact::<PersistentVolumeClaim, _>(
-        &client,
+        &watches,
         watcher::Config::default(),
         &shutdown,
         &mut ready,
@@ -357,7 +359,7 @@ pub async fn run(
     );
     let q = Arc::clone(&volumes_q);
     let volumes = cache::watch_compact::<WatchedPv, _>(
-        &client,
+        &watches,
         watcher::Config::default(),
         &shutdown,
         &mut ready,
@@ -368,7 +370,7 @@ pub async fn run(
             }
         },
     );
-    let classes = cache::watch::<StorageClass>(&client, &shutdown, &mut ready, |_| {}, |_, _| {});
+    let classes = cache::watch::<StorageClass>(&watches, &shutdown, &mut ready, |_| {}, |_, _| {});
     // A node's provisioner knows its one node from NodeGetInfo: no Node or CSINode watch.
     let local = cfg.node.as_ref().map(|n| {
         (
@@ -386,14 +388,14 @@ pub async fn run(
         let driver = cfg.driver.clone();
         (
             Some(cache::watch::<Node>(
-                &client,
+                &watches,
                 &shutdown,
                 &mut ready,
                 trim_node,
                 |_, _| {},
             )),
             Some(cache::watch::<CSINode>(
-                &client,
+                &watches,
                 &shutdown,
                 &mut ready,
                 move |n| trim_csinode(n, &driver),
@@ -408,7 +410,7 @@ pub async fn run(
     let q = Arc::clone(&volumes_q);
     let attachments = attach.then(|| {
         cache::watch::<VolumeAttachment>(
-            &client,
+            &watches,
             &shutdown,
             &mut ready,
             trim_attachment,

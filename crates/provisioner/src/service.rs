@@ -122,10 +122,16 @@ impl Service {
             // Capacity tracking runs beside the provisioning controller, as long as it.
             let child = token.child_token();
             let tracking = capacity.map(|(cfg, client)| {
+                // A sidecar of its own watches for capacity on the low-priority client.
+                let watches = if c.watches.is_shared() {
+                    c.watches.clone()
+                } else {
+                    plugreg_sidecar_kit::cache::Watches::own(c.low.clone())
+                };
                 tokio::spawn(crate::capacity::run(
                     cfg,
                     client,
-                    c.low.clone(),
+                    watches,
                     Arc::clone(&driver),
                     Arc::clone(&metrics),
                     refreshes,
@@ -142,6 +148,7 @@ impl Service {
                 journal,
                 found,
                 capacity: tracking.is_some().then_some(refresh),
+                watches: c.watches,
             };
             let r = controller::run(cfg, clients, token).await;
             child.cancel();

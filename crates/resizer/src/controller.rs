@@ -79,6 +79,8 @@ pub struct Config {
 /// The controllers' clients.
 #[derive(Clone)]
 pub struct Clients {
+    /// Where the watch caches get their events.
+    pub watches: cache::Watches,
     /// Claims, volumes, secrets, pods, classes.
     pub client: Client,
     /// Events.
@@ -225,7 +227,7 @@ pub async fn run(
     let volume_writes = Arc::new(Writes::default());
     let writes = Arc::clone(&claim_writes);
     let claims = cache::watch::<Compact<Claim>>(
-        &c.client,
+        &c.watches,
         &shutdown,
         &mut ready,
         |_| {},
@@ -265,7 +267,7 @@ pub async fn run(
     );
     let writes = Arc::clone(&volume_writes);
     let volumes = cache::watch::<Compact<Pv>>(
-        &c.client,
+        &c.watches,
         &shutdown,
         &mut ready,
         |_| {},
@@ -279,7 +281,7 @@ pub async fn run(
     );
     let pods = (resizing && cfg.handle_inuse).then(|| {
         info!(controller = %cfg.driver, "Register Pod informer for resizer");
-        cache::watch::<PodUse>(&c.client, &shutdown, &mut ready, |_| {}, |_, _| {})
+        cache::watch::<PodUse>(&c.watches, &shutdown, &mut ready, |_| {}, |_, _| {})
     });
     let mut class_ready = Vec::new();
     // A class that appears brings back the claims waiting for it (`Pending`); upstream's class
@@ -287,7 +289,7 @@ pub async fn run(
     let (class_tx, mut class_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let classes = modifying.then(|| {
         cache::watch::<VolumeAttributesClass>(
-            &c.client,
+            &c.watches,
             &shutdown,
             &mut class_ready,
             |_| {},

@@ -55,6 +55,7 @@ impl Service {
         let events_end = shutdown.clone();
         kube.run(shutdown, |c, token| {
             let clients = Clients {
+                watches: c.watches,
                 client: c.high,
                 events: Recorder::start(c.low, &component, "", events_end),
                 driver,

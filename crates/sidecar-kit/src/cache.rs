@@ -4,7 +4,8 @@
 //!
 //! [`watch`] keeps the trimmed object in kube-runtime's reflector store; [`watch_compact`] keeps
 //! a sidecar's own compact form of it, keyed by itself, for the kinds a cluster has as many of
-//! as it has volumes.
+//! as it has volumes. Their events come from [`Watches`]: a watch of the cache's own, or the
+//! one watch of that kind that the controllers of `csi-sidecars` share ([`crate::shared`]).
 
 use std::borrow::Borrow;
 use std::collections::HashSet;
@@ -14,10 +15,12 @@ use std::sync::{Arc, PoisonError, RwLock};
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, watcher};
-use kube::{Api, Client, Resource};
+use kube::runtime::watcher;
+
+pub use crate::shared::Watches;
 use tokio_util::sync::CancellationToken;
 
 /// Futures that end when a cache has its first full list (`Err` if its writer went away first).
@@ -28,7 +31,7 @@ pub type Readiness = Vec<BoxFuture<'static, Result<(), ()>>>;
 /// listed or changed (`false`) and deleted (`true`), and pushes its readiness to `ready`.
 /// Watch failures are retried with kube-runtime's default back-off and logged.
 pub fn watch<K>(
-    client: &Client,
+    source: &Watches,
     shutdown: &CancellationToken,
     ready: &mut Readiness,
     trim: impl Fn(&mut K) + Send + 'static,
@@ -44,7 +47,7 @@ where
         + 'static,
 {
     watch_selected(
-        client,
+        source,
         watcher::Config::default(),
         shutdown,
         ready,
@@ -56,7 +59,7 @@ where
 /// [`watch`] of only the objects `config` selects (a label selector, as csi-snapshotter's
 /// `--node-deployment` watches only its node's contents).
 pub fn watch_selected<K>(
-    client: &Client,
+    source: &Watches,
     config: watcher::Config,
     shutdown: &CancellationToken,
     ready: &mut Readiness,
@@ -72,10 +75,9 @@ where
         + Sync
         + 'static,
 {
-    let api: Api<K> = Api::all(client.clone());
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, config)
-        .default_backoff()
+    let stream = source
+        .events::<K>(config)
         .modify(move |o: &mut K| {
             o.meta_mut().managed_fields = None;
             trim(o);
@@ -236,7 +238,7 @@ impl<V: Keyed> Default for CompactStore<V> {
 /// stored value). A full list (the first, or after the watch failed) is gathered apart and
 /// replaces the stored values when complete, as the reflector does.
 pub fn watch_compact<K, V>(
-    client: &Client,
+    source: &Watches,
     config: watcher::Config,
     shutdown: &CancellationToken,
     ready: &mut Readiness,
@@ -253,10 +255,9 @@ where
         + 'static,
     V: Keyed + Send + Sync + 'static,
 {
-    let api: Api<K> = Api::all(client.clone());
     let store = CompactStore::new();
     let (synced, mut synced_rx) = tokio::sync::watch::channel(false);
-    let stream = watcher(api, config).default_backoff();
+    let stream = source.events::<K>(config);
     let stop = shutdown.clone();
     let kind = K::kind(&()).into_owned();
     let writer = store.clone();

@@ -50,7 +50,8 @@
 //!   [`ratelimit`] (the rate-limited kube clients with two priorities), [`queue`] (client-go's
 //!   work queue), [`runtime`] (the controller runtime: workers, per-key serialisation,
 //!   back-off, resync and the memory of our own writes, over the queue), [`diagnostics`] (`/metrics` and `/healthz/leader-election`), [`service`] (the clients, the
-//!   election and the controllers of a run), [`vac`] (the
+//!   election and the controllers of a run), [`shared`] (one watch per kind for the
+//!   controllers of one process), [`vac`] (the
 //!   VolumeAttributesClass type and its discovery check), [`snapshot`] (the snapshot API's
 //!   types and the annotations and finalizers its controllers agree on).
 
@@ -83,6 +84,8 @@ pub mod ratelimit;
 pub mod runtime;
 #[cfg(feature = "controller")]
 pub mod service;
+#[cfg(feature = "controller")]
+pub mod shared;
 
 pub use plugreg_diag::{http, metrics};
 pub use plugreg_goflag::{goflag, gosyntax, gotext, logging, pflag};

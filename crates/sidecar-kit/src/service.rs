@@ -15,6 +15,7 @@ use crate::flags::ControllerFlags;
 use crate::leader::{LeaderElection, LeaderError, LeaderHealth, run_elected};
 use crate::metrics::Metrics;
 use crate::ratelimit;
+use crate::shared::{Hub, Watches};
 
 /// What the run needs of Kubernetes, gathered by the binary's start-up. Cloned for each run
 /// of a controller that restarts inside its process (`csi-sidecars`).
@@ -38,6 +39,9 @@ pub struct Kube {
     /// The client the election renews its Lease on, shared by the controllers of one process;
     /// `None`: a client of its own, at the work's QPS and burst, built by [`Kube::run`].
     pub leader_client: Option<kube::Client>,
+    /// The watches the controllers of one process share (`csi-sidecars`); `None`: the
+    /// controller's caches watch on their own, on the high-priority client.
+    pub hub: Option<Arc<Hub>>,
 }
 
 /// The clients of the work, sharing one token bucket.
@@ -50,6 +54,8 @@ pub struct Clients {
     /// limit ([`ratelimit::unlimited_client`], [`ratelimit::RateLimiter::acquire`]): the
     /// provisioner's in-flight record, which chooses each write's priority.
     pub limiter: Arc<ratelimit::RateLimiter>,
+    /// Where the controller's caches get their events.
+    pub watches: Watches,
 }
 
 /// How a run ended badly.
@@ -96,6 +102,7 @@ impl Kube {
             metrics,
             controller: None,
             leader_client: None,
+            hub: None,
         }
     }
 
@@ -131,7 +138,16 @@ impl Kube {
             )),
             (None, _) => None,
         };
-        let clients = Clients { high, low, limiter };
+        let watches = match self.hub {
+            Some(hub) => Watches::shared(hub),
+            None => Watches::own(high.clone()),
+        };
+        let clients = Clients {
+            high,
+            low,
+            limiter,
+            watches,
+        };
         run_elected(leader, self.health, shutdown, |token| work(clients, token))
             .await?
             .map_err(ServiceError::Controller)

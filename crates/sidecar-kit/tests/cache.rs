@@ -76,7 +76,7 @@ async fn lists_applies_and_deletes(version: KubeVersion) {
     let slot = std::sync::Arc::new(std::sync::OnceLock::<CompactStore<Compact>>::new());
     let seen_store = std::sync::Arc::clone(&slot);
     let store = cache::watch_compact::<ConfigMap, _>(
-        &client,
+        &cache::Watches::own(client.clone()),
         watcher::Config::default().labels(&format!("test={label}")),
         &shutdown,
         &mut ready,
@@ -171,7 +171,7 @@ async fn never_ready_fails_when_stopped() {
     let shutdown = CancellationToken::new();
     let mut ready = Vec::new();
     let store = cache::watch_compact::<ConfigMap, _>(
-        &client,
+        &cache::Watches::own(client.clone()),
         watcher::Config::default(),
         &shutdown,
         &mut ready,

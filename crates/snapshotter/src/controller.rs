@@ -76,6 +76,8 @@ pub struct Config {
 /// Who the controller talks to.
 #[derive(Clone)]
 pub struct Clients {
+    /// Where the watch caches get their events.
+    pub watches: cache::Watches,
     /// The rate-limited Kubernetes client of the work.
     pub kube: Client,
     /// The client events are written with (lower priority than the work).
@@ -164,7 +166,6 @@ pub async fn run(
         Arc::clone(&clients.metrics),
         shutdown.clone(),
     );
-    let client = clients.kube.clone();
     let mut ready = Vec::new();
 
     // The fingerprint of the object being delivered, computed before the trim drops what it
@@ -185,7 +186,7 @@ pub async fn run(
         selector = selector.labels(&format!("{LABEL_MANAGED_BY}={node}"));
     }
     let contents = cache::watch_selected::<VolumeSnapshotContent>(
-        &client,
+        &clients.watches,
         selector,
         &shutdown,
         &mut ready,
@@ -216,8 +217,13 @@ pub async fn run(
             }
         },
     );
-    let classes =
-        cache::watch::<VolumeSnapshotClass>(&client, &shutdown, &mut ready, trim_class, |_, _| {});
+    let classes = cache::watch::<VolumeSnapshotClass>(
+        &clients.watches,
+        &shutdown,
+        &mut ready,
+        trim_class,
+        |_, _| {},
+    );
 
     info!("Starting CSI snapshotter");
     for r in ready {

@@ -78,6 +78,7 @@ impl Service {
         let metrics = kube.metrics.clone();
         kube.run(shutdown, |c, token| {
             let clients = Clients {
+                watches: c.watches,
                 kube: c.high,
                 events: c.low,
                 driver,
