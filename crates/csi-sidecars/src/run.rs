@@ -12,6 +12,7 @@ use plugreg_sidecar_kit::leader::{LeaderError, LeaderHealth};
 use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::ratelimit::{self, kube_config};
 use plugreg_sidecar_kit::service::{Kube, ServiceError};
+use plugreg_sidecar_kit::shared::Hub;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -150,6 +151,15 @@ enum Ready {
     Snapshotter(Box<snapshotter::service::Service>),
 }
 
+/// Why a controller does not run.
+enum NotRun {
+    /// The driver cannot serve it (a separate sidecar would exit and restart for ever): it is
+    /// left out, the others run.
+    Driver(String),
+    /// A start-up error: the process ends (exit 1).
+    Fatal(String),
+}
+
 /// How a controller failed for good (not a lost Lease).
 #[derive(Debug, thiserror::Error)]
 #[error("{controller}: {message}")]
@@ -227,6 +237,20 @@ async fn run(parts: Vec<Part>) -> i32 {
         } else {
             None
         };
+        // One watch per kind for every controller, on a client of its own whose bucket is the
+        // sum of the controllers' (each sidecar's informers would take from its own).
+        let (qps, burst) = parts.iter().fold((0.0, 0), |(q, b), p| {
+            let (pq, pb) = p.process().0.rate_limit();
+            (q + pq, b + pb)
+        });
+        let hub = match ratelimit::own_client(kube_config.clone(), qps, burst) {
+            Ok(c) => Hub::new(c),
+            Err(e) => {
+                tracing::error!(target: LOG, err = %e, "Failed to build the watch client");
+                return Err(1);
+            }
+        };
+        metrics.register("shared-watches", hub.clone());
         let mut ready = Vec::new();
         let mut healths = Vec::new();
         for part in &parts {
@@ -243,6 +267,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                 );
                 k.controller = Some(part.controller().name());
                 k.leader_client = le_client.clone();
+                k.hub = Some(hub.clone());
                 if let Some(le) = &mut k.leader {
                     // client-go's Name: the `name` label of leader_election_master_status,
                     // which tells the controllers' series apart.
@@ -253,7 +278,9 @@ async fn run(parts: Vec<Part>) -> i32 {
             let client = found.client.with_timeout(part.timeout());
             let made = match part {
                 Part::Provisioner(o, g) => {
-                    provisioner_ready(o, g, vac, client, &found, &kube_config, kube).await
+                    provisioner_ready(o, g, vac, client, &found, &kube_config, kube)
+                        .await
+                        .map_err(NotRun::Fatal)
                 }
                 Part::Attacher(o, g) => {
                     let caps = attacher::decide::DriverCaps::from(&found.capabilities);
@@ -271,10 +298,10 @@ async fn run(parts: Vec<Part>) -> i32 {
                 Part::Resizer(o, g) => {
                     let driver = resizer::csi::Driver::new(client);
                     match driver.find_in(&found.capabilities).await {
-                        Err(e) => Err(e.to_string()),
-                        Ok(f) if f.resizer.is_none() && !f.modify => {
-                            Err("CSI driver does not support resize nor modify".to_owned())
-                        }
+                        Err(e) => Err(NotRun::Fatal(e.to_string())),
+                        Ok(f) if f.resizer.is_none() && !f.modify => Err(NotRun::Driver(
+                            "CSI driver does not support resize nor modify".to_owned(),
+                        )),
                         Ok(f) => {
                             let mut gates = g.clone();
                             gates.volume_attributes_class &=
@@ -295,7 +322,10 @@ async fn run(parts: Vec<Part>) -> i32 {
                 Part::Snapshotter(o, g) => {
                     let caps = snapshotter::csi::DriverCaps::from(&found.capabilities);
                     match snapshotter::service::refusal(o, g, &found.name, caps) {
-                        Some(refusal) => Err(refusal),
+                        Some(refusal) if !caps.create_delete_snapshot => {
+                            Err(NotRun::Driver(refusal))
+                        }
+                        Some(refusal) => Err(NotRun::Fatal(refusal)),
                         None => {
                             let node = o
                                 .node_deployment
@@ -323,12 +353,21 @@ async fn run(parts: Vec<Part>) -> i32 {
             };
             match made {
                 Ok(r) => ready.push(r),
-                Err(e) => {
+                Err(NotRun::Driver(e)) => {
+                    // As a separate sidecar would crash-loop beside the others: the others run.
+                    tracing::error!(target: LOG, controller = part.controller().name(), "{e}; this controller does not run, the others do");
+                    continue;
+                }
+                Err(NotRun::Fatal(e)) => {
                     tracing::error!(target: LOG, controller = part.controller().name(), "{e}");
                     return Err(1);
                 }
             }
             healths.push(health);
+        }
+        if ready.is_empty() {
+            tracing::error!(target: LOG, "No controller can run with this CSI driver");
+            return Err(1);
         }
         let health = LeaderHealth::joined(healths);
         let http = match diagnostics::spawn(&flags, metrics.clone(), &health).await {

@@ -260,6 +260,27 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
             "{c}'s bucket in\n{metrics}"
         );
     }
+    // One watch per kind for the four (each controller's cache decodes and trims its own copy).
+    let shared: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("plugreg_shared_watches{"))
+        .collect();
+    for resource in [
+        "v1/persistentvolumes",
+        "v1/persistentvolumeclaims",
+        "storage.k8s.io/v1/volumeattachments",
+        "storage.k8s.io/v1/csinodes",
+        "storage.k8s.io/v1/storageclasses",
+        "snapshot.storage.k8s.io/v1/volumesnapshotcontents",
+        "snapshot.storage.k8s.io/v1/volumesnapshotclasses",
+    ] {
+        assert!(
+            shared
+                .contains(&format!("plugreg_shared_watches{{resource=\"{resource}\"}} 1").as_str()),
+            "one watch of {resource} in {shared:?}"
+        );
+    }
+    assert!(shared.iter().all(|l| l.ends_with(" 1")), "{shared:?}");
     for line in metrics.lines().filter(|l| l.starts_with("# TYPE ")) {
         assert_eq!(metrics.matches(&format!("{line}\n")).count(), 1, "{line}");
     }
@@ -337,6 +358,16 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
     .await;
     let lease = leases.get(&names[1]).await.unwrap();
     assert_eq!(holder(&lease), identity);
+    // The attacher's caches joined the shared watches again: still one per kind.
+    let (_, metrics) = http_get(http, "/metrics");
+    let shared: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("plugreg_shared_watches{"))
+        .collect();
+    assert!(
+        !shared.is_empty() && shared.iter().all(|l| l.ends_with(" 1")),
+        "{shared:?}"
+    );
 
     // A clean stop.
     process.signal("TERM");
@@ -377,4 +408,83 @@ fn a_start_up_refusal_names_its_controller_and_exits_1() {
         format!("{out}{err}").contains("snapshotter: "),
         "{out}{err}"
     );
+}
+
+/// A controller the driver cannot serve is left out (as a separate sidecar would exit and
+/// restart beside the others); the others run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_the_driver_cannot_serve_is_left_out_and_the_others_run() {
+    let api = ApiServer::shared(KubeVersion::V1_36_2)
+        .await
+        .expect("kube-apiserver v1.36.2");
+    let client = api.client().await.unwrap();
+    let driver = format!("plain{}.csi.plugreg.test", std::process::id());
+    let ns = format!("plain{}", std::process::id());
+    create::<Namespace>(&client, json!({"metadata": {"name": ns}})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let _driver = plugreg_csi_test_driver::start(
+        DriverConfig {
+            name: driver.clone(),
+            controller: true,
+            data_dir: Some(dir.path().join("volumes")),
+            mount: MountMode::Directory,
+            ..DriverConfig::default()
+        },
+        &socket,
+    )
+    .await
+    .unwrap();
+    let cmd = controller_command(
+        env!("CARGO_BIN_EXE_csi-sidecars"),
+        &socket,
+        api.kubeconfig_path(),
+        &["--controllers=provisioner,resizer,snapshotter"],
+    );
+    let mut process = LoggedSidecar::spawn(cmd, dir.path().join("csi-sidecars.log"));
+    let class = format!("{ns}-class");
+    create::<StorageClass>(
+        &client,
+        json!({"metadata": {"name": class}, "provisioner": driver}),
+    )
+    .await;
+    create::<PersistentVolumeClaim>(
+        &client,
+        // Annotated as kube-controller-manager's PV controller would (none runs here).
+        json!({"metadata": {"name": "data", "namespace": ns,
+                            "annotations": {"volume.kubernetes.io/storage-provisioner": driver}},
+               "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    poll("the provisioner's PV", &process, || async {
+        pvs.list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.csi.as_ref())
+                    .is_some_and(|c| c.driver == driver)
+            })
+    })
+    .await;
+    let log = process.log();
+    for (controller, why) in [
+        ("resizer", "CSI driver does not support resize nor modify"),
+        ("snapshotter", "does not support ControllerCreateSnapshot"),
+    ] {
+        assert!(
+            log.lines().any(|l| l.contains(why)
+                && l.contains(&format!("controller=\"{controller}\""))
+                && l.contains("this controller does not run")),
+            "{controller} left out:\n{log}"
+        );
+    }
+    assert!(process.running(), "{log}");
+    process.signal("TERM");
+    assert_eq!(process.exit_code().await, 0, "{}", process.log());
 }

@@ -18,7 +18,8 @@ pub fn free_port() -> u16 {
 }
 
 /// A sidecar's API requests so far (its `plugreg_kube_requests_total` on `/metrics` at
-/// `127.0.0.1:port`), by `verb resource`; empty when it does not answer.
+/// `127.0.0.1:port`), by `verb resource` (summed over the controllers of `csi-sidecars`, whose
+/// series carry a `controller` label); empty when it does not answer.
 pub fn requests(port: u16) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
@@ -42,7 +43,8 @@ pub fn requests(port: u16) -> BTreeMap<String, u64> {
                 .unwrap_or_default()
         };
         if let Ok(v) = value.trim().parse::<f64>() {
-            out.insert(format!("{} {}", get("verb"), get("resource")), v as u64);
+            *out.entry(format!("{} {}", get("verb"), get("resource")))
+                .or_default() += v as u64;
         }
     }
     out
