@@ -117,7 +117,8 @@ fn binary(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// Builds the separate sidecars' release binaries when one is missing.
+/// Builds the separate sidecars' release binaries from this checkout (cargo's no-op when they
+/// are up to date), unless `PLUGREG_<NAME>_BIN` names every one.
 fn ensure_separate() {
     let names = [
         "csi-provisioner",
@@ -125,7 +126,14 @@ fn ensure_separate() {
         "csi-resizer",
         "csi-snapshotter",
     ];
-    if names.iter().all(|n| binary(n).exists()) {
+    let named = |n: &&str| {
+        let var = format!(
+            "PLUGREG_{}_BIN",
+            n.trim_start_matches("csi-").to_uppercase()
+        );
+        std::env::var_os(var).is_some()
+    };
+    if names.iter().all(named) {
         return;
     }
     println!("building the separate sidecars (release)...");
