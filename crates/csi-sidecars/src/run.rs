@@ -255,13 +255,17 @@ async fn run(parts: Vec<Part>) -> i32 {
         let mut healths = Vec::new();
         for part in &parts {
             let health = LeaderHealth::new();
-            let kube = |controller_flags: &ControllerFlags, lease: String, release: bool| {
+            let kube = |controller_flags: &ControllerFlags, lease: String| {
                 let mut k = Kube::from_flags(
                     controller_flags,
                     kube_config.clone(),
                     &found.name,
                     lease.clone(),
-                    release,
+                    // A controller that stopped on a signal gives its Lease up at once (as
+                    // ReleaseLeaderElectionOnExit=true does), whatever the gate: its work has
+                    // ended, and the next replica of a rolling update need not wait for the
+                    // Lease to expire while this process drains its other controllers.
+                    true,
                     health.clone(),
                     metrics.clone(),
                 );
@@ -284,11 +288,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                 }
                 Part::Attacher(o, g) => {
                     let caps = attacher::decide::DriverCaps::from(&found.capabilities);
-                    let k = kube(
-                        &o.controller,
-                        attacher::decide::lease_name(&found.name),
-                        g.release_leader_election_on_exit,
-                    );
+                    let k = kube(&o.controller, attacher::decide::lease_name(&found.name));
                     Ok(Ready::Attacher(Box::new(attacher::service::Service {
                         kube: k,
                         driver: attacher::csi::Driver::new(client),
@@ -306,11 +306,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                             let mut gates = g.clone();
                             gates.volume_attributes_class &=
                                 vac.is_none_or(|v| v) || gates.volume_attributes_class_explicit;
-                            let k = kube(
-                                &o.controller,
-                                resizer::flags::lease_name(&found.name),
-                                g.release_leader_election_on_exit,
-                            );
+                            let k = kube(&o.controller, resizer::flags::lease_name(&found.name));
                             Ok(Ready::Resizer(Box::new(resizer::service::Service {
                                 kube: k,
                                 config: resizer::service::config(o, &gates, &found.name, f),
@@ -330,11 +326,8 @@ async fn run(parts: Vec<Part>) -> i32 {
                             let node = o
                                 .node_deployment
                                 .then(|| std::env::var("NODE_NAME").unwrap_or_default());
-                            let k = kube(
-                                &o.controller,
-                                snapshotter::decide::lease_name(&found.name),
-                                g.release_leader_election_on_exit,
-                            );
+                            let k =
+                                kube(&o.controller, snapshotter::decide::lease_name(&found.name));
                             Ok(Ready::Snapshotter(Box::new(
                                 snapshotter::service::Service {
                                     kube: k,
@@ -425,7 +418,7 @@ async fn provisioner_ready(
     client: plugreg_sidecar_kit::csi::Client,
     found: &plugreg_sidecar_kit::driver::Identified<()>,
     kube_config: &kube::Config,
-    kube: impl Fn(&ControllerFlags, String, bool) -> Kube,
+    kube: impl Fn(&ControllerFlags, String) -> Kube,
 ) -> Result<Ready, String> {
     use provisioner::start;
     let capabilities = provisioner::csi::Capabilities::from(&found.capabilities);
@@ -451,11 +444,7 @@ async fn provisioner_ready(
         capacity,
         local,
     };
-    let k = kube(
-        &o.controller,
-        provisioner::flags::lease_name(&found.name),
-        g.release_leader_election_on_exit,
-    );
+    let k = kube(&o.controller, provisioner::flags::lease_name(&found.name));
     Ok(Ready::Provisioner(Box::new(start::service(
         o,
         g,
