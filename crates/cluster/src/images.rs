@@ -22,6 +22,7 @@ pub const SIDECARS: &[&str] = &[
     "csi-attacher",
     "csi-resizer",
     "csi-snapshotter",
+    "csi-sidecars",
 ];
 /// The test driver's image (`images/test-images.conf`).
 pub const TEST_DRIVER: &str = "csi-test-driver";

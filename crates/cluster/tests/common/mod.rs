@@ -52,6 +52,13 @@ pub async fn cluster_with_driver(version: KubeVersion, overlay: Option<&Path>) -
 /// `deploy/test` is applied, as a cluster that offers snapshots has them. The controller ends
 /// when the returned handle is dropped.
 pub async fn cluster_with_snapshots() -> (Cluster, plugreg_testpeers::SnapshotController) {
+    cluster_with_snapshots_and(None).await
+}
+
+/// [`cluster_with_snapshots`] with `overlay` applied instead of `deploy/test`.
+pub async fn cluster_with_snapshots_and(
+    overlay: Option<&Path>,
+) -> (Cluster, plugreg_testpeers::SnapshotController) {
     let cluster = start_cluster(KubeVersion::V1_36_2).await;
     plugreg_testpeers::install_snapshot_crds(cluster.api_server())
         .await
@@ -59,7 +66,7 @@ pub async fn cluster_with_snapshots() -> (Cluster, plugreg_testpeers::SnapshotCo
     let controller = plugreg_testpeers::SnapshotController::start(cluster.api_server())
         .await
         .expect("starting the snapshot-controller");
-    deploy_driver(&cluster, None).await;
+    deploy_driver(&cluster, overlay).await;
     (cluster, controller)
 }
 
