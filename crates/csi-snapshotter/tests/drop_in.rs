@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::{Env, NS};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use plugreg_testpeers::rbac::{self, rule, rules};
 use serde_json::json;
 
@@ -147,12 +147,7 @@ async fn runs_with_the_sample_rbac_and_serves_its_metrics() {
     }
     assert_eq!(get(addr, "/healthz/leader-election"), (200, "ok".into()));
 
-    env.snapshots()
-        .delete("snap1", &DeleteParams::default())
-        .await
-        .unwrap();
-    env.wait_content_gone(&name).await;
-    assert_eq!(env.calls.delete_snapshot_requests().len(), 1);
+    env.delete_snapshot_once("snap1", &name).await;
     let log = sidecar.log();
     let refused: Vec<&str> = log
         .lines()

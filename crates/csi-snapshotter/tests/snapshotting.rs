@@ -428,6 +428,32 @@ async fn a_create_cut_short_by_sigkill_is_sent_again_and_the_deletion_waits_for_
     drop(sidecar);
 }
 
+/// A VolumeSnapshot deleted while the driver is still cutting it (the sidecar running all
+/// along): once CreateSnapshot answers and the being-created annotation goes, the snapshot is
+/// deleted and the content with it, at once (not at the next resync, 15 min away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_deleted_while_it_is_cut_is_deleted_once_the_cut_ends() {
+    let env = Env::new(|d| {
+        d.faults.insert(
+            Method::CreateSnapshot,
+            Fault {
+                delay: Some(Duration::from_secs(3)),
+                delay_first: Some(1),
+                ..Fault::default()
+            },
+        );
+    })
+    .await;
+    env.class("cls", "Delete", json!({})).await;
+    env.bound_claim("data", "vol-d").await;
+    let sidecar = env.snapshotter(&[]);
+    let uid = env.snapshot("snap1", "data", "cls").await;
+    let name = format!("snapcontent-{uid}");
+    env.calls.wait_for(Method::CreateSnapshot, 1).await;
+    env.delete_snapshot_once("snap1", &name).await;
+    drop(sidecar);
+}
+
 /// The being-created annotation stays after an error that may mean the snapshot is still being
 /// cut (UNAVAILABLE here; also CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED) and
 /// goes after a final one (INVALID_ARGUMENT here).

@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::runtime::WatchStreamExt as _;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 
 pub use crate::shared::Watches;
@@ -30,6 +30,11 @@ pub type Readiness = Vec<BoxFuture<'static, Result<(), ()>>>;
 /// `trim` leaves (managed fields are always dropped), calling `on_event` for every object
 /// listed or changed (`false`) and deleted (`true`), and pushes its readiness to `ready`.
 /// Watch failures are retried with kube-runtime's default back-off and logged.
+///
+/// A full list (the first, or a re-list after the watch expired) reaches the store only when
+/// it is complete, so its objects reach `on_event` then, the store already holding them; the
+/// objects the store held and the list no longer has follow, as deleted. A handler that queues
+/// a key for a worker that reads the store never has it read an older copy.
 pub fn watch<K>(
     source: &Watches,
     shutdown: &CancellationToken,
@@ -85,8 +90,13 @@ where
         .reflect(writer);
     let stop = shutdown.clone();
     let kind = K::kind(&()).into_owned();
+    let store = reader.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        // A full list in progress: the store before it, and the objects listed so far. The
+        // reflector applies a list only when it is complete, so its objects are handed over
+        // then, when a handler that reads the store finds them there.
+        let mut listing: Option<Listing<K>> = None;
         loop {
             let ev = tokio::select! {
                 ev = stream.next() => ev,
@@ -94,11 +104,18 @@ where
             };
             match ev {
                 None => return,
-                Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
-                    on_event(&o, false)
+                Some(Ok(watcher::Event::Init)) => listing = Some((store.state(), Vec::new())),
+                Some(Ok(watcher::Event::InitApply(o))) => {
+                    if let Some((_, listed)) = &mut listing {
+                        listed.push(ObjectRef::from_obj(&o));
+                    }
                 }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    let (before, listed) = listing.take().unwrap_or_default();
+                    relisted(&store, before, &listed, &mut on_event);
+                }
+                Some(Ok(watcher::Event::Apply(o))) => on_event(&o, false),
                 Some(Ok(watcher::Event::Delete(o))) => on_event(&o, true),
-                Some(Ok(_)) => {}
                 Some(Err(e)) => tracing::warn!(kind = %kind, "watch failed (retrying): {e}"),
             }
         }
@@ -108,6 +125,33 @@ where
         r.wait_until_ready().await.map_err(|_| ())
     }));
     reader
+}
+
+/// A full list in progress: the store's objects before it, and the objects listed so far.
+type Listing<K> = (Vec<Arc<K>>, Vec<ObjectRef<K>>);
+
+/// A full list's objects, once the reflector store holds them: each listed one to `on_event`
+/// as changed (as it is now in the store), then each one the store held `before` and the list
+/// no longer has as deleted (client-go's informer does the same on a re-list).
+fn relisted<K>(
+    store: &Store<K>,
+    before: Vec<Arc<K>>,
+    listed: &[ObjectRef<K>],
+    on_event: &mut impl FnMut(&K, bool),
+) where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    for r in listed {
+        if let Some(o) = store.get(r) {
+            on_event(&o, false);
+        }
+    }
+    let kept: HashSet<&ObjectRef<K>> = listed.iter().collect();
+    for o in before {
+        if !kept.contains(&ObjectRef::from_obj(&*o)) {
+            on_event(&o, true);
+        }
+    }
 }
 
 /// A value kept in a [`CompactStore`]: a sidecar's compact form of an object, which carries
@@ -236,7 +280,8 @@ impl<V: Keyed> Default for CompactStore<V> {
 /// callbacks and readiness, with a [`CompactStore`] instead of a reflector's. Each decoded
 /// object is turned into its compact value once and stored without a copy (`on_event` sees the
 /// stored value). A full list (the first, or after the watch failed) is gathered apart and
-/// replaces the stored values when complete, as the reflector does.
+/// replaces the stored values when complete, as the reflector does; its values go to
+/// `on_event` then, followed by the values it no longer has, as deleted.
 pub fn watch_compact<K, V>(
     source: &Watches,
     config: watcher::Config,
@@ -275,13 +320,23 @@ where
                 Some(Ok(watcher::Event::Init)) => listing = Some(HashSet::new()),
                 Some(Ok(watcher::Event::InitApply(o))) => {
                     let v = Arc::new(compact(o));
-                    listing
-                        .get_or_insert_default()
-                        .replace(Entry(Arc::clone(&v)));
-                    on_event(&v, false);
+                    listing.get_or_insert_default().replace(Entry(v));
                 }
                 Some(Ok(watcher::Event::InitDone)) => {
-                    writer.replace_all(listing.take().unwrap_or_default());
+                    // The list's values go to the handler once stored (a handler reads the
+                    // store), then those the list no longer has, as deleted.
+                    let listed = listing.take().unwrap_or_default();
+                    let values: Vec<Arc<V>> = listed.iter().map(|e| Arc::clone(&e.0)).collect();
+                    let before = writer.state();
+                    writer.replace_all(listed);
+                    for v in &values {
+                        on_event(v, false);
+                    }
+                    for old in before {
+                        if writer.get(old.key()).is_none() {
+                            on_event(&old, true);
+                        }
+                    }
                     synced.send_replace(true);
                 }
                 Some(Ok(watcher::Event::Apply(o))) => {
@@ -306,4 +361,57 @@ where
             .map_err(|_| ())
     }));
     store
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    use super::*;
+
+    fn cm(name: &str) -> ConfigMap {
+        let mut c = ConfigMap::default();
+        c.metadata.name = Some(name.into());
+        c.metadata.namespace = Some("ns".into());
+        c
+    }
+
+    /// A re-list hands each listed object over as the store now holds it, then each object
+    /// the list no longer has as deleted.
+    #[test]
+    fn a_relist_reports_what_it_found_and_what_went() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        for ev in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(cm("a")),
+            watcher::Event::InitApply(cm("b")),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&ev);
+        }
+        let before = store.state();
+        let mut changed = cm("a");
+        changed.data = Some([("v".to_owned(), "2".to_owned())].into());
+        for ev in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(changed.clone()),
+            watcher::Event::InitApply(cm("c")),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&ev);
+        }
+        let listed = [ObjectRef::from_obj(&changed), ObjectRef::from_obj(&cm("c"))];
+        let mut seen = Vec::new();
+        relisted(&store, before, &listed, &mut |o: &ConfigMap, deleted| {
+            seen.push((o.metadata.name.clone().unwrap(), o.data.is_some(), deleted));
+        });
+        assert_eq!(
+            seen,
+            [
+                ("a".to_owned(), true, false),
+                ("c".to_owned(), false, false),
+                ("b".to_owned(), false, true),
+            ]
+        );
+    }
 }

@@ -86,17 +86,27 @@ async fn one_watch_serves_every_cache_and_a_late_one_gets_the_whole_list() {
     let watches = Watches::shared(Arc::clone(&hub));
     let selected = watcher::Config::default().labels(&format!("test={label}"));
 
-    // A compact cache first.
+    // A compact cache first; its handler records what the store held at each event.
     let stop_first = CancellationToken::new();
     let mut r = Vec::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Value, bool, Option<Value>)>();
+    let slot = Arc::new(std::sync::OnceLock::<CompactStore<Value>>::new());
+    let held_by = Arc::clone(&slot);
     let first = cache::watch_compact::<ConfigMap, _>(
         &watches,
         selected.clone(),
         &stop_first,
         &mut r,
         value,
-        |_, _| {},
+        move |v: &Value, deleted| {
+            let held = held_by
+                .get()
+                .and_then(|s| s.get(v.key()))
+                .map(|h| (*h).clone());
+            let _ = tx.send((v.clone(), deleted, held));
+        },
     );
+    slot.set(first.clone()).ok().unwrap();
     ready(r).await;
     assert_eq!(first.len(), 2);
     let set = |v: &str| Patch::Merge(serde_json::json!({"data": {"v": v}}));
@@ -134,6 +144,22 @@ async fn one_watch_serves_every_cache_and_a_late_one_gets_the_whole_list() {
         "each cache trims its own copy"
     );
     assert_eq!(hub.watches_started(), 1, "one watch for both");
+    // The first cache took the re-list the second one's joining caused: every object handed
+    // over with the store already holding it as listed.
+    let mut relisted = BTreeMap::new();
+    while let Ok((v, deleted, held)) = rx.try_recv() {
+        assert!(!deleted, "{v:?}");
+        assert_eq!(
+            held.as_ref(),
+            Some(&v),
+            "the store holds what the handler is given"
+        );
+        relisted.insert(v.key.to_string(), v.value.to_string());
+    }
+    assert_eq!(
+        relisted.get(&format!("default/{a}")).map(String::as_str),
+        Some("10")
+    );
 
     // A deletion and a change reach both.
     cms.delete(&b, &DeleteParams::default()).await.unwrap();

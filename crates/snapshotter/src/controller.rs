@@ -360,6 +360,13 @@ impl Controller {
                             decide::go_quote(&e)
                         )
                     })?;
+                    // The annotation held a deletion back, and its removal is no change the
+                    // watch filter wakes for (the fingerprint leaves it out): look again once
+                    // the cache has the write, so that a content deleted while its snapshot was
+                    // being cut is deleted now, not at the next resync.
+                    if content.metadata.deletion_timestamp.is_some() {
+                        return Ok(Action::After(CACHE_CATCH_UP));
+                    }
                 }
                 return Ok(Action::Done);
             }

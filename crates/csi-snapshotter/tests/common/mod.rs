@@ -253,6 +253,17 @@ impl Env {
         .await
     }
 
+    /// Deletes the VolumeSnapshot `snapshot` and waits until its content `content` is gone,
+    /// with exactly one DeleteSnapshot sent to the driver.
+    pub async fn delete_snapshot_once(&self, snapshot: &str, content: &str) {
+        self.snapshots()
+            .delete(snapshot, &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+        self.wait_content_gone(content).await;
+        assert_eq!(self.calls.delete_snapshot_requests().len(), 1);
+    }
+
     /// The events about the object `name` (reason, message), oldest first.
     pub async fn events(&self, namespace: &str, name: &str) -> Vec<(String, String)> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
