@@ -411,9 +411,9 @@ fn a_start_up_refusal_names_its_controller_and_exits_1() {
 }
 
 /// A controller the driver cannot serve is left out (as a separate sidecar would exit and
-/// restart beside the others); the others run.
+/// restart beside the others); the others run. A lost driver connection ends the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_controller_the_driver_cannot_serve_is_left_out_and_the_others_run() {
+async fn a_controller_the_driver_cannot_serve_is_left_out_and_a_lost_driver_ends_all() {
     let api = ApiServer::shared(KubeVersion::V1_36_2)
         .await
         .expect("kube-apiserver v1.36.2");
@@ -423,7 +423,7 @@ async fn a_controller_the_driver_cannot_serve_is_left_out_and_the_others_run() {
     create::<Namespace>(&client, json!({"metadata": {"name": ns}})).await;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
-    let _driver = plugreg_csi_test_driver::start(
+    let running = plugreg_csi_test_driver::start(
         DriverConfig {
             name: driver.clone(),
             controller: true,
@@ -485,6 +485,7 @@ async fn a_controller_the_driver_cannot_serve_is_left_out_and_the_others_run() {
         );
     }
     assert!(process.running(), "{log}");
-    process.signal("TERM");
-    assert_eq!(process.exit_code().await, 0, "{}", process.log());
+    // The driver gone: the whole process ends, as every sidecar does.
+    running.stop().await.unwrap();
+    assert_eq!(process.exit_code().await, 1, "{}", process.log());
 }
