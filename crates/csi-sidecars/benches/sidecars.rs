@@ -36,8 +36,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
-use kube::api::PostParams;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{DriverConfig, MountMode};
@@ -45,8 +44,9 @@ use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeS
 use plugreg_testpeers::bench::{
     BenchArgs, commit, create_all, date, free_port, goals_table, load, requests, write_block,
 };
+use plugreg_testpeers::sidecar::create_object;
 use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion, SnapshotController};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const START: &str = "<!-- bench:csi-sidecars:start -->";
 const END: &str = "<!-- bench:csi-sidecars:end -->";
@@ -189,25 +189,6 @@ fn grown(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTree
         .collect()
 }
 
-async fn create_json<K: kube::Resource<DynamicType = ()>>(
-    client: &kube::Client,
-    mut object: Value,
-) {
-    let ar = ApiResource::erase::<K>(&());
-    object["apiVersion"] = json!(ar.api_version);
-    object["kind"] = json!(ar.kind);
-    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(object).unwrap(),
-    )
-    .await
-    .unwrap();
-}
-
 /// Watches `K` and resolves once `n` objects have satisfied `done` (each counted once).
 fn count_done<K>(
     client: &kube::Client,
@@ -303,18 +284,18 @@ async fn run(side: Side, n: usize) -> Run {
     .await
     .expect("snapshot-controller");
     let client = api.client().await.unwrap();
-    create_json::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
-    create_json::<CSINode>(
+    create_object::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
+    create_object::<CSINode>(
         &client,
         json!({"metadata": {"name": NODE}, "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE}]}}),
     )
     .await;
-    create_json::<StorageClass>(
+    create_object::<StorageClass>(
         &client,
         json!({"metadata": {"name": "bench"}, "provisioner": DRIVER, "allowVolumeExpansion": true}),
     )
     .await;
-    create_json::<VolumeSnapshotClass>(
+    create_object::<VolumeSnapshotClass>(
         &client,
         json!({"metadata": {"name": "bench"}, "driver": DRIVER, "deletionPolicy": "Delete"}),
     )
@@ -434,7 +415,7 @@ async fn run(side: Side, n: usize) -> Run {
     create_all(n, |i| {
         let client = client.clone();
         async move {
-            create_json::<PersistentVolumeClaim>(
+            create_object::<PersistentVolumeClaim>(
                 &client,
                 json!({"metadata": {"name": format!("c-{i}"), "namespace": NS},
                        "spec": {"storageClassName": "bench", "accessModes": ["ReadWriteOnce"],
@@ -463,7 +444,7 @@ async fn run(side: Side, n: usize) -> Run {
         let client = client.clone();
         let pv = volumes[&format!("c-{i}")].clone();
         async move {
-            create_json::<VolumeAttachment>(
+            create_object::<VolumeAttachment>(
                 &client,
                 json!({"metadata": {"name": format!("va-{i}")},
                        "spec": {"attacher": DRIVER, "nodeName": NODE,
@@ -515,7 +496,7 @@ async fn run(side: Side, n: usize) -> Run {
     create_all(n, |i| {
         let client = client.clone();
         async move {
-            create_json::<VolumeSnapshot>(
+            create_object::<VolumeSnapshot>(
                 &client,
                 json!({"metadata": {"name": format!("s-{i}"), "namespace": NS},
                        "spec": {"source": {"persistentVolumeClaimName": format!("c-{i}")},

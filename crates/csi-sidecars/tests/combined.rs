@@ -13,12 +13,14 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use plugreg_csi_test_driver::{DriverConfig, Method, MountMode};
 use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
-use plugreg_testpeers::sidecar::{self, LoggedSidecar, controller_command, http_get};
+use plugreg_testpeers::sidecar::{
+    self, LoggedSidecar, controller_command, create_object, http_get,
+};
 use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion, SnapshotController};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(90);
 const NS: &str = "flow";
@@ -42,22 +44,6 @@ where
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn create<K: kube::Resource<DynamicType = ()>>(client: &kube::Client, mut object: Value) {
-    let ar = ApiResource::erase::<K>(&());
-    object["apiVersion"] = json!(ar.api_version);
-    object["kind"] = json!(ar.kind);
-    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(object).unwrap(),
-    )
-    .await
-    .unwrap();
 }
 
 fn bound(c: &PersistentVolumeClaim) -> Option<String> {
@@ -84,8 +70,8 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
         .await
         .expect("snapshot-controller v8.6.0");
     let client = api.client().await.unwrap();
-    create::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
-    create::<CSINode>(
+    create_object::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
+    create_object::<CSINode>(
         &client,
         json!({"metadata": {"name": NODE}, "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE}]}}),
     )
@@ -125,7 +111,7 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
     let mut process = LoggedSidecar::spawn(cmd, dir.path().join("csi-sidecars.log"));
 
     // Provisioned and bound.
-    create::<StorageClass>(
+    create_object::<StorageClass>(
         &client,
         json!({"metadata": {"name": "all"}, "provisioner": DRIVER, "allowVolumeExpansion": true}),
     )
@@ -137,7 +123,7 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
                      "resources": {"requests": {"storage": "1Gi"}}},
         })
     };
-    create::<PersistentVolumeClaim>(&client, claim("data")).await;
+    create_object::<PersistentVolumeClaim>(&client, claim("data")).await;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
     let pv = poll("claim data Bound", &process, || async {
         claims
@@ -163,7 +149,7 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
                "spec": {"attacher": DRIVER, "nodeName": NODE,
                         "source": {"persistentVolumeName": pv}}})
     };
-    create::<VolumeAttachment>(&client, va("va-data", &pv)).await;
+    create_object::<VolumeAttachment>(&client, va("va-data", &pv)).await;
     poll("va-data attached", &process, || async {
         vas.get_opt("va-data").await.ok().flatten().filter(attached)
     })
@@ -187,12 +173,12 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
     .await;
 
     // Snapshotted.
-    create::<VolumeSnapshotClass>(
+    create_object::<VolumeSnapshotClass>(
         &client,
         json!({"metadata": {"name": "all"}, "driver": DRIVER, "deletionPolicy": "Delete"}),
     )
     .await;
-    create::<VolumeSnapshot>(
+    create_object::<VolumeSnapshot>(
         &client,
         json!({"metadata": {"name": "snap", "namespace": NS},
                "spec": {"source": {"persistentVolumeClaimName": "data"},
@@ -312,7 +298,7 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
     })
     .await;
     assert!(process.running(), "the process goes on:\n{}", process.log());
-    create::<PersistentVolumeClaim>(&client, claim("more")).await;
+    create_object::<PersistentVolumeClaim>(&client, claim("more")).await;
     let more = poll(
         "claim more Bound without the attacher",
         &process,
@@ -327,7 +313,7 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
         },
     )
     .await;
-    create::<VolumeAttachment>(&client, va("va-more", &more)).await;
+    create_object::<VolumeAttachment>(&client, va("va-more", &more)).await;
     let (_, metrics) = http_get(http, "/metrics");
     assert!(
         metrics.contains(&format!(
@@ -420,7 +406,7 @@ async fn a_controller_the_driver_cannot_serve_is_left_out_and_a_lost_driver_ends
     let client = api.client().await.unwrap();
     let driver = format!("plain{}.csi.plugreg.test", std::process::id());
     let ns = format!("plain{}", std::process::id());
-    create::<Namespace>(&client, json!({"metadata": {"name": ns}})).await;
+    create_object::<Namespace>(&client, json!({"metadata": {"name": ns}})).await;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
     let running = plugreg_csi_test_driver::start(
@@ -443,12 +429,12 @@ async fn a_controller_the_driver_cannot_serve_is_left_out_and_a_lost_driver_ends
     );
     let mut process = LoggedSidecar::spawn(cmd, dir.path().join("csi-sidecars.log"));
     let class = format!("{ns}-class");
-    create::<StorageClass>(
+    create_object::<StorageClass>(
         &client,
         json!({"metadata": {"name": class}, "provisioner": driver}),
     )
     .await;
-    create::<PersistentVolumeClaim>(
+    create_object::<PersistentVolumeClaim>(
         &client,
         // Annotated as kube-controller-manager's PV controller would (none runs here).
         json!({"metadata": {"name": "data", "namespace": ns,

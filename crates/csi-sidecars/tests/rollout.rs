@@ -23,10 +23,11 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use plugreg_csi_test_driver::{DriverConfig, Method, MountMode};
+use plugreg_testpeers::sidecar::create_object;
 use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::time::Instant;
 
 const DRIVER: &str = "roll.csi.plugreg.test";
@@ -127,22 +128,6 @@ impl Drop for Replica {
     }
 }
 
-async fn create<K: kube::Resource<DynamicType = ()>>(client: &kube::Client, mut object: Value) {
-    let ar = ApiResource::erase::<K>(&());
-    object["apiVersion"] = json!(ar.api_version);
-    object["kind"] = json!(ar.kind);
-    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(object).unwrap(),
-    )
-    .await
-    .unwrap();
-}
-
 /// The holder of each Lease, sampled every 50 ms: (lease, holder, first seen).
 type Timeline = Arc<Mutex<Vec<(String, String, Instant)>>>;
 
@@ -210,13 +195,13 @@ async fn a_rolling_update_to_csi_sidecars_and_back_under_load() {
     .await
     .expect("kube-controller-manager");
     let client = api.client().await.unwrap();
-    create::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
-    create::<CSINode>(
+    create_object::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
+    create_object::<CSINode>(
         &client,
         json!({"metadata": {"name": NODE}, "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE}]}}),
     )
     .await;
-    create::<StorageClass>(
+    create_object::<StorageClass>(
         &client,
         json!({"metadata": {"name": "roll"}, "provisioner": DRIVER}),
     )
@@ -279,7 +264,7 @@ async fn a_rolling_update_to_csi_sidecars_and_back_under_load() {
         tokio::spawn(async move {
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
             for i in 0..CLAIMS {
-                create::<PersistentVolumeClaim>(
+                create_object::<PersistentVolumeClaim>(
                     &client,
                     json!({"metadata": {"name": format!("c-{i}"), "namespace": NS},
                            "spec": {"storageClassName": "roll", "accessModes": ["ReadWriteOnce"],
@@ -300,7 +285,7 @@ async fn a_rolling_update_to_csi_sidecars_and_back_under_load() {
                     if c.status.and_then(|s| s.phase).as_deref() == Some("Bound")
                         && attached.insert(name.clone())
                     {
-                        create::<VolumeAttachment>(
+                        create_object::<VolumeAttachment>(
                             &client,
                             json!({"metadata": {"name": format!("va-{name}")},
                                    "spec": {"attacher": DRIVER, "nodeName": NODE,

@@ -3,9 +3,11 @@
 //! object reported with the store already showing the change, values found by their own key,
 //! and a readiness that fails when the cache stops before its first list.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::time::Duration;
 
+use common::{Compact, compact, config_map};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -13,38 +15,6 @@ use plugreg_sidecar_kit::cache::{self, CompactStore, Keyed};
 use plugreg_testpeers::{ApiServer, KubeVersion};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-/// A ConfigMap as the test keeps it: its key and the value of its `v` entry.
-#[derive(Debug, Clone, PartialEq)]
-struct Compact {
-    key: Box<str>,
-    value: Box<str>,
-}
-
-impl Keyed for Compact {
-    fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-fn compact(cm: ConfigMap) -> Compact {
-    Compact {
-        key: cache::store_key(&cm.metadata),
-        value: cm
-            .data
-            .and_then(|d| d.get("v").cloned())
-            .unwrap_or_default()
-            .into(),
-    }
-}
-
-fn config_map(name: &str, label: &str, value: &str) -> ConfigMap {
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(name.into());
-    cm.metadata.labels = Some(BTreeMap::from([("test".into(), label.into())]));
-    cm.data = Some(BTreeMap::from([("v".into(), value.into())]));
-    cm
-}
 
 /// What a callback saw: the value, whether the object was deleted, and what the store held
 /// under its key at that moment.

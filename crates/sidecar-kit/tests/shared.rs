@@ -4,10 +4,13 @@
 //! take in their stride); changes and deletions reach every cache; a cache that stops leaves
 //! the others served.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{Compact, compact, config_map};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -15,37 +18,6 @@ use plugreg_sidecar_kit::cache::{self, CompactStore, Keyed, Watches};
 use plugreg_sidecar_kit::shared::Hub;
 use plugreg_testpeers::{ApiServer, KubeVersion};
 use tokio_util::sync::CancellationToken;
-
-#[derive(Debug, Clone, PartialEq)]
-struct Value {
-    key: Box<str>,
-    value: Box<str>,
-}
-
-impl Keyed for Value {
-    fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-fn value(cm: ConfigMap) -> Value {
-    Value {
-        key: cache::store_key(&cm.metadata),
-        value: cm
-            .data
-            .and_then(|d| d.get("v").cloned())
-            .unwrap_or_default()
-            .into(),
-    }
-}
-
-fn config_map(name: &str, label: &str, v: &str) -> ConfigMap {
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(name.into());
-    cm.metadata.labels = Some(BTreeMap::from([("test".into(), label.into())]));
-    cm.data = Some(BTreeMap::from([("v".into(), v.into())]));
-    cm
-}
 
 async fn until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -64,7 +36,7 @@ async fn ready(ready: Vec<futures::future::BoxFuture<'static, Result<(), ()>>>) 
     }
 }
 
-fn stored(store: &CompactStore<Value>, name: &str) -> Option<String> {
+fn stored(store: &CompactStore<Compact>, name: &str) -> Option<String> {
     store
         .get(&format!("default/{name}"))
         .map(|v| v.value.to_string())
@@ -89,16 +61,16 @@ async fn one_watch_serves_every_cache_and_a_late_one_gets_the_whole_list() {
     // A compact cache first; its handler records what the store held at each event.
     let stop_first = CancellationToken::new();
     let mut r = Vec::new();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Value, bool, Option<Value>)>();
-    let slot = Arc::new(std::sync::OnceLock::<CompactStore<Value>>::new());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Compact, bool, Option<Compact>)>();
+    let slot = Arc::new(std::sync::OnceLock::<CompactStore<Compact>>::new());
     let held_by = Arc::clone(&slot);
     let first = cache::watch_compact::<ConfigMap, _>(
         &watches,
         selected.clone(),
         &stop_first,
         &mut r,
-        value,
-        move |v: &Value, deleted| {
+        compact,
+        move |v: &Compact, deleted| {
             let held = held_by
                 .get()
                 .and_then(|s| s.get(v.key()))

@@ -366,3 +366,24 @@ pub fn merge_json(base: &mut serde_json::Value, extra: serde_json::Value) {
         (b, e) => *b = e,
     }
 }
+
+/// Creates the object `object` of kind `K` (JSON without `apiVersion` and `kind`, which are
+/// `K`'s; in its `metadata.namespace` when it has one) and returns it as the API server stored
+/// it. Panics when the API server refuses it: a test's set-up must succeed.
+pub async fn create_object<K: kube::Resource<DynamicType = ()>>(
+    client: &kube::Client,
+    mut object: serde_json::Value,
+) -> kube::api::DynamicObject {
+    use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+    let ar = ApiResource::erase::<K>(&());
+    object["apiVersion"] = serde_json::json!(ar.api_version);
+    object["kind"] = serde_json::json!(ar.kind);
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    let parsed = serde_json::from_value(object).expect("an object");
+    api.create(&PostParams::default(), &parsed)
+        .await
+        .unwrap_or_else(|e| panic!("creating a {}: {e}", ar.kind))
+}
