@@ -26,6 +26,9 @@
 //! ones next to this bench's (`target/release`), built from this checkout first; `PLUGREG_<NAME>_BIN`
 //! (`PLUGREG_PROVISIONER_BIN`, ...) picks others.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -33,9 +36,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::Peers;
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
@@ -45,7 +49,6 @@ use plugreg_testpeers::bench::{
     BenchArgs, commit, create_all, date, free_port, goals_table, load, requests, write_block,
 };
 use plugreg_testpeers::sidecar::create_object;
-use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion, SnapshotController};
 use serde_json::json;
 
 const START: &str = "<!-- bench:csi-sidecars:start -->";
@@ -95,26 +98,25 @@ struct Run {
     load: String,
 }
 
-/// A sidecar binary: `PLUGREG_<NAME>_BIN`, or the one in this bench's target directory.
-fn binary(name: &str) -> PathBuf {
-    let var = format!(
+/// The variable that names another build of sidecar `name`: `PLUGREG_<NAME>_BIN`.
+fn variable(name: &str) -> String {
+    format!(
         "PLUGREG_{}_BIN",
         name.trim_start_matches("csi-")
             .to_uppercase()
             .replace('-', "_")
-    );
-    if let Ok(p) = std::env::var(&var) {
+    )
+}
+
+/// A sidecar binary: `PLUGREG_<NAME>_BIN`, or the one this checkout built.
+fn binary(name: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(variable(name)) {
         return PathBuf::from(p);
     }
     if name == "csi-sidecars" {
         return PathBuf::from(env!("CARGO_BIN_EXE_csi-sidecars"));
     }
-    let exe = std::env::current_exe().expect("the bench's path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    dir.join(name)
+    common::binaries().join(name)
 }
 
 /// Builds the separate sidecars' release binaries from this checkout (cargo's no-op when they
@@ -126,28 +128,16 @@ fn ensure_separate() {
         "csi-resizer",
         "csi-snapshotter",
     ];
-    let named = |n: &&str| {
-        let var = format!(
-            "PLUGREG_{}_BIN",
-            n.trim_start_matches("csi-").to_uppercase()
-        );
-        std::env::var_os(var).is_some()
-    };
-    if names.iter().all(named) {
+    if names
+        .iter()
+        .all(|n| std::env::var_os(variable(n)).is_some())
+    {
         return;
     }
     println!("building the separate sidecars (release)...");
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--release", "--bins"])
-        .args(
-            names
-                .iter()
-                .flat_map(|n| ["-p".to_owned(), format!("plugreg-{n}")]),
-        )
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("cargo");
-    assert!(status.success(), "building the separate sidecars failed");
+    let packages: Vec<String> = names.iter().map(|n| format!("plugreg-{n}")).collect();
+    let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
+    common::build(&packages);
 }
 
 /// Watches the API server holds open, by resource (`apiserver_longrunning_requests`).
@@ -263,33 +253,20 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 
 async fn run(side: Side, n: usize) -> Run {
     let load_start = load();
-    let api = ApiServer::start_version(KubeVersion::V1_36_2)
-        .await
-        .expect("kube-apiserver v1.36.2");
-    let _kcm = ControllerManager::start_with_args(
-        &api,
-        plugreg_testpeers::volume_controllers(KubeVersion::V1_36_2),
+    let peers = Peers::start(
+        // Raised so that they are not what is measured.
         &["--kube-api-qps=1000", "--kube-api-burst=1000"],
-    )
-    .await
-    .expect("kube-controller-manager");
-    let _snapshots = SnapshotController::start_with(
-        &api,
-        &[
+        Some(&[
             "--kube-api-qps=1000",
             "--kube-api-burst=2000",
             "--worker-threads=50",
-        ],
-    )
-    .await
-    .expect("snapshot-controller");
-    let client = api.client().await.unwrap();
-    create_object::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
-    create_object::<CSINode>(
-        &client,
-        json!({"metadata": {"name": NODE}, "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE}]}}),
+        ]),
+        NS,
+        DRIVER,
+        NODE,
     )
     .await;
+    let (api, client) = (&peers.api, peers.client.clone());
     create_object::<StorageClass>(
         &client,
         json!({"metadata": {"name": "bench"}, "provisioner": DRIVER, "allowVolumeExpansion": true}),

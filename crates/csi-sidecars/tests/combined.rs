@@ -7,11 +7,14 @@
 //! attacher's Lease away from it: the attacher stops and campaigns again while the others go
 //! on, and takes the Lease back once it is free.
 
+mod common;
+
 use std::time::Duration;
 
+use common::Peers;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use plugreg_csi_test_driver::{DriverConfig, Method, MountMode};
@@ -19,7 +22,7 @@ use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 use plugreg_testpeers::sidecar::{
     self, LoggedSidecar, controller_command, create_object, http_get,
 };
-use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion, SnapshotController};
+use plugreg_testpeers::{ApiServer, KubeVersion};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -57,25 +60,8 @@ fn attached(va: &VolumeAttachment) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_controllers_in_one_process_each_under_its_own_lease() {
-    let api = ApiServer::start_version(KubeVersion::V1_36_2)
-        .await
-        .expect("kube-apiserver v1.36.2");
-    let _kcm = ControllerManager::start(
-        &api,
-        plugreg_testpeers::volume_controllers(KubeVersion::V1_36_2),
-    )
-    .await
-    .expect("kube-controller-manager");
-    let _snapshots = SnapshotController::start(&api)
-        .await
-        .expect("snapshot-controller v8.6.0");
-    let client = api.client().await.unwrap();
-    create_object::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
-    create_object::<CSINode>(
-        &client,
-        json!({"metadata": {"name": NODE}, "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE}]}}),
-    )
-    .await;
+    let peers = Peers::start(&[], Some(&[]), NS, DRIVER, NODE).await;
+    let (api, client) = (&peers.api, peers.client.clone());
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
     let cfg = DriverConfig {

@@ -14,19 +14,21 @@
 //! identity is the host name, as in a pod): the test needs root, as the provisioner's leader
 //! tests do.
 
+mod common;
+
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::Peers;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{Api, ListParams};
 use plugreg_csi_test_driver::{DriverConfig, Method, MountMode};
 use plugreg_testpeers::sidecar::create_object;
-use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -35,22 +37,6 @@ const NS: &str = "roll";
 const NODE: &str = "node-1";
 const CLAIMS: usize = 48;
 const WAIT: Duration = Duration::from_secs(120);
-
-/// A sibling binary of this test's (`target/<profile>/<name>`), built first (cargo's no-op when
-/// it is up to date): the separate sidecars are other packages' binaries.
-fn sibling(name: &str, package: &str) -> PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--bins", "-p", package])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("cargo");
-    assert!(status.success(), "building {package}");
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .join(name)
-}
 
 /// One process of a replica, in the replica's UTS namespace.
 struct Replica {
@@ -181,26 +167,14 @@ async fn both_held_by(leases: &Api<Lease>, host: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_to_csi_sidecars_and_back_under_load() {
-    let provisioner = sibling("csi-provisioner", "plugreg-csi-provisioner");
-    let attacher = sibling("csi-attacher", "plugreg-csi-attacher");
+    // The separate sidecars are other packages' binaries.
+    common::build(&["plugreg-csi-provisioner", "plugreg-csi-attacher"]);
+    let provisioner = common::binaries().join("csi-provisioner");
+    let attacher = common::binaries().join("csi-attacher");
     let sidecars = PathBuf::from(env!("CARGO_BIN_EXE_csi-sidecars"));
 
-    let api = ApiServer::start_version(KubeVersion::V1_36_2)
-        .await
-        .expect("kube-apiserver v1.36.2");
-    let _kcm = ControllerManager::start(
-        &api,
-        plugreg_testpeers::volume_controllers(KubeVersion::V1_36_2),
-    )
-    .await
-    .expect("kube-controller-manager");
-    let client = api.client().await.unwrap();
-    create_object::<Namespace>(&client, json!({"metadata": {"name": NS}})).await;
-    create_object::<CSINode>(
-        &client,
-        json!({"metadata": {"name": NODE}, "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE}]}}),
-    )
-    .await;
+    let peers = Peers::start(&[], None, NS, DRIVER, NODE).await;
+    let (api, client) = (&peers.api, peers.client.clone());
     create_object::<StorageClass>(
         &client,
         json!({"metadata": {"name": "roll"}, "provisioner": DRIVER}),
