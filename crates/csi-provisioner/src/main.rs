@@ -64,10 +64,7 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
     // Step 3.
     let node_name = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
     if flags.options.node_deployment && node_name.is_none() {
-        tracing::error!(
-            target: LOG,
-            "The NODE_NAME environment variable must be set when using --enable-node-deployment."
-        );
+        tracing::error!(target: LOG, "{}", flags::NO_NODE_NAME);
         return Ok(FATAL_EXIT);
     }
     // Step 4.

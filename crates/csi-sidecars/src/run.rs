@@ -13,6 +13,7 @@ use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, 
 use plugreg_sidecar_kit::ratelimit::{self, kube_config};
 use plugreg_sidecar_kit::service::{Kube, ServiceError};
 use plugreg_sidecar_kit::shared::Hub;
+use plugreg_sidecar_kit::vac;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -112,7 +113,7 @@ fn checked(parsed: Parsed) -> Result<Vec<Part>, String> {
             return Err(format!("provisioner: {refusal}"));
         }
         if f.options.node_deployment && node_name().is_none() {
-            return Err("provisioner: The NODE_NAME environment variable must be set when using --enable-node-deployment.".into());
+            return Err(format!("provisioner: {}", provisioner::flags::NO_NODE_NAME));
         }
         provisioner::flags::validate(&f.options).map_err(|e| format!("provisioner: {e}"))?;
         parts.push(Part::Provisioner(Box::new(f.options), gates));
@@ -304,8 +305,11 @@ async fn run(parts: Vec<Part>) -> i32 {
                         )),
                         Ok(f) => {
                             let mut gates = g.clone();
-                            gates.volume_attributes_class &=
-                                vac.is_none_or(|v| v) || gates.volume_attributes_class_explicit;
+                            gates.volume_attributes_class = vac::gate(
+                                g.volume_attributes_class,
+                                g.volume_attributes_class_explicit,
+                                vac,
+                            );
                             let k = kube(&o.controller, resizer::flags::lease_name(&found.name));
                             Ok(Ready::Resizer(Box::new(resizer::service::Service {
                                 kube: k,
@@ -400,7 +404,7 @@ async fn vac_discovered(parts: &[Part], config: &kube::Config) -> Option<bool> {
         return None;
     }
     let client = kube::Client::try_from(config.clone()).ok()?;
-    let available = plugreg_sidecar_kit::vac::api_available(&client).await;
+    let available = vac::api_available(&client).await;
     if available == Some(false) {
         tracing::info!(
             target: LOG,
@@ -434,8 +438,11 @@ async fn provisioner_ready(
     } else {
         None
     };
-    let volume_attributes_class =
-        g.volume_attributes_class && (g.volume_attributes_class_explicit || vac.is_none_or(|v| v));
+    let volume_attributes_class = vac::gate(
+        g.volume_attributes_class,
+        g.volume_attributes_class_explicit,
+        vac,
+    );
     let started = start::Started {
         name: found.name.clone(),
         identity,

@@ -45,6 +45,12 @@ impl kube::Resource for VolumeAttributesClass {
     }
 }
 
+/// The VolumeAttributesClass gate after upstream's start-up check: on when asked for, unless
+/// it was not set explicitly and discovery ([`api_available`]) found no v1 API.
+pub fn gate(on: bool, explicit: bool, available: Option<bool>) -> bool {
+    on && (explicit || available != Some(false))
+}
+
 /// Upstream's start-up check: `Some(false)` when discovery of `storage.k8s.io/v1` succeeds and
 /// lists no VolumeAttributesClass (the API server is older than 1.34, or has the API off);
 /// `None` when discovery failed (upstream then leaves the gate as it is).
@@ -58,4 +64,18 @@ pub async fn api_available(client: &kube::Client) -> Option<bool> {
             .iter()
             .any(|r| r.kind == "VolumeAttributesClass"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gate;
+
+    #[test]
+    fn the_gate_goes_off_only_when_implicit_and_the_api_is_missing() {
+        assert!(gate(true, false, None), "discovery failed: as it is");
+        assert!(gate(true, false, Some(true)));
+        assert!(!gate(true, false, Some(false)));
+        assert!(gate(true, true, Some(false)), "set explicitly: kept");
+        assert!(!gate(false, false, Some(true)));
+    }
 }

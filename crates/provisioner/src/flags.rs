@@ -32,6 +32,10 @@ pub use plugreg_sidecar_kit::leader::{leader_identity, lease_name, sanitize_name
 /// Exit code of upstream's `klog.Fatal` (an unknown feature gate, a failed start-up step).
 pub const FATAL_EXIT: i32 = 255;
 
+/// Upstream's refusal of `--node-deployment` without `NODE_NAME` (§B.2 step 1).
+pub const NO_NODE_NAME: &str =
+    "The NODE_NAME environment variable must be set when using --enable-node-deployment.";
+
 /// The provisioner's command line: pflag syntax, the controller block, its own flags.
 pub const COMMAND: Command = Command {
     syntax: Syntax::Pflag,
