@@ -297,7 +297,13 @@ async fn run_feed(
                 ev = stream.next() => ev,
             };
             let ev = match ev {
-                None => return,
+                None => {
+                    // Not with kube-runtime's back-off, which retries for ever; should the
+                    // stream end, the next subscriber starts a new watch instead of joining
+                    // this one.
+                    lock(&feeds).remove(&key);
+                    return;
+                }
                 Some(Err(e)) => {
                     tracing::warn!(kind = %kind, "watch failed (retrying): {e}");
                     continue;
