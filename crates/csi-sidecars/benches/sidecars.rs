@@ -31,7 +31,6 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -48,7 +47,7 @@ use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeS
 use plugreg_testpeers::bench::{
     BenchArgs, commit, create_all, date, free_port, goals_table, load, requests, write_block,
 };
-use plugreg_testpeers::sidecar::create_object;
+use plugreg_testpeers::sidecar::{self, LoggedSidecar, create_object};
 use serde_json::json;
 
 const START: &str = "<!-- bench:csi-sidecars:start -->";
@@ -234,17 +233,11 @@ where
     }
 }
 
-fn spawn(bin: &Path, args: &[String], log: &Path) -> Child {
-    let out = std::fs::File::create(log).unwrap();
-    Command::new(bin)
-        .args(args)
-        .env_remove("KUBECONFIG")
-        .env_remove("NODE_NAME")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()))
+/// `bin` with `args`, its output in `log` (killed when dropped).
+fn spawn(bin: &Path, args: &[String], log: &Path) -> LoggedSidecar {
+    let mut cmd = sidecar::command(&bin.to_string_lossy());
+    cmd.args(args);
+    LoggedSidecar::spawn(cmd, log.to_owned())
 }
 
 fn status_kib(pid: u32, field: &str) -> u64 {
@@ -335,7 +328,7 @@ async fn run(side: Side, n: usize) -> Run {
             ports.push(port);
         }
     }
-    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    let pids: Vec<u32> = children.iter().map(|c| c.child.id()).collect();
 
     // Idle: every controller leads (four Leases held), its caches filled.
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
@@ -519,25 +512,15 @@ async fn run(side: Side, n: usize) -> Run {
             *all_requests.entry(k).or_default() += v;
         }
     }
-    let alive = children
-        .iter_mut()
-        .all(|c| matches!(c.try_wait(), Ok(None)));
+    let alive = children.iter_mut().all(LoggedSidecar::running);
     if !alive {
-        for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
-            if entry.path().extension().is_some_and(|e| e == "log") {
-                println!("--- {}", entry.path().display());
-                println!(
-                    "{}",
-                    std::fs::read_to_string(entry.path()).unwrap_or_default()
-                );
-            }
+        for c in &children {
+            println!("--- {}\n{}", c.log.display(), c.log());
         }
         panic!("a sidecar exited during the run");
     }
-    for mut c in children {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    // Killed as they are dropped.
+    drop(children);
     Run {
         makespans,
         hwm_kib,

@@ -18,7 +18,6 @@ mod common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +27,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{Api, ListParams};
 use plugreg_csi_test_driver::{DriverConfig, Method, MountMode};
-use plugreg_testpeers::sidecar::create_object;
+use plugreg_testpeers::sidecar::{self, LoggedSidecar, create_object};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -38,10 +37,9 @@ const NODE: &str = "node-1";
 const CLAIMS: usize = 48;
 const WAIT: Duration = Duration::from_secs(120);
 
-/// One process of a replica, in the replica's UTS namespace.
+/// The processes of a replica, in the replica's UTS namespace (killed when dropped).
 struct Replica {
-    host: &'static str,
-    children: Vec<(Child, PathBuf)>,
+    children: Vec<LoggedSidecar>,
 }
 
 impl Replica {
@@ -50,67 +48,40 @@ impl Replica {
             .iter()
             .enumerate()
             .map(|(i, (bin, args))| {
-                let log = dir.join(format!("{host}-{i}.log"));
-                let out = std::fs::File::create(&log).unwrap();
-                let child = Command::new("unshare")
-                    .args([
-                        "--uts",
-                        "--",
-                        "sh",
-                        "-c",
-                        "hostname \"$0\" && exec \"$@\"",
-                        host,
-                    ])
-                    .arg(bin)
-                    .args(args)
-                    .env_remove("KUBECONFIG")
-                    .env_remove("NODE_NAME")
-                    .stdin(Stdio::null())
-                    .stdout(out.try_clone().unwrap())
-                    .stderr(out)
-                    .spawn()
-                    .unwrap();
-                (child, log)
+                let mut cmd = sidecar::command("unshare");
+                cmd.args([
+                    "--uts",
+                    "--",
+                    "sh",
+                    "-c",
+                    "hostname \"$0\" && exec \"$@\"",
+                    host,
+                ])
+                .arg(bin)
+                .args(args);
+                LoggedSidecar::spawn(cmd, dir.join(format!("{host}-{i}.log")))
             })
             .collect();
-        Self { host, children }
+        Self { children }
     }
 
     fn logs(&self) -> String {
         self.children
             .iter()
-            .map(|(_, log)| std::fs::read_to_string(log).unwrap_or_default())
+            .map(LoggedSidecar::log)
             .collect::<Vec<_>>()
             .join("\n----\n")
     }
 
     /// SIGTERM, as the kubelet stops a terminated pod's containers; waits for every process.
     async fn terminate(&mut self) -> Instant {
-        for (c, _) in &self.children {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
+        for c in &self.children {
+            c.signal("TERM");
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for (c, _) in &mut self.children {
-            loop {
-                if let Ok(Some(_)) = c.try_wait() {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "{} did not stop", self.host);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        for c in &mut self.children {
+            c.exit_code_within(Duration::from_secs(30)).await;
         }
         Instant::now()
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        for (c, _) in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
