@@ -779,10 +779,14 @@ impl Controller {
             debug!(PersistentVolume = name, "finalizer kept");
             return Ok(());
         }
-        let vas: Vec<VolumeAttachment> = self.vas.state().iter().map(|va| va.object()).collect();
-        let names = vas
-            .iter()
-            .filter_map(|va| va.spec.source.persistent_volume_name.as_deref());
+        // One cached VolumeAttachment decoded at a time, none of them held across the patch
+        // below: a burst of deleted PVs (one sync each, every one waiting for the rate
+        // limiter) must not hold a copy of every VolumeAttachment each.
+        let names = self
+            .vas
+            .state()
+            .into_iter()
+            .filter_map(|va| va.object().spec.source.persistent_volume_name);
         let Some(patch) =
             decide::pv_remove_finalizer_patch(&pv, &self.fin, &self.cfg.driver, names)
         else {

@@ -391,11 +391,11 @@ pub fn pv_add_finalizer_patch(pv: &PersistentVolume, fin: &str) -> Option<Value>
 /// deleted (or is an in-tree PV migrated away from `driver`), and no VolumeAttachment in
 /// `attachment_pvs` (the PV names of every cached VolumeAttachment) names it. Returns the JSON
 /// Patch (`test` + `remove` at its index).
-pub fn pv_remove_finalizer_patch<'a>(
+pub fn pv_remove_finalizer_patch<S: AsRef<str>>(
     pv: &PersistentVolume,
     fin: &str,
     driver: &str,
-    mut attachment_pvs: impl Iterator<Item = &'a str>,
+    mut attachment_pvs: impl Iterator<Item = S>,
 ) -> Option<Value> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let migrated_away = pv.spec.as_ref().is_some_and(in_tree)
@@ -414,7 +414,7 @@ pub fn pv_remove_finalizer_patch<'a>(
         .as_ref()?
         .iter()
         .position(|f| f == fin)?;
-    if attachment_pvs.any(|p| p == name) {
+    if attachment_pvs.any(|p| p.as_ref() == name) {
         return None;
     }
     let path = format!("/metadata/finalizers/{index}");
@@ -428,7 +428,7 @@ pub fn pv_remove_finalizer_patch<'a>(
 /// away from `driver`).
 pub fn pv_needs_sync(pv: &PersistentVolume, fin: &str, driver: &str) -> bool {
     has_finalizer(pv.metadata.finalizers.as_ref(), fin)
-        && pv_remove_finalizer_patch(pv, fin, driver, std::iter::empty()).is_some()
+        && pv_remove_finalizer_patch(pv, fin, driver, std::iter::empty::<&str>()).is_some()
 }
 
 /// The merge patch on the VolumeAttachment (main resource) before ControllerPublish: the
@@ -994,7 +994,7 @@ mod tests {
         p.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into(), fin.clone()]);
         assert!(pv_add_finalizer_patch(&p, &fin).is_none());
         // Not deleted: kept.
-        assert!(pv_remove_finalizer_patch(&p, &fin, DRIVER, std::iter::empty()).is_none());
+        assert!(pv_remove_finalizer_patch(&p, &fin, DRIVER, std::iter::empty::<&str>()).is_none());
         p.metadata.deletion_timestamp = Some(now());
         assert!(pv_needs_sync(&p, &fin, DRIVER));
         // A VolumeAttachment still names it: kept.

@@ -5,6 +5,8 @@
 //! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --quick   # 100 claims, no 10k run
 //! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --big-only [--out BENCHMARKS.md]
 //!     # only the 10k run (its own block of BENCHMARKS.md)
+//! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --big-only --with-sidecars [--out BENCHMARKS.md]
+//!     # the 10k run with csi-provisioner, then with `csi-sidecars --controllers=provisioner` (issue 29)
 //! ```
 //!
 //! Each run starts a fresh real kube-apiserver v1.36.2 and kube-controller-manager v1.36.2 (its
@@ -15,6 +17,9 @@
 //! every PV is gone. Reported: makespan, volumes per second, the provisioner's API requests per
 //! volume (its own `plugreg_kube_requests_total` counter, by verb and resource), and its peak RSS
 //! (VmHWM). `PLUGREG_PROVISIONER_BIN` measures another build with the same flags;
+//! `--with-sidecars` repeats the 10,000-claim run with the release `csi-sidecars` (built from
+//! this checkout first, or `PLUGREG_SIDECARS_BIN`) running only its provisioner, the same flags
+//! given their `--provisioner-` prefix where csi-sidecars wants one;
 //! `PLUGREG_BENCH_LOGS=<dir>` keeps the provisioner's and KCM's log of each run there.
 
 use std::collections::BTreeMap;
@@ -46,6 +51,8 @@ struct Args {
     claims: usize,
     big: Option<usize>,
     raised_qps: String,
+    /// Whether the big run is repeated with `csi-sidecars --controllers=provisioner`.
+    with_sidecars: bool,
 }
 
 fn args() -> Args {
@@ -54,6 +61,7 @@ fn args() -> Args {
         claims: 1000,
         big: Some(10_000),
         raised_qps: "1000".into(),
+        with_sidecars: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -64,6 +72,7 @@ fn args() -> Args {
             "--no-big" => a.big = None,
             "--raised-qps" => a.raised_qps = it.next().unwrap_or(a.raised_qps),
             "--big-only" => a.claims = 0,
+            "--with-sidecars" => a.with_sidecars = true,
             "--quick" => {
                 a.claims = 100;
                 a.big = None;
@@ -74,9 +83,59 @@ fn args() -> Args {
     a
 }
 
-fn bin() -> String {
-    std::env::var("PLUGREG_PROVISIONER_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_csi-provisioner").to_owned())
+/// Which binary runs the provisioner.
+#[derive(Clone, Copy, PartialEq)]
+enum Binary {
+    /// `csi-provisioner` (`PLUGREG_PROVISIONER_BIN`, or this package's release build).
+    Provisioner,
+    /// `csi-sidecars --controllers=provisioner` (`PLUGREG_SIDECARS_BIN`, or the release build
+    /// next to this bench's).
+    Sidecars,
+}
+
+impl Binary {
+    fn path(self) -> String {
+        match self {
+            Binary::Provisioner => std::env::var("PLUGREG_PROVISIONER_BIN")
+                .unwrap_or_else(|_| env!("CARGO_BIN_EXE_csi-provisioner").to_owned()),
+            Binary::Sidecars => std::env::var("PLUGREG_SIDECARS_BIN").unwrap_or_else(|_| {
+                // target/release/deps/<bench> -> target/release/csi-sidecars
+                let exe = std::env::current_exe().unwrap();
+                let release = exe.parent().and_then(Path::parent).unwrap();
+                release.join("csi-sidecars").display().to_string()
+            }),
+        }
+    }
+
+    /// The process's arguments for the provisioner's `flags` (`--kube-api-qps=...`).
+    fn args(self, flags: &[&str]) -> Vec<String> {
+        match self {
+            Binary::Provisioner => flags.iter().map(|f| (*f).to_owned()).collect(),
+            Binary::Sidecars => std::iter::once("--controllers=provisioner".to_owned())
+                .chain(flags.iter().map(|f| f.replacen("--", "--provisioner-", 1)))
+                .collect(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Binary::Provisioner => "csi-provisioner",
+            Binary::Sidecars => "csi-sidecars --controllers=provisioner",
+        }
+    }
+}
+
+/// Builds `csi-sidecars` (release) from this checkout unless `PLUGREG_SIDECARS_BIN` names one.
+fn ensure_sidecars() {
+    if std::env::var_os("PLUGREG_SIDECARS_BIN").is_some() {
+        return;
+    }
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "plugreg-csi-sidecars"])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "csi-sidecars builds");
 }
 
 /// A kB field of `/proc/<pid>/status` (0 once the process is gone).
@@ -136,6 +195,8 @@ fn secs(d: &[Duration]) -> String {
 
 struct Run {
     label: String,
+    /// Which binary ran the provisioner.
+    binary: Binary,
     claims: usize,
     makespan: Duration,
     /// Until every PV existed (the provisioner's part; binding is KCM's).
@@ -165,7 +226,7 @@ struct Run {
     peak_file_kib: u64,
 }
 
-async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
+async fn run(label: &str, binary: Binary, claims: usize, qps: &[&str], delete: bool) -> Run {
     let load_start = load();
     let api = ApiServer::start_version(KubeVersion::V1_36_2)
         .await
@@ -211,14 +272,14 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
         .unwrap();
     let port = free_port();
     let log = std::fs::File::create(dir.path().join("provisioner.log")).unwrap();
-    let mut child: Child = Command::new(bin())
+    let mut child: Child = Command::new(binary.path())
         .arg(format!("--csi-address={}", socket.display()))
         .arg(format!("--kubeconfig={}", api.kubeconfig_path().display()))
         .arg(format!("--http-endpoint=127.0.0.1:{port}"))
         .arg("--v=1")
         .arg("--leader-election")
         .arg("--leader-election-namespace=bench")
-        .args(qps)
+        .args(binary.args(qps))
         .env_remove("KUBECONFIG")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
@@ -442,6 +503,7 @@ async fn run(label: &str, claims: usize, qps: &[&str], delete: bool) -> Run {
     eprintln!("{label}: {claims} claims Bound in {makespan:?}");
     Run {
         label: label.into(),
+        binary,
         claims,
         makespan,
         pvs_done,
@@ -466,12 +528,14 @@ async fn main() {
     let a = args();
     let raised = format!("--kube-api-qps={}", a.raised_qps);
     let raised_burst = format!("--kube-api-burst={}", a.raised_qps);
-    let mut runs = Vec::new();
+    let mut small = Vec::new();
     if a.claims > 0 {
-        runs.push(run("`--kube-api-qps 5` (default)", a.claims, &[], true).await);
-        runs.push(
+        let p = Binary::Provisioner;
+        small.push(run("`--kube-api-qps 5` (default)", p, a.claims, &[], true).await);
+        small.push(
             run(
                 &format!("`--kube-api-qps {}`", a.raised_qps),
+                p,
                 a.claims,
                 &[&raised, &raised_burst],
                 true,
@@ -479,29 +543,33 @@ async fn main() {
             .await,
         );
     }
+    let mut big_runs = Vec::new();
     if let Some(big) = a.big {
-        runs.push(
-            run(
-                &format!("`--kube-api-qps {}`, {big} claims", a.raised_qps),
-                big,
-                &[&raised, &raised_burst],
-                false,
-            )
-            .await,
-        );
+        let mut binaries = vec![Binary::Provisioner];
+        if a.with_sidecars {
+            ensure_sidecars();
+            binaries.push(Binary::Sidecars);
+        }
+        for binary in binaries {
+            big_runs.push(
+                run(
+                    &format!("`--kube-api-qps {}`, {big} claims", a.raised_qps),
+                    binary,
+                    big,
+                    &[&raised, &raised_burst],
+                    false,
+                )
+                .await,
+            );
+        }
     }
 
-    let (small, big) = if a.big.is_some() {
-        runs.split_at(runs.len() - 1)
-    } else {
-        (&runs[..], &[][..])
-    };
     let mut blocks = Vec::new();
-    if let Some(r) = big.first() {
-        blocks.push((BIG_START, BIG_END, big_block(r)));
+    if !big_runs.is_empty() {
+        blocks.push((BIG_START, BIG_END, big_block(&big_runs)));
     }
     if !small.is_empty() {
-        blocks.push((START, END, small_block(small)));
+        blocks.push((START, END, small_block(&small)));
     }
     for (_, _, t) in &blocks {
         println!("{t}");
@@ -523,22 +591,35 @@ async fn main() {
     }
 }
 
-/// The 10,000-claim run's block: when the work got where, and who used the CPU.
-fn big_block(r: &Run) -> String {
+/// The 10,000-claim runs' block (csi-provisioner, and `csi-sidecars` when it ran too): when
+/// the work got where, and who used the CPU.
+fn big_block(runs: &[Run]) -> String {
+    let r = &runs[0];
     let mut t = format!(
-        "{BIG_START}\n### csi-provisioner at raised limits, {} claims (issue 16)\n\n{}, commit {}, load average {} at \
+        "{BIG_START}\n### csi-provisioner at raised limits, {} claims (issues 16, 29)\n\n{}, commit {}, load average {} at \
          the start and {} at the end (2 cores, shared). As above, with `--kube-api-qps {q} --kube-api-burst {q}` \
-         and {} claims, not deleted. The bench counts claims and PVs with watches of its own. Times are from the \
+         and {} claims, not deleted; {}. The bench counts claims and PVs with watches of its own. Times are from the \
          first claim created; \"handed over\" is kube-controller-manager's storage-provisioner annotation on the \
-         claim, which the provisioner waits for (as upstream); CPU seconds are each process's own, from the first \
-         claim to the last PV.\n\n```sh\n\
-         cargo bench -p plugreg-csi-provisioner --bench provisioner -- --big-only --out BENCHMARKS.md\n```\n\n",
+         claim, which the provisioner waits for (as upstream), and \"after the last hand-over\" is from KCM's last \
+         one to the last PV; CPU seconds are each process's own, from the first claim to the last PV.\n\n```sh\n\
+         cargo bench -p plugreg-csi-provisioner --bench provisioner -- --big-only{} --out BENCHMARKS.md\n```\n\n",
         r.claims,
         date(),
         commit(),
         r.load_start,
         load(),
         r.claims,
+        if runs.len() > 1 {
+            "first the release `csi-provisioner`, then the release `csi-sidecars --controllers=provisioner` \
+             (the same flags, prefixed `--provisioner-` where it wants them), each on fresh peers"
+        } else {
+            "the release `csi-provisioner`"
+        },
+        if runs.len() > 1 {
+            " --with-sidecars"
+        } else {
+            ""
+        },
         q = r
             .label
             .split_whitespace()
@@ -547,45 +628,64 @@ fn big_block(r: &Run) -> String {
             .trim_end_matches(['`', ',']),
     );
     t.push_str(
-        "| claims created | 10%/50%/90%/all handed over | 10%/50%/90%/all PVs created | all claims Bound | \
-         CPU s to the last PV: provisioner / API server and etcd / KCM | peak RSS (when) | Lease lost |\n\
-         |---|---|---|---|---|---|---|\n",
+        "| binary | claims created | 10%/50%/90%/all handed over | 10%/50%/90%/all PVs created | last PV after the last hand-over | \
+         all claims Bound | CPU s to the last PV: provisioner / API server and etcd / KCM | peak RSS (when) | Lease lost |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
-    t.push_str(&format!(
-        "| {:.1} s | {} s | {} s | {:.1} s | {:.1} / {:.1} / {:.1} | {:.1} MiB ({:.0} s; {:.1} MiB of it the binary's pages) | {} |\n",
-        r.claims_created.as_secs_f64(),
-        secs(&r.handed_marks),
-        secs(&r.pv_marks),
-        r.makespan.as_secs_f64(),
-        r.cpu_to_pvs.0,
-        r.cpu_to_pvs.1,
-        r.cpu_to_pvs.2,
-        r.hwm_kib as f64 / 1024.0,
-        r.peak_at.as_secs_f64(),
-        r.peak_file_kib as f64 / 1024.0,
-        if r.lease_lost { "**yes**" } else { "no" }
-    ));
-    let goals = [
-        (
-            format!(
-                "raised limits, {} claims: every PV created in under 20 s",
-                r.claims
+    for r in runs {
+        t.push_str(&format!(
+            "| {} | {:.1} s | {} s | {} s | {:.1} s | {:.1} s | {:.1} / {:.1} / {:.1} | {:.1} MiB ({:.0} s; {:.1} MiB of it the binary's pages) | {} |\n",
+            r.binary.name(),
+            r.claims_created.as_secs_f64(),
+            secs(&r.handed_marks),
+            secs(&r.pv_marks),
+            after_handover(r).as_secs_f64(),
+            r.makespan.as_secs_f64(),
+            r.cpu_to_pvs.0,
+            r.cpu_to_pvs.1,
+            r.cpu_to_pvs.2,
+            r.hwm_kib as f64 / 1024.0,
+            r.peak_at.as_secs_f64(),
+            r.peak_file_kib as f64 / 1024.0,
+            if r.lease_lost { "**yes**" } else { "no" }
+        ));
+    }
+    let mut goals = Vec::new();
+    for r in runs {
+        let who = r.binary.name();
+        goals.extend([
+            (
+                format!(
+                    "{who}, raised limits, {} claims: every PV created in under 20 s (issue 16)",
+                    r.claims
+                ),
+                format!("{:.1} s", r.pvs_done.as_secs_f64()),
+                r.pvs_done.as_secs_f64() < 20.0,
             ),
-            format!("{:.1} s", r.pvs_done.as_secs_f64()),
-            r.pvs_done.as_secs_f64() < 20.0,
-        ),
-        (
-            format!("raised limits, {} claims: peak RSS under 48 MiB", r.claims),
-            format!("{:.1} MiB", r.hwm_kib as f64 / 1024.0),
-            (r.hwm_kib as f64 / 1024.0) < 48.0,
-        ),
-        (
-            "no Lease lost".to_owned(),
-            if r.lease_lost { "lost" } else { "kept" }.to_owned(),
-            !r.lease_lost,
-        ),
-    ];
-    t.push_str("\nIssue 16's goals:\n\n| goal | measured | |\n|---|---|---|\n");
+            (
+                format!(
+                    "{who}, raised limits, {} claims: every PV within 2 s of KCM's last hand-over (issue 29)",
+                    r.claims
+                ),
+                format!("{:.1} s", after_handover(r).as_secs_f64()),
+                after_handover(r) < Duration::from_secs(2),
+            ),
+            (
+                format!(
+                    "{who}, raised limits, {} claims: peak RSS under 48 MiB (issue 16)",
+                    r.claims
+                ),
+                format!("{:.1} MiB", r.hwm_kib as f64 / 1024.0),
+                (r.hwm_kib as f64 / 1024.0) < 48.0,
+            ),
+            (
+                format!("{who}: no Lease lost"),
+                if r.lease_lost { "lost" } else { "kept" }.to_owned(),
+                !r.lease_lost,
+            ),
+        ]);
+    }
+    t.push_str("\nGoals:\n\n| goal | measured | |\n|---|---|---|\n");
     for (goal, measured, met) in goals {
         t.push_str(&format!(
             "| {goal} | {measured} | {} |\n",
@@ -594,6 +694,12 @@ fn big_block(r: &Run) -> String {
     }
     t.push_str(BIG_END);
     t
+}
+
+/// From kube-controller-manager's last hand-over to the last PV (zero when the last PV came
+/// first, which a watch's ordering allows).
+fn after_handover(r: &Run) -> Duration {
+    r.pv_marks[3].saturating_sub(r.handed_marks[3])
 }
 
 /// The block of the runs of `--claims` claims (upstream's defaults, then raised limits).

@@ -5,7 +5,8 @@
 //! cargo bench -p plugreg-csi-sidecars --bench sidecars -- --out BENCHMARKS.md  # 1,000 claims
 //! ```
 //!
-//! Each side gets a fresh real kube-apiserver v1.36.2 with kube-controller-manager v1.36.2 (its
+//! The two sides run at the same time, so that both see the same machine load; each gets a
+//! fresh real kube-apiserver v1.36.2 with kube-controller-manager v1.36.2 (its
 //! PV controller binds; `--kube-api-qps 1000 --kube-api-burst 1000`, so that it is not what is
 //! measured), the snapshot CRDs and the real Go snapshot-controller v8.6.0 (likewise), and the
 //! test CSI driver in-process (answers at once; create, publish, expand, snapshots). Then either
@@ -539,10 +540,10 @@ fn mib(kib: u64) -> f64 {
 fn report(n: usize, separate: &Run, combined: &Run) -> String {
     let mut out = format!(
         "{START}\n### csi-sidecars beside the four separate sidecars ({} {}, {n} claims)\n\n\
-         `cargo bench -p plugreg-csi-sidecars --bench sidecars{}`. Each side on a fresh kube-apiserver and \
+         `cargo bench -p plugreg-csi-sidecars --bench sidecars{}`. The two sides run at the same time, each on a fresh kube-apiserver and \
          kube-controller-manager v1.36.2 and the Go snapshot-controller v8.6.0 (all raised to QPS 1000), the test \
          driver in-process; every controller at its upstream defaults (QPS 5, burst 10) with `--leader-election`. \
-         Load {} (four sidecars) and {} (csi-sidecars), 2 cores shared with the peers.\n\n\
+         Load {} (at the start and end of the four sidecars' run) and {} (csi-sidecars'), 2 cores shared by both sides and their peers.\n\n\
          | phase | four sidecars | csi-sidecars | ratio |\n|---|---|---|---|\n",
         date(),
         commit(),
@@ -651,8 +652,9 @@ fn report(n: usize, separate: &Run, combined: &Run) -> String {
 async fn main() {
     let args = BenchArgs::parse(1000);
     ensure_separate();
-    let separate = run(Side::Separate, args.n).await;
-    let combined = run(Side::Combined, args.n).await;
+    // Both sides at once, each on peers of its own: the same machine load for both.
+    let (separate, combined) =
+        tokio::join!(run(Side::Separate, args.n), run(Side::Combined, args.n));
     let block = report(args.n, &separate, &combined);
     println!("{block}");
     println!("requests, four sidecars: {:?}", separate.requests);
