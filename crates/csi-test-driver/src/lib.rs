@@ -7,7 +7,9 @@
 //! otherwise (see [`MountMode`]); the checks follow the error codes the CSI spec requires. Any
 //! method can be made slow, failing or hanging through a [`Fault`], for every call or only for
 //! the first few. [`Calls`] counts the calls and streams them as [`Call`] events, so a test can
-//! wait for and assert on what its peer did.
+//! wait for and assert on what its peer did. With [`DriverConfig::volume_condition`] it reports
+//! each volume's health, which a test turns abnormal and back while the driver runs
+//! ([`RunningDriver::set_condition`], [`Conditions`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), plugreg_csi_test_driver::Error> {
@@ -45,7 +47,7 @@ use plugreg_proto::csi::v1::{
     ControllerUnpublishVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
     DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest, GetPluginCapabilitiesRequest,
     GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability,
-    ProbeRequest, ProbeResponse, node_service_capability, plugin_capability,
+    ProbeRequest, ProbeResponse, VolumeCondition, node_service_capability, plugin_capability,
 };
 use plugreg_transport::{BoundSocket, MAX_MESSAGE_SIZE};
 use tokio::sync::{Notify, broadcast};
@@ -205,11 +207,13 @@ pub enum Method {
     GetSnapshot,
     /// `/csi.v1.Controller/GetCapacity`
     GetCapacity,
+    /// `/csi.v1.Controller/ControllerGetVolume`
+    ControllerGetVolume,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 24] = [
+    pub const ALL: [Method; 25] = [
         Method::GetPluginInfo,
         Method::GetPluginCapabilities,
         Method::Probe,
@@ -234,6 +238,7 @@ impl Method {
         Method::ListSnapshots,
         Method::GetSnapshot,
         Method::GetCapacity,
+        Method::ControllerGetVolume,
     ];
 
     /// The method name, e.g. `GetPluginInfo`.
@@ -263,6 +268,7 @@ impl Method {
             Method::ListSnapshots => "ListSnapshots",
             Method::GetSnapshot => "GetSnapshot",
             Method::GetCapacity => "GetCapacity",
+            Method::ControllerGetVolume => "ControllerGetVolume",
         }
     }
 
@@ -576,6 +582,25 @@ pub struct DriverConfig {
     /// LIST_VOLUMES_PUBLISHED_NODES and serve ListVolumes (every volume with the nodes it is
     /// ControllerPublished to, `max_entries` per page, the next index as the token).
     pub list_volumes: bool,
+    /// Report volume conditions (the health external-health-monitor watches). With
+    /// [`controller`](Self::controller): advertise the controller capabilities VOLUME_CONDITION
+    /// and GET_VOLUME, serve ControllerGetVolume (the volume with its capacity, the nodes it is
+    /// ControllerPublished to and its condition; an unknown volume is NOT_FOUND) and put the
+    /// condition into ListVolumes' entries (ListVolumes itself still needs
+    /// [`list_volumes`](Self::list_volumes)). On the node side, when
+    /// [`node_capabilities`](Self::node_capabilities) has GET_VOLUME_STATS: advertise the node
+    /// capability VOLUME_CONDITION and put the condition into NodeGetVolumeStats (listing
+    /// VOLUME_CONDITION in `node_capabilities` does the same for the node alone). Each
+    /// volume's condition comes from [`conditions`](Self::conditions).
+    pub volume_condition: bool,
+    /// With [`volume_condition`](Self::volume_condition): leave the condition out for a healthy
+    /// volume instead of reporting `{abnormal: false, message: ""}`, as the spec allows and as
+    /// some drivers answer (external-health-monitor takes a missing condition as healthy).
+    pub omit_healthy_condition: bool,
+    /// Which volumes are abnormal, and why. Clone it before handing the config over (or use
+    /// [`RunningDriver::set_condition`]) to turn a volume abnormal and back while the driver
+    /// runs.
+    pub conditions: Conditions,
     /// Check the paths the CO must provide before anything else about the volume, as csi-test's
     /// mock driver and csi-driver-host-path do: NodeStageVolume with a staging_target_path that
     /// does not exist, and NodePublishVolume with a target_path whose parent does not exist or
@@ -670,6 +695,9 @@ impl Default for DriverConfig {
             controller: false,
             controller_publish: false,
             list_volumes: false,
+            volume_condition: false,
+            omit_healthy_condition: false,
+            conditions: Conditions::default(),
             strict_paths: false,
             volumes: Vec::new(),
             data_dir: None,
@@ -693,6 +721,53 @@ impl Default for DriverConfig {
             omit_content_source: false,
             calls: Calls::default(),
         }
+    }
+}
+
+/// The volumes' conditions as [`DriverConfig::volume_condition`] reports them, shared (cheap to
+/// clone) between the driver and whoever changes them. Every volume is healthy until it is
+/// made abnormal. A condition belongs to a volume id, not to a volume: it may be set before the
+/// volume exists and outlives its deletion (a volume made again under the same id has it too).
+#[derive(Debug, Clone, Default)]
+pub struct Conditions {
+    /// Abnormal volumes by id, with their message.
+    abnormal: Arc<Mutex<BTreeMap<String, String>>>,
+}
+
+impl Conditions {
+    /// Makes `volume_id` abnormal with `message` (`Some`), or healthy again (`None`).
+    pub fn set(&self, volume_id: impl Into<String>, abnormal: Option<&str>) {
+        let mut m = self.lock();
+        match abnormal {
+            Some(message) => {
+                m.insert(volume_id.into(), message.to_owned());
+            }
+            None => {
+                m.remove(&volume_id.into());
+            }
+        }
+    }
+
+    /// The message of `volume_id` when it is abnormal; `None` when it is healthy.
+    pub fn abnormal(&self, volume_id: &str) -> Option<String> {
+        self.lock().get(volume_id).cloned()
+    }
+
+    /// The condition the driver reports for `volume_id`: `None` for a healthy volume when
+    /// `omit_healthy`.
+    pub(crate) fn report(&self, volume_id: &str, omit_healthy: bool) -> Option<VolumeCondition> {
+        match self.abnormal(volume_id) {
+            Some(message) => Some(VolumeCondition {
+                abnormal: true,
+                message,
+            }),
+            None if omit_healthy => None,
+            None => Some(VolumeCondition::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.abnormal.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -889,11 +964,13 @@ async fn serve_router(
 pub async fn start(config: DriverConfig, socket: &Path) -> Result<RunningDriver, Error> {
     let bound = plugreg_transport::bind(socket).map_err(Error::Bind)?;
     let calls = config.calls.clone();
+    let conditions = config.conditions.clone();
     let token = CancellationToken::new();
     let task = tokio::spawn(serve_bound(config, bound, token.clone()));
     Ok(RunningDriver {
         path: socket.to_owned(),
         calls,
+        conditions,
         token,
         task: Some(task),
     })
@@ -904,6 +981,7 @@ pub async fn start(config: DriverConfig, socket: &Path) -> Result<RunningDriver,
 pub struct RunningDriver {
     path: PathBuf,
     calls: Calls,
+    conditions: Conditions,
     token: CancellationToken,
     task: Option<JoinHandle<Result<(), Error>>>,
 }
@@ -917,6 +995,17 @@ impl RunningDriver {
     /// The driver's call counters.
     pub fn calls(&self) -> &Calls {
         &self.calls
+    }
+
+    /// The volumes' conditions ([`DriverConfig::conditions`]).
+    pub fn conditions(&self) -> &Conditions {
+        &self.conditions
+    }
+
+    /// Makes `volume_id` abnormal with `message` (`Some`), or healthy again (`None`), from the
+    /// next call on (see [`DriverConfig::volume_condition`]).
+    pub fn set_condition(&self, volume_id: &str, abnormal: Option<&str>) {
+        self.conditions.set(volume_id, abnormal);
     }
 
     /// Stops serving, removes the socket and waits for the server to finish.

@@ -9,6 +9,10 @@
 //! capability ALREADY_EXISTS, publishing without the staging path a stage-capable driver needs
 //! FAILED_PRECONDITION; repeated calls with the same arguments succeed (idempotency).
 //!
+//! With [`DriverConfig::volume_condition`](crate::DriverConfig::volume_condition),
+//! ControllerGetVolume, ListVolumes and NodeGetVolumeStats report each volume's condition from
+//! the shared [`Conditions`](crate::Conditions), so a test can turn a volume abnormal and back.
+//!
 //! With [`DriverConfig::persistent`](crate::DriverConfig::persistent) the data directory is the
 //! record, as a real driver's backing store is: a volume created by one instance (a controller
 //! plugin) is known to every other instance sharing the directory (the node plugins, a restarted
@@ -38,8 +42,8 @@ use plugreg_proto::csi::v1::{
     NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnpublishVolumeRequest,
     NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, Topology,
     ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, Volume,
-    VolumeCapability, VolumeUsage, controller_service_capability, list_volumes_response,
-    node_service_capability, volume_usage,
+    VolumeCapability, VolumeCondition, VolumeUsage, controller_get_volume_response,
+    controller_service_capability, list_volumes_response, node_service_capability, volume_usage,
 };
 use tonic::{Request, Response, Status};
 
@@ -185,6 +189,20 @@ fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> Status {
 impl Driver {
     fn has(&self, cap: NodeCapability) -> bool {
         self.config.node_capabilities.contains(&cap)
+    }
+
+    /// Whether the Node reports volume conditions (and advertises VOLUME_CONDITION): only
+    /// through NodeGetVolumeStats, so only with GET_VOLUME_STATS.
+    fn node_reports_condition(&self) -> bool {
+        self.has(NodeCapability::GetVolumeStats)
+            && (self.config.volume_condition || self.has(NodeCapability::VolumeCondition))
+    }
+
+    /// The condition reported for volume `id` (see `DriverConfig::omit_healthy_condition`).
+    fn condition(&self, id: &str) -> Option<VolumeCondition> {
+        self.config
+            .conditions
+            .report(id, self.config.omit_healthy_condition)
     }
 
     /// With `controller_publish`, NodeStageVolume and NodePublishVolume need what
@@ -365,11 +383,13 @@ impl Node for Driver {
         _: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
         self.enter(Method::NodeGetCapabilities).await?;
-        let capabilities = self
-            .config
-            .node_capabilities
-            .iter()
-            .map(|&t| NodeServiceCapability {
+        let mut types = self.config.node_capabilities.clone();
+        if self.node_reports_condition() && !types.contains(&NodeCapability::VolumeCondition) {
+            types.push(NodeCapability::VolumeCondition);
+        }
+        let capabilities = types
+            .into_iter()
+            .map(|t| NodeServiceCapability {
                 r#type: Some(node_service_capability::Type::Rpc(
                     node_service_capability::Rpc { r#type: t as i32 },
                 )),
@@ -638,7 +658,10 @@ impl Node for Driver {
                     unit: volume_usage::Unit::Inodes as i32,
                 },
             ],
-            volume_condition: None,
+            volume_condition: self
+                .node_reports_condition()
+                .then(|| self.condition(id))
+                .flatten(),
         }))
     }
 
@@ -1019,6 +1042,9 @@ impl Controller for Driver {
         if self.tracks_capacity() {
             types.push(Type::GetCapacity);
         }
+        if self.config.volume_condition {
+            types.extend([Type::VolumeCondition, Type::GetVolume]);
+        }
         let capabilities = types
             .into_iter()
             .map(|t| ControllerServiceCapability {
@@ -1134,7 +1160,11 @@ impl Controller for Driver {
                 }),
                 status: Some(list_volumes_response::VolumeStatus {
                     published_node_ids: v.attached.iter().cloned().collect(),
-                    volume_condition: None,
+                    volume_condition: self
+                        .config
+                        .volume_condition
+                        .then(|| self.condition(id))
+                        .flatten(),
                 }),
             })
             .collect();
@@ -1264,9 +1294,29 @@ impl Controller for Driver {
 
     async fn controller_get_volume(
         &self,
-        _: Request<ControllerGetVolumeRequest>,
+        request: Request<ControllerGetVolumeRequest>,
     ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
-        unimplemented("ControllerGetVolume")
+        if !self.config.volume_condition {
+            return unimplemented("ControllerGetVolume");
+        }
+        self.enter(Method::ControllerGetVolume).await?;
+        let r = request.into_inner();
+        let id = required(&r.volume_id, "volume_id")?;
+        let state = self.lock_with(id);
+        let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;
+        Ok(Response::new(ControllerGetVolumeResponse {
+            volume: Some(Volume {
+                volume_id: id.to_owned(),
+                capacity_bytes: v.capacity,
+                // What CreateVolume returned: this driver gives its volumes no context.
+                volume_context: Default::default(),
+                ..Volume::default()
+            }),
+            status: Some(controller_get_volume_response::VolumeStatus {
+                published_node_ids: v.attached.iter().cloned().collect(),
+                volume_condition: self.condition(id),
+            }),
+        }))
     }
 
     async fn controller_modify_volume(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use plugreg_csi_test_driver::{
-    Capacity, Code, DriverConfig, Failure, Fault, Method, MountMode, NodeCapability,
+    Capacity, Code, Conditions, DriverConfig, Failure, Fault, Method, MountMode, NodeCapability,
     SmallerThanSource, parse_topology, valid_volume_id,
 };
 use plugreg_runtime::signal::Signals;
@@ -84,6 +84,22 @@ struct Args {
     /// ControllerPublishVolume (which returns it) and ControllerUnpublishVolume.
     #[arg(long)]
     controller_publish: bool,
+    /// With --controller: advertise LIST_VOLUMES and LIST_VOLUMES_PUBLISHED_NODES and serve
+    /// ListVolumes.
+    #[arg(long)]
+    list_volumes: bool,
+    /// Report volume conditions: with --controller advertise VOLUME_CONDITION and GET_VOLUME,
+    /// serve ControllerGetVolume and put conditions into ListVolumes; with the node capability
+    /// GET_VOLUME_STATS advertise the node's VOLUME_CONDITION and put them into
+    /// NodeGetVolumeStats.
+    #[arg(long)]
+    volume_condition: bool,
+    /// Leave the condition out for a healthy volume instead of reporting abnormal: false.
+    #[arg(long)]
+    omit_healthy_condition: bool,
+    /// A volume reported abnormal with this message (repeatable): `ID=MESSAGE`.
+    #[arg(long = "abnormal-volume", value_name = "ID=MESSAGE", value_parser = parse_abnormal)]
+    abnormal_volumes: Vec<(String, String)>,
     /// With --controller: advertise EXPAND_VOLUME and serve ControllerExpandVolume.
     #[arg(long)]
     controller_expand: bool,
@@ -190,6 +206,16 @@ impl Args {
             node_capabilities: self.node_capabilities.clone(),
             controller: self.controller,
             controller_publish: self.controller_publish,
+            list_volumes: self.list_volumes,
+            volume_condition: self.volume_condition,
+            omit_healthy_condition: self.omit_healthy_condition,
+            conditions: {
+                let c = Conditions::default();
+                for (id, message) in &self.abnormal_volumes {
+                    c.set(id.clone(), Some(message));
+                }
+                c
+            },
             strict_paths: self.strict_paths,
             volumes: self.volumes.clone(),
             data_dir: self.data_dir.clone(),
@@ -254,6 +280,14 @@ fn parse_volume_id(s: &str) -> Result<String, String> {
             "invalid volume id {s:?}: 1-128 bytes, no '/', not '.' or '..'"
         ))
     }
+}
+
+/// `ID=MESSAGE` (see `--abnormal-volume`); the message may be empty.
+fn parse_abnormal(s: &str) -> Result<(String, String), String> {
+    let (id, message) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected ID=MESSAGE, got {s:?}"))?;
+    Ok((parse_volume_id(id)?, message.to_owned()))
 }
 
 const CODES: [&str; 17] = [
@@ -429,6 +463,14 @@ mod tests {
         assert!(parse_node_capability("UNKNOWN").is_err());
         assert!(parse_node_capability("stage").is_err());
         assert_eq!(parse_volume_id("vol-1").unwrap(), "vol-1");
+        assert_eq!(
+            parse_abnormal("vol-1=disk gone").unwrap(),
+            ("vol-1".to_owned(), "disk gone".to_owned())
+        );
+        assert_eq!(parse_abnormal("vol-1=").unwrap().1, "");
+        for bad in ["vol-1", "=x", "a/b=x"] {
+            assert!(parse_abnormal(bad).is_err(), "{bad:?}");
+        }
         for bad in ["", ".", "..", "a/b", &"x".repeat(129)] {
             assert!(parse_volume_id(bad).is_err(), "{bad:?}");
         }
