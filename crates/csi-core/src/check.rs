@@ -24,6 +24,15 @@
 //! capacity tracking does, for the whole driver and for the node's topology segment: OK, no
 //! negative size, the minimum volume size no larger than the maximum.
 //!
+//! When the driver offers VOLUME_CONDITION, the check asks for its volume's condition as
+//! csi-external-health-monitor-controller (Controller) and the kubelet's volume health (Node) do:
+//! ControllerGetVolume (with GET_VOLUME) must return the volume asked for with a status, an
+//! empty volume_id being INVALID_ARGUMENT and an unknown one NOT_FOUND; ListVolumes (with
+//! LIST_VOLUMES) must list the volume, every entry with a volume and a status, its pages ending;
+//! NodeGetVolumeStats (with GET_VOLUME_STATS) of the published volume must answer. A missing
+//! condition passes (the health monitor takes it as healthy) and shows as "no condition"; an
+//! abnormal one passes too, with its message: the check cannot know the volume's health.
+//!
 //! When the Controller offers PUBLISH_UNPUBLISH_VOLUME, the check calls ControllerPublishVolume
 //! before any node call with the volume and ControllerUnpublishVolume after NodeUnstageVolume,
 //! as the spec makes the CO do, and hands the publish_context to the node calls. The
@@ -56,12 +65,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plugreg_proto::csi::v1::{
-    CapacityRange, ControllerExpandVolumeRequest, ControllerModifyVolumeRequest,
-    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateSnapshotRequest,
-    CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest,
-    GetSnapshotRequest, ListSnapshotsRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
+    CapacityRange, ControllerExpandVolumeRequest, ControllerGetVolumeRequest,
+    ControllerModifyVolumeRequest, ControllerPublishVolumeRequest,
+    ControllerUnpublishVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
+    DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest, GetSnapshotRequest,
+    ListSnapshotsRequest, ListVolumesRequest, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest,
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
-    NodeUnstageVolumeRequest, Topology, VolumeCapability, VolumeContentSource,
+    NodeUnstageVolumeRequest, Topology, VolumeCapability, VolumeCondition, VolumeContentSource,
     controller_service_capability, node_service_capability, plugin_capability,
     volume_content_source, volume_usage,
 };
@@ -281,6 +291,9 @@ pub async fn run(opts: &CheckOptions) -> Report {
         node_id: None,
         node_topology: std::collections::HashMap::new(),
         get_capacity: false,
+        volume_condition: false,
+        get_volume: false,
+        list_volumes: false,
         volume_bytes: opts.capacity_bytes,
         volume_floor: opts.capacity_bytes,
     };
@@ -294,6 +307,9 @@ pub async fn run(opts: &CheckOptions) -> Report {
         Some((spec, _)) => checker.controller_publish(&mut report, spec).await,
         None => false,
     };
+    if let Some((spec, _)) = &volume {
+        checker.controller_conditions(&mut report, spec).await;
+    }
     let driver = path_driver_name(report.driver.as_deref());
     checker
         .required_codes(&mut report, volume.as_ref().map(|(s, _)| s), &driver)
@@ -390,6 +406,10 @@ struct Checker<'a> {
     node_topology: std::collections::HashMap<String, String>,
     /// The Controller offers GET_CAPACITY.
     get_capacity: bool,
+    /// The Controller offers VOLUME_CONDITION, GET_VOLUME and LIST_VOLUMES.
+    volume_condition: bool,
+    get_volume: bool,
+    list_volumes: bool,
     /// The size a claim restored or cloned from the check's volume asks for: the most that was
     /// asked of it or reported for it (CreateVolume, ControllerExpandVolume, NodeExpandVolume),
     /// as a claim asks for at least its source's request.
@@ -548,6 +568,9 @@ impl Checker<'_> {
             self.expand = has(Type::ExpandVolume);
             self.modify = has(Type::ModifyVolume);
             self.get_capacity = has(Type::GetCapacity);
+            self.volume_condition = has(Type::VolumeCondition);
+            self.get_volume = has(Type::GetVolume);
+            self.list_volumes = has(Type::ListVolumes);
             self.snapshots = SnapshotCaps {
                 create: has(Type::CreateDeleteSnapshot),
                 list: has(Type::ListSnapshots),
@@ -563,6 +586,9 @@ impl Checker<'_> {
                 Type::ListSnapshots,
                 Type::GetSnapshot,
                 Type::CloneVolume,
+                Type::ListVolumes,
+                Type::VolumeCondition,
+                Type::GetVolume,
                 Type::GetCapacity,
             ]
             .into_iter()
@@ -581,6 +607,7 @@ impl Checker<'_> {
                 || self.snapshots.create
                 || self.snapshots.clone
                 || self.get_capacity
+                || self.volume_condition
             {
                 self.controller = Some(c);
             }
@@ -1403,6 +1430,26 @@ impl Checker<'_> {
         } else {
             report.skip("NodeGetVolumeStats", "no GET_VOLUME_STATS");
         }
+        // The kubelet's volume health: the same call, read for its volume_condition.
+        const NODE_CONDITION: &str = "NodeGetVolumeStats volume_condition";
+        if !self.has(NodeCapability::VolumeCondition) {
+            report.skip(NODE_CONDITION, "no VOLUME_CONDITION node capability");
+        } else if !self.has(NodeCapability::GetVolumeStats) {
+            report.skip(NODE_CONDITION, "no GET_VOLUME_STATS");
+        } else {
+            let msg = NodeGetVolumeStatsRequest {
+                volume_id: spec.volume_id.clone(),
+                volume_path: s(&target),
+                staging_target_path: String::new(),
+            };
+            if let Some(stats) = report.expect_ok(
+                NODE_CONDITION,
+                call!("NodeGetVolumeStats", node_get_volume_stats, msg),
+            ) {
+                report.steps.last_mut().expect("just pushed").detail =
+                    condition_text(stats.volume_condition.as_ref());
+            }
+        }
         if self.has(NodeCapability::ExpandVolume) {
             let msg = NodeExpandVolumeRequest {
                 volume_id: spec.volume_id.clone(),
@@ -1467,6 +1514,167 @@ impl Checker<'_> {
             report.skip("NodeUnstageVolume", "no STAGE_UNSTAGE_VOLUME");
         }
         clean(report, "NodeUnstageVolume", &staging);
+    }
+
+    /// The Controller's volume-condition calls, when it offers VOLUME_CONDITION, as
+    /// csi-external-health-monitor-controller makes them: ControllerGetVolume of the check's
+    /// volume (with GET_VOLUME; it, with a status), without volume_id (INVALID_ARGUMENT) and of
+    /// an unknown volume (NOT_FOUND), and ListVolumes from the first page to the last (with
+    /// LIST_VOLUMES; every entry a volume with a status, the check's volume among them).
+    async fn controller_conditions(&mut self, report: &mut Report, spec: &VolumeSpec) {
+        const GET: &str = "ControllerGetVolume";
+        const LIST: &str = "ListVolumes";
+        let Some(c) = self.controller.clone().filter(|_| self.volume_condition) else {
+            for step in [GET, LIST] {
+                report.skip(step, "no VOLUME_CONDITION controller capability");
+            }
+            return;
+        };
+        let ctl = c.controller();
+        let id = &spec.volume_id;
+        if self.get_volume {
+            let get = |volume_id: &str| {
+                let msg = ControllerGetVolumeRequest {
+                    volume_id: volume_id.to_owned(),
+                };
+                let (ctl, c) = (ctl.clone(), c.clone());
+                async move {
+                    c.call("ControllerGetVolume", &msg, |r| {
+                        let mut ctl = ctl.clone();
+                        async move { ctl.controller_get_volume(r).await }
+                    })
+                    .await
+                }
+            };
+            if let Some(r) = report.expect_ok(GET, get(id).await) {
+                let last = report.steps.last_mut().expect("just pushed");
+                let got = r.volume.map(|v| v.volume_id).unwrap_or_default();
+                match r.status {
+                    _ if got != *id => {
+                        last.outcome = Outcome::Fail;
+                        last.detail = format!("returned volume {got:?}, not {id:?}");
+                    }
+                    None => {
+                        last.outcome = Outcome::Fail;
+                        last.detail = "the response has no status, which the spec requires".into();
+                    }
+                    Some(status) => {
+                        let nodes = if status.published_node_ids.is_empty() {
+                            "no node".to_owned()
+                        } else {
+                            status.published_node_ids.join(", ")
+                        };
+                        last.detail = format!(
+                            "{}; published to {nodes}",
+                            condition_text(status.volume_condition.as_ref())
+                        );
+                    }
+                }
+            }
+            let r = get("").await;
+            report.expect_code(
+                "ControllerGetVolume without volume_id",
+                Code::InvalidArgument,
+                r,
+            );
+            let r = get(&format!("plugreg-check-unknown-{}", unique())).await;
+            report.expect_code(
+                "ControllerGetVolume of an unknown volume",
+                Code::NotFound,
+                r,
+            );
+        } else {
+            report.skip(GET, "no GET_VOLUME");
+        }
+        if !self.list_volumes {
+            report.skip(LIST, "no LIST_VOLUMES");
+            return;
+        }
+        // Every page, as the health monitor reads them in one pass; a token seen before
+        // would loop forever, so it fails the step.
+        const MAX_PAGES: usize = 1000;
+        let (mut token, mut tokens) = (String::new(), std::collections::HashSet::new());
+        let (mut pages, mut entries) = (0usize, 0usize);
+        let mut found: Option<Option<VolumeCondition>> = None;
+        let mut wrong: Option<String> = None;
+        loop {
+            let msg = ListVolumesRequest {
+                max_entries: 0,
+                starting_token: token.clone(),
+            };
+            let r = c
+                .call("ListVolumes", &msg, |r| {
+                    let mut ctl = ctl.clone();
+                    async move { ctl.list_volumes(r).await }
+                })
+                .await;
+            let page = match r {
+                Ok(page) => page,
+                Err(e) => {
+                    report.expect_ok(LIST, Err::<(), _>(e));
+                    if pages > 0 {
+                        let last = report.steps.last_mut().expect("just pushed");
+                        last.detail = format!("page {}: {}", pages + 1, last.detail);
+                    }
+                    return;
+                }
+            };
+            pages += 1;
+            entries += page.entries.len();
+            for e in page.entries {
+                match (e.volume, e.status) {
+                    (None, _) => {
+                        wrong.get_or_insert_with(|| "an entry has no volume".into());
+                    }
+                    (Some(v), None) => {
+                        wrong.get_or_insert_with(|| {
+                            format!(
+                                "the entry of volume {:?} has no status, which the spec                                  requires with VOLUME_CONDITION",
+                                v.volume_id
+                            )
+                        });
+                    }
+                    (Some(v), Some(status)) if v.volume_id == *id => {
+                        found = Some(status.volume_condition);
+                    }
+                    _ => {}
+                }
+            }
+            if page.next_token.is_empty() {
+                break;
+            }
+            if !tokens.insert(page.next_token.clone()) {
+                wrong.get_or_insert_with(|| {
+                    format!(
+                        "next_token {:?} came back: the pages never end",
+                        page.next_token
+                    )
+                });
+                break;
+            }
+            if pages == MAX_PAGES {
+                wrong.get_or_insert_with(|| format!("still more after {MAX_PAGES} pages"));
+                break;
+            }
+            token = page.next_token;
+        }
+        let (outcome, detail) = match (wrong, found) {
+            (Some(why), _) => (Outcome::Fail, why),
+            (None, None) => (
+                Outcome::Fail,
+                format!("volume {id:?} is not among the {entries} entries listed"),
+            ),
+            (None, Some(condition)) => (
+                Outcome::Pass,
+                format!(
+                    "{} in {}; volume {id}: {}",
+                    count(entries, "entry", "entries"),
+                    count(pages, "page", "pages"),
+                    condition_text(condition.as_ref())
+                ),
+            ),
+        };
+        report.push(LIST, outcome, Some(Code::Ok), detail);
     }
 
     /// ControllerExpandVolume (to twice the check's size, and repeated: the same size again is
@@ -1958,6 +2166,23 @@ impl Checker<'_> {
     }
 }
 
+/// A volume condition as a step's detail: `condition normal`, `condition abnormal: "why"`, or
+/// `no condition` when the driver left it out (which the spec allows and the health monitor
+/// takes as healthy).
+fn condition_text(c: Option<&VolumeCondition>) -> String {
+    match c {
+        None => "no condition".into(),
+        Some(c) if c.abnormal => format!("condition abnormal: {:?}", c.message),
+        Some(c) if c.message.is_empty() => "condition normal".into(),
+        Some(c) => format!("condition normal: {:?}", c.message),
+    }
+}
+
+/// `1 entry`, `2 entries`.
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// A number that differs between runs and calls (names of test volumes).
 fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -1971,6 +2196,24 @@ fn unique() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditions_as_step_details() {
+        assert_eq!(condition_text(None), "no condition");
+        let c = |abnormal: bool, message: &str| VolumeCondition {
+            abnormal,
+            message: message.into(),
+        };
+        assert_eq!(condition_text(Some(&c(false, ""))), "condition normal");
+        assert_eq!(
+            condition_text(Some(&c(false, "fine"))),
+            "condition normal: \"fine\""
+        );
+        assert_eq!(
+            condition_text(Some(&c(true, "disk gone"))),
+            "condition abnormal: \"disk gone\""
+        );
+    }
 
     #[test]
     fn code_names_as_in_the_spec() {

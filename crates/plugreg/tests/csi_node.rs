@@ -336,7 +336,7 @@ fn check_passes_on_the_test_driver() {
     // Everything advertised, the volume from CreateVolume.
     let g = MountGuard::new();
     let mut args = ALL_CAPS.to_vec();
-    args.push("--controller");
+    args.extend(["--controller", "--list-volumes", "--volume-condition"]);
     let d = Driver::start(g.path(), &args);
     let (code, report) = check(&d, g.path(), &[]);
     assert_eq!(code, Some(0), "{report:#}");
@@ -703,6 +703,176 @@ fn check_covers_get_capacity() {
     assert_eq!(code, Some(1), "{report:#}");
     assert_eq!(step(&report, "GetCapacity")["outcome"], "fail");
     assert_eq!(step(&report, "GetCapacity")["code"], "INTERNAL");
+}
+
+/// The check's volume-condition steps (issue 30): ControllerGetVolume (the volume, published
+/// to the node, its condition; INVALID_ARGUMENT and NOT_FOUND probes), ListVolumes (every
+/// page) and NodeGetVolumeStats of the published volume, with a condition, without one (it
+/// passes as "no condition") and abnormal (it passes with the message).
+#[test]
+fn check_covers_volume_conditions() {
+    let on = [
+        "--controller",
+        "--controller-publish",
+        "--list-volumes",
+        "--volume-condition",
+    ];
+    let (code, report) = check_driver(&on);
+    assert_eq!(code, Some(0), "{report:#}");
+    for (name, code, detail) in [
+        (
+            "ControllerGetVolume",
+            "OK",
+            "condition normal; published to node-1",
+        ),
+        (
+            "ControllerGetVolume without volume_id",
+            "INVALID_ARGUMENT",
+            "",
+        ),
+        ("ControllerGetVolume of an unknown volume", "NOT_FOUND", ""),
+        (
+            "NodeGetVolumeStats volume_condition",
+            "OK",
+            "condition normal",
+        ),
+    ] {
+        let s = step(&report, name);
+        assert_eq!(
+            (
+                s["outcome"].as_str(),
+                s["code"].as_str(),
+                s["detail"].as_str()
+            ),
+            (Some("pass"), Some(code), Some(detail)),
+            "{name}: {report:#}"
+        );
+    }
+    let list = step(&report, "ListVolumes");
+    assert_eq!(list["outcome"], "pass", "{report:#}");
+    // vol-1 (pre-provisioned) and the check's volume.
+    assert!(
+        list["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("2 entries in 1 page; volume "),
+        "{report:#}"
+    );
+    assert!(
+        step(&report, "ControllerGetCapabilities")["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("LIST_VOLUMES, VOLUME_CONDITION, GET_VOLUME"),
+        "{report:#}"
+    );
+
+    // No condition for a healthy volume: accepted, and said so.
+    let mut omit = on.to_vec();
+    omit.push("--omit-healthy-condition");
+    let (code, report) = check_driver(&omit);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(
+        step(&report, "ControllerGetVolume")["detail"],
+        "no condition; published to node-1"
+    );
+    assert_eq!(
+        step(&report, "NodeGetVolumeStats volume_condition")["detail"],
+        "no condition"
+    );
+    assert!(
+        step(&report, "ListVolumes")["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with(": no condition"),
+        "{report:#}"
+    );
+
+    // An abnormal volume (the check's is the driver's first, pv-1): reported, not failed.
+    let mut sick = on.to_vec();
+    sick.extend(["--abnormal-volume", "pv-1=disk gone"]);
+    let (code, report) = check_driver(&sick);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(
+        step(&report, "NodeGetVolumeStats volume_condition")["detail"],
+        "condition abnormal: \"disk gone\""
+    );
+    assert_eq!(
+        step(&report, "ControllerGetVolume")["detail"],
+        "condition abnormal: \"disk gone\"; published to node-1"
+    );
+
+    // A driver whose ControllerGetVolume fails: the step is named.
+    let mut broken = on.to_vec();
+    broken.extend([
+        "--fault",
+        "ControllerGetVolume:code=INTERNAL,message=broken",
+    ]);
+    let (code, report) = check_driver(&broken);
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(step(&report, "ControllerGetVolume")["outcome"], "fail");
+    assert_eq!(step(&report, "ControllerGetVolume")["code"], "INTERNAL");
+}
+
+/// Without VOLUME_CONDITION the volume-condition steps are skipped, saying which capability is
+/// missing, and the check still passes.
+#[test]
+fn check_skips_volume_conditions_without_the_capability() {
+    let skipped = |report: &Value, name: &str, why: &str| {
+        let s = step(report, name);
+        assert_eq!(
+            (s["outcome"].as_str(), s["detail"].as_str()),
+            (Some("skip"), Some(why)),
+            "{name}: {report:#}"
+        );
+    };
+    let (code, report) = check_driver(&["--controller", "--list-volumes"]);
+    assert_eq!(code, Some(0), "{report:#}");
+    for name in ["ControllerGetVolume", "ListVolumes"] {
+        skipped(&report, name, "no VOLUME_CONDITION controller capability");
+    }
+    skipped(
+        &report,
+        "NodeGetVolumeStats volume_condition",
+        "no VOLUME_CONDITION node capability",
+    );
+    assert!(
+        report["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| !s["step"]
+                .as_str()
+                .unwrap()
+                .starts_with("ControllerGetVolume ")),
+        "{report:#}"
+    );
+
+    // VOLUME_CONDITION without LIST_VOLUMES: ListVolumes skips, the rest runs.
+    let (code, report) = check_driver(&["--controller", "--volume-condition"]);
+    assert_eq!(code, Some(0), "{report:#}");
+    skipped(&report, "ListVolumes", "no LIST_VOLUMES");
+    assert_eq!(step(&report, "ControllerGetVolume")["outcome"], "pass");
+    assert_eq!(
+        step(&report, "NodeGetVolumeStats volume_condition")["outcome"],
+        "pass"
+    );
+
+    // The Node's VOLUME_CONDITION alone (no Controller): only the node step runs.
+    let g = MountGuard::new();
+    let mut args = ALL_CAPS.to_vec();
+    args.push("--volume-condition");
+    let d = Driver::start(g.path(), &args);
+    let (code, report) = check(&d, g.path(), &["--volume-id", "vol-1"]);
+    assert_eq!(code, Some(0), "{report:#}");
+    for name in ["ControllerGetVolume", "ListVolumes"] {
+        skipped(&report, name, "no VOLUME_CONDITION controller capability");
+    }
+    assert_eq!(
+        step(&report, "NodeGetVolumeStats volume_condition")["detail"],
+        "condition normal"
+    );
+    drop(d);
+    assert!(plugreg_runtime::procfs::mount_points_under(g.path()).is_empty());
 }
 
 /// No Controller publishes, the node needs publish_context["device"]: `--publish-context`
