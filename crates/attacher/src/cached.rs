@@ -5,8 +5,9 @@
 //! and the attacher caches every one of both. k8s-openapi's types keep every volume source
 //! inline: a `PersistentVolume` is about 3.4 KiB and a `VolumeAttachment` (whose
 //! `inlineVolumeSpec` is a whole PV spec) about 3.5 KiB before a single string, nearly all of
-//! it `None`. The kit's [`Compact`] keeps an object's identity typed and the rest, trimmed to
-//! what the decisions read ([`Va`], [`Pv`]), as JSON without the `None`s: a few hundred bytes.
+//! it `None`. The kit's [`Compact`] keeps an object's identity as boxed strings and the rest,
+//! trimmed to what the decisions read ([`Va`], [`Pv`]), as JSON without the `None`s: a few
+//! hundred bytes, in the kit's compact store keyed by itself.
 //!
 //! Writes never come from these copies: the attacher changes objects by patches that name
 //! only what they change.
@@ -82,7 +83,6 @@ impl Trim for Pv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::ResourceExt;
     use serde_json::{Value, json};
 
     fn va_wire() -> Value {
@@ -104,8 +104,8 @@ mod tests {
     #[test]
     fn a_volume_attachment_keeps_what_decides() {
         let c: Compact<Va> = serde_json::from_value(va_wire()).unwrap();
-        assert_eq!(c.name_any(), "va-1");
-        assert_eq!(c.resource_version().as_deref(), Some("42"));
+        assert_eq!(c.name(), "va-1");
+        assert_eq!(c.resource_version(), Some("42"));
         let va = c.object();
         let full: VolumeAttachment = serde_json::from_value(va_wire()).unwrap();
         assert_eq!(va.spec, full.spec);

@@ -30,9 +30,10 @@ use k8s_openapi::api::core::v1::{PersistentVolume, Secret, SecretReference};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use plugreg_runtime::prom;
-use plugreg_sidecar_kit::cache;
+use plugreg_sidecar_kit::cache::{self, CompactStore};
 use plugreg_sidecar_kit::metrics::{Collector, Families, Metrics};
 use plugreg_sidecar_kit::queue::WorkQueue;
 use plugreg_sidecar_kit::runtime::{Action, Lane, LaneId, Runner, Writes};
@@ -171,8 +172,8 @@ struct Controller {
     cfg: Config,
     fin: String,
     clients: Clients,
-    vas: Store<Compact<Va>>,
-    pvs: Store<Compact<Pv>>,
+    vas: CompactStore<Compact<Va>>,
+    pvs: CompactStore<Compact<Pv>>,
     csinodes: Option<Store<CSINode>>,
     attach_q: Queue,
     detach_q: Queue,
@@ -230,11 +231,12 @@ pub async fn run(
         Arc::clone(&pv_q),
         cfg.driver.clone(),
     );
-    let vas = cache::watch::<Compact<Va>>(
+    let vas = cache::watch_compact::<VolumeAttachment, _>(
         &clients.watches,
+        watcher::Config::default(),
         &shutdown,
         &mut ready,
-        |_| {},
+        Compact::<Va>::new,
         move |va, deleted| {
             let va = &va.object();
             let name = va.name_any();
@@ -265,14 +267,15 @@ pub async fn run(
         },
     );
     let (pq, f2, driver) = (Arc::clone(&pv_q), fin.clone(), cfg.driver.clone());
-    let pvs = cache::watch::<Compact<Pv>>(
+    let pvs = cache::watch_compact::<PersistentVolume, _>(
         &clients.watches,
+        watcher::Config::default(),
         &shutdown,
         &mut ready,
-        |_| {},
+        Compact::<Pv>::new,
         move |pv, deleted| {
             if !deleted && decide::pv_needs_sync(&pv.object(), &f2, &driver) {
-                pq.add(pv.name_any());
+                pq.add(pv.name().to_owned());
             }
         },
     );
@@ -398,12 +401,12 @@ impl Controller {
 
     /// The cached VolumeAttachment `name`, as the decisions read it.
     fn va(&self, name: &str) -> Option<VolumeAttachment> {
-        Some(self.vas.get(&reflector::ObjectRef::new(name))?.object())
+        Some(self.vas.get(name)?.object())
     }
 
     /// The cached PersistentVolume `name`, as the decisions read it.
     fn pv(&self, name: &str) -> Option<PersistentVolume> {
-        Some(self.pvs.get(&reflector::ObjectRef::new(name))?.object())
+        Some(self.pvs.get(name)?.object())
     }
 
     fn csinode(&self, node: &str) -> Option<Arc<CSINode>> {
@@ -429,7 +432,7 @@ impl Controller {
         }
         for pv in self.pvs.state() {
             if decide::pv_needs_sync(&pv.object(), &self.fin, &self.cfg.driver) {
-                self.pv_q.add(pv.name_any());
+                self.pv_q.add(pv.name().to_owned());
             }
         }
     }

@@ -7,8 +7,8 @@
 //! (`BTreeMap` nodes of one or two entries, `None` fields), and the objects the API server
 //! returns for our own patches carry their managed fields on top (a `serde_json::Value` tree
 //! per field manager, which grows with every status patch). The kit's [`Compact`] keeps an
-//! object's identity typed (what the reflector and the controller's freshness check need) and
-//! the rest, trimmed by [`Claim`] and [`Pv`], as one JSON string: a few hundred bytes. A sync
+//! object's identity as boxed strings (what the store and the controller's freshness check
+//! need) and the rest, trimmed by [`Claim`] and [`Pv`], as one JSON string: a few hundred bytes. A sync
 //! decodes it again ([`Compact::object`]), microseconds against the writes it then makes.
 //!
 //! Writes never come from these copies' missing parts: every claim write is a merge patch of
@@ -253,7 +253,7 @@ mod tests {
         });
         let full: PersistentVolumeClaim = serde_json::from_value(wire.clone()).unwrap();
         let cached: Compact<Claim> = serde_json::from_value(wire).unwrap();
-        assert_eq!(cached.resource_version().as_deref(), Some("7"));
+        assert_eq!(cached.resource_version(), Some("7"));
         let got = cached.object();
         assert_eq!(got.name_any(), "data");
         assert_eq!(got.namespace().as_deref(), Some("ns"));

@@ -26,13 +26,14 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
 use plugreg_csi_core::client::CallError;
 use plugreg_proto::csi::v1::{
     CapacityRange, ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, VolumeCapability,
     volume_capability,
 };
-use plugreg_sidecar_kit::cache;
+use plugreg_sidecar_kit::cache::{self, CompactStore};
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::migration;
@@ -175,8 +176,8 @@ type Pods = Store<PodUse>;
 struct Controller {
     cfg: Config,
     c: Clients,
-    claims: Store<Compact<Claim>>,
-    volumes: Store<Compact<Pv>>,
+    claims: CompactStore<Compact<Claim>>,
+    volumes: CompactStore<Compact<Pv>>,
     pods: Option<Pods>,
     classes: Option<Store<VolumeAttributesClass>>,
     /// Our last write of each claim (by key) the watch has not delivered yet.
@@ -226,11 +227,12 @@ pub async fn run(
     let claim_writes = Arc::new(Writes::default());
     let volume_writes = Arc::new(Writes::default());
     let writes = Arc::clone(&claim_writes);
-    let claims = cache::watch::<Compact<Claim>>(
+    let claims = cache::watch_compact::<PersistentVolumeClaim, _>(
         &c.watches,
+        watcher::Config::default(),
         &shutdown,
         &mut ready,
-        |_| {},
+        Compact::<Claim>::new,
         move |cached, deleted| {
             let pvc = &cached.object();
             let key = claim_key(pvc);
@@ -266,16 +268,17 @@ pub async fn run(
         },
     );
     let writes = Arc::clone(&volume_writes);
-    let volumes = cache::watch::<Compact<Pv>>(
+    let volumes = cache::watch_compact::<PersistentVolume, _>(
         &c.watches,
+        watcher::Config::default(),
         &shutdown,
         &mut ready,
-        |_| {},
+        Compact::<Pv>::new,
         move |pv, deleted| {
             if deleted {
-                writes.forget(&pv.name_any());
+                writes.forget(pv.name());
             } else {
-                writes.seen(&pv.name_any(), pv.meta().resource_version.as_deref());
+                writes.seen(pv.name(), pv.resource_version());
             }
         },
     );
@@ -458,15 +461,11 @@ fn kube_error(e: &kube::Error) -> String {
 
 impl Controller {
     fn claim(&self, key: &str) -> Option<PersistentVolumeClaim> {
-        let (ns, name) = key.split_once('/')?;
-        let cached = self
-            .claims
-            .get(&reflector::ObjectRef::new(name).within(ns))?;
-        Some(cached.object())
+        Some(self.claims.get(key)?.object())
     }
 
     fn volume(&self, name: &str) -> Option<PersistentVolume> {
-        Some(self.volumes.get(&reflector::ObjectRef::new(name))?.object())
+        Some(self.volumes.get(name)?.object())
     }
 
     /// Whether the cached claim `key` or its PV is older than our own last write of it.
@@ -505,14 +504,12 @@ impl Controller {
             .await
         {
             Ok(new) => {
-                let cached = self.claims.get(&reflector::ObjectRef::new(name).within(ns));
+                let cached = self.claims.get(&format!("{ns}/{name}"));
                 remember(
                     &self.claim_writes,
                     claim_key(&new),
                     new.metadata.resource_version.as_deref(),
-                    cached
-                        .as_deref()
-                        .and_then(|c| c.meta().resource_version.as_deref()),
+                    cached.as_deref().and_then(|c| c.resource_version()),
                 );
                 Ok(new)
             }
@@ -530,14 +527,12 @@ impl Controller {
             .await
         {
             Ok(new) => {
-                let cached = self.volumes.get(&reflector::ObjectRef::new(name));
+                let cached = self.volumes.get(name);
                 remember(
                     &self.volume_writes,
                     name.to_owned(),
                     new.metadata.resource_version.as_deref(),
-                    cached
-                        .as_deref()
-                        .and_then(|c| c.meta().resource_version.as_deref()),
+                    cached.as_deref().and_then(|c| c.resource_version()),
                 );
                 Ok(new)
             }

@@ -5,9 +5,13 @@
 //! volume, one claim, one VolumeAttachment per attached volume. Typed, k8s-openapi keeps every
 //! volume source inline: a `PersistentVolume` is about 3.4 KiB before a single string, nearly
 //! all of it `None`, and the objects the API server returns carry their managed fields on top.
-//! [`Compact`] keeps the name, namespace, UID and resource version typed (what the reflector,
-//! the watch and a freshness check need) and the rest, trimmed by the sidecar's [`Trim`], as
-//! JSON without the `None`s, `apiVersion` and `kind`: a few hundred bytes. A sync decodes it
+//! [`Compact`] keeps the identity as boxed strings (its store key `namespace/name`, its UID and
+//! resource version: what the store, the watch and a freshness check need) and the rest,
+//! trimmed by the sidecar's [`Trim`], as JSON without the `None`s, `apiVersion` and `kind`: a
+//! few hundred bytes. It lives in the kit's [`CompactStore`](crate::cache::CompactStore)
+//! ([`watch_compact`](crate::cache::watch_compact)), which keys it by itself: no `ObjectMeta`
+//! of 360 bytes, mostly `None`, and no reflector key of four more strings beside it (about
+//! 500 bytes an object less than kube-runtime's reflector store keeps). A sync decodes it
 //! again ([`Compact::object`]), microseconds against the API writes and the driver call it then
 //! makes. Each object of a list page or watch event is decoded whole, trimmed and encoded before
 //! the next one is read, so a page never holds more than one full object at a time.
@@ -18,7 +22,6 @@
 //! The trim is a type of the sidecar's own ([`Trim`] on a marker type with the object as its
 //! [`Trim::Object`]), so that two sidecars can keep different parts of the same kind.
 
-use std::borrow::Cow;
 use std::marker::PhantomData;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -26,6 +29,8 @@ use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::cache::{Keyed, store_key};
 
 /// What a sidecar keeps of one kind of object.
 pub trait Trim {
@@ -39,8 +44,10 @@ pub trait Trim {
 
 /// An object as cached (see the module docs).
 pub struct Compact<T: Trim> {
-    /// Name, namespace, UID and resourceVersion only.
-    metadata: ObjectMeta,
+    /// `namespace/name`, or the name of a cluster-scoped object ([`store_key`]).
+    key: Box<str>,
+    uid: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
     /// The trimmed rest, JSON without `apiVersion` and `kind`.
     rest: Box<str>,
     trim: PhantomData<fn() -> T>,
@@ -49,7 +56,9 @@ pub struct Compact<T: Trim> {
 impl<T: Trim> std::fmt::Debug for Compact<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Compact")
-            .field("metadata", &self.metadata)
+            .field("key", &self.key)
+            .field("uid", &self.uid)
+            .field("resource_version", &self.resource_version)
             .field("rest", &self.rest)
             .finish()
     }
@@ -58,7 +67,9 @@ impl<T: Trim> std::fmt::Debug for Compact<T> {
 impl<T: Trim> Clone for Compact<T> {
     fn clone(&self) -> Self {
         Self {
-            metadata: self.metadata.clone(),
+            key: self.key.clone(),
+            uid: self.uid.clone(),
+            resource_version: self.resource_version.clone(),
             rest: self.rest.clone(),
             trim: PhantomData,
         }
@@ -71,13 +82,11 @@ impl<T: Trim> Compact<T> {
         T::trim(&mut obj);
         let m = obj.meta_mut();
         m.managed_fields = None;
-        let metadata = ObjectMeta {
-            name: m.name.take(),
-            namespace: m.namespace.take(),
-            uid: m.uid.take(),
-            resource_version: m.resource_version.take(),
-            ..ObjectMeta::default()
-        };
+        let key = store_key(m);
+        m.name = None;
+        m.namespace = None;
+        let uid = m.uid.take().map(String::into_boxed_str);
+        let resource_version = m.resource_version.take().map(String::into_boxed_str);
         // Serialising k8s-openapi types and plain serde structs cannot fail (string keys only).
         let mut rest = serde_json::to_value(&obj).unwrap_or_default();
         if let Value::Object(o) = &mut rest {
@@ -90,10 +99,34 @@ impl<T: Trim> Compact<T> {
             }
         }
         Self {
-            metadata,
+            key,
+            uid,
+            resource_version,
             rest: rest.to_string().into_boxed_str(),
             trim: PhantomData,
         }
+    }
+
+    /// The object's name.
+    pub fn name(&self) -> &str {
+        self.key
+            .split_once('/')
+            .map_or(&*self.key, |(_, name)| name)
+    }
+
+    /// The object's namespace (`None` for a cluster-scoped object).
+    pub fn namespace(&self) -> Option<&str> {
+        self.key.split_once('/').map(|(ns, _)| ns)
+    }
+
+    /// The object's UID.
+    pub fn uid(&self) -> Option<&str> {
+        self.uid.as_deref()
+    }
+
+    /// The object's resourceVersion.
+    pub fn resource_version(&self) -> Option<&str> {
+        self.resource_version.as_deref()
     }
 
     /// The object as the decisions read it (trimmed, see [`Trim`]).
@@ -101,11 +134,10 @@ impl<T: Trim> Compact<T> {
         // Written by `new` from the same type: it decodes.
         let mut obj: T::Object = serde_json::from_str(&self.rest).unwrap_or_default();
         let m = obj.meta_mut();
-        m.name.clone_from(&self.metadata.name);
-        m.namespace.clone_from(&self.metadata.namespace);
-        m.uid.clone_from(&self.metadata.uid);
-        m.resource_version
-            .clone_from(&self.metadata.resource_version);
+        m.name = Some(self.name().to_owned()).filter(|n| !n.is_empty());
+        m.namespace = self.namespace().map(str::to_owned);
+        m.uid = self.uid().map(str::to_owned);
+        m.resource_version = self.resource_version().map(str::to_owned);
         obj
     }
 
@@ -121,30 +153,9 @@ impl<'de, T: Trim> Deserialize<'de> for Compact<T> {
     }
 }
 
-impl<T: Trim> Resource for Compact<T> {
-    type DynamicType = ();
-    type Scope = <T::Object as Resource>::Scope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        T::Object::kind(&())
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        T::Object::group(&())
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        T::Object::version(&())
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        T::Object::api_version(&())
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        T::Object::plural(&())
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+impl<T: Trim> Keyed for Compact<T> {
+    fn key(&self) -> &str {
+        &self.key
     }
 }
 
@@ -171,7 +182,6 @@ pub fn trim_meta(m: &mut ObjectMeta, keep: &[&str], lifecycle: bool) {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::ResourceExt;
     use serde_json::json;
 
     /// A trim that keeps the data and one annotation.
@@ -200,14 +210,10 @@ mod tests {
     fn keeps_the_identity_and_what_the_trim_keeps() {
         let c: Compact<Cm> = serde_json::from_value(wire()).unwrap();
         assert_eq!(
-            (c.name_any(), c.namespace(), c.uid(), c.resource_version()),
-            (
-                "c".to_owned(),
-                Some("ns".to_owned()),
-                Some("u".to_owned()),
-                Some("7".to_owned())
-            )
+            (c.name(), c.namespace(), c.uid(), c.resource_version()),
+            ("c", Some("ns"), Some("u"), Some("7"))
         );
+        assert_eq!(c.key(), "ns/c");
         let o = c.object();
         assert_eq!(o.data, Some([("k".to_owned(), "v".to_owned())].into()));
         assert_eq!(o.binary_data, None);
@@ -228,6 +234,6 @@ mod tests {
         let c: Compact<Cm> = serde_json::from_value(w.clone()).unwrap();
         let full: ConfigMap = serde_json::from_value(w).unwrap();
         assert_eq!(c.object(), full);
-        assert_eq!(Compact::<Cm>::plural(&()), "configmaps");
+        assert_eq!((c.name(), c.namespace()), ("", None));
     }
 }
