@@ -537,7 +537,9 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
-fn report(n: usize, separate: &Run, combined: &Run) -> String {
+/// `built`: the commit the binaries were built from (read before the run: the checkout may
+/// move on during an hour's run).
+fn report(n: usize, built: &str, separate: &Run, combined: &Run) -> String {
     let mut out = format!(
         "{START}\n### csi-sidecars beside the four separate sidecars ({} {}, {n} claims)\n\n\
          `cargo bench -p plugreg-csi-sidecars --bench sidecars{}`. The two sides run at the same time, each on a fresh kube-apiserver and \
@@ -546,7 +548,7 @@ fn report(n: usize, separate: &Run, combined: &Run) -> String {
          Load {} (at the start and end of the four sidecars' run) and {} (csi-sidecars'), 2 cores shared by both sides and their peers.\n\n\
          | phase | four sidecars | csi-sidecars | ratio |\n|---|---|---|---|\n",
         date(),
-        commit(),
+        built,
         if n == 100 { " -- --quick" } else { "" },
         separate.load,
         combined.load,
@@ -651,11 +653,12 @@ fn report(n: usize, separate: &Run, combined: &Run) -> String {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = BenchArgs::parse(1000);
+    let built = commit();
     ensure_separate();
     // Both sides at once, each on peers of its own: the same machine load for both.
     let (separate, combined) =
         tokio::join!(run(Side::Separate, args.n), run(Side::Combined, args.n));
-    let block = report(args.n, &separate, &combined);
+    let block = report(args.n, &built, &separate, &combined);
     println!("{block}");
     println!("requests, four sidecars: {:?}", separate.requests);
     println!("requests, csi-sidecars: {:?}", combined.requests);

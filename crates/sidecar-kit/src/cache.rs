@@ -244,6 +244,14 @@ impl<V: Keyed> CompactStore<V> {
         self.read().iter().any(|e| pred(&e.0))
     }
 
+    /// A stored value that satisfies `pred`, if any (without collecting them first).
+    pub fn find(&self, mut pred: impl FnMut(&V) -> bool) -> Option<Arc<V>> {
+        self.read()
+            .iter()
+            .find(|e| pred(&e.0))
+            .map(|e| Arc::clone(&e.0))
+    }
+
     /// How many values are stored.
     pub fn len(&self) -> usize {
         self.read().len()
