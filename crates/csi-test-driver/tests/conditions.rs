@@ -3,8 +3,11 @@
 //! NodeGetVolumeStats carry each volume's condition, a volume turned abnormal and back while the
 //! driver runs is reported so by all three, and the codes a strict driver answers.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+mod common;
+
+use common::{cap, channel};
+
+use std::path::PathBuf;
 
 use plugreg_csi_test_driver::{
     Code, Conditions, DriverConfig, Failure, Fault, Method, MountMode, NodeCapability,
@@ -15,29 +18,12 @@ use plugreg_proto::csi::v1::node_client::NodeClient;
 use plugreg_proto::csi::v1::{
     ControllerGetCapabilitiesRequest, ControllerGetVolumeRequest, ControllerPublishVolumeRequest,
     ListVolumesRequest, NodeGetCapabilitiesRequest, NodeGetVolumeStatsRequest,
-    NodePublishVolumeRequest, VolumeCapability, VolumeCondition, controller_service_capability,
-    node_service_capability, volume_capability,
+    NodePublishVolumeRequest, VolumeCondition, controller_service_capability,
+    node_service_capability,
 };
 use tonic::transport::Channel;
 
 type ControllerCap = controller_service_capability::rpc::Type;
-
-async fn channel(path: &Path) -> Channel {
-    plugreg_transport::connect_path(path, Duration::from_secs(5))
-        .await
-        .unwrap()
-}
-
-fn cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(volume_capability::AccessType::Mount(
-            volume_capability::MountVolume::default(),
-        )),
-        access_mode: Some(volume_capability::AccessMode {
-            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
 
 /// A driver with every volume-condition RPC: the Controller (with ListVolumes) and a Node
 /// with GET_VOLUME_STATS, volumes `vol-a`, `vol-b`, `vol-c`, directories instead of mounts.

@@ -2,6 +2,10 @@
 //! spec's codes for incompatible repeats, capacity and topology, DeleteVolume, the RPCs it does
 //! not implement, call counters and faults (issue 12's csi-provisioner tests build on these).
 
+mod common;
+
+use common::{cap, channel};
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Duration;
@@ -13,27 +17,9 @@ use plugreg_proto::csi::v1::node_client::NodeClient;
 use plugreg_proto::csi::v1::{
     CapacityRange, ControllerGetCapabilitiesRequest, CreateVolumeRequest, DeleteVolumeRequest,
     GetCapacityRequest, GetPluginCapabilitiesRequest, NodeStageVolumeRequest,
-    NodeUnstageVolumeRequest, Topology, TopologyRequirement, VolumeCapability,
-    controller_service_capability, plugin_capability, volume_capability,
+    NodeUnstageVolumeRequest, Topology, TopologyRequirement, controller_service_capability,
+    plugin_capability,
 };
-use tonic::transport::Channel;
-
-async fn channel(path: &Path) -> Channel {
-    plugreg_transport::connect_path(path, Duration::from_secs(5))
-        .await
-        .unwrap()
-}
-
-fn cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(volume_capability::AccessType::Mount(
-            volume_capability::MountVolume::default(),
-        )),
-        access_mode: Some(volume_capability::AccessMode {
-            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
 
 fn create(name: &str, bytes: i64) -> CreateVolumeRequest {
     CreateVolumeRequest {

@@ -1,5 +1,9 @@
 //! The driver on real sockets: in-process through the library, and as a process.
 
+mod common;
+
+use common::channel;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -12,13 +16,6 @@ use plugreg_proto::csi::v1::{
     GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeGetCapabilitiesRequest,
     NodeGetInfoRequest, ProbeRequest, plugin_capability,
 };
-use tonic::transport::Channel;
-
-async fn channel(path: &Path) -> Channel {
-    plugreg_transport::connect_path(path, Duration::from_secs(5))
-        .await
-        .unwrap()
-}
 
 #[tokio::test]
 async fn answers_from_its_config() {
