@@ -1797,6 +1797,14 @@ impl Controller {
                             &e.to_string(),
                         );
                         warn!(pv = %name, "failed to delete volume: {e}");
+                        // Still attached: the attachment's deletion queues the PV again (the
+                        // VolumeAttachment cache's handler), so a retry on the back-off would
+                        // only fail again, with another event, until then (upstream retries
+                        // on its back-off: at 1,000 claims deleted at once, thousands of
+                        // refusals and queued events while the attacher detaches).
+                        if matches!(e, ActError::Attached { .. }) {
+                            return Ok(());
+                        }
                         return Err(Requeue);
                     }
                 }
