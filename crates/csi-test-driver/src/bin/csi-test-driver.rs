@@ -364,8 +364,21 @@ fn emit(value: serde_json::Value) {
     let _ = writeln!(out, "{value}").and_then(|()| out.flush());
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let result = runtime.block_on(run());
+    // A connection a client kept open past the grace period still has its stream tasks on the
+    // runtime; dropping the runtime drops them in an order h2 asserts against ("assertion
+    // failed: self.slab.is_empty()", hyperium/h2#417: a panic at exit). The socket is gone
+    // and the mounts are undone by now; the process ends here, so the runtime is left to it.
+    std::mem::forget(runtime);
+    result
+}
+
+async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let socket = args.socket()?;
     let config = args.config()?;
