@@ -69,6 +69,8 @@ use plugreg_sidecar_kit::snapshot::{self, VolumeSnapshot, VolumeSnapshotContent}
 
 /// Upstream's effective resync of claims and volumes.
 const RESYNC: Duration = Duration::from_secs(15 * 60);
+/// VolumeSnapshots read per page by the finalizer sweeper (metadata only).
+const SWEEP_PAGE: u32 = 250;
 /// The wait between failed reads of the in-flight record at start (doubling, with jitter).
 const LOAD_BACKOFF: plugreg_runtime::backoff::Backoff =
     plugreg_runtime::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
@@ -1381,16 +1383,6 @@ impl Controller {
                 _ = tick.tick() => {}
                 () = stop.cancelled() => return,
             }
-            let list = match api.list(&kube::api::ListParams::default()).await {
-                Ok(l) => l,
-                Err(e) => {
-                    warn!(
-                        "snapshot finalizer sweep: cannot list volumesnapshots: {}",
-                        go_error(&e)
-                    );
-                    continue;
-                }
-            };
             // Namespaces with a recorded restore in flight: their snapshots stay protected
             // until the record is settled (its retry or its deletion repeats the restore).
             let restoring: std::collections::HashSet<String> = self
@@ -1408,30 +1400,50 @@ impl Controller {
                 })
                 .map(|v| v.entry.namespace.clone())
                 .collect();
-            for vs in list.items {
-                if !vs
-                    .finalizers()
-                    .iter()
-                    .any(|f| f == source::SNAPSHOT_FINALIZER)
-                {
-                    continue;
-                }
-                let ns = vs.namespace().unwrap_or_default();
-                let name = vs.name_any();
-                if restoring.contains(&ns) || self.restoring_from(&ns, &name) {
-                    continue;
-                }
-                match update_json(&self.clients.low, &snapshots_path(&ns), &name, |o| {
-                    edit::finalizer(o, source::SNAPSHOT_FINALIZER, false)
-                })
-                .await
-                {
-                    Ok(_) => {
-                        info!(snapshot = %format!("{ns}/{name}"), "removed the orphaned volumesnapshot-as-source-protection finalizer")
-                    }
+            // Only the metadata (the finalizers are all it reads), a page at a time: a
+            // cluster with thousands of snapshots is never held whole (a full list of 1,000
+            // typed snapshots every sweep was an 8 MB peak of the provisioner's memory).
+            let mut params = kube::api::ListParams::default().limit(SWEEP_PAGE);
+            loop {
+                let page = match api.list_metadata(&params).await {
+                    Ok(l) => l,
                     Err(e) => {
-                        warn!(snapshot = %format!("{ns}/{name}"), "failed to remove the orphaned volumesnapshot-as-source-protection finalizer: {}", go_error(&e))
+                        warn!(
+                            "snapshot finalizer sweep: cannot list volumesnapshots: {}",
+                            go_error(&e)
+                        );
+                        break;
                     }
+                };
+                for vs in page.items {
+                    if !vs
+                        .finalizers()
+                        .iter()
+                        .any(|f| f == source::SNAPSHOT_FINALIZER)
+                    {
+                        continue;
+                    }
+                    let ns = vs.namespace().unwrap_or_default();
+                    let name = vs.name_any();
+                    if restoring.contains(&ns) || self.restoring_from(&ns, &name) {
+                        continue;
+                    }
+                    match update_json(&self.clients.low, &snapshots_path(&ns), &name, |o| {
+                        edit::finalizer(o, source::SNAPSHOT_FINALIZER, false)
+                    })
+                    .await
+                    {
+                        Ok(_) => {
+                            info!(snapshot = %format!("{ns}/{name}"), "removed the orphaned volumesnapshot-as-source-protection finalizer")
+                        }
+                        Err(e) => {
+                            warn!(snapshot = %format!("{ns}/{name}"), "failed to remove the orphaned volumesnapshot-as-source-protection finalizer: {}", go_error(&e))
+                        }
+                    }
+                }
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
                 }
             }
         }
