@@ -14,7 +14,7 @@
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-pub use plugreg_sidecar_kit::compact::Compact;
+pub use plugreg_sidecar_kit::compact::{Compact, Decoded};
 use plugreg_sidecar_kit::compact::{Trim, trim_meta};
 use plugreg_sidecar_kit::migration;
 

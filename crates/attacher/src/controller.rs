@@ -41,7 +41,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
-use crate::cached::{Compact, Pv, Va};
+use crate::cached::{Compact, Decoded, Pv, Va};
 use crate::csi::{Driver, RpcFailure};
 use crate::decide::{self, DriverCaps};
 
@@ -231,12 +231,12 @@ pub async fn run(
         Arc::clone(&pv_q),
         cfg.driver.clone(),
     );
-    let vas = cache::watch_compact::<VolumeAttachment, _>(
+    let vas = cache::watch_compact::<Decoded<Va>, _>(
         &clients.watches,
         watcher::Config::default(),
         &shutdown,
         &mut ready,
-        Compact::<Va>::new,
+        Decoded::into_compact,
         move |va, deleted| {
             let va = &va.object();
             let name = va.name_any();
@@ -267,12 +267,12 @@ pub async fn run(
         },
     );
     let (pq, f2, driver) = (Arc::clone(&pv_q), fin.clone(), cfg.driver.clone());
-    let pvs = cache::watch_compact::<PersistentVolume, _>(
+    let pvs = cache::watch_compact::<Decoded<Pv>, _>(
         &clients.watches,
         watcher::Config::default(),
         &shutdown,
         &mut ready,
-        Compact::<Pv>::new,
+        Decoded::into_compact,
         move |pv, deleted| {
             if !deleted && decide::pv_needs_sync(&pv.object(), &f2, &driver) {
                 pq.add(pv.name().to_owned());

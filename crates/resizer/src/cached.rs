@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use plugreg_sidecar_kit::compact::trim_meta;
-pub use plugreg_sidecar_kit::compact::{Compact, Trim};
+pub use plugreg_sidecar_kit::compact::{Compact, Decoded, Trim};
 use plugreg_sidecar_kit::migration;
 use serde::Deserialize;
 

@@ -45,7 +45,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cached::{Claim, Compact, PodUse, Pv};
+use crate::cached::{Claim, Compact, Decoded, PodUse, Pv};
 use crate::csi::{Driver, Resizer, error_text};
 use crate::decide::{self, ClaimView, Failure, Memory, Modify, Resize, SlowSet};
 use crate::kube::{self as k, VolumeAttributesClass, claim_key};
@@ -227,12 +227,12 @@ pub async fn run(
     let claim_writes = Arc::new(Writes::default());
     let volume_writes = Arc::new(Writes::default());
     let writes = Arc::clone(&claim_writes);
-    let claims = cache::watch_compact::<PersistentVolumeClaim, _>(
+    let claims = cache::watch_compact::<Decoded<Claim>, _>(
         &c.watches,
         watcher::Config::default(),
         &shutdown,
         &mut ready,
-        Compact::<Claim>::new,
+        Decoded::into_compact,
         move |cached, deleted| {
             let pvc = &cached.object();
             let key = claim_key(pvc);
@@ -268,12 +268,12 @@ pub async fn run(
         },
     );
     let writes = Arc::clone(&volume_writes);
-    let volumes = cache::watch_compact::<PersistentVolume, _>(
+    let volumes = cache::watch_compact::<Decoded<Pv>, _>(
         &c.watches,
         watcher::Config::default(),
         &shutdown,
         &mut ready,
-        Compact::<Pv>::new,
+        Decoded::into_compact,
         move |pv, deleted| {
             if deleted {
                 writes.forget(pv.name());

@@ -22,6 +22,7 @@
 //! The trim is a type of the sidecar's own ([`Trim`] on a marker type with the object as its
 //! [`Trim::Object`]), so that two sidecars can keep different parts of the same kind.
 
+use std::borrow::Cow;
 use std::marker::PhantomData;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -153,6 +154,88 @@ impl<'de, T: Trim> Deserialize<'de> for Compact<T> {
     }
 }
 
+/// What a list page or a watch event decodes into before the store keeps its [`Compact`]:
+/// the compact form beside the identity as an `ObjectMeta` (what kube-runtime's watcher reads
+/// of an object, its resourceVersion above all). Decoding into it trims each object of a page
+/// as it is read, so that a page of 500 objects never holds 500 full typed objects at once;
+/// [`Decoded::into_compact`] is the `compact` function of
+/// [`watch_compact`](crate::cache::watch_compact).
+pub struct Decoded<T: Trim> {
+    metadata: ObjectMeta,
+    compact: Compact<T>,
+}
+
+impl<T: Trim> Decoded<T> {
+    /// The decoded form of `obj`.
+    pub fn new(obj: T::Object) -> Self {
+        let m = obj.meta();
+        let metadata = ObjectMeta {
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+            uid: m.uid.clone(),
+            resource_version: m.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        Self {
+            metadata,
+            compact: Compact::new(obj),
+        }
+    }
+
+    /// The compact form the store keeps.
+    pub fn into_compact(self) -> Compact<T> {
+        self.compact
+    }
+}
+
+impl<T: Trim> std::fmt::Debug for Decoded<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.compact.fmt(f)
+    }
+}
+
+impl<T: Trim> Clone for Decoded<T> {
+    fn clone(&self) -> Self {
+        Self {
+            metadata: self.metadata.clone(),
+            compact: self.compact.clone(),
+        }
+    }
+}
+
+impl<'de, T: Trim> Deserialize<'de> for Decoded<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::Object::deserialize(d).map(Decoded::new)
+    }
+}
+
+impl<T: Trim> Resource for Decoded<T> {
+    type DynamicType = ();
+    type Scope = <T::Object as Resource>::Scope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        T::Object::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        T::Object::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        T::Object::version(&())
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        T::Object::api_version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        T::Object::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 impl<T: Trim> Keyed for Compact<T> {
     fn key(&self) -> &str {
         &self.key
@@ -225,6 +308,30 @@ mod tests {
         assert_eq!((o.metadata.labels, o.metadata.managed_fields), (None, None));
         assert_eq!(o.metadata.uid.as_deref(), Some("u"));
         assert!(!c.rest.contains("ConfigMap"), "{}", c.rest);
+    }
+
+    /// A list page's item decodes straight into its compact form, with the identity the
+    /// watcher reads beside it.
+    #[test]
+    fn a_decoded_object_is_its_compact_form_with_its_identity() {
+        let d: Decoded<Cm> = serde_json::from_value(wire()).unwrap();
+        assert_eq!(
+            (
+                d.meta().name.as_deref(),
+                d.meta().namespace.as_deref(),
+                d.meta().uid.as_deref(),
+                d.meta().resource_version.as_deref()
+            ),
+            (Some("c"), Some("ns"), Some("u"), Some("7"))
+        );
+        assert_eq!(
+            (d.meta().labels.as_ref(), d.meta().finalizers.as_ref()),
+            (None, None)
+        );
+        assert_eq!(Decoded::<Cm>::plural(&()), "configmaps");
+        let c = d.into_compact();
+        let direct: Compact<Cm> = serde_json::from_value(wire()).unwrap();
+        assert_eq!((c.key(), &c.rest), (direct.key(), &direct.rest));
     }
 
     /// `null` metadata and missing fields read as the full type reads them.
