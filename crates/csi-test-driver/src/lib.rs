@@ -127,6 +127,10 @@ pub struct Fault {
     /// Fail only the first N calls; `None` fails every call when [`error`](Self::error) is set.
     /// When this is set and `error` is not, the calls fail with [`injected_failure`].
     pub fail_first: Option<u64>,
+    /// Fail only the calls after the first N (the first N answer as configured): a second
+    /// page that fails after a first that did not. Takes [`error`](Self::error), else
+    /// [`injected_failure`].
+    pub fail_after: Option<u64>,
     /// Never answer.
     pub hang: bool,
 }
@@ -143,9 +147,10 @@ impl Fault {
     fn plan(&self, index: u64) -> Plan {
         let within = |first: Option<u64>| first.is_none_or(|n| index < n);
         let delay = self.delay.filter(|_| within(self.delay_first));
-        let error = match (&self.error, self.fail_first) {
-            (Some(e), first) if within(first) => Some(e.clone()),
-            (None, Some(n)) if index < n => Some(injected_failure()),
+        let error = match (&self.error, self.fail_first, self.fail_after) {
+            (e, _, Some(n)) => (index >= n).then(|| e.clone().unwrap_or_else(injected_failure)),
+            (Some(e), first, None) if within(first) => Some(e.clone()),
+            (None, Some(n), None) if index < n => Some(injected_failure()),
             _ => None,
         };
         Plan {
@@ -332,6 +337,8 @@ struct CallsInner {
     delete_snapshots: Mutex<std::collections::VecDeque<DeleteSnapshotRequest>>,
     /// The last [`KEEP_REQUESTS`] GetCapacity requests.
     get_capacities: Mutex<std::collections::VecDeque<GetCapacityRequest>>,
+    /// The volume ids of the last [`KEEP_REQUESTS`] ControllerGetVolume requests.
+    get_volumes: Mutex<std::collections::VecDeque<String>>,
 }
 
 /// How many CreateVolume / DeleteVolume requests [`Calls`] keeps for inspection.
@@ -362,6 +369,7 @@ impl Default for Calls {
                 create_snapshots: Mutex::default(),
                 delete_snapshots: Mutex::default(),
                 get_capacities: Mutex::default(),
+                get_volumes: Mutex::default(),
             }),
         }
     }
@@ -413,6 +421,21 @@ impl Calls {
 
     pub(crate) fn keep_delete_snapshot(&self, r: &DeleteSnapshotRequest) {
         keep(&self.inner.delete_snapshots, r.clone());
+    }
+
+    /// The volume ids of the ControllerGetVolume requests received (the last
+    /// [`KEEP_REQUESTS`]), oldest first.
+    pub fn get_volume_requests(&self) -> Vec<String> {
+        let q = self
+            .inner
+            .get_volumes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        q.iter().cloned().collect()
+    }
+
+    pub(crate) fn keep_get_volume(&self, volume_id: &str) {
+        keep(&self.inner.get_volumes, volume_id.to_owned());
     }
 
     /// The DeleteVolume requests received (the last [`KEEP_REQUESTS`]), oldest first.
@@ -582,6 +605,10 @@ pub struct DriverConfig {
     /// LIST_VOLUMES_PUBLISHED_NODES and serve ListVolumes (every volume with the nodes it is
     /// ControllerPublished to, `max_entries` per page, the next index as the token).
     pub list_volumes: bool,
+    /// With [`list_volumes`](Self::list_volumes): answer at most this many entries a page
+    /// whatever `max_entries` asks (the spec lets a plugin return fewer), as drivers with many
+    /// volumes do. `None`: `max_entries`, all when it is 0.
+    pub list_volumes_page: Option<usize>,
     /// Report volume conditions (the health external-health-monitor watches). With
     /// [`controller`](Self::controller): advertise the controller capabilities VOLUME_CONDITION
     /// and GET_VOLUME, serve ControllerGetVolume (the volume with its capacity, the nodes it is
@@ -695,6 +722,7 @@ impl Default for DriverConfig {
             controller: false,
             controller_publish: false,
             list_volumes: false,
+            list_volumes_page: None,
             volume_condition: false,
             omit_healthy_condition: false,
             conditions: Conditions::default(),

@@ -1142,11 +1142,12 @@ impl Controller for Driver {
         if start > state.volumes.len() {
             return Err(Status::aborted(format!("invalid starting_token {start}")));
         }
-        let page = if r.max_entries == 0 {
+        let asked = if r.max_entries == 0 {
             usize::MAX
         } else {
             r.max_entries as usize
         };
+        let page = asked.min(self.config.list_volumes_page.unwrap_or(usize::MAX));
         let entries: Vec<list_volumes_response::Entry> = state
             .volumes
             .iter()
@@ -1301,6 +1302,7 @@ impl Controller for Driver {
         }
         self.enter(Method::ControllerGetVolume).await?;
         let r = request.into_inner();
+        self.config.calls.keep_get_volume(&r.volume_id);
         let id = required(&r.volume_id, "volume_id")?;
         let state = self.lock_with(id);
         let v = state.volumes.get(id).ok_or_else(|| not_found(id))?;

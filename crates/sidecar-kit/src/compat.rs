@@ -35,6 +35,8 @@ pub enum Upstream {
     Registrar,
     /// livenessprobe.
     LivenessProbe,
+    /// external-health-monitor's controller.
+    HealthMonitor,
 }
 
 impl Upstream {
@@ -47,6 +49,7 @@ impl Upstream {
             Upstream::Snapshotter => "external-snapshotter",
             Upstream::Registrar => "node-driver-registrar",
             Upstream::LivenessProbe => "livenessprobe",
+            Upstream::HealthMonitor => "external-health-monitor",
         }
     }
 }

@@ -4,6 +4,7 @@
 //! socket accepts connections, `{"event":"call","method":...}` per call. SIGTERM or SIGINT
 //! removes the socket and exits 0.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -88,6 +89,10 @@ struct Args {
     /// ListVolumes.
     #[arg(long)]
     list_volumes: bool,
+    /// With --list-volumes: at most this many entries a ListVolumes page, whatever
+    /// max_entries asks.
+    #[arg(long, value_name = "N")]
+    list_volumes_page: Option<usize>,
     /// Report volume conditions: with --controller advertise VOLUME_CONDITION and GET_VOLUME,
     /// serve ControllerGetVolume and put conditions into ListVolumes; with the node capability
     /// GET_VOLUME_STATS advertise the node's VOLUME_CONDITION and put them into
@@ -100,6 +105,12 @@ struct Args {
     /// A volume reported abnormal with this message (repeatable): `ID=MESSAGE`.
     #[arg(long = "abnormal-volume", value_name = "ID=MESSAGE", value_parser = parse_abnormal)]
     abnormal_volumes: Vec<(String, String)>,
+    /// Volume conditions from this file, read again every second while the driver runs: one
+    /// `ID=MESSAGE` line per abnormal volume, every other volume healthy (a missing file: all
+    /// healthy; volumes of --abnormal-volume stay abnormal until the file names them or stops
+    /// naming them). Turns volumes abnormal and back from outside, in a cluster.
+    #[arg(long, value_name = "PATH")]
+    conditions_file: Option<PathBuf>,
     /// With --controller: advertise EXPAND_VOLUME and serve ControllerExpandVolume.
     #[arg(long)]
     controller_expand: bool,
@@ -195,7 +206,7 @@ impl Args {
                 delay_first: self.get_plugin_info_delay_first,
                 error: failure(&self.get_plugin_info_error, self.get_plugin_info_error_code),
                 fail_first: self.get_plugin_info_fail_first,
-                hang: false,
+                ..Fault::default()
             },
             node_get_info: Fault {
                 delay: self.node_get_info_delay,
@@ -207,6 +218,7 @@ impl Args {
             controller: self.controller,
             controller_publish: self.controller_publish,
             list_volumes: self.list_volumes,
+            list_volumes_page: self.list_volumes_page,
             volume_condition: self.volume_condition,
             omit_healthy_condition: self.omit_healthy_condition,
             conditions: {
@@ -415,6 +427,14 @@ async fn run() -> anyhow::Result<()> {
         }
     });
 
+    if let Some(path) = args.conditions_file.clone() {
+        tokio::spawn(follow_conditions(
+            path,
+            config.conditions.clone(),
+            token.clone(),
+        ));
+    }
+
     let bound = plugreg_transport::bind(&socket)
         .with_context(|| format!("creating {}", socket.display()))?;
     emit(serde_json::json!({"event": "listening", "socket": socket}));
@@ -423,9 +443,61 @@ async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The abnormal volumes a conditions file names (`ID=MESSAGE` lines; blank lines and lines
+/// without `=` are skipped).
+fn read_conditions(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(id, m)| (id.trim().to_owned(), m.to_owned()))
+        .filter(|(id, _)| !id.is_empty())
+        .collect()
+}
+
+/// Applies `path` to `conditions` every second until `stop`: what it names turns abnormal,
+/// what it stopped naming turns healthy.
+async fn follow_conditions(path: PathBuf, conditions: Conditions, stop: CancellationToken) {
+    let mut applied: BTreeMap<String, String> = BTreeMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let wanted = match tokio::fs::read_to_string(&path).await {
+            Ok(text) => read_conditions(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => {
+                emit(serde_json::json!({"event": "conditions-file", "error": e.to_string()}));
+                continue;
+            }
+        };
+        for id in applied.keys().filter(|id| !wanted.contains_key(*id)) {
+            conditions.set(id.clone(), None);
+        }
+        for (id, message) in &wanted {
+            if applied.get(id) != Some(message) {
+                conditions.set(id.clone(), Some(message));
+            }
+        }
+        applied = wanted;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_conditions_file_names_the_abnormal_volumes() {
+        let c = read_conditions("vol-a=disk gone\n\nno equals sign\n vol-b =x=y\n=orphan\n");
+        assert_eq!(
+            c.into_iter().collect::<Vec<_>>(),
+            [
+                ("vol-a".to_owned(), "disk gone".to_owned()),
+                ("vol-b".to_owned(), "x=y".to_owned()),
+            ]
+        );
+    }
 
     #[test]
     fn parses_fault_specs() {
