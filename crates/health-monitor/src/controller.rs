@@ -75,6 +75,8 @@ pub struct Config {
     pub workers: usize,
     /// `--enable-node-watcher`.
     pub node_watcher: bool,
+    /// `--node-failure-grace`.
+    pub node_failure_grace: Duration,
 }
 
 /// What the controller talks to.
@@ -203,6 +205,7 @@ pub async fn run(
         "",
         shutdown.clone(),
     );
+    let grace = cfg.node_failure_grace;
     let ctl = Arc::new(Controller {
         cfg,
         driver: clients.driver,
@@ -215,7 +218,7 @@ pub async fn run(
         pv_queue,
         pods,
         nodes,
-        node_state: Mutex::default(),
+        node_state: Mutex::new(Nodes::new(grace)),
         shutdown: shutdown.clone(),
     });
     ctl.seed().await;

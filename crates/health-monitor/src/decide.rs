@@ -21,7 +21,8 @@ pub const REASON_NODE_FAILED: &str = "NodeFailed";
 /// `NodeRecovered` (Warning, as upstream), once the failed node is Ready again.
 pub const REASON_NODE_RECOVERED: &str = "NodeRecovered";
 
-/// How long a node may be not Ready before its claims are told (upstream's hard-coded 5 min).
+/// How long a node may be not Ready before its claims are told by default (upstream's
+/// hard-coded 5 min; `--node-failure-grace`).
 pub const NODE_FAILURE_GRACE: Duration = Duration::from_secs(300);
 
 /// How often an unchanged abnormal condition is reported again: half of the API server's
@@ -174,13 +175,29 @@ pub enum NodeVerdict {
 /// The node watcher's memory: when each node was first seen not Ready, and which nodes' claims
 /// were told it failed. Upstream tells the claims again every five minutes while a node stays
 /// down; this tells them once per failure.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Nodes {
+    grace: Duration,
     not_ready_since: HashMap<Box<str>, Instant>,
     down: HashSet<Box<str>>,
 }
 
+impl Default for Nodes {
+    fn default() -> Self {
+        Self::new(NODE_FAILURE_GRACE)
+    }
+}
+
 impl Nodes {
+    /// A memory in which a node fails after `grace` not Ready.
+    pub fn new(grace: Duration) -> Self {
+        Self {
+            grace,
+            not_ready_since: HashMap::new(),
+            down: HashSet::new(),
+        }
+    }
+
     /// What to do about `node` (as cached now) at `now`.
     pub fn judge(&mut self, node: &NodeHealth, now: Instant) -> NodeVerdict {
         let name = &node.name;
@@ -202,7 +219,7 @@ impl Nodes {
             return NodeVerdict::Nothing;
         }
         let since = *self.not_ready_since.entry(name.clone()).or_insert(now);
-        let due = since + NODE_FAILURE_GRACE;
+        let due = since + self.grace;
         if now >= due {
             NodeVerdict::Failed
         } else {

@@ -10,6 +10,8 @@
 //!   `main`) instead of exit 2 (`decisions.md` R1);
 //! - the kit's `--master` is accepted and the `KUBECONFIG` environment variable is read, as
 //!   every plugreg sidecar does;
+//! - `--node-failure-grace` (an extension, default upstream's hard-coded 5 min): how long a
+//!   node may be not Ready before the claims of its pods are told;
 //! - upstream has no `--feature-gates` flag (its one gate, `ReleaseLeaderElectionOnExit`, is
 //!   unreachable); neither has this one, so `--feature-gates` stays a flag error (exit 2).
 
@@ -64,6 +66,9 @@ pub struct Options {
     pub worker_threads: u64,
     /// `--enable-node-watcher`: events on the claims of pods on a failed node.
     pub enable_node_watcher: bool,
+    /// `--node-failure-grace` (an extension): how long a node may be not Ready before it
+    /// counts as failed (upstream's hard-coded 5 min).
+    pub node_failure_grace: Duration,
 }
 
 impl Default for Options {
@@ -81,6 +86,7 @@ impl Default for Options {
             node_list_add_interval: secs(300),
             worker_threads: 10,
             enable_node_watcher: false,
+            node_failure_grace: secs(300),
         }
     }
 }
@@ -129,6 +135,13 @@ const SPECS: &[Spec] = &[
         "duration",
         "5m0s",
         "Time interval for adding nodes into the node queue",
+    ),
+    flag(
+        "node-failure-grace",
+        Kind::Duration,
+        "duration",
+        "5m0s",
+        "How long a node may be not Ready before the claims of its pods get NodeFailed (plugreg extension; upstream has 5 minutes fixed).",
     ),
     flag(
         "resync",
@@ -192,6 +205,7 @@ impl SidecarFlags for Options {
             "list-volumes-interval" => o.list_volumes_interval = parse_duration(value)?,
             "volume-list-add-interval" => o.volume_list_add_interval = parse_duration(value)?,
             "node-list-add-interval" => o.node_list_add_interval = parse_duration(value)?,
+            "node-failure-grace" => o.node_failure_grace = parse_duration(value)?,
             "worker-threads" => o.worker_threads = parse_uint(value)?,
             other => unreachable!("--{other} is in no table"),
         }

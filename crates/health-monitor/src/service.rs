@@ -28,6 +28,7 @@ pub fn config(options: &Options, driver: &str, mode: Mode) -> Config {
             .unwrap_or(usize::MAX)
             .max(1),
         node_watcher: options.enable_node_watcher,
+        node_failure_grace: options.node_failure_grace,
     }
 }
 

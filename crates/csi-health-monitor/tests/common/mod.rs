@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentV
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use plugreg_csi_test_driver::{Calls, DriverConfig, RunningDriver};
 use plugreg_testpeers::sidecar::{self, LoggedSidecar};
-use plugreg_testpeers::{ApiServer, KubeVersion};
+use plugreg_testpeers::{ApiServer, ApiServerOptions, KubeVersion};
 use serde_json::json;
 use tempfile::TempDir;
 use tokio::time::Instant;
@@ -58,7 +58,16 @@ pub fn driver_config(volumes: &[&str], list: bool) -> DriverConfig {
 impl Env {
     /// An API server of `version`, the namespace, and the driver of `config`.
     pub async fn new(version: KubeVersion, config: DriverConfig) -> Env {
-        let api = ApiServer::start_version(version)
+        Env::with_options(version, &ApiServerOptions::default(), config).await
+    }
+
+    /// [`Env::new`] with the API server started with `options` (an audit log).
+    pub async fn with_options(
+        version: KubeVersion,
+        options: &ApiServerOptions,
+        config: DriverConfig,
+    ) -> Env {
+        let api = ApiServer::start_with(version, options)
             .await
             .expect("kube-apiserver");
         let client = api.client().await.unwrap();
@@ -222,6 +231,18 @@ impl Env {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The requests in the audit log (JSON lines) so far, when the API server keeps one.
+    pub fn audited(&self) -> Vec<serde_json::Value> {
+        let Some(path) = self.api.audit_log_path() else {
+            return Vec::new();
+        };
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     /// Starts the health monitor for this driver with `args` added (`--v=5`).
