@@ -1,7 +1,7 @@
 //! `csi-sidecars`' command line (pflag syntax), after KEP-4958's conventions:
 //!
-//! - `--controllers=provisioner,attacher,resizer,snapshotter`: which controllers run (any
-//!   subset, at least one; no default, so that a manifest says what it runs);
+//! - `--controllers=provisioner,attacher,resizer,snapshotter,health-monitor`: which controllers
+//!   run (any subset, at least one; no default, so that a manifest says what it runs);
 //! - the process's flags, unprefixed and only unprefixed ([`PROCESS`]): the driver socket, the
 //!   API server, logging, the diagnostics server and leader election (one value for the whole
 //!   process: the controllers share one driver connection and one HTTP server, and their
@@ -65,15 +65,18 @@ pub enum Controller {
     Resizer,
     /// external-snapshotter's csi-snapshotter.
     Snapshotter,
+    /// external-health-monitor's controller.
+    HealthMonitor,
 }
 
 impl Controller {
     /// Every controller, in the order they start.
-    pub const ALL: [Controller; 4] = [
+    pub const ALL: [Controller; 5] = [
         Controller::Provisioner,
         Controller::Attacher,
         Controller::Resizer,
         Controller::Snapshotter,
+        Controller::HealthMonitor,
     ];
 
     /// The name in `--controllers`, the prefix of its flags and the `controller` label.
@@ -83,6 +86,7 @@ impl Controller {
             Controller::Attacher => "attacher",
             Controller::Resizer => "resizer",
             Controller::Snapshotter => "snapshotter",
+            Controller::HealthMonitor => "health-monitor",
         }
     }
 
@@ -92,6 +96,7 @@ impl Controller {
             Controller::Attacher => &plugreg_attacher::flags::COMMAND,
             Controller::Resizer => &plugreg_resizer::flags::COMMAND,
             Controller::Snapshotter => &plugreg_snapshotter::flags::COMMAND,
+            Controller::HealthMonitor => &plugreg_health_monitor::flags::COMMAND,
         }
     }
 
@@ -102,6 +107,7 @@ impl Controller {
             Controller::Attacher => c.specs::<plugreg_attacher::flags::Options>(),
             Controller::Resizer => c.specs::<plugreg_resizer::flags::Options>(),
             Controller::Snapshotter => c.specs::<plugreg_snapshotter::flags::Options>(),
+            Controller::HealthMonitor => c.specs::<plugreg_health_monitor::flags::Options>(),
         }
     }
 
@@ -120,6 +126,9 @@ impl Controller {
                 .map(drop),
             Controller::Snapshotter => c
                 .parse::<plugreg_snapshotter::flags::Options, _>(args)
+                .map(drop),
+            Controller::HealthMonitor => c
+                .parse::<plugreg_health_monitor::flags::Options, _>(args)
                 .map(drop),
         }
     }
@@ -157,7 +166,7 @@ fn table() -> &'static Table {
                 Kind::String,
                 "string",
                 "",
-                "The controllers to run, comma-separated: any of provisioner, attacher, resizer, snapshotter. Required.",
+                "The controllers to run, comma-separated: any of provisioner, attacher, resizer, snapshotter, health-monitor. Required.",
             ),
             flag(
                 "version",
@@ -224,6 +233,8 @@ pub struct Parsed {
     pub resizer: Option<Flags<plugreg_resizer::flags::Options>>,
     /// The snapshotter's flags, when it runs.
     pub snapshotter: Option<Flags<plugreg_snapshotter::flags::Options>>,
+    /// The health monitor's flags, when it runs.
+    pub health_monitor: Option<Flags<plugreg_health_monitor::flags::Options>>,
 }
 
 /// What the command line asks for.
@@ -278,7 +289,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Outcome, FlagError> {
                 for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
                     let c = Controller::by_name(name).ok_or_else(|| {
                         SyntaxError::Other(format!(
-                            "unknown controller {name:?} (known: provisioner, attacher, resizer, snapshotter)"
+                            "unknown controller {name:?} (known: provisioner, attacher, resizer, snapshotter, health-monitor)"
                         ))
                     })?;
                     if !list.contains(&c) {
@@ -326,7 +337,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Outcome, FlagError> {
         Some(c) if !c.is_empty() => c,
         _ => {
             return Err(FlagError(
-                "--controllers is required: a comma-separated list of provisioner, attacher, resizer, snapshotter".to_owned(),
+                "--controllers is required: a comma-separated list of provisioner, attacher, resizer, snapshotter, health-monitor".to_owned(),
             ));
         }
     };
@@ -346,6 +357,9 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Outcome, FlagError> {
             Controller::Attacher => parsed.attacher = Some(sidecar(c, &args).map_err(wrong)?),
             Controller::Resizer => parsed.resizer = Some(sidecar(c, &args).map_err(wrong)?),
             Controller::Snapshotter => parsed.snapshotter = Some(sidecar(c, &args).map_err(wrong)?),
+            Controller::HealthMonitor => {
+                parsed.health_monitor = Some(sidecar(c, &args).map_err(wrong)?);
+            }
         }
     }
     parsed.controllers = controllers;
@@ -447,7 +461,7 @@ mod tests {
         assert!(error(&["--controllers="]).contains("--controllers is required"));
         assert_eq!(
             error(&["--controllers=provisioner,health"]),
-            "invalid argument \"provisioner,health\" for \"--controllers\" flag: unknown controller \"health\" (known: provisioner, attacher, resizer, snapshotter)"
+            "invalid argument \"provisioner,health\" for \"--controllers\" flag: unknown controller \"health\" (known: provisioner, attacher, resizer, snapshotter, health-monitor)"
         );
         assert_eq!(
             error(&["--controllers=attacher", "--attacher-timeout=ten"]),
@@ -501,6 +515,33 @@ mod tests {
         assert!(names.contains(&"timeout") && names.contains(&"controllers"));
         assert!(!names.contains(&"logtostderr"), "no removed klog flags");
         assert!(usage("csi-sidecars").contains("--provisioner-extra-create-metadata"));
+    }
+
+    #[test]
+    fn the_health_monitor_takes_its_prefixed_flags_and_the_shared_timeout() {
+        let p = run(&[
+            "--controllers=health-monitor,attacher",
+            "--timeout=5s",
+            "--health-monitor-worker-threads=3",
+            "--health-monitor-list-volumes-interval=1m",
+            "--health-monitor-enable-node-watcher",
+        ]);
+        assert_eq!(
+            p.controllers,
+            [Controller::Attacher, Controller::HealthMonitor]
+        );
+        let hm = p.health_monitor.unwrap().options;
+        assert_eq!(hm.worker_threads, 3);
+        assert_eq!(hm.timeout, Duration::from_secs(5));
+        assert_eq!(hm.list_volumes_interval, Duration::from_secs(60));
+        assert!(hm.enable_node_watcher);
+        assert_eq!(
+            error(&[
+                "--controllers=health-monitor",
+                "--health-monitor-monitor-interval=often"
+            ]),
+            "invalid argument \"often\" for \"--health-monitor-monitor-interval\" flag: time: invalid duration \"often\""
+        );
     }
 
     #[test]

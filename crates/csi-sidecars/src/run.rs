@@ -21,6 +21,7 @@ use crate::LOG;
 use crate::flags::{Controller, Parsed};
 
 use plugreg_attacher as attacher;
+use plugreg_health_monitor as health_monitor;
 use plugreg_provisioner as provisioner;
 use plugreg_resizer as resizer;
 use plugreg_snapshotter as snapshotter;
@@ -40,6 +41,7 @@ enum Part {
         Box<snapshotter::flags::Options>,
         snapshotter::flags::FeatureGates,
     ),
+    HealthMonitor(Box<health_monitor::flags::Options>),
 }
 
 impl Part {
@@ -49,6 +51,7 @@ impl Part {
             Part::Attacher(..) => Controller::Attacher,
             Part::Resizer(..) => Controller::Resizer,
             Part::Snapshotter(..) => Controller::Snapshotter,
+            Part::HealthMonitor(..) => Controller::HealthMonitor,
         }
     }
 
@@ -59,6 +62,7 @@ impl Part {
             Part::Attacher(o, _) => (&o.controller, &o.csi_address),
             Part::Resizer(o, _) => (&o.controller, &o.csi_address),
             Part::Snapshotter(o, _) => (&o.controller, &o.csi_address),
+            Part::HealthMonitor(o) => (&o.controller, &o.csi_address),
         }
     }
 
@@ -68,6 +72,7 @@ impl Part {
             Part::Attacher(o, _) => o.timeout,
             Part::Resizer(o, _) => o.timeout,
             Part::Snapshotter(o, _) => o.timeout,
+            Part::HealthMonitor(o) => o.timeout,
         }
     }
 }
@@ -138,6 +143,16 @@ fn checked(parsed: Parsed) -> Result<Vec<Part>, String> {
         snapshotter::flags::validate(&f.options).map_err(|e| format!("snapshotter: {e}"))?;
         parts.push(Part::Snapshotter(Box::new(f.options), gates));
     }
+    if let Some(f) = parsed.health_monitor {
+        if f.options.worker_threads == 0 {
+            return Err(format!(
+                "health-monitor: {}",
+                health_monitor::flags::NO_WORKERS
+            ));
+        }
+        health_monitor::flags::validate(&f.options).map_err(|e| format!("health-monitor: {e}"))?;
+        parts.push(Part::HealthMonitor(Box::new(f.options)));
+    }
     if parts.is_empty() {
         return Err("no controller to run".into());
     }
@@ -150,6 +165,7 @@ enum Ready {
     Attacher(Box<attacher::service::Service>),
     Resizer(Box<resizer::service::Service>),
     Snapshotter(Box<snapshotter::service::Service>),
+    HealthMonitor(Box<health_monitor::service::Service>),
 }
 
 /// Why a controller does not run.
@@ -347,6 +363,38 @@ async fn run(parts: Vec<Part>) -> i32 {
                         }
                     }
                 }
+                Part::HealthMonitor(o) => {
+                    use plugreg_sidecar_kit::csi::PluginService;
+                    if !found
+                        .capabilities
+                        .has_service(PluginService::ControllerService)
+                    {
+                        Err(NotRun::Driver(
+                            "CSI driver does not support Plugin Controller Service".to_owned(),
+                        ))
+                    } else {
+                        match health_monitor::csi::mode(&found.capabilities) {
+                            None => Err(NotRun::Driver("CSI driver does not support Controller ListVolumes and GetVolume service or does not implement VolumeCondition".to_owned())),
+                            Some(mode) => {
+                                let k = kube(
+                                    &o.controller,
+                                    health_monitor::decide::lease_name(&found.name),
+                                );
+                                Ok(Ready::HealthMonitor(Box::new(
+                                    health_monitor::service::Service {
+                                        kube: k,
+                                        driver: health_monitor::csi::Driver::new(client),
+                                        config: health_monitor::service::config(
+                                            o,
+                                            &found.name,
+                                            mode,
+                                        ),
+                                    },
+                                )))
+                            }
+                        }
+                    }
+                }
             };
             match made {
                 Ok(r) => ready.push(r),
@@ -480,6 +528,11 @@ async fn all(ready: Vec<Ready>, shutdown: CancellationToken) -> Result<(), Servi
             Ready::Snapshotter(s) => tasks.spawn(keep(Controller::Snapshotter, token, move |t| {
                 s.clone().run(t)
             })),
+            Ready::HealthMonitor(s) => {
+                tasks.spawn(keep(Controller::HealthMonitor, token, move |t| {
+                    s.clone().run(t)
+                }))
+            }
         };
     }
     while let Some(done) = tasks.join_next().await {
