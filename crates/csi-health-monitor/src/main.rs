@@ -124,18 +124,24 @@ async fn run(options: Options) -> i32 {
         };
         let named = |name: &str| tracing::debug!(target: LOG, driver = %name, "CSI driver name");
         let serve = async |_: &str, metrics: &Arc<Metrics>| {
-            diagnostics::spawn(&options.controller, metrics.clone(), &health)
+            let address = options.controller.http_address().unwrap_or_default();
+            let http = diagnostics::spawn(&options.controller, metrics.clone(), &health)
                 .await
                 .map_err(|e| {
                     tracing::error!(
                         target: LOG,
-                        address = %options.controller.http_address().unwrap_or_default(),
+                        address = %address,
                         path = %options.controller.metrics_path,
                         err = %e,
                         "Failed to start HTTP server at specified address and metrics path"
                     );
                     1
-                })
+                })?;
+            if http.is_some() {
+                // Upstream's line (csi-lib-utils v0.24): the address, no path.
+                tracing::info!(target: LOG, address = %address, "ServeMux listening");
+            }
+            Ok(http)
         };
         let found = match identify(&channel, &how, named, serve).await {
             Ok(f) => f,

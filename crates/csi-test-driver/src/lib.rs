@@ -624,6 +624,12 @@ pub struct DriverConfig {
     /// volume instead of reporting `{abnormal: false, message: ""}`, as the spec allows and as
     /// some drivers answer (external-health-monitor takes a missing condition as healthy).
     pub omit_healthy_condition: bool,
+    /// With [`volume_condition`](Self::volume_condition): leave GET_VOLUME out of the
+    /// controller capabilities and answer ControllerGetVolume UNIMPLEMENTED, for a driver that
+    /// reports conditions through ListVolumes only (or, without
+    /// [`list_volumes`](Self::list_volumes), one that advertises VOLUME_CONDITION but neither
+    /// way to read it).
+    pub no_get_volume: bool,
     /// Which volumes are abnormal, and why. Clone it before handing the config over (or use
     /// [`RunningDriver::set_condition`]) to turn a volume abnormal and back while the driver
     /// runs.
@@ -725,6 +731,7 @@ impl Default for DriverConfig {
             list_volumes_page: None,
             volume_condition: false,
             omit_healthy_condition: false,
+            no_get_volume: false,
             conditions: Conditions::default(),
             strict_paths: false,
             volumes: Vec::new(),

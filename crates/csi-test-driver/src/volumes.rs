@@ -1043,7 +1043,10 @@ impl Controller for Driver {
             types.push(Type::GetCapacity);
         }
         if self.config.volume_condition {
-            types.extend([Type::VolumeCondition, Type::GetVolume]);
+            types.push(Type::VolumeCondition);
+            if !self.config.no_get_volume {
+                types.push(Type::GetVolume);
+            }
         }
         let capabilities = types
             .into_iter()
@@ -1297,7 +1300,7 @@ impl Controller for Driver {
         &self,
         request: Request<ControllerGetVolumeRequest>,
     ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
-        if !self.config.volume_condition {
+        if !self.config.volume_condition || self.config.no_get_volume {
             return unimplemented("ControllerGetVolume");
         }
         self.enter(Method::ControllerGetVolume).await?;

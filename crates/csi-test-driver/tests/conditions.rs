@@ -222,6 +222,27 @@ async fn capabilities_advertise_volume_condition_and_get_volume() {
     );
 }
 
+/// `no_get_volume`: VOLUME_CONDITION without GET_VOLUME, ControllerGetVolume UNIMPLEMENTED;
+/// ListVolumes still carries the conditions.
+#[tokio::test]
+async fn no_get_volume_leaves_get_volume_out() {
+    let mut p = Peer::start(DriverConfig {
+        no_get_volume: true,
+        ..config()
+    })
+    .await;
+    p.driver.set_condition("vol-a", Some("gone"));
+    let caps = p.controller_caps().await;
+    assert!(caps.contains(&(ControllerCap::VolumeCondition as i32)));
+    assert!(caps.contains(&(ControllerCap::ListVolumes as i32)));
+    assert!(!caps.contains(&(ControllerCap::GetVolume as i32)));
+    assert_eq!(
+        p.get_volume("vol-a").await.unwrap_err().code(),
+        Code::Unimplemented
+    );
+    assert_eq!(p.list(0).await[0], ("vol-a".into(), abnormal("gone")));
+}
+
 #[tokio::test]
 async fn controller_get_volume_answers_the_volume_and_its_status() {
     let mut p = Peer::start(DriverConfig {
