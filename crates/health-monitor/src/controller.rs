@@ -415,7 +415,12 @@ impl Controller {
             changes = verdicts.len(),
             "ListVolumes pass done"
         );
-        for (v, verdict) in verdicts.into_values() {
+        // Abnormal volumes first: at the API rate limit their events are the ones that matter
+        // most, and the recoveries wait behind them.
+        let (abnormal, normal): (Vec<_>, Vec<_>) = verdicts
+            .into_values()
+            .partition(|(_, v)| matches!(v, Verdict::Abnormal(_)));
+        for (v, verdict) in abnormal.into_iter().chain(normal) {
             self.report(&v, verdict);
         }
     }
