@@ -19,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --locked \
     -p plugreg-cluster -p plugreg-node-driver-registrar -p plugreg-livenessprobe \
-    -p plugreg-csi-provisioner -p plugreg-csi-attacher -p plugreg-csi-resizer -p plugreg-csi-snapshotter -p plugreg-csi-sidecars \
+    -p plugreg-csi-provisioner -p plugreg-csi-attacher -p plugreg-csi-resizer -p plugreg-csi-snapshotter \
+    -p plugreg-csi-health-monitor -p plugreg-csi-sidecars \
     -p plugreg-csi-test-driver --bins
 exec target/release/plugreg-cluster "$@"

@@ -22,6 +22,7 @@ pub const SIDECARS: &[&str] = &[
     "csi-attacher",
     "csi-resizer",
     "csi-snapshotter",
+    "csi-external-health-monitor-controller",
     "csi-sidecars",
 ];
 /// The test driver's image (`images/test-images.conf`).

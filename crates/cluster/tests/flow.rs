@@ -851,6 +851,7 @@ spec:
         - --node-expansion-required
         - --snapshots
         - --clone-volume
+        - --volume-condition
         - --accessibility-constraints
         - --topology=topology.plugreg.test/node=$(NODE_NAME)
         - --persistent

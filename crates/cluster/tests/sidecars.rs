@@ -1,9 +1,9 @@
-//! The flow with `csi-sidecars` (deploy/sidecars' controller Deployment: the driver and one
-//! container running the controllers) on a real one-node cluster of each release: a pod gets a
-//! provisioned and attached volume, its claim is grown and expanded on the node, (on v1.36.2,
-//! whose snapshot CRDs the real snapshot-controller serves) it is snapshotted and restored into
-//! a new claim a second pod reads, and everything deleted is cleaned up: no PV, attachment or
-//! content left, the backing store empty.
+//! The flow with `csi-sidecars` (deploy/sidecars' controller Deployment: the driver, one
+//! container running the controllers and the health monitor's own) on a real one-node cluster
+//! of each release: a pod gets a provisioned and attached volume, its claim is grown and
+//! expanded on the node, (on v1.36.2, whose snapshot CRDs the real snapshot-controller serves)
+//! it is snapshotted and restored into a new claim a second pod reads, and everything deleted
+//! is cleaned up: no PV, attachment or content left, the backing store empty.
 
 mod common;
 
@@ -49,7 +49,16 @@ async fn the_flow_runs_on_csi_sidecars(version: KubeVersion) {
         .as_ref()
         .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
         .unwrap_or_default();
-    assert_eq!(containers, ["csi-sidecars", "csi-driver"]);
+    // deploy/sidecars replaces the four sidecars only: deploy/base's health monitor stays a
+    // container of its own.
+    assert_eq!(
+        containers,
+        [
+            "csi-sidecars",
+            "csi-driver",
+            "csi-external-health-monitor-controller"
+        ]
+    );
 
     // Provisioned, attached, mounted.
     let ns = "sidecars";
@@ -226,10 +235,11 @@ async fn the_flow_runs_on_csi_sidecars(version: KubeVersion) {
     for method in wanted {
         assert!(calls.iter().any(|m| m == method), "{method}: {calls:?}");
     }
+    // One identification for every controller of csi-sidecars, and the health monitor's own.
     assert_eq!(
         calls.iter().filter(|m| *m == "GetPluginInfo").count(),
-        1,
-        "one identification for every controller: {calls:?}"
+        2,
+        "one identification for every controller, one for the health monitor: {calls:?}"
     );
     let _ = pod;
     cluster.shutdown().await.expect("tear down");

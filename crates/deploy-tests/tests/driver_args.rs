@@ -5,9 +5,10 @@
 //! failure names the row (its line, driver, manifest and sidecar) and shows the log's end.
 //!
 //! Ready means: the controller sidecars have logged the line their controller logs once it runs
-//! (after the driver answered and, with `--leader-election`, the Lease was won); livenessprobe
-//! answers `/healthz` with 200 (its Probe reached the driver); node-driver-registrar serves its
-//! registration socket.
+//! (after the driver answered and, with `--leader-election`, the Lease was won; the health
+//! monitor's test driver offers VOLUME_CONDITION and LIST_VOLUMES, without which it exits 1);
+//! livenessprobe answers `/healthz` with 200 (its Probe reached the driver);
+//! node-driver-registrar serves its registration socket.
 //!
 //! The row is the manifest's, with what a pod gives it and a test cannot: `$(VAR)` filled as the
 //! container's environment would be ([`env_value`]), the driver socket wherever the row puts
@@ -16,7 +17,8 @@
 //!
 //! Needs the peers (`bash interop/build-peers.sh`) and the sidecar binaries of the same profile
 //! (`cargo build --bins -p plugreg-csi-provisioner -p plugreg-csi-attacher -p plugreg-csi-resizer
-//! -p plugreg-csi-snapshotter -p plugreg-node-driver-registrar -p plugreg-livenessprobe`).
+//! -p plugreg-csi-snapshotter -p plugreg-csi-health-monitor -p plugreg-node-driver-registrar
+//! -p plugreg-livenessprobe`).
 //! `PLUGREG_SIDECAR_ARGS` names another table of the same format (rows held back from this one);
 //! `PLUGREG_SIDECAR_ARGS_JOBS` how many rows run at once (default: the number of CPUs).
 
@@ -88,11 +90,8 @@ const NOT_IMPLEMENTED: &[(&str, &str, &str, &str)] = &[
 ];
 
 /// Sidecars of the table that plugreg has no binary for: (sidecar, why). Their rows are counted
-/// and listed, not run.
-const NO_BINARY: &[(&str, &str)] = &[(
-    "health-monitor",
-    "external-health-monitor has no plugreg drop-in yet",
-)];
+/// and listed, not run. None today: every sidecar of the table has its drop-in.
+const NO_BINARY: &[(&str, &str)] = &[];
 
 /// One row of the table.
 #[derive(Debug, Clone)]
@@ -145,6 +144,7 @@ fn binary(sidecar: &str) -> Option<(&'static str, bool)> {
         "attacher" => ("csi-attacher", true),
         "resizer" => ("csi-resizer", true),
         "snapshotter" => ("csi-snapshotter", true),
+        "health-monitor" => ("csi-external-health-monitor-controller", true),
         "registrar" => ("csi-node-driver-registrar", false),
         "livenessprobe" => ("livenessprobe", false),
         _ => return None,
@@ -445,6 +445,7 @@ fn ready_line(sidecar: &str) -> &'static str {
         "attacher" => "Starting CSI attacher",
         "resizer" => "Starting external resizer",
         "snapshotter" => "Starting CSI snapshotter",
+        "health-monitor" => "Starting CSI External PV Health Monitor Controller",
         other => unreachable!("{other} is no controller sidecar"),
     }
 }
@@ -528,6 +529,26 @@ async fn capacity_owner(client: &kube::Client) {
     created(pods.create(&PostParams::default(), &pod).await.map(drop));
 }
 
+/// The test driver of a row: the Controller service with everything the controller sidecars
+/// call; for the health monitor also volume conditions and ListVolumes, without which it
+/// refuses to start (the ListVolumes path, which a driver with both gets, as
+/// csi-driver-host-path's does).
+fn driver_config(row: &Row, driver: &str) -> DriverConfig {
+    let health = row.sidecar == "health-monitor";
+    DriverConfig {
+        name: driver.to_owned(),
+        controller: true,
+        controller_publish: true,
+        controller_expand: true,
+        controller_modify: true,
+        snapshots: true,
+        clone_volume: true,
+        list_volumes: health,
+        volume_condition: health,
+        ..DriverConfig::default()
+    }
+}
+
 /// Runs one row to its verdict.
 async fn run_row(world: Arc<World>, row: Row, index: usize) -> Outcome {
     let Some((bin, controller)) = binary(&row.sidecar) else {
@@ -547,21 +568,9 @@ async fn run_row(world: Arc<World>, row: Row, index: usize) -> Outcome {
     let socket = dir.join("csi.sock");
     // Its own driver name: its own Leases and registration socket.
     let driver = format!("r{index}.args.plugreg.test");
-    let running = plugreg_csi_test_driver::start(
-        DriverConfig {
-            name: driver.clone(),
-            controller: true,
-            controller_publish: true,
-            controller_expand: true,
-            controller_modify: true,
-            snapshots: true,
-            clone_volume: true,
-            ..DriverConfig::default()
-        },
-        &socket,
-    )
-    .await
-    .unwrap();
+    let running = plugreg_csi_test_driver::start(driver_config(&row, &driver), &socket)
+        .await
+        .unwrap();
     let pod = pod_args(
         &row,
         &socket,
@@ -855,4 +864,39 @@ fn listed_failures_are_recognised() {
     ));
     // The attacher has no such flag: its row must start.
     assert_eq!(expectation(&row("attacher", "--tkgs-ha")), Expect::Ready);
+}
+
+#[test]
+fn health_monitor_rows_run_against_a_driver_with_volume_conditions() {
+    let health = row(
+        "health-monitor",
+        "--v=5 --csi-address=$(ADDRESS) --leader-election",
+    );
+    assert_eq!(
+        binary(&health.sidecar),
+        Some(("csi-external-health-monitor-controller", true))
+    );
+    assert_eq!(expectation(&health), Expect::Ready);
+    let config = driver_config(&health, "drv");
+    assert!(config.controller && config.list_volumes && config.volume_condition);
+    // The other sidecars' drivers stay as they were: LIST_VOLUMES would have the attacher
+    // reconcile its attachments through ListVolumes.
+    let config = driver_config(&row("attacher", ""), "drv");
+    assert!(!config.list_volumes && !config.volume_condition);
+    let p = pod_args(
+        &health,
+        Path::new("/t/csi.sock"),
+        Path::new("/t/reg"),
+        "drv",
+        Path::new("/t/kc"),
+    );
+    assert_eq!(
+        p.args,
+        [
+            "--kubeconfig=/t/kc",
+            "--v=5",
+            "--csi-address=/t/csi.sock",
+            "--leader-election"
+        ]
+    );
 }

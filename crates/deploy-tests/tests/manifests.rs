@@ -33,20 +33,44 @@ struct Case {
 /// Where a case runs the controller sidecars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Layout {
-    /// `deploy/base`: csi-provisioner, csi-attacher, csi-resizer and csi-snapshotter in the
-    /// controller Deployment, each with leader election and a port of its own.
+    /// `deploy/base`: csi-provisioner, csi-attacher, csi-resizer, csi-snapshotter and
+    /// csi-external-health-monitor-controller in the controller Deployment, each with leader
+    /// election and a port of its own.
     Separate,
     /// `deploy/distributed`: csi-provisioner and csi-snapshotter in the node DaemonSet with
     /// `--node-deployment`, the node's account bound to their roles, capacity published; the
-    /// attacher and the resizer stay in the Deployment.
+    /// attacher and the resizer stay in the Deployment, and there is no health monitor (as in
+    /// csi-driver-host-path's distributed deployment).
     Distributed,
     /// `deploy/sidecars`: the four in one `csi-sidecars` container of the Deployment, with
-    /// one port, and deploy/base's RBAC unchanged.
+    /// one port, the health monitor beside it as in deploy/base, and deploy/base's RBAC
+    /// unchanged.
     OneProcess,
 }
 
-/// deploy/base's images (also deploy/distributed's).
+/// The health monitor's container (csi-driver-host-path's and upstream's name).
+const HEALTH_MONITOR: &str = "csi-external-health-monitor-controller";
+
+/// deploy/base's images.
 const BASE_IMAGES: &[(&str, &str)] = &[
+    ("csi-driver", "csi-driver"),
+    (
+        "node-driver-registrar",
+        "plugreg/csi-node-driver-registrar:v0.1.0",
+    ),
+    ("liveness-probe", "plugreg/livenessprobe:v0.1.0"),
+    ("csi-provisioner", "plugreg/csi-provisioner:v0.1.0"),
+    ("csi-attacher", "plugreg/csi-attacher:v0.1.0"),
+    ("csi-resizer", "plugreg/csi-resizer:v0.1.0"),
+    ("csi-snapshotter", "plugreg/csi-snapshotter:v0.1.0"),
+    (
+        HEALTH_MONITOR,
+        "plugreg/csi-external-health-monitor-controller:v0.1.0",
+    ),
+];
+
+/// deploy/distributed's images: deploy/base's without the health monitor.
+const DISTRIBUTED_IMAGES: &[(&str, &str)] = &[
     ("csi-driver", "csi-driver"),
     (
         "node-driver-registrar",
@@ -71,7 +95,7 @@ const CASES: &[Case] = &[
         dir: "deploy/distributed",
         namespace: "kube-system",
         driver: "csi.example.com",
-        images: BASE_IMAGES,
+        images: DISTRIBUTED_IMAGES,
         layout: Layout::Distributed,
     },
     Case {
@@ -86,6 +110,10 @@ const CASES: &[Case] = &[
             ),
             ("liveness-probe", "plugreg/livenessprobe:v0.1.0"),
             ("csi-sidecars", "plugreg/csi-sidecars:v0.1.0"),
+            (
+                HEALTH_MONITOR,
+                "plugreg/csi-external-health-monitor-controller:v0.1.0",
+            ),
         ],
         layout: Layout::OneProcess,
     },
@@ -122,6 +150,10 @@ const CASES: &[Case] = &[
                 "csi-snapshotter",
                 "registry.example.com/plugreg/csi-snapshotter:v0.1.0",
             ),
+            (
+                HEALTH_MONITOR,
+                "registry.example.com/plugreg/csi-external-health-monitor-controller:v0.1.0",
+            ),
         ],
         layout: Layout::Separate,
     },
@@ -157,8 +189,9 @@ async fn check_all(server: &ApiServer) {
             let objects = check_case(server, &client, &kubectl, &label, case).await;
             rbac_of.insert(case.dir, rbac(&objects));
         }
-        // One process runs what the four sidecars ran, with their Leases: the union of their
-        // RBAC, which deploy/base already binds to the one account, and nothing more.
+        // One process runs what the four sidecars ran, with their Leases, and the health
+        // monitor runs as in deploy/base: the union of their RBAC, which deploy/base already
+        // binds to the one account, and nothing more.
         for case in CASES.iter().filter(|c| c.layout == Layout::OneProcess) {
             assert_eq!(
                 rbac_of[case.dir], rbac_of["deploy/base"],
@@ -267,7 +300,12 @@ async fn check_case(
     .collect();
     // Each controller sidecar's RBAC: upstream's sample names, the cluster-wide ones with the
     // driver name in front.
-    for sidecar in ["provisioner", "attacher", "resizer"] {
+    for sidecar in [
+        "provisioner",
+        "attacher",
+        "resizer",
+        "health-monitor-controller",
+    ] {
         let runner = format!("{}-external-{sidecar}-runner", case.driver);
         let cfg = format!("external-{sidecar}-cfg");
         for (kind, namespace, name) in [
@@ -388,14 +426,16 @@ async fn check_case(
     );
     // The controller sidecars as upstream's samples run them: leader election with its
     // liveness probe, each on a port of its own (the pod's containers share one network).
-    // Distributed, the provisioner and the snapshotter run on the nodes instead. In one
-    // process, the four take the same args once, unprefixed, and share one port.
+    // Distributed, the provisioner and the snapshotter run on the nodes instead, and there is
+    // no health monitor. In one process, the four take the same args once, unprefixed, and
+    // share one port; the health monitor keeps its own container.
     let central: &[(&str, u16, &str)] = match case.layout {
         Layout::Separate => &[
             ("csi-provisioner", 8080, "http-endpoint"),
             ("csi-attacher", 8081, "attacher-http"),
             ("csi-resizer", 8082, "resizer-http"),
             ("csi-snapshotter", 8083, "snapshot-http"),
+            (HEALTH_MONITOR, 8084, "monitor-http"),
         ],
         Layout::Distributed => {
             check_node_sidecars(&ctx, node_spec);
@@ -404,24 +444,17 @@ async fn check_case(
                 ("csi-resizer", 8082, "resizer-http"),
             ]
         }
-        Layout::OneProcess => &[("csi-sidecars", 8080, "http-endpoint")],
+        Layout::OneProcess => &[
+            ("csi-sidecars", 8080, "http-endpoint"),
+            (HEALTH_MONITOR, 8084, "monitor-http"),
+        ],
     };
     for &(sidecar, port, port_name) in central {
         let container = deployment["spec"]["template"]["spec"]["containers"]
             .as_array()
             .and_then(|cs| cs.iter().find(|c| c["name"] == sidecar))
             .unwrap_or_else(|| panic!("{ctx}: no {sidecar} container"));
-        let mut args = Vec::new();
-        if case.layout == Layout::OneProcess {
-            args.push("--controllers=provisioner,attacher,resizer,snapshotter".to_owned());
-        }
-        args.extend([
-            "--csi-address=$(ADDRESS)".to_owned(),
-            "--leader-election".to_owned(),
-            "--leader-election-namespace=$(POD_NAMESPACE)".to_owned(),
-            format!("--http-endpoint=:{port}"),
-            "--v=2".to_owned(),
-        ]);
+        let args = controller_args(sidecar, port);
         assert_eq!(container["args"], json!(args), "{ctx}: {sidecar} args");
         assert_eq!(
             container["volumeMounts"],
@@ -505,6 +538,36 @@ async fn check_case(
     assert!(stored.is_none(), "{ctx}: the dry run stored the DaemonSet");
     eprintln!("ok: {ctx}: {} objects", objects.len());
     objects
+}
+
+/// The args deploy/ gives the controller container `sidecar` serving on `port`: the
+/// sidecars' samples' with the Lease in the pod's namespace (csi-sidecars: the same, once, for
+/// the four controllers), and csi-driver-host-path's for the health monitor (upstream's
+/// sample: `--v=5`, the Lease in the service account's namespace, which is the pod's).
+fn controller_args(sidecar: &str, port: u16) -> Vec<String> {
+    let endpoint = format!("--http-endpoint=:{port}");
+    if sidecar == HEALTH_MONITOR {
+        return [
+            "--v=5",
+            "--csi-address=$(ADDRESS)",
+            "--leader-election",
+            &endpoint,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+    }
+    let mut args = Vec::new();
+    if sidecar == "csi-sidecars" {
+        args.push("--controllers=provisioner,attacher,resizer,snapshotter");
+    }
+    args.extend([
+        "--csi-address=$(ADDRESS)",
+        "--leader-election",
+        "--leader-election-namespace=$(POD_NAMESPACE)",
+        &endpoint,
+        "--v=2",
+    ]);
+    args.into_iter().map(str::to_owned).collect()
 }
 
 /// deploy/distributed's node sidecars: csi-provisioner with csi-driver-host-path's distributed
