@@ -112,7 +112,7 @@ struct Controller {
     recorder: Recorder,
     volumes: CompactStore<Volume>,
     handles: Arc<Mutex<Handles>>,
-    reports: Mutex<Reports>,
+    reports: Arc<Mutex<Reports>>,
     /// PVs in the ControllerGetVolume cycle (queued, waiting or being checked).
     cycling: Arc<Mutex<HashSet<String>>>,
     pv_queue: Arc<WorkQueue<String>>,
@@ -146,10 +146,12 @@ pub async fn run(
     let handles: Arc<Mutex<Handles>> = Arc::default();
     let cycling: Arc<Mutex<HashSet<String>>> = Arc::default();
     let get_volume = cfg.mode == Mode::GetVolume;
-    let (h, c, q, driver) = (
+    let reports: Arc<Mutex<Reports>> = Arc::default();
+    let (h, c, q, r, driver) = (
         Arc::clone(&handles),
         Arc::clone(&cycling),
         Arc::clone(&pv_queue),
+        Arc::clone(&reports),
         cfg.driver.clone(),
     );
     let volumes = cache::watch_compact::<WatchedPv, _>(
@@ -160,6 +162,10 @@ pub async fn run(
         move |pv| Volume::new(pv, &driver),
         move |v: &Volume, deleted| {
             lock(&h).update(v, deleted);
+            // A deleted volume's claim is reported about no more.
+            if deleted && let Some(claim) = v.claim.as_deref() {
+                lock(&r).forget(&claim.uid);
+            }
             if get_volume && !deleted && v.is_checked() && lock(&c).insert(v.name.to_string()) {
                 q.add(v.name.to_string());
             }
@@ -213,7 +219,7 @@ pub async fn run(
         recorder,
         volumes,
         handles,
-        reports: Mutex::default(),
+        reports,
         cycling,
         pv_queue,
         pods,
@@ -289,14 +295,12 @@ impl Controller {
                 return;
             }
         };
-        let (now, wall) = (Instant::now(), SystemTime::now());
         let mut reports = lock(&self.reports);
         for (uid, (message, at)) in &abnormal {
             if normal.get(uid).is_some_and(|(_, n)| n >= at) {
                 continue;
             }
-            let age = wall.duration_since(*at).unwrap_or_default();
-            reports.seed(uid, message, now.checked_sub(age).unwrap_or(now));
+            reports.seed(uid, message, *at);
         }
         debug!(
             abnormal = reports.abnormal(),
@@ -379,7 +383,7 @@ impl Controller {
             {
                 let handles = lock(&self.handles);
                 let reports = lock(&self.reports);
-                let now = Instant::now();
+                let now = SystemTime::now();
                 for (id, condition) in &page.volumes {
                     for name in handles.names(id) {
                         let Some(v) = self.volumes.get(name) else {
@@ -458,7 +462,7 @@ impl Controller {
                 );
             }
         }
-        lock(&self.reports).record(&claim.uid, &verdict, Instant::now());
+        lock(&self.reports).record(&claim.uid, &verdict, SystemTime::now());
     }
 
     /// Queues every checked PV not in the cycle (the ControllerGetVolume path's feed).
@@ -530,7 +534,7 @@ impl Controller {
 
     fn judge_and_report(&self, v: &Volume, condition: &Condition) {
         let Some(uid) = claim_uid(v) else { return };
-        let verdict = lock(&self.reports).judge(uid, condition, Instant::now());
+        let verdict = lock(&self.reports).judge(uid, condition, SystemTime::now());
         if let Some(verdict) = verdict {
             self.report(v, verdict);
         }

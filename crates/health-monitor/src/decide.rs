@@ -3,7 +3,7 @@
 //! ([`Reports`]), and what a node's state means to its claims ([`Nodes`]).
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use plugreg_sidecar_kit::leader::sanitize_name;
 use tokio::time::Instant;
@@ -30,9 +30,16 @@ pub const NODE_FAILURE_GRACE: Duration = Duration::from_secs(300);
 /// at two writes an hour instead of upstream's one per check.
 pub const REFRESH: Duration = Duration::from_secs(30 * 60);
 
-/// The Lease of leader election: `external-health-monitor-leader-<driver>`, sanitised.
+/// The leader-election lock name, as upstream gives it to csi-lib-utils:
+/// `external-health-monitor-leader-<driver>`, not sanitised. The `LeaderElection` event
+/// comes from `<lock name>/<host name>`.
+pub fn lock_name(driver: &str) -> String {
+    format!("external-health-monitor-leader-{driver}")
+}
+
+/// The Lease of leader election: the [`lock_name`], sanitised.
 pub fn lease_name(driver: &str) -> String {
-    sanitize_name(&format!("external-health-monitor-leader-{driver}"))
+    sanitize_name(&lock_name(driver))
 }
 
 /// The events' source component: `csi-pv-monitor-controller-<driver>` (not sanitised).
@@ -106,12 +113,14 @@ pub enum Verdict {
 /// report nor forgets to report a recovery.
 #[derive(Debug, Default)]
 pub struct Reports {
-    abnormal: HashMap<Box<str>, (Box<str>, Instant)>,
+    /// Claim UID -> the message reported and when (wall-clock time: a seeded report's time is
+    /// an Event's timestamp, which may be older than this host's uptime).
+    abnormal: HashMap<Box<str>, (Box<str>, SystemTime)>,
 }
 
 impl Reports {
     /// Remembers that `claim_uid` was reported abnormal with `message` at `at` (a live event).
-    pub fn seed(&mut self, claim_uid: &str, message: &str, at: Instant) {
+    pub fn seed(&mut self, claim_uid: &str, message: &str, at: SystemTime) {
         self.abnormal.insert(claim_uid.into(), (message.into(), at));
     }
 
@@ -124,12 +133,19 @@ impl Reports {
     /// an abnormal condition when it is new, its message changed or it was last reported
     /// [`REFRESH`] ago; a healthy one only right after an abnormal report. The caller
     /// [`record`](Self::record)s a verdict once its event is queued.
-    pub fn judge(&self, claim_uid: &str, condition: &Condition, now: Instant) -> Option<Verdict> {
+    pub fn judge(
+        &self,
+        claim_uid: &str,
+        condition: &Condition,
+        now: SystemTime,
+    ) -> Option<Verdict> {
         let last = self.abnormal.get(claim_uid);
         if condition.abnormal {
             match last {
+                // A clock that went back counts as no time passed.
                 Some((msg, at))
-                    if **msg == *condition.message && now.duration_since(*at) < REFRESH =>
+                    if **msg == *condition.message
+                        && now.duration_since(*at).unwrap_or_default() < REFRESH =>
                 {
                     None
                 }
@@ -141,7 +157,7 @@ impl Reports {
     }
 
     /// Records that `verdict` was reported about `claim_uid` at `now`.
-    pub fn record(&mut self, claim_uid: &str, verdict: &Verdict, now: Instant) {
+    pub fn record(&mut self, claim_uid: &str, verdict: &Verdict, now: SystemTime) {
         match verdict {
             Verdict::Abnormal(m) => {
                 self.abnormal
@@ -151,6 +167,11 @@ impl Reports {
                 self.abnormal.remove(claim_uid);
             }
         }
+    }
+
+    /// Forgets `claim_uid` (its volume is gone).
+    pub fn forget(&mut self, claim_uid: &str) {
+        self.abnormal.remove(claim_uid);
     }
 
     /// Claims currently reported abnormal.
@@ -266,6 +287,10 @@ mod tests {
             "external-health-monitor-leader-fake-csi-io"
         );
         assert_eq!(
+            lock_name("fake.csi.io"),
+            "external-health-monitor-leader-fake.csi.io"
+        );
+        assert_eq!(
             component("fake.csi.io"),
             "csi-pv-monitor-controller-fake.csi.io"
         );
@@ -299,7 +324,7 @@ mod tests {
     #[test]
     fn each_change_is_reported_once_and_a_recovery_only_after_an_abnormal_report() {
         let mut r = Reports::default();
-        let t0 = Instant::now();
+        let t0 = SystemTime::now();
         let healthy = Condition::default();
         assert_eq!(r.judge("u", &healthy, t0), None);
         let v = r.judge("u", &abnormal("disk gone"), t0).unwrap();
@@ -322,7 +347,7 @@ mod tests {
     #[test]
     fn a_seeded_report_is_not_repeated_and_its_recovery_is_reported() {
         let mut r = Reports::default();
-        let t0 = Instant::now();
+        let t0 = SystemTime::now();
         r.seed("u", "m", t0);
         assert_eq!(r.judge("u", &abnormal("m"), t0), None);
         assert_eq!(
@@ -331,6 +356,12 @@ mod tests {
         );
         r.seed_recovered("u");
         assert_eq!(r.judge("u", &Condition::default(), t0), None);
+        // An event older than the refresh (whatever the host's uptime) is due again.
+        r.seed("v", "m", t0 - REFRESH - Duration::from_secs(1));
+        assert_eq!(
+            r.judge("v", &abnormal("m"), t0),
+            Some(Verdict::Abnormal("m".into()))
+        );
     }
 
     fn node(ready: Ready) -> NodeHealth {
