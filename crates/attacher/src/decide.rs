@@ -29,9 +29,17 @@ pub fn finalizer(driver: &str) -> String {
     format!("external-attacher/{}", sanitize_name(driver))
 }
 
-/// The leader-election Lease name: `external-attacher-leader-<driver>`, sanitised.
+/// The leader-election lock name, as upstream gives it to csi-lib-utils:
+/// `external-attacher-leader-<driver>`, not sanitised. The `LeaderElection` event comes from
+/// `<lock name>/<host name>`.
+pub fn lock_name(driver: &str) -> String {
+    format!("external-attacher-leader-{driver}")
+}
+
+/// The leader-election Lease name: the [`lock_name`], sanitised
+/// (`external-attacher-leader-hostpath-csi-k8s-io`).
 pub fn lease_name(driver: &str) -> String {
-    sanitize_name(&format!("external-attacher-leader-{driver}"))
+    sanitize_name(&lock_name(driver))
 }
 
 /// What the driver can do, as far as the attacher cares.
@@ -745,6 +753,10 @@ mod tests {
         assert_eq!(
             lease_name(DRIVER),
             "external-attacher-leader-hostpath-csi-k8s-io"
+        );
+        assert_eq!(
+            lock_name(DRIVER),
+            "external-attacher-leader-hostpath.csi.k8s.io"
         );
         assert_eq!(finalizer("a_"), "external-attacher/a-X");
     }

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::{Env, NODE_ID, free_local_addr, http_get, poll};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams};
 use plugreg_csi_test_driver::{Code, Failure, Fault, Method};
 use plugreg_proto::csi::v1::volume_capability::{AccessType, access_mode::Mode};
 use plugreg_testpeers::KubeVersion;
@@ -724,8 +725,9 @@ async fn slow_detaches_do_not_starve_attaches() {
     }
 }
 
-/// Checklist 17: the Lease is `external-attacher-leader-<sanitised driver>` and the leader
-/// attaches.
+/// Checklist 17: the Lease is `external-attacher-leader-<sanitised driver>`, its
+/// `LeaderElection` event comes from `external-attacher-leader-<driver>/<host name>` (the
+/// driver not sanitised, as csi-lib-utils names its recorder) and the leader attaches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_election_uses_upstreams_lease_name() {
     let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
@@ -746,6 +748,27 @@ async fn leader_election_uses_upstreams_lease_name() {
     let name = format!("external-attacher-leader-{}", env.name.replace('.', "-"));
     let lease = leases.get(&name).await.unwrap();
     assert!(lease.spec.unwrap().holder_identity.is_some());
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.ns);
+    let component = poll("the LeaderElection event", || async {
+        let list = events
+            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("LeaderElection"))?
+            .source?
+            .component
+    })
+    .await;
+    assert_eq!(
+        component,
+        format!(
+            "external-attacher-leader-{}/{}",
+            env.name,
+            plugreg_sidecar_kit::leader::hostname()
+        )
+    );
     let (code, body) = poll("leader health", || async {
         http_get(addr, "/healthz/leader-election")
     })

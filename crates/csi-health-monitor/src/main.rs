@@ -192,8 +192,7 @@ async fn run(options: Options) -> i32 {
     let kube = Kube::from_flags(
         controller,
         kube_config,
-        &started.config.driver,
-        decide::lease_name(&started.config.driver),
+        &decide::lock_name(&started.config.driver),
         false,
         started.health.clone(),
         started.metrics.clone(),

@@ -259,8 +259,7 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
     let kube = Kube::from_flags(
         &options.controller,
         kube_config,
-        &started.name,
-        flags::lease_name(&started.name),
+        &flags::lock_name(&started.name),
         gates.release_leader_election_on_exit,
         health,
         metrics,

@@ -223,8 +223,7 @@ async fn run(options: Options, mut gates: FeatureGates) -> i32 {
     let kube = Kube::from_flags(
         &options.controller,
         kube_config,
-        &name,
-        flags::lease_name(&name),
+        &flags::lock_name(&name),
         gates.release_leader_election_on_exit,
         health,
         metrics,

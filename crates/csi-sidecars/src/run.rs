@@ -272,12 +272,11 @@ async fn run(parts: Vec<Part>) -> i32 {
         let mut healths = Vec::new();
         for part in &parts {
             let health = LeaderHealth::new();
-            let kube = |controller_flags: &ControllerFlags, lease: String| {
+            let kube = |controller_flags: &ControllerFlags, lock_name: String| {
                 let mut k = Kube::from_flags(
                     controller_flags,
                     kube_config.clone(),
-                    &found.name,
-                    lease.clone(),
+                    &lock_name,
                     // A controller that stopped on a signal gives its Lease up at once (as
                     // ReleaseLeaderElectionOnExit=true does), whatever the gate: its work has
                     // ended, and the next replica of a rolling update need not wait for the
@@ -292,7 +291,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                 if let Some(le) = &mut k.leader {
                     // client-go's Name: the `name` label of leader_election_master_status,
                     // which tells the controllers' series apart.
-                    le.name = lease;
+                    le.name = le.lease_name.clone();
                 }
                 k
             };
@@ -305,7 +304,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                 }
                 Part::Attacher(o, g) => {
                     let caps = attacher::decide::DriverCaps::from(&found.capabilities);
-                    let k = kube(&o.controller, attacher::decide::lease_name(&found.name));
+                    let k = kube(&o.controller, attacher::decide::lock_name(&found.name));
                     Ok(Ready::Attacher(Box::new(attacher::service::Service {
                         kube: k,
                         driver: attacher::csi::Driver::new(client),
@@ -326,7 +325,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                                 g.volume_attributes_class_explicit,
                                 vac,
                             );
-                            let k = kube(&o.controller, resizer::flags::lease_name(&found.name));
+                            let k = kube(&o.controller, resizer::flags::lock_name(&found.name));
                             Ok(Ready::Resizer(Box::new(resizer::service::Service {
                                 kube: k,
                                 config: resizer::service::config(o, &gates, &found.name, f),
@@ -347,7 +346,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                                 .node_deployment
                                 .then(|| std::env::var("NODE_NAME").unwrap_or_default());
                             let k =
-                                kube(&o.controller, snapshotter::decide::lease_name(&found.name));
+                                kube(&o.controller, snapshotter::decide::lock_name(&found.name));
                             Ok(Ready::Snapshotter(Box::new(
                                 snapshotter::service::Service {
                                     kube: k,
@@ -378,7 +377,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                             Some(mode) => {
                                 let k = kube(
                                     &o.controller,
-                                    health_monitor::decide::lease_name(&found.name),
+                                    health_monitor::decide::lock_name(&found.name),
                                 );
                                 Ok(Ready::HealthMonitor(Box::new(
                                     health_monitor::service::Service {
@@ -499,7 +498,7 @@ async fn provisioner_ready(
         capacity,
         local,
     };
-    let k = kube(&o.controller, provisioner::flags::lease_name(&found.name));
+    let k = kube(&o.controller, provisioner::flags::lock_name(&found.name));
     Ok(Ready::Provisioner(Box::new(start::service(
         o,
         g,

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use common::Peers;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use plugreg_csi_test_driver::{DriverConfig, Method, MountMode};
 use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 use plugreg_testpeers::sidecar::{
@@ -202,6 +202,46 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
         let h = holder(&lease).unwrap_or_default();
         assert!(!h.is_empty(), "{name} has a holder");
         assert_eq!(identity.get_or_insert(h.clone()), &h, "one identity");
+    }
+
+    // Each Lease's `LeaderElection` event comes from csi-lib-utils' component: the sidecar's
+    // lock name as upstream gives it (not sanitised, except the resizer's driver part), then
+    // the host name.
+    let locks = [
+        plugreg_provisioner::flags::lock_name(DRIVER),
+        plugreg_attacher::decide::lock_name(DRIVER),
+        plugreg_resizer::flags::lock_name(DRIVER),
+        plugreg_snapshotter::decide::lock_name(DRIVER),
+    ];
+    assert_eq!(
+        locks,
+        [
+            "all.csi.plugreg.test",
+            "external-attacher-leader-all.csi.plugreg.test",
+            "external-resizer-all-csi-plugreg-test",
+            "external-snapshotter-leader-all.csi.plugreg.test",
+        ]
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    let host = plugreg_sidecar_kit::leader::hostname();
+    for (name, lock) in names.iter().zip(&locks) {
+        let component = poll(
+            &format!("{name}'s LeaderElection event"),
+            &process,
+            || async {
+                let list = events
+                    .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+                    .await
+                    .ok()?;
+                list.items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some("LeaderElection"))?
+                    .source?
+                    .component
+            },
+        )
+        .await;
+        assert_eq!(component, format!("{lock}/{host}"), "{name}");
     }
 
     // One /metrics for all, one header per family, one leader series per Lease.

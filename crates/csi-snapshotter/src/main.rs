@@ -194,8 +194,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     let kube = Kube::from_flags(
         controller,
         kube_config,
-        &started.name,
-        decide::lease_name(&started.name),
+        &decide::lock_name(&started.name),
         gates.release_leader_election_on_exit,
         started.health.clone(),
         started.metrics.clone(),

@@ -27,7 +27,7 @@ pub use plugreg_sidecar_kit::flags::{
     APISERVER_GATES, UnknownGate, kubeconfig_path, parse_gate_list, parse_labels,
 };
 pub use plugreg_sidecar_kit::goflag::{FLAG_ERROR_EXIT, FlagError};
-pub use plugreg_sidecar_kit::leader::{leader_identity, lease_name, sanitize_name};
+pub use plugreg_sidecar_kit::leader::{leader_identity, lease_name, lock_name, sanitize_name};
 
 /// Exit code of upstream's `klog.Fatal` (an unknown feature gate, a failed start-up step).
 pub const FATAL_EXIT: i32 = 255;
@@ -797,6 +797,7 @@ mod tests {
         assert_eq!(lease_name("example.com/driver"), "example-com-driver");
         assert_eq!(lease_name("driver."), "driver-X");
         assert_eq!(lease_name("a_b"), "a-b");
+        assert_eq!(lock_name("example.com/driver"), "example.com-driver");
         assert_eq!(leader_identity("node-1.example"), "node-1-example");
         assert_eq!(leader_identity("host-"), "host-X");
         assert_eq!(sanitize_name(""), "X");

@@ -270,10 +270,21 @@ impl FeatureGates {
     }
 }
 
-/// The Lease name: `external-resizer-<driver>` with every character outside `[a-zA-Z0-9-]`
-/// replaced by `-` (`hostpath.csi.k8s.io` -> `external-resizer-hostpath-csi-k8s-io`).
+/// The leader-election lock name, as upstream gives it to csi-lib-utils:
+/// `external-resizer-<driver>` with the driver name already sanitised (upstream's
+/// `"external-resizer-" + util.SanitizeName(leaseHolder)`), so the `LeaderElection` event
+/// comes from `external-resizer-hostpath-csi-k8s-io/<host name>`.
+pub fn lock_name(driver: &str) -> String {
+    format!(
+        "external-resizer-{}",
+        plugreg_sidecar_kit::leader::sanitize_name(driver)
+    )
+}
+
+/// The Lease name: the [`lock_name`] sanitised, which changes nothing more
+/// (`hostpath.csi.k8s.io` -> `external-resizer-hostpath-csi-k8s-io`).
 pub fn lease_name(driver: &str) -> String {
-    plugreg_sidecar_kit::leader::sanitize_name(&format!("external-resizer-{driver}"))
+    plugreg_sidecar_kit::leader::sanitize_name(&lock_name(driver))
 }
 
 /// The worker count `--workers` asks for (0 or negative: none, as upstream, which starts no
@@ -404,6 +415,11 @@ mod tests {
             "external-resizer-hostpath-csi-k8s-io"
         );
         assert_eq!(lease_name("a/b_"), "external-resizer-a-b-X");
+        assert_eq!(lock_name("a/b_"), "external-resizer-a-b-X");
+        assert_eq!(
+            lock_name("hostpath.csi.k8s.io"),
+            "external-resizer-hostpath-csi-k8s-io"
+        );
         let o = Options {
             workers: -3,
             ..Options::default()

@@ -18,7 +18,9 @@
 //!   loop that hangs instead of giving up).
 //!
 //! On becoming leader it records the event `<identity> became leader` (Normal,
-//! `LeaderElection`) on the Lease and sets `leader_election_master_status`.
+//! `LeaderElection`) on the Lease, from the component `<lock name>/<host name>` (both
+//! unsanitised, as csi-lib-utils' recorder names it), and sets
+//! `leader_election_master_status`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -62,9 +64,17 @@ pub fn sanitize_name(name: &str) -> String {
     out
 }
 
-/// The Lease name for the driver `driver`: `hostpath.csi.k8s.io` -> `hostpath-csi-k8s-io`.
+/// csi-provisioner's lock name for the driver `driver`: the driver name with `/` replaced by
+/// `-`, not sanitised (`example.com/hostpath.csi` -> `example.com-hostpath.csi`). It names the
+/// `LeaderElection` event's source; the Lease is named [`lease_name`].
+pub fn lock_name(driver: &str) -> String {
+    driver.replace('/', "-")
+}
+
+/// csi-provisioner's Lease name for the driver `driver`: its [`lock_name`], sanitised
+/// (`hostpath.csi.k8s.io` -> `hostpath-csi-k8s-io`).
 pub fn lease_name(driver: &str) -> String {
-    sanitize_name(&driver.replace('/', "-"))
+    sanitize_name(&lock_name(driver))
 }
 
 /// The leader-election identity: the host name, sanitised like the Lease name.
@@ -151,18 +161,29 @@ pub struct LeaderElection {
     pub name: String,
     /// Where `leader_election_master_status` goes.
     pub metrics: Option<Arc<Metrics>>,
+    /// The `LeaderElection` event's source component. csi-lib-utils names it
+    /// `<lock name>/<host name>`, both unsanitised
+    /// (`external-attacher-leader-hostpath.csi.k8s.io/node-1`), while the Lease and the holder
+    /// identity carry their sanitised forms. [`LeaderElection::from_flags`] sets it so;
+    /// [`LeaderElection::new`] starts from `<lease name>/<identity>`.
+    pub event_component: String,
 }
 
 impl LeaderElection {
-    /// The election the controller flags ask for (`--leader-election-*`): on the Lease named
-    /// after `driver` in [`namespace`], as this host ([`hostname`]). Release on exit and
-    /// metrics are the caller's to set.
-    pub fn from_flags(flags: &ControllerFlags, driver: &str) -> Self {
+    /// The election the controller flags ask for (`--leader-election-*`) under the sidecar's
+    /// csi-lib-utils lock name `lock_name` (unsanitised, e.g.
+    /// `external-attacher-leader-hostpath.csi.k8s.io`): on the Lease named `lock_name`
+    /// sanitised ([`sanitize_name`]) in [`namespace`], as this host ([`hostname`], sanitised),
+    /// its event from `<lock_name>/<host name>`. Release on exit and metrics are the caller's
+    /// to set.
+    pub fn from_flags(flags: &ControllerFlags, lock_name: &str) -> Self {
+        let host = hostname();
         let mut le = Self::new(
             &namespace(&flags.leader_election_namespace),
-            &lease_name(driver),
-            &leader_identity(&hostname()),
+            &sanitize_name(lock_name),
+            &leader_identity(&host),
         );
+        le.event_component = format!("{lock_name}/{host}");
         le.lease_duration = flags.leader_election_lease_duration;
         le.renew_deadline = flags.leader_election_renew_deadline;
         le.retry_period = flags.leader_election_retry_period;
@@ -171,7 +192,8 @@ impl LeaderElection {
     }
 
     /// An election on the Lease `namespace/lease_name` as `identity`, with upstream's default
-    /// timings (15 s, 10 s, 5 s), no labels, no release on exit, no metrics.
+    /// timings (15 s, 10 s, 5 s), no labels, no release on exit, no metrics, its event from
+    /// `<lease_name>/<identity>`.
     pub fn new(namespace: &str, lease_name: &str, identity: &str) -> Self {
         Self {
             namespace: namespace.to_owned(),
@@ -184,6 +206,44 @@ impl LeaderElection {
             release_on_cancel: false,
             name: String::new(),
             metrics: None,
+            event_component: format!("{lease_name}/{identity}"),
+        }
+    }
+
+    /// The event client-go's recorder writes when this candidate becomes leader at `now`:
+    /// `<identity> became leader` (Normal, `LeaderElection`) on `lease`, from
+    /// [`event_component`](Self::event_component).
+    fn became_leader_event(&self, lease: &Lease, now: Timestamp) -> Event {
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{}.{:x}",
+                    self.lease_name,
+                    now.as_nanosecond().max(0)
+                )),
+                namespace: Some(self.namespace.clone()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("coordination.k8s.io/v1".to_owned()),
+                kind: Some("Lease".to_owned()),
+                name: Some(self.lease_name.clone()),
+                namespace: Some(self.namespace.clone()),
+                uid: lease.metadata.uid.clone(),
+                resource_version: lease.metadata.resource_version.clone(),
+                ..Default::default()
+            },
+            reason: Some("LeaderElection".to_owned()),
+            message: Some(format!("{} became leader", self.identity)),
+            type_: Some("Normal".to_owned()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            source: Some(EventSource {
+                component: Some(self.event_component.clone()),
+                host: None,
+            }),
+            ..Default::default()
         }
     }
 
@@ -684,38 +744,7 @@ impl Elector {
         let Some(lease) = &self.lease else {
             return;
         };
-        let now = Timestamp::now();
-        let event = Event {
-            metadata: ObjectMeta {
-                name: Some(format!(
-                    "{}.{:x}",
-                    self.cfg.lease_name,
-                    now.as_nanosecond().max(0)
-                )),
-                namespace: Some(self.cfg.namespace.clone()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("coordination.k8s.io/v1".to_owned()),
-                kind: Some("Lease".to_owned()),
-                name: Some(self.cfg.lease_name.clone()),
-                namespace: Some(self.cfg.namespace.clone()),
-                uid: lease.metadata.uid.clone(),
-                resource_version: lease.metadata.resource_version.clone(),
-                ..Default::default()
-            },
-            reason: Some("LeaderElection".to_owned()),
-            message: Some(format!("{} became leader", self.cfg.identity)),
-            type_: Some("Normal".to_owned()),
-            count: Some(1),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            source: Some(EventSource {
-                component: Some(format!("{}/{}", self.cfg.lease_name, self.cfg.identity)),
-                host: None,
-            }),
-            ..Default::default()
-        };
+        let event = self.cfg.became_leader_event(lease, Timestamp::now());
         let events = self.events.clone();
         let limit = self.cfg.renew_deadline;
         tokio::spawn(async move {
@@ -752,6 +781,73 @@ mod tests {
         assert_eq!(sanitize_name("node-1."), "node-1-X");
         assert_eq!(sanitize_name("Host-01"), "Host-01");
         assert_eq!(sanitize_name("é"), "-X");
+    }
+
+    #[test]
+    fn provisioner_lock_name_keeps_what_its_lease_name_sanitises() {
+        assert_eq!(
+            lock_name("example.com/hostpath.csi"),
+            "example.com-hostpath.csi"
+        );
+        assert_eq!(
+            lease_name("example.com/hostpath.csi"),
+            "example-com-hostpath-csi"
+        );
+    }
+
+    #[test]
+    fn election_from_flags_sanitises_the_lease_but_not_the_event_component() {
+        let lock = "external-attacher-leader-hostpath.csi.k8s.io";
+        let le = LeaderElection::from_flags(&ControllerFlags::default(), lock);
+        assert_eq!(
+            le.lease_name,
+            "external-attacher-leader-hostpath-csi-k8s-io"
+        );
+        assert_eq!(le.identity, leader_identity(&hostname()));
+        assert_eq!(le.event_component, format!("{lock}/{}", hostname()));
+    }
+
+    #[test]
+    fn became_leader_event_comes_from_the_unsanitised_lock_name_and_host() {
+        let lock = "external-health-monitor-leader-hostpath.csi.k8s.io";
+        let mut le = LeaderElection::new(
+            "ns",
+            &sanitize_name(lock),
+            &leader_identity("node-1.example.com"),
+        );
+        le.event_component = format!("{lock}/node-1.example.com");
+        let lease = Lease {
+            metadata: ObjectMeta {
+                uid: Some("uid-1".to_owned()),
+                resource_version: Some("7".to_owned()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let ev = le.became_leader_event(&lease, Timestamp::UNIX_EPOCH);
+        assert_eq!(
+            ev.source.and_then(|s| s.component).as_deref(),
+            Some("external-health-monitor-leader-hostpath.csi.k8s.io/node-1.example.com")
+        );
+        assert_eq!(
+            ev.message.as_deref(),
+            Some("node-1-example-com became leader")
+        );
+        assert_eq!(ev.reason.as_deref(), Some("LeaderElection"));
+        let obj = ev.involved_object;
+        assert_eq!(
+            obj.name.as_deref(),
+            Some("external-health-monitor-leader-hostpath-csi-k8s-io")
+        );
+        assert_eq!(obj.kind.as_deref(), Some("Lease"));
+        assert_eq!(obj.uid.as_deref(), Some("uid-1"));
+        assert_eq!(ev.metadata.namespace.as_deref(), Some("ns"));
+    }
+
+    #[test]
+    fn a_new_election_names_its_event_after_the_lease_and_identity() {
+        let le = LeaderElection::new("ns", "my-lease", "me");
+        assert_eq!(le.event_component, "my-lease/me");
     }
 
     #[test]

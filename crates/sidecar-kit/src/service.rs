@@ -73,21 +73,21 @@ pub enum ServiceError<E: std::error::Error + 'static> {
 }
 
 impl Kube {
-    /// What the controller flags ask for, for the driver `driver`: their rate limit and, with
-    /// `--leader-election`, the election on the Lease `lease_name` (the sidecar's upstream
-    /// name for it), released on exit when `release_on_exit`, its status in `metrics`.
+    /// What the controller flags ask for: their rate limit and, with `--leader-election`, the
+    /// election under the sidecar's upstream lock name `lock_name` (unsanitised: the Lease is
+    /// named after it sanitised, the `LeaderElection` event's source after it as it is; see
+    /// [`LeaderElection::from_flags`]), released on exit when `release_on_exit`, its status in
+    /// `metrics`.
     pub fn from_flags(
         flags: &ControllerFlags,
         config: kube::Config,
-        driver: &str,
-        lease_name: String,
+        lock_name: &str,
         release_on_exit: bool,
         health: LeaderHealth,
         metrics: Arc<Metrics>,
     ) -> Self {
         let leader = flags.leader_election.then(|| {
-            let mut le = LeaderElection::from_flags(flags, driver);
-            le.lease_name = lease_name;
+            let mut le = LeaderElection::from_flags(flags, lock_name);
             le.release_on_cancel = release_on_exit;
             le.metrics = Some(metrics.clone());
             le

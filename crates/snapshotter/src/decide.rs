@@ -12,13 +12,17 @@ use plugreg_sidecar_kit::snapshot::{
 use serde_json::{Value, json};
 use tonic::Code;
 
-/// The Lease of the snapshotters of `driver`: `external-snapshotter-leader-<driver>` with `/`
-/// and every character outside `[a-zA-Z0-9-]` turned into `-` (csi-lib-utils' rule).
+/// The leader-election lock name of the snapshotters of `driver`, as upstream gives it to
+/// csi-lib-utils: `external-snapshotter-leader-<driver>` with `/` turned into `-`, otherwise
+/// not sanitised. The `LeaderElection` event comes from `<lock name>/<host name>`.
+pub fn lock_name(driver: &str) -> String {
+    format!("external-snapshotter-leader-{}", driver.replace('/', "-"))
+}
+
+/// The Lease of the snapshotters of `driver`: the [`lock_name`] with every character outside
+/// `[a-zA-Z0-9-]` turned into `-` (csi-lib-utils' rule).
 pub fn lease_name(driver: &str) -> String {
-    sanitize_name(&format!(
-        "external-snapshotter-leader-{}",
-        driver.replace('/', "-")
-    ))
+    sanitize_name(&lock_name(driver))
 }
 
 /// The CSI snapshot name of a content bound to the VolumeSnapshot `uid`: `<prefix>-<uid>`, or
@@ -488,6 +492,11 @@ mod tests {
             "external-snapshotter-leader-hostpath-csi-k8s-io"
         );
         assert_eq!(lease_name("a/b_"), "external-snapshotter-leader-a-b-X");
+        assert_eq!(lock_name("a/b_"), "external-snapshotter-leader-a-b_");
+        assert_eq!(
+            lock_name("hostpath.csi.k8s.io"),
+            "external-snapshotter-leader-hostpath.csi.k8s.io"
+        );
         let uid = "6f1d2c3b-aaaa-bbbb-cccc-0123456789ab";
         assert_eq!(
             snapshot_name("snapshot", uid, -1),
