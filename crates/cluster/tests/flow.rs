@@ -61,13 +61,34 @@ on_both_releases!(kubelet_registers_the_driver, kubelet_registers_the_driver);
 /// Flow step 2: WaitForFirstConsumer: the claim waits for its pod; the scheduler picks the node,
 /// plugreg's csi-provisioner creates the volume with the node's topology, the claim is Bound,
 /// the real kubelet calls NodeStageVolume then NodePublishVolume, the pod runs and the file it
-/// writes is in the driver's backing store.
+/// writes is in the driver's backing store; the volume, abnormal in the driver's conditions
+/// file, gets csi-external-health-monitor-controller's `VolumeConditionAbnormal` event on its
+/// claim.
 async fn pod_gets_a_provisioned_volume(version: KubeVersion) {
     let cluster = cluster_with_driver(version, None).await;
     let ns = "provision";
     cluster.create_namespace(ns).await.expect("namespace");
     storage_class(&cluster, "provision-wffc").await;
     claim(&cluster, ns, "data", "provision-wffc").await;
+    // The volume to come (the provisioner names it `pvc-<claim UID>`, the driver's id is that
+    // name) is abnormal from the start, in the controller plugin's conditions file.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client(), ns);
+    let uid = claims
+        .get("data")
+        .await
+        .expect("get the claim")
+        .metadata
+        .uid
+        .unwrap_or_default();
+    let conditions = cluster
+        .node()
+        .host_path("/var/lib/plugreg-csi-test-driver/conditions");
+    std::fs::create_dir_all(conditions.parent().unwrap()).unwrap();
+    std::fs::write(
+        &conditions,
+        format!("pvc-{uid}=the backing store is read-only\n"),
+    )
+    .unwrap();
     // The PV controller says it waits for a consumer; only then is "not provisioned" a fact.
     let events: Api<Event> = Api::namespaced(cluster.client(), ns);
     wait(&cluster, "the claim's WaitForFirstConsumer event", || {
@@ -82,7 +103,6 @@ async fn pod_gets_a_provisioned_volume(version: KubeVersion) {
         }
     })
     .await;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client(), ns);
     let waiting = claims.get("data").await.expect("get the claim");
     assert_eq!(
         waiting.status.and_then(|s| s.phase).as_deref(),
@@ -177,6 +197,34 @@ async fn pod_gets_a_provisioned_volume(version: KubeVersion) {
     );
     let mounts = csi_mounts(&cluster);
     assert!(mounts.contains(&target_path(&pod, &pv_name)), "{mounts:?}");
+
+    // csi-external-health-monitor-controller asked the controller plugin about the bound
+    // volume (ControllerGetVolume) and told the claim it is abnormal, from upstream's component.
+    let abnormal = wait(
+        &cluster,
+        "the claim's VolumeConditionAbnormal event",
+        || {
+            let events = events.clone();
+            async move {
+                let list = events.list(&ListParams::default()).await?;
+                Ok(list.items.into_iter().find(|e| {
+                    e.reason.as_deref() == Some("VolumeConditionAbnormal")
+                        && e.involved_object.name.as_deref() == Some("data")
+                }))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        abnormal.message.as_deref(),
+        Some("the backing store is read-only")
+    );
+    assert_eq!(abnormal.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        abnormal.source.and_then(|s| s.component),
+        Some(format!("csi-pv-monitor-controller-{DRIVER}"))
+    );
+    let _ = std::fs::remove_file(&conditions);
     assert!(
         mounts.iter().any(|m| m.ends_with("/globalmount")),
         "a staging mount: {mounts:?}"
