@@ -207,3 +207,40 @@ async fn v1_20_reports_abnormal_volumes_and_their_recovery() {
     env.driver.set_condition("vol-a", None);
     env.wait_event("a", NORMAL, HEALTHY_AGAIN, 1).await;
 }
+
+/// Checklist 19: a volume whose message keeps changing gets its first nine messages as events
+/// of their own, and from the tenth different one within ten minutes on one combined event
+/// (client-go's aggregation: "(combined from similar events): " and the latest message, its
+/// count growing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_keeps_changing_is_combined_as_client_go_combines_it() {
+    let env = Env::new(KubeVersion::V1_36_2, driver_config(&["vol-a"], true)).await;
+    env.bound_claim("a", "vol-a").await;
+    let _m = env.monitor(&["--list-volumes-interval=200ms"]);
+    for i in 0..12 {
+        env.driver
+            .set_condition("vol-a", Some(&format!("error {i}")));
+        env.wait_event_containing("a", ABNORMAL, &format!("error {i}"))
+            .await;
+    }
+    let said = env.said("a").await;
+    let own: Vec<_> = said
+        .iter()
+        .filter(|(_, m, _)| !m.starts_with("(combined"))
+        .map(|(_, m, _)| m.clone())
+        .collect();
+    assert_eq!(
+        own,
+        (0..9).map(|i| format!("error {i}")).collect::<Vec<_>>()
+    );
+    let combined: Vec<_> = said
+        .iter()
+        .filter(|(_, m, _)| m.starts_with("(combined from similar events): "))
+        .collect();
+    assert_eq!(combined.len(), 1, "{said:?}");
+    assert_eq!(
+        combined[0].1, "(combined from similar events): error 11",
+        "{said:?}"
+    );
+    assert_eq!(combined[0].2, 3);
+}

@@ -15,9 +15,10 @@
 //!   [`SPAM_BURST`] refilled once every [`SPAM_REFILL`]; an event without a token is dropped.
 //!   As in client-go the identical-event count is taken before the filter, so a dropped
 //!   repetition still shows in the next written count.
-//! - Not done: client-go's aggregation of *similar* events (same object and reason, more
-//!   than 10 different messages in 10 minutes become one "(combined from similar events)"
-//!   event). The provisioner's messages per claim are few.
+//! - client-go's aggregation of *similar* events: per source, involved object, type and reason,
+//!   the [`AGGREGATE_MAX_MESSAGES`]th different message within [`AGGREGATE_WINDOW`] of the last
+//!   one (and every one after it) is written as one event with the message prefixed by
+//!   [`AGGREGATE_PREFIX`], whose count grows and whose message is the latest.
 //! - Names: `<object name>.<unix nanoseconds in hex>`; namespace: the object's, `default` for
 //!   cluster-scoped objects (PersistentVolumes); message cut to [`MAX_MESSAGE_BYTES`].
 //! - On shutdown the task stops; events still queued are lost (as client-go's broadcaster).
@@ -54,6 +55,15 @@ pub const RETRY_SLEEP: Duration = Duration::from_secs(10);
 pub const SPAM_BURST: f64 = 25.0;
 /// One more event per source and object every this long (client-go's `defaultSpamQPS` 1/300).
 pub const SPAM_REFILL: Duration = Duration::from_secs(300);
+/// Different messages of similar events (same source, object, type and reason) from which on
+/// they are combined into one event (client-go's `defaultAggregateMaxEvents`).
+pub const AGGREGATE_MAX_MESSAGES: usize = 10;
+/// Similar events this far apart start counting their messages again (client-go's
+/// `defaultAggregateIntervalInSeconds`).
+pub const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
+/// The message prefix of combined similar events (client-go's
+/// `EventAggregatorByReasonMessageFunc`).
+pub const AGGREGATE_PREFIX: &str = "(combined from similar events): ";
 
 /// The two event types Kubernetes knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,9 +372,18 @@ pub(crate) struct Correlated {
     patch: Option<serde_json::Value>,
 }
 
-/// client-go's `EventCorrelator` without the aggregation of similar events.
+/// The different messages seen of similar events (client-go's `aggregateRecord`), as digests.
+#[derive(Debug, Default)]
+struct Similar {
+    messages: std::collections::HashSet<u64>,
+    last: Option<Instant>,
+}
+
+/// client-go's `EventCorrelator`: aggregation of similar events, the log of identical ones,
+/// the spam filter.
 #[derive(Debug)]
 pub(crate) struct Correlator {
+    similar: Lru<Key, Similar>,
     observed: Lru<Key, Observation>,
     spam: Lru<Key, SpamBucket>,
 }
@@ -372,6 +391,7 @@ pub(crate) struct Correlator {
 impl Default for Correlator {
     fn default() -> Self {
         Self {
+            similar: Lru::new(CACHE_ENTRIES),
             observed: Lru::new(CACHE_ENTRIES),
             spam: Lru::new(CACHE_ENTRIES),
         }
@@ -386,8 +406,46 @@ impl Default for Correlator {
 /// held, nil for 4,096.
 type Key = u128;
 
-fn join_key(e: &Event, with_event: bool) -> Key {
+/// The key of similar events (client-go's `EventAggregatorByReasonFunc`): source, involved
+/// object, type, reason and the reporting controller and instance; tagged apart from
+/// [`join_key`]'s.
+fn similar_key(e: &Event) -> Key {
+    let src = e.source.as_ref();
+    let o = &e.involved_object;
+    let parts = [
+        "similar",
+        src.and_then(|s| s.component.as_deref()).unwrap_or(""),
+        src.and_then(|s| s.host.as_deref()).unwrap_or(""),
+        o.kind.as_deref().unwrap_or(""),
+        o.namespace.as_deref().unwrap_or(""),
+        o.name.as_deref().unwrap_or(""),
+        o.uid.as_deref().unwrap_or(""),
+        o.api_version.as_deref().unwrap_or(""),
+        e.type_.as_deref().unwrap_or(""),
+        e.reason.as_deref().unwrap_or(""),
+        e.reporting_component.as_deref().unwrap_or(""),
+        e.reporting_instance.as_deref().unwrap_or(""),
+    ];
+    digest(&parts)
+}
+
+fn digest(parts: &[&str]) -> Key {
     use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+    // Two digests of the same parts under different prefixes; a `str` hashes with a
+    // terminator, so different splits of the same characters differ (client-go joins with "",
+    // where they collide).
+    let (mut a, mut b) = (DefaultHasher::new(), DefaultHasher::new());
+    b.write_u8(0x5a);
+    parts.len().hash(&mut a);
+    parts.len().hash(&mut b);
+    for p in parts {
+        p.hash(&mut a);
+        p.hash(&mut b);
+    }
+    (u128::from(a.finish()) << 64) | u128::from(b.finish())
+}
+
+fn join_key(e: &Event, with_event: bool) -> Key {
     let src = e.source.as_ref();
     let o = &e.involved_object;
     let mut parts = vec![
@@ -407,25 +465,14 @@ fn join_key(e: &Event, with_event: bool) -> Key {
         parts.push(e.reason.as_deref().unwrap_or(""));
         parts.push(e.message.as_deref().unwrap_or(""));
     }
-    // Two digests of the same parts under different prefixes; a `str` hashes with a
-    // terminator, so different splits of the same characters differ (client-go joins with "",
-    // where they collide).
-    let (mut a, mut b) = (DefaultHasher::new(), DefaultHasher::new());
-    b.write_u8(0x5a);
-    parts.len().hash(&mut a);
-    parts.len().hash(&mut b);
-    for p in &parts {
-        p.hash(&mut a);
-        p.hash(&mut b);
-    }
-    (u128::from(a.finish()) << 64) | u128::from(b.finish())
+    digest(&parts)
 }
 
 impl Correlator {
     /// client-go's `EventCorrelate`: the event to write (a PATCH of the earlier identical
     /// one, or a POST), or `None` when the spam filter drops it.
-    pub(crate) fn correlate(&mut self, mut event: Event, now: Instant) -> Option<Correlated> {
-        let key = join_key(&event, true);
+    pub(crate) fn correlate(&mut self, event: Event, now: Instant) -> Option<Correlated> {
+        let (mut event, key) = self.aggregate(event, now);
         let mut patch = None;
         if let Some(last) = self.observed.touch(&key).cloned() {
             event.metadata.name = last.name;
@@ -450,6 +497,46 @@ impl Correlator {
             return None;
         }
         Some(Correlated { event, patch })
+    }
+
+    /// client-go's `EventAggregate`: `event` and its key, or from the
+    /// [`AGGREGATE_MAX_MESSAGES`]th different message of similar events on, a new event with
+    /// the combined message under the similar events' key (so that it is written once and then
+    /// counted).
+    fn aggregate(&mut self, mut event: Event, now: Instant) -> (Event, Key) {
+        use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+        let key = similar_key(&event);
+        let full = join_key(&event, true);
+        let mut h = DefaultHasher::new();
+        event.message.as_deref().unwrap_or("").hash(&mut h);
+        let message = h.finish();
+        if self.similar.touch(&key).is_none() {
+            self.similar.put(key, Similar::default());
+        }
+        let Some(record) = self.similar.touch(&key) else {
+            return (event, full);
+        };
+        if record
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) > AGGREGATE_WINDOW)
+        {
+            record.messages.clear();
+        }
+        record.messages.insert(message);
+        record.last = Some(now);
+        if record.messages.len() < AGGREGATE_MAX_MESSAGES {
+            return (event, full);
+        }
+        // client-go keeps the set at its size by dropping any one message.
+        if let Some(&any) = record.messages.iter().next() {
+            record.messages.remove(&any);
+        }
+        let combined = format!(
+            "{AGGREGATE_PREFIX}{}",
+            event.message.as_deref().unwrap_or("")
+        );
+        event.message = Some(cut(&combined, MAX_MESSAGE_BYTES).to_owned());
+        (event, key)
     }
 
     /// client-go's `UpdateState`: remember what the API server has.
@@ -701,6 +788,56 @@ mod tests {
         ] {
             assert!(c.correlate(e, now).unwrap().patch.is_none());
         }
+    }
+
+    /// client-go's aggregation: the 10th different message of similar events (same object,
+    /// type and reason) within ten minutes is written as a new combined event, and the ones
+    /// after it patch that event (its count, its latest message); ten minutes of quiet start
+    /// the count again.
+    #[test]
+    fn similar_events_are_combined_from_the_tenth_message_on() {
+        let mut c = Correlator::default();
+        let now = Instant::now();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let ev = |i: u32| {
+            make_event(
+                &source(),
+                &pvc("a"),
+                EventType::Warning,
+                "VolumeConditionAbnormal",
+                &format!("message {i}"),
+                t0 + Duration::from_secs(u64::from(i)),
+            )
+        };
+        for i in 0..9 {
+            let r = c.correlate(ev(i), now).unwrap();
+            assert!(r.patch.is_none());
+            assert_eq!(r.event.message, Some(format!("message {i}")));
+        }
+        let tenth = c.correlate(ev(9), now).unwrap();
+        assert!(tenth.patch.is_none());
+        assert_eq!(
+            tenth.event.message.as_deref(),
+            Some("(combined from similar events): message 9")
+        );
+        let combined = tenth.event.metadata.name.clone();
+        let eleventh = c.correlate(ev(10), now).unwrap();
+        assert_eq!(eleventh.event.metadata.name, combined);
+        assert_eq!(eleventh.event.count, Some(2));
+        assert_eq!(
+            eleventh.patch.unwrap()["message"],
+            "(combined from similar events): message 10"
+        );
+        // Another reason is not similar.
+        let other = make_event(&source(), &pvc("a"), EventType::Warning, "R", "x", t0);
+        assert_eq!(
+            c.correlate(other, now).unwrap().event.message.as_deref(),
+            Some("x")
+        );
+        // Ten quiet minutes later the messages count from one again.
+        let later = now + AGGREGATE_WINDOW + Duration::from_secs(1);
+        let r = c.correlate(ev(11), later).unwrap();
+        assert_eq!(r.event.message.as_deref(), Some("message 11"));
     }
 
     #[test]

@@ -203,6 +203,20 @@ impl Env {
         .await
     }
 
+    /// Waits until `claim` has an event with `reason` whose message ends with `message`.
+    pub async fn wait_event_containing(&self, claim: &str, reason: &str, message: &str) -> Event {
+        self.poll(
+            &format!("event {reason} ...{message:?} on {claim}"),
+            || async {
+                self.events(claim).await.into_iter().find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.message.as_deref().is_some_and(|m| m.ends_with(message))
+                })
+            },
+        )
+        .await
+    }
+
     /// Polls `f` every 100 ms until it returns `Some`, for at most [`WAIT`]; on time-out the
     /// panic shows the sidecars' logs.
     pub async fn poll<T, F, Fut>(&self, what: &str, mut f: F) -> T
