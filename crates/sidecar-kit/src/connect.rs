@@ -68,8 +68,8 @@ impl ConnectWindow {
     }
 
     /// [`Self::connect`] with the caller's own "still connecting" line, `report`, called every
-    /// [`REPORT_EVERY`] while the driver does not answer (the provisioner words it as
-    /// csi-lib-utils' warning, `Still connecting to <address>`).
+    /// [`REPORT_EVERY`] while the driver does not answer (the controller sidecars word it as
+    /// csi-lib-utils' Info line with an `address` field: [`crate::driver::connect`]).
     pub async fn connect_reporting<T, E, F, Fut>(
         &self,
         token: &CancellationToken,

@@ -101,7 +101,7 @@ pub fn socket_path(address: &str) -> Result<PathBuf, CsiError> {
 }
 
 /// Connects to the driver at `address`, an attempt about every second within `window`,
-/// logging `Still connecting to <address>` every 10 s.
+/// logging csi-lib-utils' Info `"Still connecting" address="<address>"` every 10 s.
 pub async fn connect(address: &str, window: Duration) -> Result<Channel, CsiError> {
     connect_watched(address, window).await.map(|c| c.channel)
 }
@@ -131,7 +131,7 @@ pub async fn connect_watched(address: &str, window: Duration) -> Result<Connecte
                     r
                 }
             },
-            || tracing::warn!("Still connecting to {shown}"),
+            || tracing::info!(address = %shown, "Still connecting"),
         )
         .await;
     match outcome {
