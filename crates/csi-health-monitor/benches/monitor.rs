@@ -28,8 +28,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Namespace};
+use kube::api::{Api, PostParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{DriverConfig, Method, RunningDriver};
@@ -37,6 +37,7 @@ use plugreg_testpeers::bench::{
     BenchArgs, Memory, commit, create_all, date, delta, free_port, goals_table, load, requests,
     rss, sample_peaks, write_block, writes,
 };
+use plugreg_testpeers::sidecar;
 use plugreg_testpeers::{ApiServer, KubeVersion};
 use serde_json::json;
 
@@ -153,46 +154,9 @@ async fn setup(n: usize) -> (ApiServer, kube::Client, RunningDriver, tempfile::T
     create_all(n, |i| {
         let client = client.clone();
         async move {
-            let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-            let pvs: Api<PersistentVolume> = Api::all(client);
             let pv = format!("pv-{i:05}");
-            let pvc = pvcs
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(json!({
-                        "metadata": {"name": claim(i)},
-                        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": pv,
-                                 "storageClassName": "",
-                                 "resources": {"requests": {"storage": "1Gi"}}},
-                    }))
-                    .unwrap(),
-                )
-                .await
-                .unwrap();
-            pvs.create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "metadata": {"name": pv},
-                    "spec": {
-                        "capacity": {"storage": "1Gi"},
-                        "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain",
-                        "storageClassName": "",
-                        "claimRef": {"namespace": NS, "name": claim(i), "uid": pvc.metadata.uid},
-                        "csi": {"driver": DRIVER, "volumeHandle": volume(i)},
-                    }
-                }))
-                .unwrap(),
-            )
-            .await
-            .unwrap();
-            pvs.patch_status(
-                &pv,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"phase": "Bound"}})),
-            )
-            .await
-            .unwrap();
+            // The claim stays Pending: the monitor reads only the PV.
+            sidecar::bound_claim(&client, NS, &claim(i), &pv, DRIVER, &volume(i), false).await;
         }
     })
     .await;

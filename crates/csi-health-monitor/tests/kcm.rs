@@ -8,7 +8,7 @@ use common::{DRIVER, Env, NS, driver_config};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, PostParams};
 use plugreg_csi_test_driver::Method;
-use plugreg_testpeers::{ControllerManager, KubeVersion, volume_controllers};
+use plugreg_testpeers::{ControllerManager, KubeVersion};
 use serde_json::json;
 
 /// An available CSI PV of the driver with `handle` and a claim `claim` that asks for it by
@@ -48,7 +48,7 @@ async fn claim_for_kcm(env: &Env, claim: &str, handle: &str) {
 
 async fn claims_bound_by_kcm_are_monitored(version: KubeVersion, list: bool) {
     let env = Env::new(version, driver_config(&["vol-a"], list)).await;
-    let _kcm = ControllerManager::start(&env.api, volume_controllers(version))
+    let _kcm = ControllerManager::start_volume_controllers(&env.api, &[])
         .await
         .expect("kube-controller-manager");
     env.driver.set_condition("vol-a", Some("bad sectors"));

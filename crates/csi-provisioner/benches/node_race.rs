@@ -813,9 +813,8 @@ async fn main() {
     let api = ApiServer::start_version(KubeVersion::V1_36_2)
         .await
         .unwrap();
-    let kcm = ControllerManager::start_with_args(
+    let kcm = ControllerManager::start_volume_controllers(
         &api,
-        plugreg_testpeers::volume_controllers(KubeVersion::V1_36_2),
         &["--kube-api-qps=1000", "--kube-api-burst=1000"],
     )
     .await

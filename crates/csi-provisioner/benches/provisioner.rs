@@ -231,9 +231,8 @@ async fn run(label: &str, binary: Binary, claims: usize, qps: &[&str], delete: b
     let api = ApiServer::start_version(KubeVersion::V1_36_2)
         .await
         .unwrap();
-    let kcm = ControllerManager::start_with_args(
+    let kcm = ControllerManager::start_volume_controllers(
         &api,
-        plugreg_testpeers::volume_controllers(KubeVersion::V1_36_2),
         &["--kube-api-qps=1000", "--kube-api-burst=1000"],
     )
     .await

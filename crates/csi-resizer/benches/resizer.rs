@@ -107,9 +107,8 @@ async fn run(claims: usize) -> Run {
     let api = ApiServer::start_version(KubeVersion::V1_36_2)
         .await
         .expect("kube-apiserver v1.36.2");
-    let kcm = ControllerManager::start_with_args(
+    let kcm = ControllerManager::start_volume_controllers(
         &api,
-        plugreg_testpeers::volume_controllers(KubeVersion::V1_36_2),
         &["--kube-api-qps=1000", "--kube-api-burst=1000"],
     )
     .await

@@ -88,7 +88,7 @@ async fn an_annotated_claim_of_an_nfs_pv_fails_to_translate() {
             .await
             .expect("kube-apiserver"),
     );
-    let kcm = ControllerManager::start(&api, plugreg_testpeers::volume_controllers(version))
+    let kcm = ControllerManager::start_volume_controllers(&api, &[])
         .await
         .expect("kube-controller-manager");
     let cluster = Arc::new(Cluster { api, kcm });

@@ -30,23 +30,12 @@ const NS: &str = "flow";
 const DRIVER: &str = "all.csi.plugreg.test";
 const NODE: &str = "node-1";
 
-async fn poll<T, F, Fut>(what: &str, sidecar: &LoggedSidecar, mut f: F) -> T
+async fn poll<T, F, Fut>(what: &str, process: &LoggedSidecar, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}; csi-sidecars' log:\n{}",
-            sidecar.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::poll(what, WAIT, process, f).await
 }
 
 fn bound(c: &PersistentVolumeClaim) -> Option<String> {

@@ -2,11 +2,13 @@
 //! against a real kube-apiserver v1.36.2 and the test driver reporting volume conditions: its
 //! prefixed flags, its own Lease beside the attacher's, its events on the claim.
 
+mod common;
+
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Event, Namespace};
+use kube::api::{Api, ListParams};
 use plugreg_csi_test_driver::{DriverConfig, Method};
 use plugreg_testpeers::sidecar::{self, LoggedSidecar, controller_command, create_object};
 use plugreg_testpeers::{ApiServer, KubeVersion};
@@ -16,23 +18,12 @@ const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "health";
 const DRIVER: &str = "health.csi.plugreg.test";
 
-async fn poll<T, F, Fut>(what: &str, sidecar: &LoggedSidecar, mut f: F) -> T
+async fn poll<T, F, Fut>(what: &str, process: &LoggedSidecar, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}; csi-sidecars' log:\n{}",
-            sidecar.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::poll(what, WAIT, process, f).await
 }
 
 /// The health monitor joins the attacher in one process: each holds its upstream Lease, the
@@ -60,31 +51,7 @@ async fn the_health_monitor_runs_beside_the_attacher_under_its_own_lease() {
     let driver = plugreg_csi_test_driver::start(cfg, &socket).await.unwrap();
     driver.set_condition("vol-a", Some("disk gone"));
 
-    let claim = create_object::<PersistentVolumeClaim>(
-        &client,
-        json!({"metadata": {"name": "a", "namespace": NS},
-               "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-a",
-                        "storageClassName": "",
-                        "resources": {"requests": {"storage": "1Gi"}}}}),
-    )
-    .await;
-    create_object::<PersistentVolume>(
-        &client,
-        json!({"metadata": {"name": "pv-a"},
-               "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                        "claimRef": {"namespace": NS, "name": "a", "uid": claim.metadata.uid},
-                        "csi": {"driver": DRIVER, "volumeHandle": "vol-a"}}}),
-    )
-    .await;
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    pvs.patch_status(
-        "pv-a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Bound"}})),
-    )
-    .await
-    .unwrap();
+    sidecar::bound_claim(&client, NS, "a", "pv-a", DRIVER, "vol-a", false).await;
 
     let http = sidecar::free_addr();
     let cmd = controller_command(

@@ -27,8 +27,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
 use plugreg_csi_test_driver::{DriverConfig, MountMode};
@@ -37,6 +37,7 @@ use plugreg_testpeers::bench::{
     BenchArgs, Memory, commit, create_all, date, delta, free_port, goals_table, load,
     print_file_mappings, requests, rss, sample_peaks, write_block, writes,
 };
+use plugreg_testpeers::sidecar;
 use plugreg_testpeers::{ApiServer, KubeVersion, SnapshotController};
 use serde_json::json;
 
@@ -148,45 +149,7 @@ async fn run(n: usize) -> Run {
         )
         .await
         .unwrap();
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-    let pvc = pvcs
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "data"},
-                "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-0",
-                         "storageClassName": "",
-                         "resources": {"requests": {"storage": "1Gi"}}},
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    pvs.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "metadata": {"name": "pv-0"},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "claimRef": {"namespace": NS, "name": "data", "uid": pvc.metadata.uid},
-                "csi": {"driver": DRIVER, "volumeHandle": "vol-0"},
-            }
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
-    let bound = Patch::Merge(json!({"status": {"phase": "Bound"}}));
-    pvs.patch_status("pv-0", &PatchParams::default(), &bound)
-        .await
-        .unwrap();
-    pvcs.patch_status("data", &PatchParams::default(), &bound)
-        .await
-        .unwrap();
+    sidecar::bound_claim(&client, NS, "data", "pv-0", DRIVER, "vol-0", true).await;
     create::<VolumeSnapshotClass>(
         &client,
         json!({"metadata": {"name": "cls"}, "driver": DRIVER, "deletionPolicy": "Delete"}),

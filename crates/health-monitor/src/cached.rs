@@ -14,7 +14,6 @@
 //! (namespace, name, UID: what `kubectl describe` and the recovery lookup match on), and the
 //! recovery lookup is the monitor's own memory of what it reported ([`crate::decide::Reports`]).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -22,6 +21,8 @@ use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use plugreg_sidecar_kit::cache::Keyed;
+use plugreg_sidecar_kit::compact::null_as_default;
+use plugreg_sidecar_kit::core_v1_resource;
 use serde::{Deserialize, Deserializer};
 
 /// The metadata the watches read: identity, resourceVersion (the watch resumes from it) and
@@ -51,46 +52,6 @@ fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
         deletion_timestamp: m.deletion_timestamp,
         ..ObjectMeta::default()
     })
-}
-
-/// `null` reads as the default, as k8s-openapi reads the full object.
-fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
-
-macro_rules! resource {
-    ($ty:ty, $scope:ty, $kind:literal, $plural:literal) => {
-        impl kube::Resource for $ty {
-            type DynamicType = ();
-            type Scope = $scope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                $kind.into()
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                "".into()
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                "v1".into()
-            }
-            fn api_version(_: &()) -> Cow<'_, str> {
-                "v1".into()
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                $plural.into()
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
 }
 
 /// A PersistentVolume as the watch reads it.
@@ -138,7 +99,7 @@ struct PvStatus {
     phase: Option<String>,
 }
 
-resource!(
+core_v1_resource!(
     WatchedPv,
     ClusterResourceScope,
     "PersistentVolume",
@@ -255,7 +216,7 @@ struct PodClaim {
     claim_name: String,
 }
 
-resource!(WatchedPod, NamespaceResourceScope, "Pod", "pods");
+core_v1_resource!(WatchedPod, NamespaceResourceScope, "Pod", "pods");
 
 /// A pod as cached: its node (as it is now: a pod bound after it was first seen counts on its
 /// node) and the claims its volumes name.
@@ -329,7 +290,7 @@ struct NodeCondition {
     status: String,
 }
 
-resource!(WatchedNode, ClusterResourceScope, "Node", "nodes");
+core_v1_resource!(WatchedNode, ClusterResourceScope, "Node", "nodes");
 
 /// A node's Ready condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -398,7 +359,7 @@ struct SeenObject {
     uid: Option<String>,
 }
 
-resource!(SeenEvent, NamespaceResourceScope, "Event", "events");
+core_v1_resource!(SeenEvent, NamespaceResourceScope, "Event", "events");
 
 impl SeenEvent {
     /// The UID of the object it is about, if any.

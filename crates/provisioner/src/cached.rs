@@ -22,8 +22,6 @@
 //! Writes never come from these copies: a claim is changed by a read-modify-write of its
 //! whole JSON (so fields this build does not know survive), a PV's finalizer by a patch.
 
-use std::borrow::Cow;
-
 use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::{
     AWSElasticBlockStoreVolumeSource, AzureDiskVolumeSource, AzureFilePersistentVolumeSource,
@@ -33,6 +31,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use plugreg_sidecar_kit::cache;
+use plugreg_sidecar_kit::compact::null_as_default;
+use plugreg_sidecar_kit::core_v1_resource;
 use plugreg_sidecar_kit::migration;
 use serde::{Deserialize, Serialize};
 
@@ -448,42 +448,12 @@ pub struct CachedPvStatus {
     pub phase: Option<String>,
 }
 
-/// `null` reads as the default, as k8s-openapi reads every field of the full object: whatever
-/// the full `PersistentVolume` reads, this type reads too.
-fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
-
-impl kube::Resource for WatchedPv {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "PersistentVolume".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "persistentvolumes".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+core_v1_resource!(
+    WatchedPv,
+    ClusterResourceScope,
+    "PersistentVolume",
+    "persistentvolumes"
+);
 
 #[cfg(test)]
 mod tests {

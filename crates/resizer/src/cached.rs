@@ -15,12 +15,11 @@
 //! the fields it sets (the conditions, which a patch replaces whole, are kept), every PV write
 //! a merge patch too.
 
-use std::borrow::Cow;
-
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use plugreg_sidecar_kit::compact::trim_meta;
 pub use plugreg_sidecar_kit::compact::{Compact, Decoded, Trim};
+use plugreg_sidecar_kit::core_v1_resource;
 use plugreg_sidecar_kit::migration;
 use serde::Deserialize;
 
@@ -196,32 +195,7 @@ impl<'de> Deserialize<'de> for PodUse {
     }
 }
 
-impl kube::Resource for PodUse {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Pod".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "pods".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+core_v1_resource!(PodUse, k8s_openapi::NamespaceResourceScope, "Pod", "pods");
 
 #[cfg(test)]
 mod tests {

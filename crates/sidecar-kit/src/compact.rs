@@ -21,6 +21,10 @@
 //!
 //! The trim is a type of the sidecar's own ([`Trim`] on a marker type with the object as its
 //! [`Trim::Object`]), so that two sidecars can keep different parts of the same kind.
+//!
+//! A sidecar that decodes less than the full object (a slim wire type of its own, reading only
+//! the fields it uses) reads `null` as k8s-openapi does with [`null_as_default`] and names the
+//! core/v1 kind with [`core_v1_resource!`](crate::core_v1_resource).
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
@@ -261,6 +265,77 @@ pub fn trim_meta(m: &mut ObjectMeta, keep: &[&str], lifecycle: bool) {
     };
 }
 
+/// `null` reads as the default, as k8s-openapi reads every field of the full object: a slim
+/// wire type (one that reads only the fields a sidecar uses) whose fields carry
+/// `#[serde(default, deserialize_with = "null_as_default")]` reads whatever the full object
+/// reads, an explicit `null` included.
+pub fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// What [`core_v1_resource!`](crate::core_v1_resource) names, reachable from the crates that
+/// use it.
+#[doc(hidden)]
+pub mod __macro_support {
+    pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    pub use kube::Resource;
+    pub use std::borrow::Cow;
+}
+
+/// Implements `kube::Resource` for a slim wire type of a core/v1 kind (group `""`, version
+/// `v1`): `core_v1_resource!(Type, Scope, "Kind", "plural")`, where `Type` has a field
+/// `metadata: ObjectMeta` and `Scope` is k8s-openapi's `ClusterResourceScope` or
+/// `NamespaceResourceScope`. A watch of the type then lists and watches that kind's objects,
+/// decoding only the fields the type reads.
+///
+/// ```
+/// use k8s_openapi::ClusterResourceScope;
+/// use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+///
+/// #[derive(Default)]
+/// struct SlimNode {
+///     metadata: ObjectMeta,
+/// }
+/// plugreg_sidecar_kit::core_v1_resource!(SlimNode, ClusterResourceScope, "Node", "nodes");
+///
+/// assert_eq!(<SlimNode as kube::Resource>::url_path(&(), None), "/api/v1/nodes");
+/// ```
+#[macro_export]
+macro_rules! core_v1_resource {
+    ($ty:ty, $scope:ty, $kind:literal, $plural:literal) => {
+        impl $crate::compact::__macro_support::Resource for $ty {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> $crate::compact::__macro_support::Cow<'_, str> {
+                $kind.into()
+            }
+            fn group(_: &()) -> $crate::compact::__macro_support::Cow<'_, str> {
+                "".into()
+            }
+            fn version(_: &()) -> $crate::compact::__macro_support::Cow<'_, str> {
+                "v1".into()
+            }
+            fn api_version(_: &()) -> $crate::compact::__macro_support::Cow<'_, str> {
+                "v1".into()
+            }
+            fn plural(_: &()) -> $crate::compact::__macro_support::Cow<'_, str> {
+                $plural.into()
+            }
+            fn meta(&self) -> &$crate::compact::__macro_support::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut $crate::compact::__macro_support::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,5 +417,41 @@ mod tests {
         let full: ConfigMap = serde_json::from_value(w).unwrap();
         assert_eq!(c.object(), full);
         assert_eq!((c.name(), c.namespace()), ("", None));
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    struct SlimPod {
+        #[serde(default)]
+        metadata: ObjectMeta,
+        #[serde(default, deserialize_with = "null_as_default")]
+        labels: std::collections::BTreeMap<String, String>,
+    }
+    crate::core_v1_resource!(SlimPod, k8s_openapi::NamespaceResourceScope, "Pod", "pods");
+
+    /// An explicit `null` reads as the default, as a missing field does.
+    #[test]
+    fn null_reads_as_the_default() {
+        let p: SlimPod = serde_json::from_value(json!({"labels": null})).unwrap();
+        assert!(p.labels.is_empty());
+        let p: SlimPod = serde_json::from_value(json!({"labels": {"a": "b"}})).unwrap();
+        assert_eq!(p.labels.get("a").map(String::as_str), Some("b"));
+    }
+
+    /// The macro's impl names the core/v1 kind as k8s-openapi's own type does.
+    #[test]
+    fn a_core_v1_resource_is_named_as_the_full_type() {
+        use k8s_openapi::api::core::v1::Pod;
+        assert_eq!(SlimPod::kind(&()), Pod::kind(&()));
+        assert_eq!(SlimPod::group(&()), Pod::group(&()));
+        assert_eq!(SlimPod::version(&()), Pod::version(&()));
+        assert_eq!(SlimPod::api_version(&()), Pod::api_version(&()));
+        assert_eq!(SlimPod::plural(&()), Pod::plural(&()));
+        assert_eq!(
+            SlimPod::url_path(&(), Some("ns")),
+            Pod::url_path(&(), Some("ns"))
+        );
+        let mut p = SlimPod::default();
+        p.meta_mut().name = Some("p".into());
+        assert_eq!(p.meta().name.as_deref(), Some("p"));
     }
 }

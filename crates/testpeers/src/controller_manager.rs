@@ -67,6 +67,14 @@ impl ControllerManager {
         Self::start_with_args(api, controllers, &[]).await
     }
 
+    /// [`start_with_args`](Self::start_with_args) with exactly the volume controllers of
+    /// `api`'s release ([`volume_controllers`]`(api.version())`) and `extra` flags added (`&[]`
+    /// for none): the binder and the two protection controllers that a test of a volume
+    /// sidecar needs from kube-controller-manager.
+    pub async fn start_volume_controllers(api: &ApiServer, extra: &[&str]) -> Result<Self, Error> {
+        Self::start_with_args(api, volume_controllers(api.version()), extra).await
+    }
+
     /// [`start`](Self::start) with `extra` flags added (e.g. `--kube-api-qps=1000` so that
     /// its own client limit does not cap a benchmark).
     pub async fn start_with_args(

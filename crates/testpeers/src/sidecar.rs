@@ -3,7 +3,9 @@
 //! when dropped; a plain HTTP GET of its diagnostics endpoint; and the checks every sidecar's
 //! command-line tests make (`--version`, the flags and defaults `-h` lists, a metric served);
 //! and, for the tests against an API server, a sidecar whose output goes to a file
-//! ([`LoggedSidecar`]), a poll with a deadline and a JSON merge for test objects.
+//! ([`LoggedSidecar`]), a poll with a deadline (and one that shows the peers' logs when it times
+//! out), a JSON merge for test objects and a claim bound to a CSI PV as the PV controller
+//! leaves them ([`bound_claim`]).
 //!
 //! The environment a developer's shell may carry into the process and that would change what
 //! it does (`KUBECONFIG`, `KUBERNETES_SERVICE_HOST`, `NODE_NAME`) is removed.
@@ -354,6 +356,48 @@ where
     }
 }
 
+/// Polls `f` every 100 ms until it returns `Some`, for at most `within`; on time-out panics
+/// with `timed out waiting for <what>` and, on the next line, `context()`: what the test shows
+/// of its peers then (e.g. [`log_tails`] of its sidecars' logs).
+pub async fn poll_showing<T, F, Fut>(
+    what: &str,
+    within: Duration,
+    context: impl FnOnce() -> String,
+    mut f: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out waiting for {what}\n{}", context());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The last `n` lines of each of the files `logs` (an unreadable one as empty), each after a
+/// `--- <path> ---` line and followed by a line break.
+pub fn log_tails(logs: &[PathBuf], n: usize) -> String {
+    let mut out = String::new();
+    for log in logs {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(n);
+        out.push_str(&format!(
+            "--- {} ---\n{}\n",
+            log.display(),
+            lines[from..].join("\n")
+        ));
+    }
+    out
+}
+
 /// Merges `extra` into `base`: objects key by key, anything else replaced. For test objects
 /// built from a base and the fields a test cares about.
 pub fn merge_json(base: &mut serde_json::Value, extra: serde_json::Value) {
@@ -386,4 +430,72 @@ pub async fn create_object<K: kube::Resource<DynamicType = ()>>(
     api.create(&PostParams::default(), &parsed)
         .await
         .unwrap_or_else(|e| panic!("creating a {}: {e}", ar.kind))
+}
+
+/// A claim `claim` in `namespace` bound to the CSI PV `pv` of `driver` with the volume `handle`,
+/// as the PV controller leaves them: the PV in phase Bound and, when `claim_bound`, the claim
+/// too (else it keeps the phase Pending it was created with). Returns the claim's UID.
+///
+/// The claim asks for 1Gi ReadWriteOnce of no class and names `pv` (`volumeName`); the PV (1Gi,
+/// ReadWriteOnce, Retain, no class) names the claim back (`claimRef`: namespace, name, UID).
+pub async fn bound_claim(
+    client: &kube::Client,
+    namespace: &str,
+    claim: &str,
+    pv: &str,
+    driver: &str,
+    handle: &str,
+    claim_bound: bool,
+) -> String {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let created = create_object::<PersistentVolumeClaim>(
+        client,
+        serde_json::json!({
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": pv,
+                     "storageClassName": "",
+                     "resources": {"requests": {"storage": "1Gi"}}},
+        }),
+    )
+    .await;
+    let uid = created.metadata.uid.expect("a claim's UID");
+    create_object::<PersistentVolume>(
+        client,
+        serde_json::json!({
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "claimRef": {"namespace": namespace, "name": claim, "uid": uid},
+                "csi": {"driver": driver, "volumeHandle": handle},
+            }
+        }),
+    )
+    .await;
+    set_status_phase::<PersistentVolume>(client, None, pv).await;
+    if claim_bound {
+        set_status_phase::<PersistentVolumeClaim>(client, Some(namespace), claim).await;
+    }
+    uid
+}
+
+/// Patches the status of the object `name` of kind `K` (in `namespace` if it has one) to
+/// phase Bound.
+async fn set_status_phase<K: kube::Resource<DynamicType = ()>>(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    name: &str,
+) {
+    use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+    let ar = ApiResource::erase::<K>(&());
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    let bound = Patch::Merge(serde_json::json!({"status": {"phase": "Bound"}}));
+    api.patch_status(name, &PatchParams::default(), &bound)
+        .await
+        .unwrap_or_else(|e| panic!("setting the {} {name} Bound: {e}", ar.kind));
 }

@@ -49,7 +49,7 @@ async fn provisions_by_annotation_and_binds_a_prebound_pv(version: KubeVersion) 
     let server = ApiServer::start_version(version)
         .await
         .expect("start kube-apiserver");
-    let kcm = ControllerManager::start(&server, volume_controllers(version))
+    let kcm = ControllerManager::start_volume_controllers(&server, &[])
         .await
         .expect("start kube-controller-manager");
     assert_eq!(kcm.healthz().await.expect("/healthz").trim(), "ok");

@@ -19,7 +19,6 @@ use plugreg_testpeers::sidecar::{self, LoggedSidecar};
 use plugreg_testpeers::{ApiServer, ApiServerOptions, KubeVersion};
 use serde_json::json;
 use tempfile::TempDir;
-use tokio::time::Instant;
 
 /// How long a test waits for the cluster to get somewhere.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -99,42 +98,8 @@ impl Env {
     /// A claim `claim` bound to the CSI PV `pv-<claim>` of `driver` with `handle`, as the PV
     /// controller leaves them; returns the claim's UID.
     pub async fn bound_claim_of(&self, claim: &str, driver: &str, handle: &str) -> String {
-        let pv_name = format!("pv-{claim}");
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), NS);
-        let pvc = pvcs
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "metadata": {"name": claim},
-                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": pv_name,
-                             "storageClassName": "",
-                             "resources": {"requests": {"storage": "1Gi"}}},
-                }))
-                .unwrap(),
-            )
-            .await
-            .unwrap();
-        let uid = pvc.metadata.uid.unwrap();
-        pvs.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": pv_name},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "",
-                    "claimRef": {"namespace": NS, "name": claim, "uid": uid},
-                    "csi": {"driver": driver, "volumeHandle": handle},
-                }
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-        self.set_phase(claim, "Bound").await;
-        uid
+        let pv = format!("pv-{claim}");
+        sidecar::bound_claim(&self.client, NS, claim, &pv, driver, handle, true).await
     }
 
     /// [`bound_claim_of`](Self::bound_claim_of) this test's driver.
@@ -219,32 +184,13 @@ impl Env {
 
     /// Polls `f` every 100 ms until it returns `Some`, for at most [`WAIT`]; on time-out the
     /// panic shows the sidecars' logs.
-    pub async fn poll<T, F, Fut>(&self, what: &str, mut f: F) -> T
+    pub async fn poll<T, F, Fut>(&self, what: &str, f: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            if Instant::now() >= deadline {
-                let mut logs = String::new();
-                for log in self.logs.lock().unwrap().iter() {
-                    let text = std::fs::read_to_string(log).unwrap_or_default();
-                    let lines: Vec<&str> = text.lines().collect();
-                    let from = lines.len().saturating_sub(60);
-                    logs.push_str(&format!(
-                        "--- {} ---\n{}\n",
-                        log.display(),
-                        lines[from..].join("\n")
-                    ));
-                }
-                panic!("timed out waiting for {what}\n{logs}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let logs = || sidecar::log_tails(&self.logs.lock().unwrap(), 60);
+        sidecar::poll_showing(what, WAIT, logs, f).await
     }
 
     /// The requests in the audit log (JSON lines) so far, when the API server keeps one.

@@ -49,7 +49,7 @@ pub async fn cluster(version: KubeVersion) -> Arc<Cluster> {
         return c;
     }
     let api = ApiServer::shared(version).await.expect("kube-apiserver");
-    let kcm = ControllerManager::start(&api, plugreg_testpeers::volume_controllers(version))
+    let kcm = ControllerManager::start_volume_controllers(&api, &[])
         .await
         .expect("kube-controller-manager");
     let c = Arc::new(Cluster { api, kcm });
@@ -87,9 +87,8 @@ impl Env {
                 .await
                 .expect("kube-apiserver"),
         );
-        let kcm = ControllerManager::start_with_args(
+        let kcm = ControllerManager::start_volume_controllers(
             &api,
-            plugreg_testpeers::volume_controllers(version),
             &["--kube-api-qps=1000", "--kube-api-burst=1000"],
         )
         .await

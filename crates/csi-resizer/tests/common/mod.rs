@@ -51,7 +51,7 @@ pub async fn cluster(version: KubeVersion) -> Arc<Cluster> {
         return c;
     }
     let api = ApiServer::shared(version).await.expect("kube-apiserver");
-    let kcm = ControllerManager::start(&api, plugreg_testpeers::volume_controllers(version))
+    let kcm = ControllerManager::start_volume_controllers(&api, &[])
         .await
         .expect("kube-controller-manager");
     let c = Arc::new(Cluster { api, kcm });

@@ -39,13 +39,9 @@ impl Peers {
         let api = ApiServer::start_version(KubeVersion::V1_36_2)
             .await
             .expect("kube-apiserver v1.36.2");
-        let kcm = ControllerManager::start_with_args(
-            &api,
-            plugreg_testpeers::volume_controllers(KubeVersion::V1_36_2),
-            kcm_args,
-        )
-        .await
-        .expect("kube-controller-manager v1.36.2");
+        let kcm = ControllerManager::start_volume_controllers(&api, kcm_args)
+            .await
+            .expect("kube-controller-manager v1.36.2");
         let snapshots = match snapshots {
             Some(args) => Some(
                 SnapshotController::start_with(&api, args)
@@ -96,4 +92,20 @@ pub fn build(packages: &[&str]) {
         .status()
         .expect("cargo");
     assert!(status.success(), "building {packages:?}");
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, for at most `within`; on time-out the panic
+/// shows the log of the csi-sidecars `process`.
+pub async fn poll<T, F, Fut>(
+    what: &str,
+    within: std::time::Duration,
+    process: &plugreg_testpeers::sidecar::LoggedSidecar,
+    f: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let log = || format!("csi-sidecars' log:\n{}", process.log());
+    plugreg_testpeers::sidecar::poll_showing(what, within, log, f).await
 }

@@ -14,17 +14,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{
-    Event, Namespace, PersistentVolume, PersistentVolumeClaim, Secret,
-};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use plugreg_csi_test_driver::{Calls, DriverConfig, RunningDriver};
 use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 use plugreg_testpeers::sidecar::{self, LoggedSidecar};
 use plugreg_testpeers::{ApiServer, KubeVersion, SnapshotController};
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use tokio::time::Instant;
 
 /// How long a test waits for the cluster to get somewhere.
 pub const WAIT: Duration = Duration::from_secs(90);
@@ -118,46 +115,8 @@ impl Env {
     /// A claim `claim` bound to a CSI PV of this driver with `handle`, as the PV controller
     /// leaves them.
     pub async fn bound_claim(&self, claim: &str, handle: &str) {
-        let pv_name = format!("pv-{claim}");
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), NS);
-        let pvc = pvcs
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "metadata": {"name": claim},
-                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": pv_name,
-                             "storageClassName": "",
-                             "resources": {"requests": {"storage": "1Gi"}}},
-                }))
-                .unwrap(),
-            )
-            .await
-            .unwrap();
-        pvs.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": pv_name},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "",
-                    "claimRef": {"namespace": NS, "name": claim, "uid": pvc.metadata.uid},
-                    "csi": {"driver": self.name, "volumeHandle": handle},
-                }
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-        let bound = Patch::Merge(json!({"status": {"phase": "Bound"}}));
-        pvs.patch_status(&pv_name, &PatchParams::default(), &bound)
-            .await
-            .unwrap();
-        pvcs.patch_status(claim, &PatchParams::default(), &bound)
-            .await
-            .unwrap();
+        let pv = format!("pv-{claim}");
+        sidecar::bound_claim(&self.client, NS, claim, &pv, &self.name, handle, true).await;
     }
 
     pub async fn class(&self, name: &str, policy: &str, parameters: Value) {
@@ -292,36 +251,20 @@ impl Env {
     }
 
     /// Polls `f` every 100 ms until it returns `Some`, for at most [`WAIT`]; on time-out the
-    /// panic shows the controller's log.
-    pub async fn poll<T, F, Fut>(&self, what: &str, mut f: F) -> T
+    /// panic shows the controller's log and the sidecars' logs.
+    pub async fn poll<T, F, Fut>(&self, what: &str, f: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            if Instant::now() >= deadline {
-                let mut sidecars = String::new();
-                for log in self.logs.lock().unwrap().iter() {
-                    let text = std::fs::read_to_string(log).unwrap_or_default();
-                    let lines: Vec<&str> = text.lines().collect();
-                    let from = lines.len().saturating_sub(60);
-                    sidecars.push_str(&format!(
-                        "--- {} ---\n{}\n",
-                        log.display(),
-                        lines[from..].join("\n")
-                    ));
-                }
-                panic!(
-                    "timed out waiting for {what}\n--- snapshot-controller ---\n{}\n{sidecars}",
-                    self.controller.log_tail()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let logs = || {
+            format!(
+                "--- snapshot-controller ---\n{}\n{}",
+                self.controller.log_tail(),
+                sidecar::log_tails(&self.logs.lock().unwrap(), 60)
+            )
+        };
+        sidecar::poll_showing(what, WAIT, logs, f).await
     }
 
     /// Starts `csi-snapshotter` for this driver with `args` added.
