@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{Env, free_local_addr, http_get, poll};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use plugreg_csi_test_driver::{DriverConfig, Method};
 use plugreg_proto::csi::v1::volume_capability::AccessType;
 use plugreg_testpeers::KubeVersion;
@@ -57,7 +57,8 @@ async fn wait_metric(addr: std::net::SocketAddr, line: &str) {
 /// `migrated="true"`; the PV is saved in-tree (`awsElasticBlockStore`, GA zone and region in
 /// its node affinity and labels, `provisioned-by: kubernetes.io/aws-ebs`) and KCM marks it
 /// `migrated-to`; a class with `zone` and `allowedTopologies` fails with the translation's
-/// error; deleting the claim deletes the volume through the PV's translation.
+/// error; deleting the claim deletes the volume through the PV's translation; checklist 20:
+/// with the deletion-secret annotations gone, with the secret of the translated class.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_of_an_in_tree_class_are_provisioned_in_tree_and_deleted() {
     let mut env = Env::isolated(KubeVersion::V1_36_2, topology_driver(K, "us-east-1a")).await;
@@ -68,7 +69,9 @@ async fn claims_of_an_in_tree_class_are_provisioned_in_tree_and_deleted() {
         .class(
             "-gp3",
             json!({"provisioner": IN_TREE, "reclaimPolicy": "Delete",
-                "parameters": {"type": "gp3", "fsType": "xfs", "iopsPerGB": "10", "encrypted": "true"}}),
+                "parameters": {"type": "gp3", "fsType": "xfs", "iopsPerGB": "10", "encrypted": "true",
+                    "csi.storage.k8s.io/provisioner-secret-name": "ebs-creds",
+                    "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}"}}),
         )
         .await;
     let conflict = env
@@ -82,6 +85,16 @@ async fn claims_of_an_in_tree_class_are_provisioned_in_tree_and_deleted() {
     let addr = free_local_addr();
     let mut p = env.provisioner(&[&format!("--http-endpoint={addr}")]);
 
+    env.api::<Secret>()
+        .create(
+            &Default::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "ebs-creds"}, "stringData": {"token": "ebs-t"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     env.claim("data", &class, "1Gi", json!({})).await;
     let claim = env.wait_bound("data").await;
     for key in [
@@ -158,6 +171,24 @@ async fn claims_of_an_in_tree_class_are_provisioned_in_tree_and_deleted() {
         "{failed}"
     );
 
+    // Checklist 20: a migrated PV without the deletion-secret annotations is deleted with the
+    // secret of its class, translated first.
+    assert_eq!(
+        annotations
+            .get("volume.kubernetes.io/provisioner-deletion-secret-name")
+            .map(String::as_str),
+        Some("ebs-creds")
+    );
+    env.volumes()
+        .patch(
+            &pv_name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                "volume.kubernetes.io/provisioner-deletion-secret-name": null,
+                "volume.kubernetes.io/provisioner-deletion-secret-namespace": null}}})),
+        )
+        .await
+        .unwrap();
     env.api::<PersistentVolumeClaim>()
         .delete("data", &Default::default())
         .await
@@ -166,6 +197,12 @@ async fn claims_of_an_in_tree_class_are_provisioned_in_tree_and_deleted() {
     let deletes = env.calls.delete_requests();
     assert_eq!(deletes.len(), 1, "{deletes:?}");
     assert_eq!(deletes[0].volume_id, ebs.volume_id);
+    assert_eq!(
+        deletes[0].secrets.get("token").map(String::as_str),
+        Some("ebs-t"),
+        "{}",
+        p.log()
+    );
     wait_metric(addr, &metric_line("DeleteVolume", 1)).await;
     assert!(p.running(), "{}", p.log());
 }

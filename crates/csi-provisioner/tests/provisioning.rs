@@ -9,8 +9,9 @@ use std::time::Duration;
 use common::{Env, WAIT, poll};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use plugreg_csi_test_driver::{Failure, Fault, Method};
 use plugreg_testpeers::KubeVersion;
 use serde_json::json;
@@ -351,6 +352,92 @@ async fn the_provisioner_secret_is_resolved_from_its_templates_and_passed() {
     env.wait_pv_gone(&pv.metadata.name.unwrap()).await;
     let del = env.calls.delete_requests().pop().unwrap();
     assert_eq!(del.secrets.get("token").map(String::as_str), Some("s3cr3t"));
+}
+
+/// Provisioner spec §12 step 4 (and migration checklist 20's non-migrated half): a PV without
+/// the deletion-secret annotations (one an older provisioner made) is deleted with the
+/// provisioner secret its StorageClass names, resolved again with its claim's name and
+/// namespace; when the class is gone, without secrets (with upstream's warning).
+#[tokio::test]
+async fn a_pv_without_deletion_secret_annotations_is_deleted_with_its_class_secret() {
+    let env = Env::new(KubeVersion::V1_36_2, |_| {}).await;
+    for claim in ["old", "orphan"] {
+        env.api::<Secret>()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": format!("creds-{claim}")},
+                    "stringData": {"token": format!("t-{claim}")}}))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let params = json!({"parameters": {
+        "csi.storage.k8s.io/provisioner-secret-name": "creds-${pvc.name}",
+        "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}"}});
+    let kept = env.class("kept", params.clone()).await;
+    let gone = env.class("gone", params).await;
+    let p = env.provisioner(&[]);
+    let mut pvs = Vec::new();
+    for (claim, class) in [("old", &kept), ("orphan", &gone)] {
+        let c = env.claim(claim, class, "1Mi", json!({})).await;
+        env.wait_bound(claim).await;
+        let pv = format!("pvc-{}", c.uid().unwrap());
+        // As an older provisioner left it: no deletion-secret annotations.
+        env.volumes()
+            .patch(
+                &pv,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    "volume.kubernetes.io/provisioner-deletion-secret-name": null,
+                    "volume.kubernetes.io/provisioner-deletion-secret-namespace": null}}})),
+            )
+            .await
+            .unwrap();
+        let handle = env
+            .volumes()
+            .get(&pv)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .csi
+            .unwrap()
+            .volume_handle;
+        pvs.push((pv, handle));
+    }
+    kube::Api::<StorageClass>::all(env.client.clone())
+        .delete(&gone, &DeleteParams::default())
+        .await
+        .unwrap();
+    for (claim, (pv, _)) in ["old", "orphan"].iter().zip(&pvs) {
+        env.api::<PersistentVolumeClaim>()
+            .delete(claim, &DeleteParams::default())
+            .await
+            .unwrap();
+        env.wait_pv_gone(pv).await;
+    }
+    let deletes = env.calls.delete_requests();
+    let token = |handle: &str| {
+        deletes
+            .iter()
+            .find(|d| d.volume_id == handle)
+            .map(|d| d.secrets.get("token").cloned())
+    };
+    assert_eq!(
+        token(&pvs[0].1),
+        Some(Some("t-old".to_owned())),
+        "{}",
+        p.log()
+    );
+    assert_eq!(token(&pvs[1].1), Some(None), "{}", p.log());
+    assert!(
+        p.log().contains(&format!(
+            "failed to get storageclass: {gone}, proceeding to delete without secrets"
+        )),
+        "{}",
+        p.log()
+    );
 }
 
 /// P3: SIGKILL while CreateVolume runs; the record holds the volume; a new provisioner

@@ -237,9 +237,25 @@ pub struct CachedPv {
     pub status: Option<CachedPvStatus>,
     /// Its `pv.kubernetes.io/provisioned-by` annotation.
     pub provisioned_by: Option<Box<str>>,
-    /// The name and namespace of its deletion secret (the provisioner's annotations), when
-    /// both are set and not empty.
-    pub deletion_secret: Option<Box<(String, String)>>,
+    /// Where DeleteVolume's secrets come from.
+    pub deletion_secret: DeletionSecret,
+}
+
+/// Where a PV's DeleteVolume secrets come from (upstream's Delete, provisioner spec §12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeletionSecret {
+    /// Both deletion-secret annotations are there: the Secret they name (name, namespace), or
+    /// none when either is empty.
+    Annotated(Option<Box<(String, String)>>),
+    /// Not both (a PV of an older provisioner, or a static one): the class's provisioner secret,
+    /// resolved again with the claim of `spec.claimRef` (name, namespace; none: no secret).
+    FromClass(Option<Box<(String, String)>>),
+}
+
+impl Default for DeletionSecret {
+    fn default() -> Self {
+        DeletionSecret::Annotated(None)
+    }
 }
 
 /// A PV as the watch decodes it: the fields [`CachedPv`] keeps, with the whole metadata (the
@@ -364,8 +380,17 @@ impl From<WatchedPv> for CachedPv {
             annotations.remove(crate::pv::ANN_DELETION_SECRET_NAME),
             annotations.remove(crate::pv::ANN_DELETION_SECRET_NAMESPACE),
         ) {
-            (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => Some(Box::new((n, ns))),
-            _ => None,
+            (Some(n), Some(ns)) => DeletionSecret::Annotated(
+                (!n.is_empty() && !ns.is_empty()).then(|| Box::new((n, ns))),
+            ),
+            _ => DeletionSecret::FromClass(spec.as_ref().and_then(|s| s.claim_ref.as_deref()).map(
+                |r| {
+                    Box::new((
+                        r.name.clone().unwrap_or_default(),
+                        r.namespace.clone().unwrap_or_default(),
+                    ))
+                },
+            )),
         };
         CachedPv {
             name: m.name.take().unwrap_or_default().into_boxed_str(),
@@ -479,8 +504,8 @@ mod tests {
         assert!(v.has_finalizer);
         assert_eq!(v.provisioned_by.as_deref(), Some("d"));
         assert_eq!(
-            v.deletion_secret.as_deref(),
-            Some(&("s".to_owned(), "n".to_owned()))
+            v.deletion_secret,
+            DeletionSecret::Annotated(Some(Box::new(("s".to_owned(), "n".to_owned()))))
         );
         let spec = v.spec.as_ref().unwrap();
         assert_eq!(
@@ -498,7 +523,20 @@ mod tests {
         let half: CachedPv = serde_json::from_value(json!({"metadata": {"name": "pv",
             "annotations": {crate::pv::ANN_DELETION_SECRET_NAME: "s", crate::pv::ANN_DELETION_SECRET_NAMESPACE: ""}}}))
         .unwrap();
-        assert_eq!((half.deletion_secret, half.provisioned_by), (None, None));
+        assert_eq!(
+            (half.deletion_secret, half.provisioned_by),
+            (DeletionSecret::Annotated(None), None)
+        );
+        // Without both annotations the class's secret is resolved with the claim's name and
+        // namespace.
+        let old: CachedPv = serde_json::from_value(json!({"metadata": {"name": "pv",
+            "annotations": {crate::pv::ANN_DELETION_SECRET_NAME: "s"}},
+            "spec": {"claimRef": {"name": "data", "namespace": "ns"}}}))
+        .unwrap();
+        assert_eq!(
+            old.deletion_secret,
+            DeletionSecret::FromClass(Some(Box::new(("data".to_owned(), "ns".to_owned()))))
+        );
         let full = std::mem::size_of::<k8s_openapi::api::core::v1::PersistentVolume>();
         assert!(std::mem::size_of::<CachedPv>() * 5 < full);
     }

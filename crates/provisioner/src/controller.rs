@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cached::{CachedClaim, CachedPv, WatchedPv};
+use crate::cached::{CachedClaim, CachedPv, DeletionSecret, WatchedPv};
 use crate::classify::ProvisionError;
 use crate::csi::{Capabilities, Driver};
 use crate::decide::{self, ClaimAction, RecordAction, VolumeAction};
@@ -162,6 +162,10 @@ enum ActError {
     /// An in-tree PV (CSI migration) that does not translate.
     #[error("{0}")]
     InTree(String),
+    /// The class's deletion secret of a PV without deletion-secret annotations: its class
+    /// does not translate, or its secret templates do not resolve.
+    #[error("{0}")]
+    ClassSecret(String),
     #[error("{0}")]
     Capabilities(ProvisionError),
     #[error("persistentvolume {volume} is still attached to node {node}")]
@@ -1851,6 +1855,50 @@ impl Controller {
         }
     }
 
+    /// The deletion secret of a PV without both deletion-secret annotations (one an older
+    /// provisioner made, or a static one): the provisioner secret its StorageClass names,
+    /// resolved with the claim `claim` (name, namespace) of its `claimRef`; a class of the
+    /// in-tree plugin this driver replaces is translated first (its error is the deletion's).
+    /// No class name, no class (a warning) or no claim: no secret.
+    fn class_deletion_secret(
+        &self,
+        v: &CachedPv,
+        claim: Option<&(String, String)>,
+    ) -> Result<Option<secrets::SecretRef>, ActError> {
+        let class_name = v
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref())
+            .unwrap_or_default();
+        if class_name.is_empty() {
+            return Ok(None);
+        }
+        let Some(class) = self.caches.classes.get(&ObjectRef::new(class_name)) else {
+            warn!(pv = %v.name, "failed to get storageclass: {class_name}, proceeding to delete without secrets. storageclass.storage.k8s.io \"{class_name}\" not found");
+            return Ok(None);
+        };
+        let Some((claim_name, claim_namespace)) = claim else {
+            return Ok(None);
+        };
+        let (class, _) = request::csi_class(&class, &self.cfg.driver)
+            .map_err(|e| ActError::ClassSecret(e.to_string()))?;
+        let stub = PersistentVolumeClaim {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(claim_name.clone()),
+                namespace: Some(claim_namespace.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let params = class.parameters.clone().unwrap_or_default();
+        secrets::resolve(secrets::SecretKind::Provisioner, &params, &v.name, &stub).map_err(|e| {
+            ActError::ClassSecret(format!(
+                "failed to get secretreference for volume {}: {e}",
+                v.name
+            ))
+        })
+    }
+
     /// §12 step 4-6: DeleteVolume, then the PV, then its finalizer.
     async fn delete(&self, v: &CachedPv) -> Result<(), ActError> {
         let name = v.name.to_string();
@@ -1866,15 +1914,21 @@ impl Controller {
             return Err(ActError::InvalidPv);
         };
         self.check_capabilities().map_err(ActError::Capabilities)?;
+        let secret = match &v.deletion_secret {
+            DeletionSecret::Annotated(named) => {
+                named.as_deref().map(|(n, ns)| secrets::SecretRef {
+                    name: n.clone(),
+                    namespace: ns.clone(),
+                })
+            }
+            DeletionSecret::FromClass(claim) => self.class_deletion_secret(v, claim.as_deref())?,
+        };
         let mut secrets = HashMap::new();
-        if let Some((n, ns)) = v.deletion_secret.as_deref() {
-            let r = secrets::SecretRef {
-                name: n.clone(),
-                namespace: ns.clone(),
-            };
+        if let Some(r) = secret {
             match self.secret_data(&r).await {
                 Ok(d) => secrets = d,
-                Err(e) => warn!(pv = %name, "{e}; deleting without secrets"),
+                // As upstream: the secret may be gone already; the driver decides.
+                Err(e) => error!(pv = %name, "Failed to get credentials for volume {name}: {e}"),
             }
         }
         if let Some(va) = &self.caches.attachments

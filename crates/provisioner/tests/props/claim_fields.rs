@@ -510,14 +510,27 @@ fn check_pv(u: &mut Unstructured, json: &Value) -> Result<()> {
             cached.provisioned_by.as_deref(),
             annotation(plugreg_provisioner::pv::ANN_PROVISIONED_BY).as_deref()
         );
+        use plugreg_provisioner::cached::DeletionSecret;
         let secret = match (
             annotation(plugreg_provisioner::pv::ANN_DELETION_SECRET_NAME),
             annotation(plugreg_provisioner::pv::ANN_DELETION_SECRET_NAMESPACE),
         ) {
-            (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => Some((n, ns)),
-            _ => None,
+            (Some(n), Some(ns)) => DeletionSecret::Annotated(
+                (!n.is_empty() && !ns.is_empty()).then(|| Box::new((n, ns))),
+            ),
+            _ => DeletionSecret::FromClass(
+                full.spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .map(|r| {
+                        Box::new((
+                            r.name.clone().unwrap_or_default(),
+                            r.namespace.clone().unwrap_or_default(),
+                        ))
+                    }),
+            ),
         };
-        assert_eq!(cached.deletion_secret.as_deref().cloned(), secret);
+        assert_eq!(cached.deletion_secret, secret);
         let spec = full.spec.unwrap_or_default();
         let cspec = cached.spec.clone().unwrap_or_default();
         assert_eq!(
