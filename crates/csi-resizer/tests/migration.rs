@@ -1,4 +1,4 @@
-//! CSI migration (`spec/upstream-csi-migration.md` §4.3, §5.3 and checklist 31-33): the test
+//! CSI migration (`spec/upstream-csi-migration.md` §4.3, §5.3 and checklist 31-34): the test
 //! driver registered as `ebs.csi.aws.com` expands the volume of a claim bound to an in-tree
 //! EBS PV once kube-controller-manager's expand controller hands the claim over.
 //!
@@ -36,7 +36,11 @@ async fn an_in_tree_pv_is_expanded_translated_through_kcm() {
         .await
         .expect("kube-controller-manager");
     let cluster = Arc::new(Cluster { api, kcm });
-    let mut env = Env::on(cluster, |c| c.name = EBS.into()).await;
+    let mut env = Env::on(cluster, |c| {
+        c.name = EBS.into();
+        c.controller_modify = true;
+    })
+    .await;
     env.name = EBS.into();
     env.bound_claim_of(
         "data",
@@ -75,6 +79,31 @@ async fn an_in_tree_pv_is_expanded_translated_through_kcm() {
     );
     let (_, body) = http_get(addr, "/metrics");
     assert!(body.lines().any(|l| l == line), "{body}");
+
+    // Checklist 34: a VolumeAttributesClass on the migrated claim is not the modify
+    // controller's (the PV has no CSI source): no ControllerModifyVolume, no modify status.
+    // It comes with another expansion, whose end marks that the claim's update was seen.
+    let gold = common::class(&env, "gold", &[("iops", "100")]).await;
+    common::set_class(&env, "data", Some(&gold)).await;
+    env.request("data", "3Gi").await;
+    env.wait_claim("data", "capacity 3Gi", |c| {
+        common::capacity(c).as_deref() == Some("3Gi")
+    })
+    .await;
+    assert!(
+        r.log()
+            .contains("Starting external resizer for modify volume"),
+        "the modify controller runs: {}",
+        r.log()
+    );
+    assert_eq!(env.calls.count(Method::ControllerModifyVolume), 0);
+    let claim = env.claims().get("data").await.unwrap();
+    let status = claim.status.unwrap_or_default();
+    assert!(
+        status.modify_volume_status.is_none()
+            && status.current_volume_attributes_class_name.is_none(),
+        "{status:?}"
+    );
     assert!(r.running(), "{}", r.log());
 }
 

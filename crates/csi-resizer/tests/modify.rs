@@ -5,47 +5,10 @@
 
 mod common;
 
-use std::collections::HashMap;
-
 use common::*;
-use kube::api::{Api, Patch, PatchParams, PostParams};
 use plugreg_csi_test_driver::{Failure, Fault, Method};
-use plugreg_resizer::kube::VolumeAttributesClass;
 use plugreg_testpeers::KubeVersion;
-use serde_json::json;
 use tonic::Code;
-
-async fn class(env: &Env, name: &str, params: &[(&str, &str)]) -> String {
-    let full = format!("{}-{name}", env.ns);
-    let api: Api<VolumeAttributesClass> = Api::all(env.client.clone());
-    let vac: VolumeAttributesClass = serde_json::from_value(json!({
-        "metadata": {"name": full},
-        "driverName": env.name,
-        "parameters": params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>(),
-    }))
-    .unwrap();
-    let mut body = serde_json::to_value(&vac).unwrap();
-    body["apiVersion"] = json!("storage.k8s.io/v1");
-    body["kind"] = json!("VolumeAttributesClass");
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(body).unwrap(),
-    )
-    .await
-    .unwrap();
-    full
-}
-
-async fn set_class(env: &Env, claim: &str, class: Option<&str>) {
-    env.claims()
-        .patch(
-            claim,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"volumeAttributesClassName": class}})),
-        )
-        .await
-        .unwrap();
-}
 
 fn current(c: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> Option<String> {
     c.status

@@ -416,3 +416,37 @@ pub fn pv_capacity(pv: &PersistentVolume) -> String {
         .map(|q| q.0.clone())
         .unwrap_or_default()
 }
+
+/// A VolumeAttributesClass `<ns>-<name>` of this driver with `params`; returns its name.
+pub async fn class(env: &Env, name: &str, params: &[(&str, &str)]) -> String {
+    let full = format!("{}-{name}", env.ns);
+    let api: kube::Api<plugreg_resizer::kube::VolumeAttributesClass> = Api::all(env.client.clone());
+    let vac: plugreg_resizer::kube::VolumeAttributesClass = serde_json::from_value(json!({
+        "metadata": {"name": full},
+        "driverName": env.name,
+        "parameters": params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<std::collections::HashMap<_, _>>(),
+    }))
+    .unwrap();
+    let mut body = serde_json::to_value(&vac).unwrap();
+    body["apiVersion"] = json!("storage.k8s.io/v1");
+    body["kind"] = json!("VolumeAttributesClass");
+    api.create(
+        &kube::api::PostParams::default(),
+        &serde_json::from_value(body).unwrap(),
+    )
+    .await
+    .unwrap();
+    full
+}
+
+/// Sets (or clears) the claim's `volumeAttributesClassName`.
+pub async fn set_class(env: &Env, claim: &str, class: Option<&str>) {
+    env.claims()
+        .patch(
+            claim,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"volumeAttributesClassName": class}})),
+        )
+        .await
+        .unwrap();
+}
