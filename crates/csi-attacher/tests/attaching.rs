@@ -1180,8 +1180,9 @@ async fn a_failing_list_volumes_is_logged_and_not_fatal() {
     );
 }
 
-/// Checklist 18: a CSI-migration target's metrics carry `migrated` (`false` on the publish,
-/// which concerns a CSI volume; empty on the calls that concern none), as upstream's.
+/// Checklist 18 (and migration checklist 1): a CSI-migration target's metrics carry
+/// `migrated`, `false` on the publish, which concerns a CSI volume, and on the calls that
+/// concern none (the Probe after the second connection), as csi-lib-utils records them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migration_targets_metrics_carry_migrated() {
     const TARGET: &str = "pd.csi.storage.gke.io";
@@ -1205,7 +1206,7 @@ async fn a_migration_targets_metrics_carry_migrated() {
     })
     .await;
     let probe = format!(
-        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\"}}"
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"false\"}}"
     );
     assert!(body.contains(&probe), "{body}");
 }

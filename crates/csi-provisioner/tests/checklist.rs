@@ -1072,8 +1072,9 @@ async fn metrics_count_a_provisioned_claim() {
     );
 }
 
-/// For a CSI-migration target the CSI call metrics carry upstream's `migrated` label: `false`
-/// on the CreateVolume of a claim of a CSI class, empty on the calls that concern no volume.
+/// Migration checklist 1: for a CSI-migration target the CSI call metrics carry upstream's
+/// `migrated` label, `false` on the CreateVolume of a claim of a CSI class and on the calls
+/// that concern no volume (the Probe after the second connection).
 #[tokio::test]
 async fn a_migration_targets_metrics_carry_migrated() {
     const TARGET: &str = "disk.csi.azure.com";
@@ -1094,7 +1095,7 @@ async fn a_migration_targets_metrics_carry_migrated() {
     })
     .await;
     let probe = format!(
-        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\"}}"
+        "csi_sidecar_operations_seconds_count{{driver_name=\"{TARGET}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"false\"}}"
     );
     assert!(body.contains(&probe), "{body}");
 }

@@ -126,7 +126,8 @@ pub trait Collector: Debug + Send + Sync {
 ///
 /// For a CSI-migration target driver upstream's controller sidecars add the label `migrated`
 /// ([`with_migrated_label`](Self::with_migrated_label)): `true`/`false` on the calls made for
-/// a volume, empty on the others (Probe, GetPluginInfo, capabilities, ListVolumes).
+/// a volume, `false` on the others too (Probe, GetPluginInfo, capabilities, ListVolumes), as
+/// csi-lib-utils' interceptor records a call without migration info.
 #[derive(Debug, Clone, Default)]
 pub struct CsiOperations {
     /// (driver_name, grpc_status_code, method_name, migrated): the labels' sorted order.
@@ -135,13 +136,12 @@ pub struct CsiOperations {
     migrated_label: bool,
 }
 
-/// The `migrated` label's value for a call: `true`, `false`, or empty when the call concerns
-/// no volume (csi-lib-utils leaves a label without a value empty).
+/// The `migrated` label's value for a call: `true` for a migrated volume's, else `false`
+/// (csi-lib-utils' interceptor defaults a call without migration info to `false`).
 fn migrated_value(migrated: Option<bool>) -> &'static str {
     match migrated {
         Some(true) => "true",
-        Some(false) => "false",
-        None => "",
+        Some(false) | None => "false",
     }
 }
 
@@ -676,8 +676,8 @@ mod tests {
         assert_eq!(text.matches("shared_total{").count(), 2, "{text}");
     }
 
-    /// A migration target's series carry `migrated`: `false` for a volume's call, empty for
-    /// the others; without the label the series are as before.
+    /// A migration target's series carry `migrated`: `false` for a volume's call and for the
+    /// others (migration checklist 1); without the label the series are as before.
     #[test]
     fn migrated_label_only_when_asked() {
         let mut m = Metrics::new("ebs.csi.aws.com");
@@ -697,6 +697,6 @@ mod tests {
         m.with_migrated_label();
         let out = m.render();
         assert!(out.contains("csi_sidecar_operations_seconds_count{driver_name=\"ebs.csi.aws.com\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerPublishVolume\",migrated=\"false\"} 1"), "{out}");
-        assert!(out.contains("csi_sidecar_operations_seconds_count{driver_name=\"ebs.csi.aws.com\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\"} 1"), "{out}");
+        assert!(out.contains("csi_sidecar_operations_seconds_count{driver_name=\"ebs.csi.aws.com\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"false\"} 1"), "{out}");
     }
 }

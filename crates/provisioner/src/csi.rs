@@ -346,7 +346,7 @@ mod tests {
         assert!(!text.contains(UNKNOWN_DRIVER), "{text}");
         assert!(!text.contains("GetPluginInfo"), "{text}");
         assert!(
-            text.contains("driver_name=\"pd.csi.storage.gke.io\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"\""),
+            text.contains("driver_name=\"pd.csi.storage.gke.io\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",migrated=\"false\""),
             "{text}"
         );
         // Without `migration` (the snapshotter) the driver is not probed twice.
