@@ -91,17 +91,13 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
 }
 
 /// Whether the API server serves `storage.k8s.io/v1` VolumeAttributesClasses (step 6):
-/// `Ok(false)` for a 404 or a list without them.
+/// `Ok(false)` for a 404 or a list without them (the kit's discovery, shared with csi-provisioner
+/// and csi-sidecars).
 async fn vac_available(config: &kube::Config) -> Result<bool, String> {
     let client = kube::Client::try_from(config.clone()).map_err(|e| e.to_string())?;
-    match client.list_api_group_resources("storage.k8s.io/v1").await {
-        Ok(list) => Ok(list
-            .resources
-            .iter()
-            .any(|r| r.kind == "VolumeAttributesClass")),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(e.to_string()),
-    }
+    plugreg_sidecar_kit::vac::discover(&client)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Steps 5-17; returns the exit code.

@@ -55,15 +55,20 @@ pub fn gate(on: bool, explicit: bool, available: Option<bool>) -> bool {
 /// lists no VolumeAttributesClass (the API server is older than 1.34, or has the API off);
 /// `None` when discovery failed (upstream then leaves the gate as it is).
 pub async fn api_available(client: &kube::Client) -> Option<bool> {
-    let list = client
-        .list_api_group_resources("storage.k8s.io/v1")
-        .await
-        .ok()?;
-    Some(
-        list.resources
+    discover(client).await.ok()
+}
+
+/// Discovery of `storage.k8s.io/v1`: whether it lists VolumeAttributesClass (`false` also when
+/// the group is not served at all, a 404), or why discovery failed (csi-resizer logs it).
+pub async fn discover(client: &kube::Client) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources("storage.k8s.io/v1").await {
+        Ok(list) => Ok(list
+            .resources
             .iter()
-            .any(|r| r.kind == "VolumeAttributesClass"),
-    )
+            .any(|r| r.kind == "VolumeAttributesClass")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
