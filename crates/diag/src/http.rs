@@ -236,13 +236,28 @@ where
 }
 
 fn is_client_error(e: &io::Error) -> bool {
+    // accept(2) on Linux hands a pending network error of the new connection back as its own;
+    // for TCP/IP the man page lists these, to be treated "like EAGAIN by retrying" (ETIMEDOUT
+    // and EPERM, a firewall's refusal, likewise concern only that connection).
+    const NETWORK: [i32; 10] = [
+        1,   // EPERM
+        64,  // ENONET
+        71,  // EPROTO
+        92,  // ENOPROTOOPT
+        95,  // EOPNOTSUPP
+        100, // ENETDOWN
+        101, // ENETUNREACH
+        110, // ETIMEDOUT
+        112, // EHOSTDOWN
+        113, // EHOSTUNREACH
+    ];
     matches!(
         e.kind(),
         io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
             | io::ErrorKind::Interrupted
             | io::ErrorKind::WouldBlock
-    )
+    ) || e.raw_os_error().is_some_and(|c| NETWORK.contains(&c))
 }
 
 /// Raises the soft limit on open files to the hard limit (Go's runtime does the same at start,
@@ -694,6 +709,23 @@ impl<V: Clone + Send + Sync + 'static> SharedCheck<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection's own network error from accept(2) is the client's, not the server's
+    /// (the server keeps accepting); a shortage or anything else is not.
+    #[test]
+    fn accept_errors_of_one_connection_are_the_clients() {
+        for code in [1, 64, 71, 92, 95, 100, 101, 110, 112, 113] {
+            assert!(
+                is_client_error(&io::Error::from_raw_os_error(code)),
+                "{code}"
+            );
+        }
+        assert!(is_client_error(&io::Error::from(
+            io::ErrorKind::ConnectionAborted
+        )));
+        assert!(!is_client_error(&io::Error::from_raw_os_error(24))); // EMFILE
+        assert!(!is_client_error(&io::Error::from_raw_os_error(9))); // EBADF
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[tokio::test]

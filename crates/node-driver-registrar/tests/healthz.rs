@@ -222,13 +222,20 @@ async fn concurrent_healthz_callers_share_one_check() {
                 })
             })
             .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().unwrap())
-            .collect::<Vec<_>>()
+        threads.into_iter().map(|t| t.join()).collect::<Vec<_>>()
     })
     .await
     .unwrap();
+    if answers.iter().any(Result::is_err) {
+        // Say why (the suite once saw "connection refused" here): did the sidecar stop?
+        let ended = if r.task.is_finished() {
+            format!("the sidecar had stopped: {:?}", r.task.await)
+        } else {
+            "the sidecar still ran".to_owned()
+        };
+        panic!("a /healthz caller failed to get an answer; {ended}");
+    }
+    let answers: Vec<(u16, String)> = answers.into_iter().map(Result::unwrap).collect();
     let checks = calls.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
         checks <= CALLERS / 8,
