@@ -124,6 +124,8 @@ async fn run(options: Options) -> i32 {
         };
         let named = |name: &str| tracing::debug!(target: LOG, driver = %name, "CSI driver name");
         let serve = async |_: &str, metrics: &Arc<Metrics>| {
+            // Upstream's one registry is csi-lib-utils' (component-base's HELP texts).
+            metrics.alpha_process_start_help();
             let address = options.controller.http_address().unwrap_or_default();
             let http = diagnostics::spawn(&options.controller, metrics.clone(), &health)
                 .await

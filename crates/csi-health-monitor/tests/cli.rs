@@ -572,6 +572,7 @@ async fn http_endpoint_serves_metrics_and_leader_health_only_with_leader_electio
             "csi_sidecar_operations_seconds_bucket{{driver_name=\"{DRIVER}\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ControllerGetCapabilities\",le=\"0.1\"}}"
         ),
         "# TYPE process_start_time_seconds gauge",
+        "# HELP process_start_time_seconds [ALPHA] Start time of the process since unix epoch in seconds.",
     ] {
         assert!(body.contains(want), "{want} missing:\n{body}");
     }

@@ -248,6 +248,8 @@ struct State {
     csi: CsiOperations,
     queues: BTreeMap<String, Queue>,
     leader: BTreeMap<String, bool>,
+    /// `process_start_time_seconds` with component-base's HELP ([`PROCESS_START_HELP_ALPHA`]).
+    alpha_process_start: bool,
 }
 
 #[derive(Debug)]
@@ -308,6 +310,14 @@ impl Metrics {
             Some(entry) => entry.1 = collector,
             None => all.push((key.to_owned(), collector)),
         }
+    }
+
+    /// Writes `process_start_time_seconds` with component-base's HELP
+    /// ([`PROCESS_START_HELP_ALPHA`]), as a sidecar whose only registry is csi-lib-utils'
+    /// metrics manager shows it (external-health-monitor); by default the Prometheus process
+    /// collector's, as the sidecars that register it show it.
+    pub fn alpha_process_start_help(&self) {
+        self.lock().alpha_process_start = true;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -433,7 +443,11 @@ impl Metrics {
             );
             f.samples(
                 "process_start_time_seconds",
-                PROCESS_START_HELP,
+                if s.alpha_process_start {
+                    PROCESS_START_HELP_ALPHA
+                } else {
+                    PROCESS_START_HELP
+                },
                 "gauge",
                 [(String::new(), self.start)],
             );
