@@ -327,6 +327,32 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         Some(v)
     }
 
+    /// The value of `key`, made the most recent; one made by `make` (evicting the least recent
+    /// when full) if there is none.
+    fn entry(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
+        if !self.map.contains_key(&key)
+            && self.map.len() >= self.capacity
+            && let Some((_, oldest)) = self.order.pop_first()
+        {
+            self.map.remove(&oldest);
+        }
+        self.tick += 1;
+        let tick = self.tick;
+        match self.map.entry(key.clone()) {
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let (v, t) = o.into_mut();
+                self.order.remove(t);
+                *t = tick;
+                self.order.insert(tick, key);
+                v
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                self.order.insert(tick, key);
+                &mut e.insert((make(), tick)).0
+            }
+        }
+    }
+
     fn put(&mut self, key: K, value: V) {
         if let Some(v) = self.touch(&key) {
             *v = value;
@@ -510,12 +536,7 @@ impl Correlator {
         let mut h = DefaultHasher::new();
         event.message.as_deref().unwrap_or("").hash(&mut h);
         let message = h.finish();
-        if self.similar.touch(&key).is_none() {
-            self.similar.put(key, Similar::default());
-        }
-        let Some(record) = self.similar.touch(&key) else {
-            return (event, full);
-        };
+        let record = self.similar.entry(key, Similar::default);
         if record
             .last
             .is_some_and(|last| now.saturating_duration_since(last) > AGGREGATE_WINDOW)
@@ -547,22 +568,10 @@ impl Correlator {
     fn spam_accept(&mut self, event: &Event, now: Instant) -> bool {
         let key = join_key(event, false);
         let refill = 1.0 / SPAM_REFILL.as_secs_f64();
-        let bucket = match self.spam.touch(&key) {
-            Some(b) => b,
-            None => {
-                self.spam.put(
-                    key,
-                    SpamBucket {
-                        tokens: SPAM_BURST,
-                        last: now,
-                    },
-                );
-                match self.spam.touch(&key) {
-                    Some(b) => b,
-                    None => return true,
-                }
-            }
-        };
+        let bucket = self.spam.entry(key, || SpamBucket {
+            tokens: SPAM_BURST,
+            last: now,
+        });
         let elapsed = now.saturating_duration_since(bucket.last).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * refill).min(SPAM_BURST);
         bucket.last = now;
@@ -898,6 +907,13 @@ mod tests {
         assert!(l.touch(&"a").is_some());
         assert!(l.touch(&"c").is_some());
         assert!(l.touch(&"d").is_some());
+        // `entry` keeps an existing value (now the most recent) and makes a missing one,
+        // evicting the least recent: order now a, c, d.
+        assert_eq!(*l.entry("a", || 9), 1);
+        *l.entry("e", || 5) += 1;
+        assert_eq!(l.len(), 3);
+        assert!(l.touch(&"c").is_none());
+        assert_eq!(l.touch(&"e").copied(), Some(6));
         let mut c = Correlator::default();
         for i in 0..CACHE_ENTRIES + 100 {
             let e = make_event(
