@@ -25,7 +25,6 @@ use plugreg_health_monitor::flags::{self, COMMAND, Flags, Options};
 use plugreg_health_monitor::service::{self, DRAIN, Service};
 use plugreg_sidecar_kit::VERSION;
 use plugreg_sidecar_kit::cli::Program;
-use plugreg_sidecar_kit::csi::PluginService;
 use plugreg_sidecar_kit::diagnostics;
 use plugreg_sidecar_kit::driver::{CapabilityReads, Identify, IdentifyError, identify};
 use plugreg_sidecar_kit::leader::LeaderHealth;
@@ -165,16 +164,12 @@ async fn run(options: Options) -> i32 {
                 return Err(1);
             }
         };
-        if !found
-            .capabilities
-            .has_service(PluginService::ControllerService)
-        {
-            tracing::error!(target: LOG, "CSI driver does not support Plugin Controller Service, exiting");
-            return Err(1);
-        }
-        let Some(mode) = csi::mode(&found.capabilities) else {
-            tracing::error!(target: LOG, "CSI driver does not support Controller ListVolumes and GetVolume service or does not implement VolumeCondition, exiting");
-            return Err(1);
+        let mode = match csi::mode(&found.capabilities) {
+            Ok(m) => m,
+            Err(refusal) => {
+                tracing::error!(target: LOG, "{refusal}, exiting");
+                return Err(1);
+            }
         };
         tracing::debug!(target: LOG, mode = ?mode, "Checking volume conditions");
         Ok(Started {

@@ -362,38 +362,22 @@ async fn run(parts: Vec<Part>) -> i32 {
                         }
                     }
                 }
-                Part::HealthMonitor(o) => {
-                    use plugreg_sidecar_kit::csi::PluginService;
-                    if !found
-                        .capabilities
-                        .has_service(PluginService::ControllerService)
-                    {
-                        Err(NotRun::Driver(
-                            "CSI driver does not support Plugin Controller Service".to_owned(),
-                        ))
-                    } else {
-                        match health_monitor::csi::mode(&found.capabilities) {
-                            None => Err(NotRun::Driver("CSI driver does not support Controller ListVolumes and GetVolume service or does not implement VolumeCondition".to_owned())),
-                            Some(mode) => {
-                                let k = kube(
-                                    &o.controller,
-                                    health_monitor::decide::lock_name(&found.name),
-                                );
-                                Ok(Ready::HealthMonitor(Box::new(
-                                    health_monitor::service::Service {
-                                        kube: k,
-                                        driver: health_monitor::csi::Driver::new(client),
-                                        config: health_monitor::service::config(
-                                            o,
-                                            &found.name,
-                                            mode,
-                                        ),
-                                    },
-                                )))
-                            }
-                        }
+                Part::HealthMonitor(o) => match health_monitor::csi::mode(&found.capabilities) {
+                    Err(refusal) => Err(NotRun::Driver(refusal.to_owned())),
+                    Ok(mode) => {
+                        let k = kube(
+                            &o.controller,
+                            health_monitor::decide::lock_name(&found.name),
+                        );
+                        Ok(Ready::HealthMonitor(Box::new(
+                            health_monitor::service::Service {
+                                kube: k,
+                                driver: health_monitor::csi::Driver::new(client),
+                                config: health_monitor::service::config(o, &found.name, mode),
+                            },
+                        )))
                     }
-                }
+                },
             };
             match made {
                 Ok(r) => ready.push(r),

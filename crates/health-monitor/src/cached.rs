@@ -117,6 +117,21 @@ pub struct Claim {
     pub uid: Box<str>,
 }
 
+impl Claim {
+    /// The claim as the involved object of an event: kind, apiVersion, namespace, name and UID
+    /// (no resourceVersion: the claim is not read).
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            kind: Some("PersistentVolumeClaim".into()),
+            api_version: Some("v1".into()),
+            namespace: Some(self.namespace.to_string()),
+            name: Some(self.name.to_string()),
+            uid: Some(self.uid.to_string()),
+            ..Default::default()
+        }
+    }
+}
+
 /// A PersistentVolume as cached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Volume {

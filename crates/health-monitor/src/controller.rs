@@ -26,7 +26,6 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ListParams};
 use plugreg_sidecar_kit::cache::{self, CompactStore, Watches};
 use plugreg_sidecar_kit::events::{EventType, Recorder};
@@ -434,14 +433,7 @@ impl Controller {
         let Some(claim) = v.claim.as_deref() else {
             return;
         };
-        let object = ObjectReference {
-            kind: Some("PersistentVolumeClaim".into()),
-            api_version: Some("v1".into()),
-            namespace: Some(claim.namespace.to_string()),
-            name: Some(claim.name.to_string()),
-            uid: Some(claim.uid.to_string()),
-            ..ObjectReference::default()
-        };
+        let object = claim.object_ref();
         match &verdict {
             Verdict::Abnormal(message) => {
                 info!(pv = %v.name, pvc = %format!("{}/{}", claim.namespace, claim.name), message = %message, "Volume condition is abnormal");
@@ -622,14 +614,7 @@ impl Controller {
                 continue;
             }
             pod_names.sort_unstable();
-            let object = ObjectReference {
-                kind: Some("PersistentVolumeClaim".into()),
-                api_version: Some("v1".into()),
-                namespace: Some(claim.namespace.to_string()),
-                name: Some(claim.name.to_string()),
-                uid: Some(claim.uid.to_string()),
-                ..ObjectReference::default()
-            };
+            let object = claim.object_ref();
             let (reason, message) = if failed {
                 let names: Vec<&str> = pod_names.iter().map(String::as_str).collect();
                 (

@@ -9,7 +9,7 @@ use plugreg_proto::csi::v1::{
     ControllerGetVolumeRequest, ListVolumesRequest, VolumeCondition, list_volumes_response,
 };
 use plugreg_runtime::report;
-use plugreg_sidecar_kit::csi::{Capabilities, Client, ControllerRpc};
+use plugreg_sidecar_kit::csi::{Capabilities, Client, ControllerRpc, PluginService};
 
 use crate::decide::{self, Condition, Mode};
 
@@ -18,13 +18,19 @@ pub const LIST_VOLUMES: &str = "/csi.v1.Controller/ListVolumes";
 /// `/csi.v1.Controller/ControllerGetVolume`.
 pub const GET_VOLUME: &str = "/csi.v1.Controller/ControllerGetVolume";
 
-/// The path the driver's ControllerGetCapabilities choose (see [`decide::mode`]).
-pub fn mode(read: &Capabilities) -> Option<Mode> {
+/// The path the driver's capabilities choose (see [`decide::mode`]), or why it cannot be
+/// monitored in upstream's words (without its ", exiting"): no controller service, or
+/// neither LIST_VOLUMES nor GET_VOLUME with VOLUME_CONDITION.
+pub fn mode(read: &Capabilities) -> Result<Mode, &'static str> {
+    if !read.has_service(PluginService::ControllerService) {
+        return Err("CSI driver does not support Plugin Controller Service");
+    }
     decide::mode(
         read.has_rpc(ControllerRpc::ListVolumes),
         read.has_rpc(ControllerRpc::GetVolume),
         read.has_rpc(ControllerRpc::VolumeCondition),
     )
+    .ok_or("CSI driver does not support Controller ListVolumes and GetVolume service or does not implement VolumeCondition")
 }
 
 /// One page of ListVolumes: each listed volume's id and condition, and the next token.
