@@ -139,7 +139,7 @@ async fn both_held_by(leases: &Api<Lease>, host: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_to_csi_sidecars_and_back_under_load() {
     // The separate sidecars are other packages' binaries.
-    common::build(&["plugreg-csi-provisioner", "plugreg-csi-attacher"]);
+    common::build_workspace_binaries();
     let provisioner = common::binaries().join("csi-provisioner");
     let attacher = common::binaries().join("csi-attacher");
     let sidecars = PathBuf::from(env!("CARGO_BIN_EXE_csi-sidecars"));

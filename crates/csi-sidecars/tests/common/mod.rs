@@ -76,22 +76,22 @@ pub fn binaries() -> PathBuf {
         .to_owned()
 }
 
-/// Builds the binaries of `packages` (other packages' binaries, such as the separate sidecars)
-/// with the running profile: cargo's no-op when they are up to date.
-pub fn build(packages: &[&str]) {
+/// Builds the workspace's binaries (other packages' binaries, such as the separate sidecars)
+/// with the running profile, as `cargo test --workspace` resolves features: with the tests
+/// selected, so that dev-dependencies' features count. Under `cargo test --workspace` (CI) that
+/// is cargo's no-op; a `-p` selection would resolve features differently and compile a second
+/// copy of tokio, tonic, kube and the sidecars beside the first.
+pub fn build_workspace_binaries() {
     let mut cargo = Command::new(env!("CARGO"));
-    cargo.args(["build", "--bins"]);
+    cargo.args(["build", "--workspace", "--bins", "--tests"]);
     if binaries().ends_with("release") {
         cargo.arg("--release");
-    }
-    for p in packages {
-        cargo.args(["-p", p]);
     }
     let status = cargo
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .expect("cargo");
-    assert!(status.success(), "building {packages:?}");
+    assert!(status.success(), "building the workspace's binaries");
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, for at most `within`; on time-out the panic
