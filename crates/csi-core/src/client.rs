@@ -12,6 +12,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use plugreg_proto::csi::v1::controller_client::ControllerClient;
+use plugreg_proto::csi::v1::group_controller_client::GroupControllerClient;
 use plugreg_proto::csi::v1::identity_client::IdentityClient;
 use plugreg_proto::csi::v1::node_client::NodeClient as NodeStub;
 use plugreg_proto::csi::v1::{
@@ -239,6 +240,12 @@ impl Connection {
     /// The Controller service stub.
     pub fn controller(&self) -> ControllerClient<Channel> {
         plugreg_transport::client!(ControllerClient, self.channel.clone())
+    }
+
+    /// The GroupController service stub (volume group snapshots). Only a driver that lists
+    /// GROUP_CONTROLLER_SERVICE in GetPluginCapabilities serves it; others answer UNIMPLEMENTED.
+    pub fn group_controller(&self) -> GroupControllerClient<Channel> {
+        plugreg_transport::client!(GroupControllerClient, self.channel.clone())
     }
 
     /// `Identity/Probe`.

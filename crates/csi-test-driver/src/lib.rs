@@ -9,7 +9,9 @@
 //! the first few. [`Calls`] counts the calls and streams them as [`Call`] events, so a test can
 //! wait for and assert on what its peer did. With [`DriverConfig::volume_condition`] it reports
 //! each volume's health, which a test turns abnormal and back while the driver runs
-//! ([`RunningDriver::set_condition`], [`Conditions`]).
+//! ([`RunningDriver::set_condition`], [`Conditions`]). With [`DriverConfig::group_snapshots`] it
+//! also serves the CSI `GroupController` (volume group snapshots whose members are ordinary
+//! snapshots of the driver).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), plugreg_csi_test_driver::Error> {
@@ -40,12 +42,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use plugreg_proto::csi::v1::controller_server::ControllerServer;
+use plugreg_proto::csi::v1::group_controller_server::GroupControllerServer;
 use plugreg_proto::csi::v1::identity_server::{Identity, IdentityServer};
 use plugreg_proto::csi::v1::node_server::NodeServer;
 use plugreg_proto::csi::v1::{
     ControllerExpandVolumeRequest, ControllerModifyVolumeRequest, ControllerPublishVolumeRequest,
-    ControllerUnpublishVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
-    DeleteSnapshotRequest, DeleteVolumeRequest, GetCapacityRequest, GetPluginCapabilitiesRequest,
+    ControllerUnpublishVolumeRequest, CreateSnapshotRequest, CreateVolumeGroupSnapshotRequest,
+    CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeGroupSnapshotRequest,
+    DeleteVolumeRequest, GetCapacityRequest, GetPluginCapabilitiesRequest,
     GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability,
     ProbeRequest, ProbeResponse, VolumeCondition, node_service_capability, plugin_capability,
 };
@@ -161,7 +165,8 @@ impl Fault {
     }
 }
 
-/// The RPCs the driver serves (the Controller ones only with [`DriverConfig::controller`]).
+/// The RPCs the driver serves (the Controller ones only with [`DriverConfig::controller`], the
+/// GroupController ones only with [`DriverConfig::group_snapshots`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Method {
     /// `/csi.v1.Identity/GetPluginInfo`
@@ -214,11 +219,19 @@ pub enum Method {
     GetCapacity,
     /// `/csi.v1.Controller/ControllerGetVolume`
     ControllerGetVolume,
+    /// `/csi.v1.GroupController/GroupControllerGetCapabilities`
+    GroupControllerGetCapabilities,
+    /// `/csi.v1.GroupController/CreateVolumeGroupSnapshot`
+    CreateVolumeGroupSnapshot,
+    /// `/csi.v1.GroupController/DeleteVolumeGroupSnapshot`
+    DeleteVolumeGroupSnapshot,
+    /// `/csi.v1.GroupController/GetVolumeGroupSnapshot`
+    GetVolumeGroupSnapshot,
 }
 
 impl Method {
     /// Every method, in declaration order.
-    pub const ALL: [Method; 25] = [
+    pub const ALL: [Method; 29] = [
         Method::GetPluginInfo,
         Method::GetPluginCapabilities,
         Method::Probe,
@@ -244,6 +257,10 @@ impl Method {
         Method::GetSnapshot,
         Method::GetCapacity,
         Method::ControllerGetVolume,
+        Method::GroupControllerGetCapabilities,
+        Method::CreateVolumeGroupSnapshot,
+        Method::DeleteVolumeGroupSnapshot,
+        Method::GetVolumeGroupSnapshot,
     ];
 
     /// The method name, e.g. `GetPluginInfo`.
@@ -274,6 +291,10 @@ impl Method {
             Method::GetSnapshot => "GetSnapshot",
             Method::GetCapacity => "GetCapacity",
             Method::ControllerGetVolume => "ControllerGetVolume",
+            Method::GroupControllerGetCapabilities => "GroupControllerGetCapabilities",
+            Method::CreateVolumeGroupSnapshot => "CreateVolumeGroupSnapshot",
+            Method::DeleteVolumeGroupSnapshot => "DeleteVolumeGroupSnapshot",
+            Method::GetVolumeGroupSnapshot => "GetVolumeGroupSnapshot",
         }
     }
 
@@ -335,6 +356,10 @@ struct CallsInner {
     /// The last [`KEEP_REQUESTS`] CreateSnapshot and DeleteSnapshot requests.
     create_snapshots: Mutex<std::collections::VecDeque<CreateSnapshotRequest>>,
     delete_snapshots: Mutex<std::collections::VecDeque<DeleteSnapshotRequest>>,
+    /// The last [`KEEP_REQUESTS`] CreateVolumeGroupSnapshot and DeleteVolumeGroupSnapshot
+    /// requests.
+    create_group_snapshots: Mutex<std::collections::VecDeque<CreateVolumeGroupSnapshotRequest>>,
+    delete_group_snapshots: Mutex<std::collections::VecDeque<DeleteVolumeGroupSnapshotRequest>>,
     /// The last [`KEEP_REQUESTS`] GetCapacity requests.
     get_capacities: Mutex<std::collections::VecDeque<GetCapacityRequest>>,
     /// The volume ids of the last [`KEEP_REQUESTS`] ControllerGetVolume requests.
@@ -368,6 +393,8 @@ impl Default for Calls {
                 modifies: Mutex::default(),
                 create_snapshots: Mutex::default(),
                 delete_snapshots: Mutex::default(),
+                create_group_snapshots: Mutex::default(),
+                delete_group_snapshots: Mutex::default(),
                 get_capacities: Mutex::default(),
                 get_volumes: Mutex::default(),
             }),
@@ -421,6 +448,34 @@ impl Calls {
 
     pub(crate) fn keep_delete_snapshot(&self, r: &DeleteSnapshotRequest) {
         keep(&self.inner.delete_snapshots, r.clone());
+    }
+
+    /// The CreateVolumeGroupSnapshot requests received (the last [`KEEP_REQUESTS`]), oldest
+    /// first.
+    pub fn create_group_snapshot_requests(&self) -> Vec<CreateVolumeGroupSnapshotRequest> {
+        let q = self.inner.create_group_snapshots.lock();
+        q.unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// The DeleteVolumeGroupSnapshot requests received (the last [`KEEP_REQUESTS`]), oldest
+    /// first.
+    pub fn delete_group_snapshot_requests(&self) -> Vec<DeleteVolumeGroupSnapshotRequest> {
+        let q = self.inner.delete_group_snapshots.lock();
+        q.unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn keep_create_group_snapshot(&self, r: &CreateVolumeGroupSnapshotRequest) {
+        keep(&self.inner.create_group_snapshots, r.clone());
+    }
+
+    pub(crate) fn keep_delete_group_snapshot(&self, r: &DeleteVolumeGroupSnapshotRequest) {
+        keep(&self.inner.delete_group_snapshots, r.clone());
     }
 
     /// The volume ids of the ControllerGetVolume requests received (the last
@@ -683,6 +738,17 @@ pub struct DriverConfig {
     /// CreateSnapshot answers `ready_to_use: false` this many times for a new snapshot before
     /// it is ready (a restore from it is UNAVAILABLE until then).
     pub snapshot_ready_after: u32,
+    /// Serve the GroupController service on the same socket and list GROUP_CONTROLLER_SERVICE:
+    /// GroupControllerGetCapabilities answers CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT, and
+    /// Create, Delete and GetVolumeGroupSnapshot keep groups whose members are snapshots of this
+    /// driver (with [`snapshots`](Self::snapshots) they show in ListSnapshots and GetSnapshot
+    /// and restore like any other). Off: the service is not served (UNIMPLEMENTED).
+    pub group_snapshots: bool,
+    /// CreateVolumeGroupSnapshot answers `ready_to_use: false` (for the group and each member)
+    /// this many times for a new group before it is ready; each GetVolumeGroupSnapshot of the
+    /// group counts as an answer too. Its members are not ready in ListSnapshots and GetSnapshot,
+    /// nor usable as a restore source (UNAVAILABLE), until then.
+    pub group_ready_after: u32,
     /// With [`controller`](Self::controller): advertise CLONE_VOLUME and accept another volume
     /// as CreateVolume's content source (the new volume starts as its copy).
     pub clone_volume: bool,
@@ -748,6 +814,8 @@ impl Default for DriverConfig {
             snapshots: false,
             no_list_snapshots: false,
             snapshot_ready_after: 0,
+            group_snapshots: false,
+            group_ready_after: 0,
             clone_volume: false,
             smaller_than_source: SmallerThanSource::Refuse,
             capacity: Capacity::default(),
@@ -905,7 +973,8 @@ pub fn parse_topology(list: &str) -> Result<BTreeMap<String, String>, Error> {
     Ok(segments)
 }
 
-/// The gRPC services (Identity, Node and, with [`DriverConfig::controller`], Controller)
+/// The gRPC services (Identity, Node and, with [`DriverConfig::controller`], Controller; with
+/// [`DriverConfig::group_snapshots`], GroupController)
 /// answering from `config`. Hanging and delayed calls give up with UNAVAILABLE when `token` is
 /// cancelled, so a server shutdown never waits on them. Volumes live in `config.data_dir`, or
 /// in the current directory's `csi-test-driver.volumes` when it is unset.
@@ -939,6 +1008,13 @@ fn build(mut config: DriverConfig, token: CancellationToken) -> (Router, Driver)
     if driver.config.controller {
         router = router.add_service(
             ControllerServer::new(driver.clone())
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        );
+    }
+    if driver.config.group_snapshots {
+        router = router.add_service(
+            GroupControllerServer::new(driver.clone())
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
         );
@@ -1144,6 +1220,7 @@ impl Identity for Driver {
                 self.config.accessibility_constraints,
                 Type::VolumeAccessibilityConstraints,
             ),
+            (self.config.group_snapshots, Type::GroupControllerService),
         ]
         .into_iter()
         .filter(|(on, _)| *on)

@@ -6,7 +6,7 @@
 //!
 //! - [`pluginregistration`]: the kubelet plugin registration service (`GetInfo`,
 //!   `NotifyRegistrationStatus`), the same on the wire for v1alpha1, v1beta1 and v1.
-//! - [`csi`]: CSI v1 Identity, Node and Controller.
+//! - [`csi`]: CSI v1 Identity, Node, Controller and GroupController.
 //! - [`example`]: the small versioned example services used by tests and the demo.
 //! - [`deviceplugin`]: the kubelet device plugin API v1beta1 (`DevicePlugin`, and the classic
 //!   `Registration` served on kubelet.sock).
@@ -25,7 +25,7 @@ pub mod pluginregistration {
     pub const DRA_PLUGIN: &str = "DRAPlugin";
 }
 
-/// CSI (proto package `csi.v1`): Identity, Node and Controller.
+/// CSI (proto package `csi.v1`): Identity, Node, Controller and GroupController.
 pub mod csi {
     /// Package `csi.v1`.
     pub mod v1 {

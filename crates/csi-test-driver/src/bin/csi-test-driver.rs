@@ -128,6 +128,14 @@ struct Args {
     /// A new snapshot answers ready_to_use: false this many times before it is ready.
     #[arg(long, default_value_t = 0)]
     snapshot_ready_after: u32,
+    /// Serve the GroupController (volume group snapshots) and list GROUP_CONTROLLER_SERVICE;
+    /// with --snapshots the members show in ListSnapshots and restore like any snapshot.
+    #[arg(long)]
+    group_snapshots: bool,
+    /// A new volume group snapshot (and its members) answers ready_to_use: false this many
+    /// times (CreateVolumeGroupSnapshot or GetVolumeGroupSnapshot) before it is ready.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    group_snapshot_ready_after: u32,
     /// With --controller: advertise CLONE_VOLUME and clone volumes (copying their directory).
     #[arg(long)]
     clone_volume: bool,
@@ -244,6 +252,8 @@ impl Args {
             controller_modify: self.controller_modify,
             snapshots: self.snapshots,
             snapshot_ready_after: self.snapshot_ready_after,
+            group_snapshots: self.group_snapshots,
+            group_ready_after: self.group_snapshot_ready_after,
             clone_volume: self.clone_volume,
             smaller_than_source: match self.smaller_than_source {
                 SmallerThan::Refuse => SmallerThanSource::Refuse,
@@ -522,6 +532,10 @@ mod tests {
         // A message alone fails with INTERNAL.
         let (_, f) = parse_fault("NodeGetInfo:message=x").unwrap();
         assert_eq!(f.error.unwrap().code, Code::Internal);
+        // The GroupController's methods misbehave the same way.
+        let (m, f) = parse_fault("CreateVolumeGroupSnapshot:code=ABORTED,fail-first=1").unwrap();
+        assert_eq!(m, Method::CreateVolumeGroupSnapshot);
+        assert_eq!(f.fail_first, Some(1));
         // A method alone: no misbehaviour.
         assert_eq!(parse_fault("Probe").unwrap().1, Fault::default());
 

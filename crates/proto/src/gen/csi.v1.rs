@@ -1044,6 +1044,148 @@ pub struct GetSnapshotResponse {
     #[prost(message, optional, tag = "1")]
     pub snapshot: ::core::option::Option<Snapshot>,
 }
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GroupControllerGetCapabilitiesRequest {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct GroupControllerGetCapabilitiesResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub capabilities: ::prost::alloc::vec::Vec<GroupControllerServiceCapability>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GroupControllerServiceCapability {
+    #[prost(oneof = "group_controller_service_capability::Type", tags = "1")]
+    pub r#type: ::core::option::Option<group_controller_service_capability::Type>,
+}
+/// Nested message and enum types in `GroupControllerServiceCapability`.
+pub mod group_controller_service_capability {
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct Rpc {
+        #[prost(enumeration = "rpc::Type", tag = "1")]
+        pub r#type: i32,
+    }
+    /// Nested message and enum types in `RPC`.
+    pub mod rpc {
+        #[derive(
+            Clone,
+            Copy,
+            Debug,
+            PartialEq,
+            Eq,
+            Hash,
+            PartialOrd,
+            Ord,
+            ::prost::Enumeration
+        )]
+        #[repr(i32)]
+        pub enum Type {
+            Unknown = 0,
+            /// Create, delete and get volume group snapshots.
+            CreateDeleteGetVolumeGroupSnapshot = 1,
+        }
+        impl Type {
+            /// String value of the enum field names used in the ProtoBuf definition.
+            ///
+            /// The values are not transformed in any way and thus are considered stable
+            /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+            pub fn as_str_name(&self) -> &'static str {
+                match self {
+                    Self::Unknown => "UNKNOWN",
+                    Self::CreateDeleteGetVolumeGroupSnapshot => {
+                        "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT"
+                    }
+                }
+            }
+            /// Creates an enum from field names used in the ProtoBuf definition.
+            pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+                match value {
+                    "UNKNOWN" => Some(Self::Unknown),
+                    "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT" => {
+                        Some(Self::CreateDeleteGetVolumeGroupSnapshot)
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Type {
+        #[prost(message, tag = "1")]
+        Rpc(Rpc),
+    }
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct CreateVolumeGroupSnapshotRequest {
+    /// Idempotency key chosen by the CO.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// The volumes snapshotted together; required.
+    #[prost(string, repeated, tag = "2")]
+    pub source_volume_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Sensitive (csi_secret upstream).
+    #[prost(map = "string, string", tag = "3")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(map = "string, string", tag = "4")]
+    pub parameters: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct CreateVolumeGroupSnapshotResponse {
+    #[prost(message, optional, tag = "1")]
+    pub group_snapshot: ::core::option::Option<VolumeGroupSnapshot>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct VolumeGroupSnapshot {
+    #[prost(string, tag = "1")]
+    pub group_snapshot_id: ::prost::alloc::string::String,
+    /// One per source volume; each carries this group_snapshot_id.
+    #[prost(message, repeated, tag = "2")]
+    pub snapshots: ::prost::alloc::vec::Vec<Snapshot>,
+    #[prost(message, optional, tag = "3")]
+    pub creation_time: ::core::option::Option<SnapshotTime>,
+    /// False while any member is not ready.
+    #[prost(bool, tag = "4")]
+    pub ready_to_use: bool,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct DeleteVolumeGroupSnapshotRequest {
+    #[prost(string, tag = "1")]
+    pub group_snapshot_id: ::prost::alloc::string::String,
+    /// The group's snapshots, as the CO knows them.
+    #[prost(string, repeated, tag = "2")]
+    pub snapshot_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Sensitive (csi_secret upstream).
+    #[prost(map = "string, string", tag = "3")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DeleteVolumeGroupSnapshotResponse {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct GetVolumeGroupSnapshotRequest {
+    #[prost(string, tag = "1")]
+    pub group_snapshot_id: ::prost::alloc::string::String,
+    /// The group's snapshots, as the CO knows them.
+    #[prost(string, repeated, tag = "2")]
+    pub snapshot_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Sensitive (csi_secret upstream).
+    #[prost(map = "string, string", tag = "3")]
+    pub secrets: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct GetVolumeGroupSnapshotResponse {
+    #[prost(message, optional, tag = "1")]
+    pub group_snapshot: ::core::option::Option<VolumeGroupSnapshot>,
+}
 /// Generated client implementations.
 pub mod identity_client {
     #![allow(
@@ -3674,6 +3816,568 @@ pub mod controller_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "csi.v1.Controller";
     impl<T> tonic::server::NamedService for ControllerServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Generated client implementations.
+pub mod group_controller_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    #[derive(Debug, Clone)]
+    pub struct GroupControllerClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl<T> GroupControllerClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> GroupControllerClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            GroupControllerClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        pub async fn group_controller_get_capabilities(
+            &mut self,
+            request: impl tonic::IntoRequest<
+                super::GroupControllerGetCapabilitiesRequest,
+            >,
+        ) -> std::result::Result<
+            tonic::Response<super::GroupControllerGetCapabilitiesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.GroupController/GroupControllerGetCapabilities",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "csi.v1.GroupController",
+                        "GroupControllerGetCapabilities",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn create_volume_group_snapshot(
+            &mut self,
+            request: impl tonic::IntoRequest<super::CreateVolumeGroupSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CreateVolumeGroupSnapshotResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.GroupController/CreateVolumeGroupSnapshot",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "csi.v1.GroupController",
+                        "CreateVolumeGroupSnapshot",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn delete_volume_group_snapshot(
+            &mut self,
+            request: impl tonic::IntoRequest<super::DeleteVolumeGroupSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteVolumeGroupSnapshotResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.GroupController/DeleteVolumeGroupSnapshot",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "csi.v1.GroupController",
+                        "DeleteVolumeGroupSnapshot",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn get_volume_group_snapshot(
+            &mut self,
+            request: impl tonic::IntoRequest<super::GetVolumeGroupSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::GetVolumeGroupSnapshotResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/csi.v1.GroupController/GetVolumeGroupSnapshot",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("csi.v1.GroupController", "GetVolumeGroupSnapshot"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod group_controller_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with GroupControllerServer.
+    #[async_trait]
+    pub trait GroupController: std::marker::Send + std::marker::Sync + 'static {
+        async fn group_controller_get_capabilities(
+            &self,
+            request: tonic::Request<super::GroupControllerGetCapabilitiesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::GroupControllerGetCapabilitiesResponse>,
+            tonic::Status,
+        >;
+        async fn create_volume_group_snapshot(
+            &self,
+            request: tonic::Request<super::CreateVolumeGroupSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CreateVolumeGroupSnapshotResponse>,
+            tonic::Status,
+        >;
+        async fn delete_volume_group_snapshot(
+            &self,
+            request: tonic::Request<super::DeleteVolumeGroupSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteVolumeGroupSnapshotResponse>,
+            tonic::Status,
+        >;
+        async fn get_volume_group_snapshot(
+            &self,
+            request: tonic::Request<super::GetVolumeGroupSnapshotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::GetVolumeGroupSnapshotResponse>,
+            tonic::Status,
+        >;
+    }
+    #[derive(Debug)]
+    pub struct GroupControllerServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> GroupControllerServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for GroupControllerServer<T>
+    where
+        T: GroupController,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/csi.v1.GroupController/GroupControllerGetCapabilities" => {
+                    #[allow(non_camel_case_types)]
+                    struct GroupControllerGetCapabilitiesSvc<T: GroupController>(
+                        pub Arc<T>,
+                    );
+                    impl<
+                        T: GroupController,
+                    > tonic::server::UnaryService<
+                        super::GroupControllerGetCapabilitiesRequest,
+                    > for GroupControllerGetCapabilitiesSvc<T> {
+                        type Response = super::GroupControllerGetCapabilitiesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::GroupControllerGetCapabilitiesRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as GroupController>::group_controller_get_capabilities(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GroupControllerGetCapabilitiesSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.GroupController/CreateVolumeGroupSnapshot" => {
+                    #[allow(non_camel_case_types)]
+                    struct CreateVolumeGroupSnapshotSvc<T: GroupController>(pub Arc<T>);
+                    impl<
+                        T: GroupController,
+                    > tonic::server::UnaryService<
+                        super::CreateVolumeGroupSnapshotRequest,
+                    > for CreateVolumeGroupSnapshotSvc<T> {
+                        type Response = super::CreateVolumeGroupSnapshotResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::CreateVolumeGroupSnapshotRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as GroupController>::create_volume_group_snapshot(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = CreateVolumeGroupSnapshotSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.GroupController/DeleteVolumeGroupSnapshot" => {
+                    #[allow(non_camel_case_types)]
+                    struct DeleteVolumeGroupSnapshotSvc<T: GroupController>(pub Arc<T>);
+                    impl<
+                        T: GroupController,
+                    > tonic::server::UnaryService<
+                        super::DeleteVolumeGroupSnapshotRequest,
+                    > for DeleteVolumeGroupSnapshotSvc<T> {
+                        type Response = super::DeleteVolumeGroupSnapshotResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::DeleteVolumeGroupSnapshotRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as GroupController>::delete_volume_group_snapshot(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = DeleteVolumeGroupSnapshotSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/csi.v1.GroupController/GetVolumeGroupSnapshot" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetVolumeGroupSnapshotSvc<T: GroupController>(pub Arc<T>);
+                    impl<
+                        T: GroupController,
+                    > tonic::server::UnaryService<super::GetVolumeGroupSnapshotRequest>
+                    for GetVolumeGroupSnapshotSvc<T> {
+                        type Response = super::GetVolumeGroupSnapshotResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::GetVolumeGroupSnapshotRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as GroupController>::get_volume_group_snapshot(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetVolumeGroupSnapshotSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for GroupControllerServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "csi.v1.GroupController";
+    impl<T> tonic::server::NamedService for GroupControllerServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }
