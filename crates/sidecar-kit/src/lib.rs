@@ -89,9 +89,9 @@ pub mod shared;
 
 pub use plugreg_diag::{http, metrics};
 pub use plugreg_goflag::{goflag, gosyntax, gotext, logging, pflag};
-pub use plugreg_kube_types::{migration, quantity};
 #[cfg(feature = "controller")]
-pub use plugreg_kube_types::{snapshot, vac};
+pub use plugreg_kube_types::{groupsnapshot, snapshot, vac};
+pub use plugreg_kube_types::{migration, quantity};
 
 /// The version every sidecar reports (`--version`, the `Version` log line):
 /// `PLUGREG_VERSION` at build time, else `v` + the workspace version.
