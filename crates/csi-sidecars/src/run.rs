@@ -342,23 +342,34 @@ async fn run(parts: Vec<Part>) -> i32 {
                         }
                         Some(refusal) => Err(NotRun::Fatal(refusal)),
                         None => {
-                            let node = o
-                                .node_deployment
-                                .then(|| std::env::var("NODE_NAME").unwrap_or_default());
-                            let k =
-                                kube(&o.controller, snapshotter::decide::lock_name(&found.name));
-                            Ok(Ready::Snapshotter(Box::new(
-                                snapshotter::service::Service {
-                                    kube: k,
-                                    driver: snapshotter::csi::Driver::new(client),
-                                    config: snapshotter::service::config(
-                                        o,
-                                        &found.name,
-                                        caps,
-                                        node,
-                                    ),
-                                },
-                            )))
+                            let driver = snapshotter::csi::Driver::new(client);
+                            match snapshotter::service::group_check(o, g, &driver, &found.name)
+                                .await
+                            {
+                                Some(refusal) => Err(NotRun::Fatal(refusal)),
+                                None => {
+                                    let node = o
+                                        .node_deployment
+                                        .then(|| std::env::var("NODE_NAME").unwrap_or_default());
+                                    let k = kube(
+                                        &o.controller,
+                                        snapshotter::decide::lock_name(&found.name),
+                                    );
+                                    Ok(Ready::Snapshotter(Box::new(
+                                        snapshotter::service::Service {
+                                            kube: k,
+                                            driver,
+                                            config: snapshotter::service::config(
+                                                o,
+                                                g,
+                                                &found.name,
+                                                caps,
+                                                node,
+                                            ),
+                                        },
+                                    )))
+                                }
+                            }
                         }
                     }
                 }

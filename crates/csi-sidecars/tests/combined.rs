@@ -3,7 +3,8 @@
 //! v8.6.0 with the snapshot CRDs, the test CSI driver on a Unix socket, and the binary as a
 //! child process running all four controllers.
 //!
-//! One test walks a claim's life through the four controllers of one process, then takes the
+//! One test walks a claim's life through the four controllers of one process (a group snapshot
+//! of it too, behind the snapshotter's gate), then takes the
 //! attacher's Lease away from it: the attacher stops and campaigns again while the others go
 //! on, and takes the Lease back once it is free.
 
@@ -16,8 +17,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use plugreg_csi_test_driver::{DriverConfig, Method, MountMode};
+use plugreg_sidecar_kit::groupsnapshot::VolumeGroupSnapshotClass;
 use plugreg_sidecar_kit::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 use plugreg_testpeers::sidecar::{
     self, LoggedSidecar, controller_command, create_object, http_get,
@@ -49,7 +51,8 @@ fn attached(va: &VolumeAttachment) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_controllers_in_one_process_each_under_its_own_lease() {
-    let peers = Peers::start(&[], Some(&[]), NS, DRIVER, NODE).await;
+    let gate = "--feature-gates=CSIVolumeGroupSnapshot=true";
+    let peers = Peers::start(&[], Some(&[gate]), NS, DRIVER, NODE).await;
     let (api, client) = (&peers.api, peers.client.clone());
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
@@ -60,6 +63,7 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
         controller_publish: true,
         controller_expand: true,
         snapshots: true,
+        group_snapshots: true,
         data_dir: Some(dir.path().join("volumes")),
         mount: MountMode::Directory,
         ..DriverConfig::default()
@@ -81,6 +85,7 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
             "--leader-election-retry-period=1s",
             &format!("--http-endpoint={http}"),
             "--provisioner-kube-api-qps=50",
+            "--snapshotter-feature-gates=CSIVolumeGroupSnapshot=true",
         ],
     );
     let mut process = LoggedSidecar::spawn(cmd, dir.path().join("csi-sidecars.log"));
@@ -166,6 +171,48 @@ async fn four_controllers_in_one_process_each_under_its_own_lease() {
         (s.status?.ready_to_use == Some(true)).then_some(())
     })
     .await;
+
+    // Group-snapshotted, behind the snapshotter's gate.
+    claims
+        .patch(
+            "data",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"group": "g"}}})),
+        )
+        .await
+        .unwrap();
+    create_object::<VolumeGroupSnapshotClass>(
+        &client,
+        json!({"metadata": {"name": "all"}, "driver": DRIVER, "deletionPolicy": "Delete"}),
+    )
+    .await;
+    let group = ApiResource {
+        group: "groupsnapshot.storage.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "groupsnapshot.storage.k8s.io/v1".into(),
+        kind: "VolumeGroupSnapshot".into(),
+        plural: "volumegroupsnapshots".into(),
+    };
+    let groups: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &group);
+    groups
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot",
+                "metadata": {"name": "g", "namespace": NS},
+                "spec": {"source": {"selector": {"matchLabels": {"group": "g"}}},
+                         "volumeGroupSnapshotClassName": "all"},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    poll("group snapshot ready", &process, || async {
+        let g = groups.get_opt("g").await.ok().flatten()?;
+        (g.data["status"]["readyToUse"] == json!(true)).then_some(())
+    })
+    .await;
+    assert_eq!(calls.count(Method::CreateVolumeGroupSnapshot), 1);
 
     // Each controller holds its sidecar's upstream Lease.
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);

@@ -6,8 +6,8 @@
 //! - 0: `--version`, `-h`/`--help`, a clean stop (SIGTERM/SIGINT without leader election);
 //! - 1: every start-up error (node deployment with leader election, no Kubernetes config,
 //!   both HTTP flags, CSI connect, name, probe or capability failure, a driver without
-//!   CREATE_DELETE_SNAPSHOT, an empty name prefix, values upstream would panic on later,
-//!   group snapshots asked for), the CSI connection lost later, leadership lost;
+//!   CREATE_DELETE_SNAPSHOT, an empty name prefix (or group name prefix with the
+//!   `CSIVolumeGroupSnapshot` gate), values upstream would panic on later), the CSI connection lost later, leadership lost;
 //! - 2: a command-line error;
 //! - 255: upstream's fatal errors: an unknown feature gate, `--node-deployment` without
 //!   `NODE_NAME`, the HTTP server failing to listen.
@@ -176,10 +176,16 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             tracing::error!(target: LOG, "{refusal}");
             return Err(1);
         }
+        let metrics = found.client.metrics().clone();
+        let driver = Driver::new(found.client);
+        if let Some(refusal) = service::group_check(&options, &gates, &driver, &name).await {
+            tracing::error!(target: LOG, "{refusal}");
+            return Err(1);
+        }
         Ok(Started {
             name,
-            metrics: found.client.metrics().clone(),
-            driver: Driver::new(found.client),
+            metrics,
+            driver,
             caps,
             health,
             http: found.ready,
@@ -203,7 +209,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
     let service = Service {
         kube,
         driver: started.driver,
-        config: service::config(&options, &started.name, started.caps, node),
+        config: service::config(&options, &gates, &started.name, started.caps, node),
     };
     // With leader election and no release on exit, upstream then stays up idle (SIGINT) or is
     // killed (SIGTERM); here the process ends at once and the Lease expires by itself.

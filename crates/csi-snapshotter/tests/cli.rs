@@ -193,7 +193,7 @@ async fn a_driver_that_cannot_snapshot_is_exit_1_with_upstreams_text() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_prefix_and_group_snapshots_are_exit_1_after_the_capabilities() {
+async fn an_empty_prefix_or_group_prefix_is_exit_1_after_the_capabilities() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("csi.sock");
     let _driver = plugreg_csi_test_driver::start(snapshotting(), &sock)
@@ -206,13 +206,27 @@ async fn an_empty_prefix_and_group_snapshots_are_exit_1_after_the_capabilities()
         log.contains("Snapshot name prefix cannot be of length 0"),
         "{log}"
     );
+    // With the group gate: the driver without a GroupController is said (upstream goes on),
+    // then the empty group prefix is refused.
     let mut p = Proc::spawn(
         BIN,
-        &args(&sock, &["--feature-gates=CSIVolumeGroupSnapshot=true"]),
+        &args(
+            &sock,
+            &[
+                "--feature-gates=CSIVolumeGroupSnapshot=true",
+                "--groupsnapshot-name-prefix=",
+            ],
+        ),
     );
     let (code, log) = p.exit();
     assert_eq!(code, 1, "{log}");
-    assert!(log.contains("not implemented"), "{log}");
+    let said = log
+        .find("error determining if driver supports create/delete group snapshot operations")
+        .unwrap_or_else(|| panic!("{log}"));
+    let refused = log
+        .find("group snapshot name prefix cannot be of length 0")
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(said < refused, "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,8 @@ pub struct Config {
     /// With `--node-deployment`: this node's name (`NODE_NAME`); only contents labelled
     /// `snapshot.storage.kubernetes.io/managed-by=<node>` are watched.
     pub node: Option<String>,
+    /// With the `CSIVolumeGroupSnapshot` gate: the group content controller's settings.
+    pub group: Option<crate::group::controller::GroupConfig>,
 }
 
 /// Who the controller talks to.
@@ -172,7 +174,7 @@ pub async fn run(
     // covers (labels and annotations the cache does not keep); the trim and the event of one
     // object run one after the other on the watch's task.
     let pending_fp: Arc<Mutex<u64>> = Arc::default();
-    let seen: Mutex<HashMap<String, (u64, bool)>> = Mutex::default();
+    let seen: Mutex<HashMap<String, (u64, bool, bool)>> = Mutex::default();
     let written: Arc<Writes<String>> = Arc::default();
     let (q, driver, fp_in, fp_out, w) = (
         Arc::clone(&queue),
@@ -207,10 +209,22 @@ pub async fn run(
                 return;
             }
             let is_ready = c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true);
-            let before = seen.insert(name.clone(), (fp, is_ready));
+            // A group member is this sidecar's to check (ListSnapshots) once the
+            // snapshot-controller writes its snapshot into its status, and again when that
+            // controller writes it back to not ready (it copies the group content's member list
+            // while the group is not ready): status changes, but not this sidecar's own.
+            let member_handle = decide::group_member(c)
+                && c.status
+                    .as_ref()
+                    .is_some_and(|s| s.snapshot_handle.is_some());
+            let before = seen.insert(name.clone(), (fp, is_ready, member_handle));
             let wake = match before {
                 None => true,
-                Some((old_fp, was_ready)) => old_fp != fp || (is_ready && !was_ready),
+                Some((old_fp, was_ready, had_handle)) => {
+                    old_fp != fp
+                        || (is_ready && !was_ready)
+                        || (member_handle && (!had_handle || (was_ready && !is_ready)))
+                }
             };
             if wake {
                 q.add(name);
@@ -346,6 +360,7 @@ impl Controller {
             return Ok(Action::After(CACHE_CATCH_UP));
         }
         let action = decide::action(&content);
+        debug!(content = name, action = ?action, "syncing content");
         let result = match action {
             decide::Action::Delete => return self.delete(content).await,
             decide::Action::Create | decide::Action::CreateAgain => {

@@ -218,24 +218,54 @@ pub fn list_secret(
     params: &BTreeMap<String, String>,
     content_name: &str,
 ) -> Result<Option<SecretRef>, String> {
-    let name = params.get("csi.storage.k8s.io/snapshotter-list-secret-name");
-    let namespace = params.get("csi.storage.k8s.io/snapshotter-list-secret-namespace");
+    class_secret(params, &LIST_SECRET, content_name)
+}
+
+/// Where a class names a secret, and the one token its templates know.
+pub struct SecretKeys {
+    /// The parameter naming the Secret.
+    pub name: &'static str,
+    /// The parameter naming its namespace.
+    pub namespace: &'static str,
+    /// Upstream's word for it in errors (`SnapshotterList`, `GroupSnapshotterGet`).
+    pub kind: &'static str,
+    /// The token a template may hold (`volumesnapshotcontent.name`).
+    pub token: &'static str,
+}
+
+/// The ListSnapshots secret of a pre-provisioned content.
+pub const LIST_SECRET: SecretKeys = SecretKeys {
+    name: "csi.storage.k8s.io/snapshotter-list-secret-name",
+    namespace: "csi.storage.k8s.io/snapshotter-list-secret-namespace",
+    kind: "SnapshotterList",
+    token: "volumesnapshotcontent.name",
+};
+
+/// The secret `keys` name in a class's `params`, its templates resolved for `content_name`.
+pub fn class_secret(
+    params: &BTreeMap<String, String>,
+    keys: &SecretKeys,
+    content_name: &str,
+) -> Result<Option<SecretRef>, String> {
+    let name = params.get(keys.name);
+    let namespace = params.get(keys.namespace);
+    let kind = keys.kind;
     let wrap = |e: String| format!("failed to get name and namespace template from params: {e}");
     let (ns_tpl, name_tpl) = match (namespace, name) {
         (None, None) => return Ok(None),
         (Some(ns), Some(n)) => (ns, n),
         _ => {
-            return Err(wrap(
-                "either name and namespace for SnapshotterList secrets specified, Both must be specified".into(),
-            ));
+            return Err(wrap(format!(
+                "either name and namespace for {kind} secrets specified, Both must be specified"
+            )));
         }
     };
     if ns_tpl.is_empty() || name_tpl.is_empty() {
-        return Err(wrap(
-            "SnapshotterList secrets specified in parameters but value of either namespace or name is empty".into(),
-        ));
+        return Err(wrap(format!(
+            "{kind} secrets specified in parameters but value of either namespace or name is empty"
+        )));
     }
-    let ns = expand(ns_tpl, content_name)?;
+    let ns = expand(ns_tpl, keys.token, content_name)?;
     if !is_dns1123_label(&ns) {
         return Err(if &ns == ns_tpl {
             format!("{ns_tpl:?} is not a valid namespace name")
@@ -243,7 +273,7 @@ pub fn list_secret(
             format!("{ns_tpl:?} resolved to {ns:?} which is not a valid namespace name")
         });
     }
-    let name = expand(name_tpl, content_name)?;
+    let name = expand(name_tpl, keys.token, content_name)?;
     if !is_dns1123_subdomain(&name) {
         return Err(if &name == name_tpl {
             format!("{name_tpl:?} is not a valid secret name")
@@ -254,8 +284,8 @@ pub fn list_secret(
     Ok(Some((ns, name)))
 }
 
-/// Go's `os.Expand` of `tpl` with the one token `volumesnapshotcontent.name`.
-fn expand(tpl: &str, content_name: &str) -> Result<String, String> {
+/// Go's `os.Expand` of `tpl` with the one token `token`, standing for `value`.
+fn expand(tpl: &str, token_name: &str, value: &str) -> Result<String, String> {
     let mut out = String::new();
     let mut bad = Vec::new();
     let mut rest = tpl;
@@ -273,8 +303,8 @@ fn expand(tpl: &str, content_name: &str) -> Result<String, String> {
                 .unwrap_or(after.len());
             (&after[..end], &after[end..])
         };
-        if token == "volumesnapshotcontent.name" {
-            out.push_str(content_name);
+        if token == token_name {
+            out.push_str(value);
         } else {
             bad.push(format!("{token:?}"));
         }
@@ -400,10 +430,16 @@ pub fn error_patch(
     message: &str,
     now_rfc3339: &str,
 ) -> Option<Value> {
-    let same = current
-        .and_then(|s| s.error.as_ref())
-        .and_then(|e| e.message.as_deref())
-        == Some(message);
+    error_patch_over(current.and_then(|s| s.error.as_ref()), message, now_rfc3339)
+}
+
+/// [`error_patch`] of any status with this `error` (a group content's too).
+pub fn error_patch_over(
+    current: Option<&plugreg_sidecar_kit::snapshot::SnapshotError>,
+    message: &str,
+    now_rfc3339: &str,
+) -> Option<Value> {
+    let same = current.and_then(|e| e.message.as_deref()) == Some(message);
     (!same).then(|| {
         json!({"status": {
             "readyToUse": false,

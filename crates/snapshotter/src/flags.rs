@@ -15,8 +15,6 @@
 //!   that never start) are refused at start with a clear message, exit 1: a
 //!   `--snapshot-name-uuid-length` or `--groupsnapshot-name-uuid-length` outside -1..=32,
 //!   `--worker-threads` below 1;
-//! - `CSIVolumeGroupSnapshot=true` is refused (exit 1): group snapshots are not implemented
-//!   (upstream has them off by default in v8.6.0);
 //! - v1.x's `--connection-timeout` and `--snapshotter` are accepted with upstream's old warning,
 //!   and v8.0's `--enable-volume-group-snapshots` is the CSIVolumeGroupSnapshot gate (the kit's
 //!   [`compat`](plugreg_sidecar_kit::compat) rules).
@@ -78,7 +76,7 @@ pub struct Options {
     pub retry_interval_max: Duration,
     /// `--node-deployment`: handle only the contents labelled with this node (`NODE_NAME`).
     pub node_deployment: bool,
-    /// `--groupsnapshot-name-prefix` (group snapshots are not implemented; checked anyway).
+    /// `--groupsnapshot-name-prefix`.
     pub groupsnapshot_name_prefix: String,
     /// `--groupsnapshot-name-uuid-length`.
     pub groupsnapshot_name_uuid_length: i64,
@@ -135,7 +133,7 @@ const SPECS: &[Spec] = &[
         Kind::Value,
         "mapStringBool",
         "",
-        "A set of key=value pairs that describe feature gates for alpha/experimental features. Gates: CSIVolumeGroupSnapshot (beta, default false; not implemented here), ReleaseLeaderElectionOnExit (alpha, default false). The apiserver's gate names, AllAlpha and AllBeta are accepted and ignored.",
+        "A set of key=value pairs that describe feature gates for alpha/experimental features. Gates: CSIVolumeGroupSnapshot (beta, default false), ReleaseLeaderElectionOnExit (alpha, default false). The apiserver's gate names, AllAlpha and AllBeta are accepted and ignored.",
     ),
     flag(
         "groupsnapshot-name-prefix",
@@ -259,6 +257,9 @@ pub const NODE_DEPLOYMENT_WITH_LEADER_ELECTION: &str =
     "Leader election cannot happen when node-deployment is set to true";
 /// Upstream's refusal of an empty `--snapshot-name-prefix` (exit 1).
 pub const EMPTY_PREFIX: &str = "Snapshot name prefix cannot be of length 0";
+/// Upstream's refusal of an empty `--groupsnapshot-name-prefix` with the
+/// `CSIVolumeGroupSnapshot` gate (exit 1).
+pub const EMPTY_GROUP_PREFIX: &str = "group snapshot name prefix cannot be of length 0";
 /// Upstream's fatal error for `--node-deployment` without `NODE_NAME` (exit 255).
 pub const NO_NODE_NAME: &str =
     "The NODE_NAME environment variable must be set when using --enable-node-deployment.";
@@ -294,7 +295,7 @@ pub fn validate(o: &Options) -> Result<(), String> {
 /// The snapshotter's feature gates (`pkg/features`), after `--feature-gates`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FeatureGates {
-    /// `CSIVolumeGroupSnapshot` (beta, default off): group snapshots. Not implemented.
+    /// `CSIVolumeGroupSnapshot` (beta, default off): group snapshots.
     pub volume_group_snapshot: bool,
     /// `ReleaseLeaderElectionOnExit` (alpha, default off): release the Lease on SIGTERM.
     pub release_leader_election_on_exit: bool,

@@ -9,10 +9,13 @@
 //! - [`decide`]: pure decisions (what a sync does, names, parameters, secrets, texts);
 //! - [`csi`]: the driver's calls;
 //! - [`controller`]: watch caches, the content queue, the sync;
+//! - [`group`]: volume group snapshots (the `CSIVolumeGroupSnapshot` gate): the group content
+//!   controller;
 //! - [`service`]: the Kubernetes clients and leader election around the controller.
 
 pub mod controller;
 pub mod csi;
 pub mod decide;
 pub mod flags;
+pub mod group;
 pub mod service;

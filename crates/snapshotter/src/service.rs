@@ -1,5 +1,5 @@
 //! What `csi-snapshotter` does after its start-up checks: the rate-limited Kubernetes client and
-//! the controller, run directly or only while this process holds the Lease
+//! the controllers (contents, and group contents with the `CSIVolumeGroupSnapshot` gate), run directly or only while this process holds the Lease
 //! (`external-snapshotter-leader-<driver>`).
 
 use std::time::Duration;
@@ -10,12 +10,13 @@ use tokio_util::sync::CancellationToken;
 use crate::controller::{self, Clients, Config};
 use crate::csi::{Driver, DriverCaps};
 use crate::flags::{self, FeatureGates, Options};
+use crate::group::controller::{self as group, GroupConfig};
 
 /// Why the driver `driver` with `caps` cannot be served as the command line asks (upstream's
 /// start-up refusals, exit 1), in upstream's words.
 pub fn refusal(
     options: &Options,
-    gates: &FeatureGates,
+    _gates: &FeatureGates,
     driver: &str,
     caps: DriverCaps,
 ) -> Option<String> {
@@ -27,16 +28,51 @@ pub fn refusal(
     if options.snapshot_name_prefix.is_empty() {
         return Some(flags::EMPTY_PREFIX.to_owned());
     }
-    if gates.volume_group_snapshot {
-        return Some("--feature-gates=CSIVolumeGroupSnapshot=true: volume group snapshots are not implemented by this csi-snapshotter (upstream has them off by default)".to_owned());
-    }
     None
+}
+
+/// With the `CSIVolumeGroupSnapshot` gate: asks the driver whether it can cut group snapshots
+/// and says so when it cannot (upstream's lines; the process goes on either way, as
+/// upstream's), then refuses an empty `--groupsnapshot-name-prefix` (exit 1).
+pub async fn group_check(
+    options: &Options,
+    gates: &FeatureGates,
+    driver: &Driver,
+    name: &str,
+) -> Option<String> {
+    if !gates.volume_group_snapshot {
+        return None;
+    }
+    match driver.group_snapshots().await {
+        Err(e) => tracing::error!(
+            "error determining if driver supports create/delete group snapshot operations: {}",
+            e.message
+        ),
+        Ok(false) => tracing::warn!(
+            "CSI driver {name} does not support GroupControllerCreateVolumeGroupSnapshot when the --feature-gates=CSIVolumeGroupSnapshot=true flag is set"
+        ),
+        Ok(true) => {}
+    }
+    options
+        .groupsnapshot_name_prefix
+        .is_empty()
+        .then(|| flags::EMPTY_GROUP_PREFIX.to_owned())
 }
 
 /// The controller's settings for the driver `driver` with `caps`, from the command line;
 /// `node`: this node's name with `--node-deployment`.
-pub fn config(options: &Options, driver: &str, caps: DriverCaps, node: Option<String>) -> Config {
+pub fn config(
+    options: &Options,
+    gates: &FeatureGates,
+    driver: &str,
+    caps: DriverCaps,
+    node: Option<String>,
+) -> Config {
     Config {
+        group: gates.volume_group_snapshot.then(|| GroupConfig {
+            name_prefix: options.groupsnapshot_name_prefix.clone(),
+            uuid_length: options.groupsnapshot_name_uuid_length,
+        }),
         driver: driver.to_owned(),
         caps,
         name_prefix: options.snapshot_name_prefix.clone(),
@@ -84,7 +120,20 @@ impl Service {
                 driver,
                 metrics,
             };
-            controller::run(config, clients, token)
+            async move {
+                let Some(groups) = config.group.clone() else {
+                    return controller::run(config, clients, token).await;
+                };
+                // The group controller only ends at the shutdown; the content controller
+                // also when its caches cannot be filled.
+                let groups = group::run(config.clone(), groups, clients.clone(), token.clone());
+                let contents = controller::run(config, clients, token);
+                tokio::pin!(contents);
+                tokio::select! {
+                    r = &mut contents => r,
+                    () = groups => contents.await,
+                }
+            }
         })
         .await
     }

@@ -1,0 +1,729 @@
+//! The group content controller: watch caches of VolumeGroupSnapshotContents and
+//! VolumeGroupSnapshotClasses, the work queue `csi-snapshotter-groupsnapshotcontent`, and the
+//! sync of one group content (create, re-create until ready, pre-provisioned status, deletion),
+//! run by the sidecar kit's [`Runner`] with `--worker-threads` workers and the
+//! `--resync-period` resync.
+//!
+//! Differences from upstream v8.6.0, none visible in the objects it leaves:
+//! - its own writes do not wake it (upstream enqueues every update, its three writes per pass
+//!   included, and so re-sends CreateVolumeGroupSnapshot about every 800 ms until the group is
+//!   ready, kubernetes-csi/external-snapshotter#1488); a group not yet ready is asked again
+//!   after the queue's back-off (`--retry-interval-start` doubling to `--retry-interval-max`;
+//!   upstream forgets it until the next resync, #1457);
+//! - a check that changes nothing writes nothing (upstream PUTs the whole status of a
+//!   pre-provisioned group at every check);
+//! - the status is a merge patch of the status subresource, never a PUT that can conflict;
+//! - each member in the status carries its creation time, readiness and size, which the
+//!   snapshot-controller copies into the member's content (upstream leaves them empty until a
+//!   ListSnapshots of each member);
+//! - the caches wait for the group CRDs without holding the content controller back (upstream
+//!   serves no snapshot at all while the group CRDs are missing).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use plugreg_sidecar_kit::cache;
+use plugreg_sidecar_kit::events::{EventType, Recorder};
+use plugreg_sidecar_kit::groupsnapshot::{
+    ANN_BEING_CREATED, ANN_BEING_DELETED, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
+    FINALIZER_CONTENT_BOUND, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
+};
+use plugreg_sidecar_kit::queue::WorkQueue;
+use plugreg_sidecar_kit::runtime::{Action, Lane, Runner, Writes};
+use plugreg_sidecar_kit::snapshot::LABEL_MANAGED_BY;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info};
+
+use super::decide::{self, GroupTaken};
+use crate::controller::{Clients, Config};
+use crate::csi::Failed;
+use crate::decide::{SecretRef, go_quote, may_be_in_progress, snapshot_name, strip_parameters};
+
+/// The group content queue's name (upstream's).
+pub const GROUP_QUEUE: &str = "csi-snapshotter-groupsnapshotcontent";
+
+/// How long a sync that found the cache behind its own last write waits before looking again.
+const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
+
+/// What the group controller needs beyond the content controller's [`Config`].
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    /// `--groupsnapshot-name-prefix`.
+    pub name_prefix: String,
+    /// `--groupsnapshot-name-uuid-length`.
+    pub uuid_length: i64,
+}
+
+/// A failed create or check: the group content as last written and the error.
+type SyncFailure = Box<(VolumeGroupSnapshotContent, String)>;
+
+/// The annotations a decision reads; the rest are dropped from the cache.
+const KEPT_ANNOTATIONS: [&str; 4] = [
+    ANN_BEING_CREATED,
+    ANN_BEING_DELETED,
+    ANN_DELETION_SECRET_NAME,
+    ANN_DELETION_SECRET_NAMESPACE,
+];
+
+fn trim_content(c: &mut VolumeGroupSnapshotContent) {
+    let m = &mut c.metadata;
+    let annotations = m.annotations.take().map(|mut a| {
+        a.retain(|k, _| KEPT_ANNOTATIONS.contains(&k.as_str()));
+        a
+    });
+    *m = ObjectMeta {
+        name: m.name.take(),
+        uid: m.uid.take(),
+        resource_version: m.resource_version.take(),
+        finalizers: m.finalizers.take(),
+        deletion_timestamp: m.deletion_timestamp.take(),
+        annotations: annotations.filter(|a| !a.is_empty()),
+        ..ObjectMeta::default()
+    };
+    let r = &mut c.spec.volume_group_snapshot_ref;
+    r.api_version = None;
+    r.field_path = None;
+    r.kind = None;
+    r.resource_version = None;
+}
+
+fn trim_class(c: &mut VolumeGroupSnapshotClass) {
+    let m = &mut c.metadata;
+    *m = ObjectMeta {
+        name: m.name.take(),
+        resource_version: m.resource_version.take(),
+        ..ObjectMeta::default()
+    };
+}
+
+struct Controller {
+    cfg: Config,
+    group: GroupConfig,
+    clients: Clients,
+    recorder: Recorder,
+    contents: Store<VolumeGroupSnapshotContent>,
+    classes: Store<VolumeGroupSnapshotClass>,
+    written: Arc<Writes<String>>,
+}
+
+/// Runs until `shutdown`. The caches may wait for the group CRDs for ever (each failed watch
+/// is logged and retried); the content controller runs meanwhile.
+pub async fn run(cfg: Config, group: GroupConfig, clients: Clients, shutdown: CancellationToken) {
+    let queue: Arc<WorkQueue<String>> = WorkQueue::new(
+        GROUP_QUEUE,
+        cfg.retry_start,
+        cfg.retry_max,
+        Arc::clone(&clients.metrics),
+        shutdown.clone(),
+    );
+    let mut ready = Vec::new();
+    let pending_fp: Arc<Mutex<u64>> = Arc::default();
+    let seen: Mutex<HashMap<String, (u64, bool)>> = Mutex::default();
+    let written: Arc<Writes<String>> = Arc::default();
+    let (q, driver, fp_in, fp_out, w) = (
+        Arc::clone(&queue),
+        cfg.driver.clone(),
+        Arc::clone(&pending_fp),
+        Arc::clone(&pending_fp),
+        Arc::clone(&written),
+    );
+    let mut selector = watcher::Config::default();
+    if let Some(node) = &cfg.node {
+        selector = selector.labels(&format!("{LABEL_MANAGED_BY}={node}"));
+    }
+    let contents = cache::watch_selected::<VolumeGroupSnapshotContent>(
+        &clients.watches,
+        selector,
+        &shutdown,
+        &mut ready,
+        move |c| {
+            *fp_in.lock().unwrap_or_else(|e| e.into_inner()) = decide::fingerprint(c);
+            trim_content(c);
+        },
+        move |c, deleted| {
+            let name = c.name_any();
+            let fp = *fp_out.lock().unwrap_or_else(|e| e.into_inner());
+            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            if deleted {
+                seen.remove(&name);
+                w.forget(&name);
+                return;
+            }
+            if c.spec.driver != driver {
+                return;
+            }
+            let is_ready = c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true);
+            let wake = match seen.insert(name.clone(), (fp, is_ready)) {
+                None => true,
+                Some((old_fp, was_ready)) => old_fp != fp || (is_ready && !was_ready),
+            };
+            if wake {
+                q.add(name);
+            }
+        },
+    );
+    let classes = cache::watch::<VolumeGroupSnapshotClass>(
+        &clients.watches,
+        &shutdown,
+        &mut ready,
+        trim_class,
+        |_, _| {},
+    );
+    for r in ready {
+        tokio::select! {
+            res = r => if res.is_err() {
+                return;
+            },
+            () = shutdown.cancelled() => return,
+        }
+    }
+    info!("Starting CSI group snapshotter");
+    let recorder = Recorder::start(
+        clients.events.clone(),
+        &format!("csi-snapshotter {}", cfg.driver),
+        "",
+        shutdown.clone(),
+    );
+    let ctl = Arc::new(Controller {
+        cfg,
+        group,
+        clients,
+        recorder,
+        contents,
+        classes,
+        written,
+    });
+    let (c, q) = (Arc::clone(&ctl), Arc::clone(&queue));
+    Runner::new(vec![Lane::new(queue, ctl.cfg.workers)])
+        .resync(ctl.cfg.resync, move || {
+            for content in c.contents.state() {
+                if content.spec.driver == c.cfg.driver {
+                    q.add(content.name_any());
+                }
+            }
+        })
+        .run(
+            ctl,
+            shutdown,
+            |c: Arc<Controller>, _, name: String| async move { c.sync(&name).await },
+            |_: &Controller, _, name: &String, why: String| {
+                debug!(group_content = %name, why = %why, "group content needs another sync");
+                Action::Retry
+            },
+        )
+        .await;
+}
+
+/// The message of an API error as client-go prints it.
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+impl Controller {
+    fn api(&self) -> Api<VolumeGroupSnapshotContent> {
+        Api::all(self.clients.kube.clone())
+    }
+
+    fn class(&self, name: &str) -> Option<Arc<VolumeGroupSnapshotClass>> {
+        self.classes.get(&ObjectRef::new(name))
+    }
+
+    fn warn(&self, c: &VolumeGroupSnapshotContent, reason: &str, message: &str) {
+        let reference = ObjectReference {
+            api_version: Some("groupsnapshot.storage.k8s.io/v1".into()),
+            kind: Some("VolumeGroupSnapshotContent".into()),
+            name: c.metadata.name.clone(),
+            uid: c.metadata.uid.clone(),
+            resource_version: c.metadata.resource_version.clone(),
+            ..ObjectReference::default()
+        };
+        self.recorder
+            .event(&reference, EventType::Warning, reason, message);
+    }
+
+    async fn sync(&self, name: &str) -> Result<Action, String> {
+        let Some(cached) = self.contents.get(&ObjectRef::new(name)) else {
+            debug!(group_content = name, "group content was deleted, ignoring");
+            return Ok(Action::Done);
+        };
+        let content = (*cached).clone();
+        drop(cached);
+        let class_driver = content
+            .spec
+            .volume_group_snapshot_class_name
+            .as_deref()
+            .and_then(|n| self.class(n))
+            .map(|c| c.driver.clone());
+        if !decide::is_ours(&content, &self.cfg.driver, class_driver.as_deref()) {
+            return Ok(Action::Done);
+        }
+        if self
+            .written
+            .behind(name, content.metadata.resource_version.as_deref())
+        {
+            return Ok(Action::After(CACHE_CATCH_UP));
+        }
+        let action = decide::action(&content);
+        let result = match action {
+            decide::Action::Delete => return self.delete(content).await,
+            decide::Action::Create | decide::Action::CreateAgain => {
+                self.create(content.clone()).await
+            }
+            decide::Action::CheckStatic => self.check_static(content.clone()).await,
+            decide::Action::Ready => {
+                if decide::being_created(&content) {
+                    self.remove_being_created(&content).await.map_err(|e| {
+                        format!(
+                            "failed to remove VolumeGroupSnapshotBeingCreated annotation on the groupSnapshotContent {name}: {}",
+                            go_quote(&e)
+                        )
+                    })?;
+                    if content.metadata.deletion_timestamp.is_some() {
+                        return Ok(Action::After(CACHE_CATCH_UP));
+                    }
+                }
+                return Ok(Action::Done);
+            }
+            decide::Action::Nothing => return Ok(Action::Done),
+        };
+        match result {
+            Ok(true) => Ok(Action::Done),
+            Ok(false) => Err("group snapshot not ready yet".into()),
+            Err(failure) => {
+                let (current, err) = *failure;
+                let (reason, message) = decide::failure(action, &err);
+                self.record_error(&current, reason, &message).await;
+                error!(group_content = name, err = %err, "could not sync group snapshot content");
+                Err(err)
+            }
+        }
+    }
+
+    async fn record_error(&self, c: &VolumeGroupSnapshotContent, reason: &str, message: &str) {
+        let current = c.status.as_ref().and_then(|s| s.error.as_ref());
+        let Some(patch) = crate::decide::error_patch_over(current, message, &now_rfc3339()) else {
+            return;
+        };
+        match self
+            .api()
+            .patch_status(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(updated) => self
+                .written
+                .record(c.name_any(), updated.metadata.resource_version.as_deref()),
+            Err(e) => {
+                error!(group_content = %c.name_any(), err = %api_message(&e), "failed to write the group content's error status")
+            }
+        }
+        self.warn(c, reason, message);
+    }
+
+    async fn secret(&self, r: &SecretRef) -> Result<HashMap<String, String>, String> {
+        let api: Api<Secret> = Api::namespaced(self.clients.kube.clone(), &r.0);
+        let s = api.get(&r.1).await.map_err(|e| api_message(&e))?;
+        Ok(s.data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect())
+    }
+
+    /// The create and delete secrets of `c` (from its group deletion-secret annotations).
+    async fn annotated_secrets(
+        &self,
+        c: &VolumeGroupSnapshotContent,
+    ) -> Result<HashMap<String, String>, String> {
+        match decide::annotated_secret(c)? {
+            None => Ok(HashMap::new()),
+            Some(r) => self.secret(&r).await.map_err(|e| {
+                error!(group_content = %c.name_any(), err = %e, "Failed to get credentials for group snapshot content");
+                format!(
+                    "cannot get credentials for group snapshot content {:?}",
+                    c.name_any()
+                )
+            }),
+        }
+    }
+
+    async fn patch_meta(
+        &self,
+        c: &VolumeGroupSnapshotContent,
+        patch: serde_json::Value,
+    ) -> Result<VolumeGroupSnapshotContent, String> {
+        let name = c.name_any();
+        let updated = self
+            .api()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| {
+                format!(
+                    "snapshot controller failed to update {name} on API server: {}",
+                    api_message(&e)
+                )
+            })?;
+        self.written
+            .record(name, updated.metadata.resource_version.as_deref());
+        Ok(updated)
+    }
+
+    async fn remove_being_created(
+        &self,
+        c: &VolumeGroupSnapshotContent,
+    ) -> Result<VolumeGroupSnapshotContent, String> {
+        self.patch_meta(
+            c,
+            json!({"metadata": {"annotations": {ANN_BEING_CREATED: null}}}),
+        )
+        .await
+    }
+
+    async fn write_status(
+        &self,
+        c: &VolumeGroupSnapshotContent,
+        taken: &GroupTaken,
+    ) -> Result<VolumeGroupSnapshotContent, String> {
+        let Some(next) = decide::status_after(c.status.as_ref(), taken) else {
+            return Ok(c.clone());
+        };
+        let name = c.name_any();
+        let updated = self
+            .api()
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(decide::status_patch(&next)),
+            )
+            .await
+            .map_err(|e| {
+                format!(
+                    "snapshot controller failed to update {name} on API server: {}",
+                    api_message(&e)
+                )
+            })?;
+        self.written
+            .record(name, updated.metadata.resource_version.as_deref());
+        Ok(updated)
+    }
+
+    /// CreateVolumeGroupSnapshot for `c` (the first or a re-sent one) and the status after it:
+    /// `Ok(ready)`, or the group content as last written and the error.
+    async fn create(&self, c: VolumeGroupSnapshotContent) -> Result<bool, SyncFailure> {
+        let name = c.name_any();
+        let fail = |c: &VolumeGroupSnapshotContent, e: String| Err(Box::new((c.clone(), e)));
+        info!(group_content = %name, "createGroupSnapshotWrapper: Creating group snapshot for group snapshot content {name} through the plugin ...");
+        let inputs = async {
+            let class = match c.spec.volume_group_snapshot_class_name.as_deref() {
+                None => {
+                    return Err(format!(
+                        "failed to take group snapshot {name} without a group snapshot class"
+                    ));
+                }
+                Some(n) => self.class(n).ok_or_else(|| {
+                    format!("volumegroupsnapshotclass.groupsnapshot.storage.k8s.io {n:?} not found")
+                })?,
+            };
+            let secrets = self.annotated_secrets(&c).await?;
+            Ok((class, secrets))
+        };
+        let (class, secrets) = match inputs.await {
+            Ok(x) => x,
+            Err(e) => {
+                return fail(
+                    &c,
+                    format!(
+                        "failed to get input parameters to create group snapshot for group snapshot content {name}: {}",
+                        go_quote(&e)
+                    ),
+                );
+            }
+        };
+        let c = if decide::being_created(&c) {
+            c
+        } else {
+            match self
+                .patch_meta(
+                    &c,
+                    json!({"metadata": {"annotations": {ANN_BEING_CREATED: "yes"}}}),
+                )
+                .await
+            {
+                Ok(updated) => updated,
+                Err(e) => {
+                    return fail(
+                        &c,
+                        format!(
+                            "failed to add VolumeGroupSnapshotBeingCreated annotation on the group snapshot content {name}: {}",
+                            go_quote(&e)
+                        ),
+                    );
+                }
+            }
+        };
+        // Upstream checks the parameters only now, so an unknown reserved key leaves the
+        // annotation on: kept, as for contents.
+        let empty = BTreeMap::new();
+        let mut params = match strip_parameters(class.parameters.as_ref().unwrap_or(&empty)) {
+            Ok(p) => p,
+            Err(e) => return fail(&c, e),
+        };
+        if self.cfg.extra_create_metadata {
+            decide::add_metadata(&mut params, &c);
+        }
+        let Some(uid) = c
+            .spec
+            .volume_group_snapshot_ref
+            .uid
+            .clone()
+            .filter(|u| !u.is_empty())
+        else {
+            return fail(
+                &c,
+                format!(
+                    "cannot create group snapshot. Group snapshot content {name} not bound to a group snapshot"
+                ),
+            );
+        };
+        let volumes = decide::volume_handles(&c).to_vec();
+        if volumes.is_empty() {
+            return fail(
+                &c,
+                format!(
+                    "cannot create group snapshot. PVCs to be snapshotted not found in group snapshot content {name}"
+                ),
+            );
+        }
+        let group_name = snapshot_name(&self.group.name_prefix, &uid, self.group.uuid_length);
+        let taken = match self
+            .clients
+            .driver
+            .create_group(&volumes, &group_name, params, secrets)
+            .await
+        {
+            Ok(t) => t,
+            Err(Failed { message, code }) => {
+                info!(group_content = %name, "createGroupSnapshotWrapper: CreateGroupSnapshot for groupSnapshotContent {name} returned error: {message}");
+                let mut err = format!(
+                    "failed to take group snapshot of the volumes [{}]: {}",
+                    volumes.join(" "),
+                    go_quote(&message)
+                );
+                let mut current = c.clone();
+                if !may_be_in_progress(code) {
+                    match self.remove_being_created(&c).await {
+                        Ok(updated) => current = updated,
+                        Err(e) => {
+                            err = format!(
+                                "failed to remove VolumeGroupSnapshotBeingCreated annotation from the group snapshot content {name}: {e}"
+                            );
+                        }
+                    }
+                }
+                return Err(Box::new((current, err)));
+            }
+        };
+        debug!(group_content = %name, handle = %taken.handle, ready = taken.ready, members = taken.members.len(), "CreateVolumeGroupSnapshot answered");
+        let c = match self.write_status(&c, &taken).await {
+            Ok(updated) => updated,
+            Err(e) => {
+                return fail(
+                    &c,
+                    format!("error updating status for volume group snapshot content {name}: {e}"),
+                );
+            }
+        };
+        if let Err(e) = self.remove_being_created(&c).await {
+            return fail(
+                &c,
+                format!(
+                    "failed to remove VolumeGroupSnapshotBeingCreated annotation on the groupSnapshotContent {name}: {}",
+                    go_quote(&e)
+                ),
+            );
+        }
+        Ok(taken.ready)
+    }
+
+    /// The status of a pre-provisioned group from GetVolumeGroupSnapshot.
+    async fn check_static(&self, c: VolumeGroupSnapshotContent) -> Result<bool, SyncFailure> {
+        let name = c.name_any();
+        let fail = |e: String| Err(Box::new((c.clone(), e)));
+        let secrets = match c.spec.volume_group_snapshot_class_name.as_deref() {
+            None => HashMap::new(),
+            Some(n) => {
+                let Some(class) = self.class(n) else {
+                    return fail(format!(
+                        "failed to get group snapshot class {n} for group snapshot content {name}: volumegroupsnapshotclass.groupsnapshot.storage.k8s.io {n:?} not found"
+                    ));
+                };
+                let empty = BTreeMap::new();
+                match crate::decide::class_secret(
+                    class.parameters.as_ref().unwrap_or(&empty),
+                    &decide::GET_SECRET,
+                    &name,
+                ) {
+                    Ok(None) => HashMap::new(),
+                    Ok(Some(r)) => match self.secret(&r).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            return fail(format!(
+                                "failed to get credentials for group snapshot content {name}: {e}"
+                            ));
+                        }
+                    },
+                    Err(e) => {
+                        return fail(format!(
+                            "failed to get secret reference for group snapshot content {name}: {e}"
+                        ));
+                    }
+                }
+            }
+        };
+        let handle = decide::group_handle(&c).unwrap_or_default();
+        let ids = c
+            .spec
+            .source
+            .group_snapshot_handles
+            .as_ref()
+            .map(|h| h.volume_snapshot_handles.clone())
+            .unwrap_or_default();
+        if ids.is_empty() {
+            return fail(format!(
+                "cannot list group snapshot {name}. No snapshots found in the group snapshot content"
+            ));
+        }
+        let taken = match self.clients.driver.get_group(&handle, ids, secrets).await {
+            // Upstream reads only the readiness and the time of the answer.
+            Ok(t) => GroupTaken {
+                handle: handle.clone(),
+                members: Vec::new(),
+                ..t
+            },
+            Err(f) => {
+                return fail(format!(
+                    "failed to list group snapshot for group snapshot content {name}: {}",
+                    go_quote(&f.message)
+                ));
+            }
+        };
+        match self.write_status(&c, &taken).await {
+            Ok(_) => Ok(taken.ready),
+            Err(e) => fail(e),
+        }
+    }
+
+    /// Deletion: DeleteVolumeGroupSnapshot by policy, the status cleared, then the finalizer
+    /// removed, in one pass.
+    async fn delete(&self, c: VolumeGroupSnapshotContent) -> Result<Action, String> {
+        let name = c.name_any();
+        let mut current = c.clone();
+        let status_handle = c
+            .status
+            .as_ref()
+            .and_then(|s| s.volume_group_snapshot_handle.clone());
+        if c.spec.deletion_policy == "Delete" && status_handle.is_some() {
+            let secrets = match self.annotated_secrets(&c).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.warn(
+                        &c,
+                        decide::REASON_DELETE_ERROR,
+                        "Failed to get snapshot credentials",
+                    );
+                    return Err(format!(
+                        "failed to get input parameters to delete group snapshot for group snapshot content {name}: {}",
+                        go_quote(&e)
+                    ));
+                }
+            };
+            let ids = decide::member_ids(&c);
+            if ids.is_empty() {
+                return Err(format!(
+                    "cannot delete group snapshot content {name}. No snapshots found in the group snapshot"
+                ));
+            }
+            let handle = decide::group_handle(&c).unwrap_or_default();
+            if let Err(f) = self
+                .clients
+                .driver
+                .delete_group(&handle, ids, secrets)
+                .await
+            {
+                self.warn(
+                    &c,
+                    decide::REASON_DELETE_ERROR,
+                    "Failed to delete group snapshot",
+                );
+                let err = format!(
+                    "failed to delete group snapshot {name:?}, err: {}",
+                    f.message
+                );
+                error!(group_content = %name, err = %err, "could not sync group snapshot content");
+                return Err(err);
+            }
+            match self
+                .api()
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(decide::cleared_status_patch()),
+                )
+                .await
+            {
+                Ok(updated) => {
+                    self.written
+                        .record(name.clone(), updated.metadata.resource_version.as_deref());
+                    current = updated;
+                }
+                Err(e) => {
+                    self.warn(
+                        &c,
+                        decide::REASON_DELETE_ERROR,
+                        "Failed to clear content status",
+                    );
+                    return Err(format!(
+                        "snapshot controller failed to update {name} on API server: {}",
+                        api_message(&e)
+                    ));
+                }
+            }
+        }
+        let finalizers = current.metadata.finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == FINALIZER_CONTENT_BOUND) {
+            return Ok(Action::Done);
+        }
+        let rest: Vec<&String> = finalizers
+            .iter()
+            .filter(|f| *f != FINALIZER_CONTENT_BOUND)
+            .collect();
+        let rest = if rest.is_empty() {
+            json!(null)
+        } else {
+            json!(rest)
+        };
+        let patch = json!({"metadata": {
+            "finalizers": rest,
+            "resourceVersion": current.metadata.resource_version,
+        }});
+        self.patch_meta(&current, patch).await?;
+        Ok(Action::Done)
+    }
+}
