@@ -68,26 +68,12 @@ const VENDOR_FORK_FLAGS: &[(&str, &str, &str)] = &[
 /// why). A switch is a boolean flag, or `Gate` for a feature gate. A row that switches one on is
 /// refused at start (exit 1, the message naming it): doing nothing instead would leave the
 /// cluster waiting for what the flag promises.
-const NOT_IMPLEMENTED: &[(&str, &str, &str, &str)] = &[
-    (
-        "snapshotter",
-        "enable-volume-group-snapshots",
-        "volume group snapshots are not implemented",
-        "the flag is the CSIVolumeGroupSnapshot gate now, and group snapshots are not implemented: their contents would wait forever",
-    ),
-    (
-        "snapshotter",
-        "Gate:CSIVolumeGroupSnapshot",
-        "volume group snapshots are not implemented",
-        "group snapshots are not implemented: their contents would wait forever",
-    ),
-    (
-        "provisioner",
-        "Gate:CrossNamespaceVolumeDataSource",
-        "is not supported",
-        "cross-namespace data sources are not implemented",
-    ),
-];
+const NOT_IMPLEMENTED: &[(&str, &str, &str, &str)] = &[(
+    "provisioner",
+    "Gate:CrossNamespaceVolumeDataSource",
+    "is not supported",
+    "cross-namespace data sources are not implemented",
+)];
 
 /// Sidecars of the table that plugreg has no binary for: (sidecar, why). Their rows are counted
 /// and listed, not run. None today: every sidecar of the table has its drop-in.
@@ -545,6 +531,7 @@ fn driver_config(row: &Row, driver: &str) -> DriverConfig {
         clone_volume: true,
         list_volumes: health,
         volume_condition: health,
+        group_snapshots: row.sidecar == "snapshotter",
         ..DriverConfig::default()
     }
 }
@@ -847,21 +834,22 @@ fn listed_failures_are_recognised() {
         )),
         Expect::Ready
     );
-    assert!(matches!(
+    // Group snapshots are implemented: v8.0's flag and the gate start.
+    assert_eq!(
         expectation(&row("snapshotter", "--enable-volume-group-snapshots=true")),
-        Expect::Refused(_)
-    ));
+        Expect::Ready
+    );
     assert_eq!(
         expectation(&row("snapshotter", "--enable-volume-group-snapshots=false")),
         Expect::Ready
     );
-    assert!(matches!(
+    assert_eq!(
         expectation(&row(
             "snapshotter",
             "--feature-gates=CSIVolumeGroupSnapshot=true"
         )),
-        Expect::Refused(_)
-    ));
+        Expect::Ready
+    );
     // The attacher has no such flag: its row must start.
     assert_eq!(expectation(&row("attacher", "--tkgs-ha")), Expect::Ready);
 }
