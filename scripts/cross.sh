@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Cross builds for the platforms upstream's sidecar images ship, and riscv64 (issue 32, in
+# progress: binaries and qemu runs work; images, OCI indexes and the suite's proofs do not yet).
+#
+#   scripts/cross.sh setup                         as root: the toolchain below (Debian packages)
+#   scripts/cross.sh build PLATFORM [CARGO ARGS]   release binaries for PLATFORM into
+#                                                  target/cross/<triple>/release
+#   scripts/cross.sh run PLATFORM BINARY [ARGS]    BINARY of PLATFORM under qemu-user-static
+#   scripts/cross.sh platforms                     PLATFORM -> Rust target triple
+#
+# PLATFORM is an OCI platform: linux/amd64, linux/arm64, linux/arm/v7, linux/ppc64le,
+# linux/s390x, linux/riscv64. Example:
+#   scripts/cross.sh build linux/s390x -p plugreg-livenessprobe
+#   scripts/cross.sh run linux/s390x target/cross/s390x-unknown-linux-gnu/release/livenessprobe --version
+#
+# Why this toolchain: rustup cannot download other targets' standard libraries here (no network
+# but the package registries). Debian bookworm's `rustc-web` (rustc 1.96, kept current for the
+# browsers' builds) and `rust-web-src` (the same release's standard library source) are in the
+# registry, so the standard library is compiled for the target with cargo's `-Zbuild-std`
+# (`RUSTC_BOOTSTRAP=1`: the same compiler and source, one release newer than the workspace's
+# rustup toolchain). Linking is Debian's cross gcc and the target's glibc
+# (`gcc-<triple>`, `libc6-dev-<arch>-cross`); the binaries are glibc binaries, as the amd64
+# images' are (images/README.md). Debian's prebuilt `libstd-rust-web-dev:<arch>` is 1.96 only
+# for arm64 in the registry (1.85 elsewhere), so every foreign platform builds its std the same
+# way instead.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# platform triple gcc-prefix debian-arch qemu
+PLATFORMS="
+linux/amd64 x86_64-unknown-linux-gnu - amd64 -
+linux/arm64 aarch64-unknown-linux-gnu aarch64-linux-gnu arm64 aarch64
+linux/arm/v7 armv7-unknown-linux-gnueabihf arm-linux-gnueabihf armhf arm
+linux/ppc64le powerpc64le-unknown-linux-gnu powerpc64le-linux-gnu ppc64el ppc64le
+linux/s390x s390x-unknown-linux-gnu s390x-linux-gnu s390x s390x
+linux/riscv64 riscv64gc-unknown-linux-gnu riscv64-linux-gnu riscv64 riscv64
+"
+
+field() { # field PLATFORM N
+    awk -v p="$1" -v n="$2" '$1 == p { print $n }' <<<"$PLATFORMS"
+}
+
+platform_or_die() {
+    if [ -z "$(field "$1" 2)" ]; then
+        echo "scripts/cross.sh: unknown platform $1 (see: scripts/cross.sh platforms)" >&2
+        exit 2
+    fi
+}
+
+case ${1:-} in
+setup)
+    pkgs=(rustc-web rust-web-src qemu-user-static)
+    while read -r platform _triple gcc arch _qemu; do
+        [ -z "$platform" ] || [ "$gcc" = - ] && continue
+        pkgs+=("gcc-$gcc" "libc6-dev-$arch-cross")
+    done <<<"$PLATFORMS"
+    apt-get install -y --no-install-recommends "${pkgs[@]}"
+    ;;
+build)
+    platform=${2:?PLATFORM}
+    shift 2
+    platform_or_die "$platform"
+    triple=$(field "$platform" 2)
+    gcc=$(field "$platform" 3)
+    if [ "$gcc" = - ]; then
+        exec cargo build --release --locked --target "$triple" --target-dir "$repo/target/cross" "$@"
+    fi
+    linker_var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$triple")_LINKER"
+    cd "$repo"
+    export "$linker_var=$gcc-gcc"
+    RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc exec cargo build --release --locked \
+        -Zbuild-std=std,panic_abort --target "$triple" --target-dir "$repo/target/cross" "$@"
+    ;;
+run)
+    platform=${2:?PLATFORM}
+    binary=${3:?BINARY}
+    shift 3
+    platform_or_die "$platform"
+    qemu=$(field "$platform" 5)
+    gcc=$(field "$platform" 3)
+    if [ "$qemu" = - ]; then
+        exec "$binary" "$@"
+    fi
+    exec "qemu-$qemu-static" -L "/usr/$gcc" "$binary" "$@"
+    ;;
+platforms)
+    awk 'NF { print $1, $2 }' <<<"$PLATFORMS"
+    ;;
+*)
+    sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || exit 2
+    ;;
+esac
