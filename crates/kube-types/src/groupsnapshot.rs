@@ -8,7 +8,6 @@
 //! on decode: these types are for reading and for building patches, never for a whole-object
 //! PUT.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -163,43 +162,21 @@ pub struct VolumeSnapshotInfo {
     pub restore_size: Option<i64>,
 }
 
-macro_rules! group_resource {
-    ($ty:ty, $kind:literal, $plural:literal) => {
-        impl kube::Resource for $ty {
-            type DynamicType = ();
-            type Scope = k8s_openapi::ClusterResourceScope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                $kind.into()
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                GROUP.into()
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                VERSION.into()
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                $plural.into()
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
-
-group_resource!(
+crd_resource!(
     VolumeGroupSnapshotContent,
+    GROUP,
+    VERSION,
     "VolumeGroupSnapshotContent",
-    "volumegroupsnapshotcontents"
+    "volumegroupsnapshotcontents",
+    k8s_openapi::ClusterResourceScope
 );
-group_resource!(
+crd_resource!(
     VolumeGroupSnapshotClass,
+    GROUP,
+    VERSION,
     "VolumeGroupSnapshotClass",
-    "volumegroupsnapshotclasses"
+    "volumegroupsnapshotclasses",
+    k8s_openapi::ClusterResourceScope
 );
 
 #[cfg(test)]

@@ -7,7 +7,6 @@
 //! controllers then refuse; fields this crate does not know are dropped on decode, so these
 //! types are for reading and for building patches, never for a whole-object PUT.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -224,48 +223,26 @@ pub struct VolumeSnapshotContentStatus {
     pub volume_group_snapshot_handle: Option<String>,
 }
 
-macro_rules! snapshot_resource {
-    ($ty:ty, $kind:literal, $plural:literal, $scope:ty) => {
-        impl kube::Resource for $ty {
-            type DynamicType = ();
-            type Scope = $scope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                $kind.into()
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                GROUP.into()
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                VERSION.into()
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                $plural.into()
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
-
-snapshot_resource!(
+crd_resource!(
     VolumeSnapshot,
+    GROUP,
+    VERSION,
     "VolumeSnapshot",
     "volumesnapshots",
     k8s_openapi::NamespaceResourceScope
 );
-snapshot_resource!(
+crd_resource!(
     VolumeSnapshotContent,
+    GROUP,
+    VERSION,
     "VolumeSnapshotContent",
     "volumesnapshotcontents",
     k8s_openapi::ClusterResourceScope
 );
-snapshot_resource!(
+crd_resource!(
     VolumeSnapshotClass,
+    GROUP,
+    VERSION,
     "VolumeSnapshotClass",
     "volumesnapshotclasses",
     k8s_openapi::ClusterResourceScope

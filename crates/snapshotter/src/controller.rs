@@ -18,9 +18,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
@@ -39,7 +38,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
 use crate::csi::{Driver, DriverCaps, Failed};
-use crate::decide::{self, SecretRef, Taken};
+use crate::decide::{self, Taken};
+use crate::writes::{Writer, api_message, now_rfc3339};
 
 /// The content queue's name (upstream's).
 pub const CONTENT_QUEUE: &str = "csi-snapshotter-content";
@@ -151,8 +151,8 @@ struct Controller {
     recorder: Recorder,
     contents: Store<VolumeSnapshotContent>,
     classes: Store<VolumeSnapshotClass>,
-    /// Our own last write of each content, by name.
-    written: Arc<Writes<String>>,
+    /// Its writes, each remembered by resource version.
+    writer: Writer<VolumeSnapshotContent>,
 }
 
 /// Runs until `shutdown` (Ok) or until a cache cannot be filled (Err).
@@ -257,11 +257,11 @@ pub async fn run(
         shutdown.clone(),
     );
     let ctl = Arc::new(Controller {
+        writer: Writer::new(clients.kube.clone(), written),
         clients,
         recorder,
         contents,
         classes,
-        written,
         cfg,
     });
     // Upstream's informer resync: every content is synced again every --resync-period.
@@ -288,21 +288,6 @@ pub async fn run(
     Ok(())
 }
 
-/// The message of an API error as client-go prints it (`secrets "x" not found`).
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => s.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .round(k8s_openapi::jiff::Unit::Second)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
 fn now_nanos() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -310,10 +295,6 @@ fn now_nanos() -> i64 {
 }
 
 impl Controller {
-    fn api(&self) -> Api<VolumeSnapshotContent> {
-        Api::all(self.clients.kube.clone())
-    }
-
     fn class(&self, name: &str) -> Option<Arc<VolumeSnapshotClass>> {
         self.classes.get(&ObjectRef::new(name))
     }
@@ -354,6 +335,7 @@ impl Controller {
             return Ok(Action::Done);
         }
         if self
+            .writer
             .written
             .behind(name, content.metadata.resource_version.as_deref())
         {
@@ -406,30 +388,10 @@ impl Controller {
         let Some(patch) = decide::error_patch(c.status.as_ref(), message, &now_rfc3339()) else {
             return;
         };
-        match self
-            .api()
-            .patch_status(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            Ok(updated) => self
-                .written
-                .record(c.name_any(), updated.metadata.resource_version.as_deref()),
-            Err(e) => {
-                error!(content = %c.name_any(), err = %api_message(&e), "failed to write the content's error status")
-            }
+        if let Err(e) = self.writer.patch_status(&c.name_any(), patch).await {
+            error!(content = %c.name_any(), err = %api_message(&e), "failed to write the content's error status");
         }
         self.warn(c, reason, message);
-    }
-
-    /// The data of the Secret `r`, values as strings.
-    async fn secret(&self, r: &SecretRef) -> Result<HashMap<String, String>, String> {
-        let api: Api<Secret> = Api::namespaced(self.clients.kube.clone(), &r.0);
-        let s = api.get(&r.1).await.map_err(|e| api_message(&e))?;
-        Ok(s.data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-            .collect())
     }
 
     /// The CreateSnapshot and DeleteSnapshot secrets of `c` (from its annotations).
@@ -439,7 +401,7 @@ impl Controller {
     ) -> Result<HashMap<String, String>, String> {
         match decide::annotated_secret(c)? {
             None => Ok(HashMap::new()),
-            Some(r) => self.secret(&r).await.map_err(|e| {
+            Some(r) => self.writer.secret(&r).await.map_err(|e| {
                 error!(content = %c.name_any(), err = %e, "failed to get credentials");
                 format!(
                     "cannot get credentials for snapshot content {:?}",
@@ -454,14 +416,10 @@ impl Controller {
         c: &VolumeSnapshotContent,
         patch: serde_json::Value,
     ) -> Result<VolumeSnapshotContent, String> {
-        let updated = self
-            .api()
-            .patch(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+        self.writer
+            .patch(&c.name_any(), patch)
             .await
-            .map_err(|e| api_message(&e))?;
-        self.written
-            .record(c.name_any(), updated.metadata.resource_version.as_deref());
-        Ok(updated)
+            .map_err(|e| api_message(&e))
     }
 
     async fn remove_being_created(
@@ -485,23 +443,15 @@ impl Controller {
             return Ok(c.clone());
         };
         let name = c.name_any();
-        let updated = self
-            .api()
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(decide::status_patch(&next)),
-            )
+        self.writer
+            .patch_status(&name, decide::status_patch(&next))
             .await
             .map_err(|e| {
                 format!(
                     "error updating status for volume snapshot content {name}: snapshot controller failed to update {name} on API server: {}",
                     api_message(&e)
                 )
-            })?;
-        self.written
-            .record(name, updated.metadata.resource_version.as_deref());
-        Ok(updated)
+            })
     }
 
     /// CreateSnapshot for `c` (the first or a re-sent one) and the status after it: `Ok(ready)`,
@@ -654,7 +604,7 @@ impl Controller {
                 let empty = BTreeMap::new();
                 match decide::list_secret(class.parameters.as_ref().unwrap_or(&empty), &name) {
                     Ok(None) => HashMap::new(),
-                    Ok(Some(r)) => match self.secret(&r).await {
+                    Ok(Some(r)) => match self.writer.secret(&r).await {
                         Ok(s) => s,
                         Err(e) => {
                             return fail(format!(
@@ -747,19 +697,11 @@ impl Controller {
                 return Err(err);
             }
             match self
-                .api()
-                .patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(decide::cleared_status_patch()),
-                )
+                .writer
+                .patch_status(&name, decide::cleared_status_patch())
                 .await
             {
-                Ok(updated) => {
-                    self.written
-                        .record(name.clone(), updated.metadata.resource_version.as_deref());
-                    current = updated;
-                }
+                Ok(updated) => current = updated,
                 Err(e) => {
                     self.warn(
                         &c,
@@ -770,27 +712,15 @@ impl Controller {
                 }
             }
         }
-        let finalizers = current.metadata.finalizers.clone().unwrap_or_default();
-        if !finalizers.iter().any(|f| f == FINALIZER_CONTENT_BOUND) {
-            return Ok(Action::Done);
-        }
-        let rest: Vec<&String> = finalizers
-            .iter()
-            .filter(|f| *f != FINALIZER_CONTENT_BOUND)
-            .collect();
-        let rest = if rest.is_empty() {
-            json!(null)
-        } else {
-            json!(rest)
-        };
-        // The resource version read with the list: a finalizer added meanwhile is not lost.
-        let patch = json!({"metadata": {
-            "finalizers": rest,
-            "resourceVersion": current.metadata.resource_version,
-        }});
-        self.patch_meta(&current, patch).await.map_err(|e| {
-            format!("snapshot controller failed to update {name} on API server: {e}")
-        })?;
+        self.writer
+            .remove_finalizer(&current, FINALIZER_CONTENT_BOUND)
+            .await
+            .map_err(|e| {
+                format!(
+                    "snapshot controller failed to update {name} on API server: {}",
+                    api_message(&e)
+                )
+            })?;
         Ok(Action::Done)
     }
 }

@@ -483,21 +483,28 @@ pub fn failure(action: Action, err: &str) -> (&'static str, String) {
 /// finalizers, managed fields and the being-created annotation. The sidecar's own writes
 /// leave it unchanged.
 pub fn fingerprint(content: &VolumeSnapshotContent) -> u64 {
+    fingerprint_of(&content.metadata, &content.spec, ANN_BEING_CREATED)
+}
+
+/// [`fingerprint`] of any object's `meta` and `spec`, leaving out the annotation
+/// `being_created` (a group content's too).
+pub fn fingerprint_of(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: &impl serde::Serialize,
+    being_created: &str,
+) -> u64 {
     use std::hash::{Hash as _, Hasher as _};
-    let m = &content.metadata;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut annotations = m.annotations.clone().unwrap_or_default();
-    annotations.remove(ANN_BEING_CREATED);
+    let mut annotations = meta.annotations.clone().unwrap_or_default();
+    annotations.remove(being_created);
     annotations.hash(&mut h);
-    m.labels.hash(&mut h);
-    m.deletion_timestamp
+    meta.labels.hash(&mut h);
+    meta.deletion_timestamp
         .as_ref()
         .map(|t| t.0.as_second())
         .hash(&mut h);
-    m.uid.hash(&mut h);
-    serde_json::to_string(&content.spec)
-        .unwrap_or_default()
-        .hash(&mut h);
+    meta.uid.hash(&mut h);
+    serde_json::to_string(spec).unwrap_or_default().hash(&mut h);
     h.finish()
 }
 

@@ -11,6 +11,7 @@
 //! - [`controller`]: watch caches, the content queue, the sync;
 //! - [`group`]: volume group snapshots (the `CSIVolumeGroupSnapshot` gate): the group content
 //!   controller;
+//! - [`writes`]: how both controllers write (merge patches remembered by resource version);
 //! - [`service`]: the Kubernetes clients and leader election around the controller.
 
 pub mod controller;
@@ -19,3 +20,4 @@ pub mod decide;
 pub mod flags;
 pub mod group;
 pub mod service;
+pub mod writes;

@@ -23,10 +23,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use plugreg_sidecar_kit::cache;
@@ -45,7 +44,8 @@ use tracing::{debug, error, info};
 use super::decide::{self, GroupTaken};
 use crate::controller::{Clients, Config};
 use crate::csi::Failed;
-use crate::decide::{SecretRef, go_quote, may_be_in_progress, snapshot_name, strip_parameters};
+use crate::decide::{go_quote, may_be_in_progress, snapshot_name, strip_parameters};
+use crate::writes::{Writer, api_message, now_rfc3339};
 
 /// The group content queue's name (upstream's).
 pub const GROUP_QUEUE: &str = "csi-snapshotter-groupsnapshotcontent";
@@ -111,7 +111,7 @@ struct Controller {
     recorder: Recorder,
     contents: Store<VolumeGroupSnapshotContent>,
     classes: Store<VolumeGroupSnapshotClass>,
-    written: Arc<Writes<String>>,
+    writer: Writer<VolumeGroupSnapshotContent>,
 }
 
 /// Runs until `shutdown`. The caches may wait for the group CRDs for ever (each failed watch
@@ -193,13 +193,13 @@ pub async fn run(cfg: Config, group: GroupConfig, clients: Clients, shutdown: Ca
         shutdown.clone(),
     );
     let ctl = Arc::new(Controller {
+        writer: Writer::new(clients.kube.clone(), written),
         cfg,
         group,
         clients,
         recorder,
         contents,
         classes,
-        written,
     });
     let (c, q) = (Arc::clone(&ctl), Arc::clone(&queue));
     Runner::new(vec![Lane::new(queue, ctl.cfg.workers)])
@@ -222,26 +222,7 @@ pub async fn run(cfg: Config, group: GroupConfig, clients: Clients, shutdown: Ca
         .await;
 }
 
-/// The message of an API error as client-go prints it.
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => s.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .round(k8s_openapi::jiff::Unit::Second)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
 impl Controller {
-    fn api(&self) -> Api<VolumeGroupSnapshotContent> {
-        Api::all(self.clients.kube.clone())
-    }
-
     fn class(&self, name: &str) -> Option<Arc<VolumeGroupSnapshotClass>> {
         self.classes.get(&ObjectRef::new(name))
     }
@@ -276,6 +257,7 @@ impl Controller {
             return Ok(Action::Done);
         }
         if self
+            .writer
             .written
             .behind(name, content.metadata.resource_version.as_deref())
         {
@@ -322,29 +304,10 @@ impl Controller {
         let Some(patch) = crate::decide::error_patch_over(current, message, &now_rfc3339()) else {
             return;
         };
-        match self
-            .api()
-            .patch_status(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            Ok(updated) => self
-                .written
-                .record(c.name_any(), updated.metadata.resource_version.as_deref()),
-            Err(e) => {
-                error!(group_content = %c.name_any(), err = %api_message(&e), "failed to write the group content's error status")
-            }
+        if let Err(e) = self.writer.patch_status(&c.name_any(), patch).await {
+            error!(group_content = %c.name_any(), err = %api_message(&e), "failed to write the group content's error status");
         }
         self.warn(c, reason, message);
-    }
-
-    async fn secret(&self, r: &SecretRef) -> Result<HashMap<String, String>, String> {
-        let api: Api<Secret> = Api::namespaced(self.clients.kube.clone(), &r.0);
-        let s = api.get(&r.1).await.map_err(|e| api_message(&e))?;
-        Ok(s.data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-            .collect())
     }
 
     /// The create and delete secrets of `c` (from its group deletion-secret annotations).
@@ -354,7 +317,7 @@ impl Controller {
     ) -> Result<HashMap<String, String>, String> {
         match decide::annotated_secret(c)? {
             None => Ok(HashMap::new()),
-            Some(r) => self.secret(&r).await.map_err(|e| {
+            Some(r) => self.writer.secret(&r).await.map_err(|e| {
                 error!(group_content = %c.name_any(), err = %e, "Failed to get credentials for group snapshot content");
                 format!(
                     "cannot get credentials for group snapshot content {:?}",
@@ -370,19 +333,12 @@ impl Controller {
         patch: serde_json::Value,
     ) -> Result<VolumeGroupSnapshotContent, String> {
         let name = c.name_any();
-        let updated = self
-            .api()
-            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .map_err(|e| {
-                format!(
-                    "snapshot controller failed to update {name} on API server: {}",
-                    api_message(&e)
-                )
-            })?;
-        self.written
-            .record(name, updated.metadata.resource_version.as_deref());
-        Ok(updated)
+        self.writer.patch(&name, patch).await.map_err(|e| {
+            format!(
+                "snapshot controller failed to update {name} on API server: {}",
+                api_message(&e)
+            )
+        })
     }
 
     async fn remove_being_created(
@@ -405,23 +361,15 @@ impl Controller {
             return Ok(c.clone());
         };
         let name = c.name_any();
-        let updated = self
-            .api()
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(decide::status_patch(&next)),
-            )
+        self.writer
+            .patch_status(&name, decide::status_patch(&next))
             .await
             .map_err(|e| {
                 format!(
                     "snapshot controller failed to update {name} on API server: {}",
                     api_message(&e)
                 )
-            })?;
-        self.written
-            .record(name, updated.metadata.resource_version.as_deref());
-        Ok(updated)
+            })
     }
 
     /// CreateVolumeGroupSnapshot for `c` (the first or a re-sent one) and the status after it:
@@ -581,7 +529,7 @@ impl Controller {
                     &name,
                 ) {
                     Ok(None) => HashMap::new(),
-                    Ok(Some(r)) => match self.secret(&r).await {
+                    Ok(Some(r)) => match self.writer.secret(&r).await {
                         Ok(s) => s,
                         Err(e) => {
                             return fail(format!(
@@ -680,19 +628,11 @@ impl Controller {
                 return Err(err);
             }
             match self
-                .api()
-                .patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(decide::cleared_status_patch()),
-                )
+                .writer
+                .patch_status(&name, decide::cleared_status_patch())
                 .await
             {
-                Ok(updated) => {
-                    self.written
-                        .record(name.clone(), updated.metadata.resource_version.as_deref());
-                    current = updated;
-                }
+                Ok(updated) => current = updated,
                 Err(e) => {
                     self.warn(
                         &c,
@@ -706,24 +646,15 @@ impl Controller {
                 }
             }
         }
-        let finalizers = current.metadata.finalizers.clone().unwrap_or_default();
-        if !finalizers.iter().any(|f| f == FINALIZER_CONTENT_BOUND) {
-            return Ok(Action::Done);
-        }
-        let rest: Vec<&String> = finalizers
-            .iter()
-            .filter(|f| *f != FINALIZER_CONTENT_BOUND)
-            .collect();
-        let rest = if rest.is_empty() {
-            json!(null)
-        } else {
-            json!(rest)
-        };
-        let patch = json!({"metadata": {
-            "finalizers": rest,
-            "resourceVersion": current.metadata.resource_version,
-        }});
-        self.patch_meta(&current, patch).await?;
+        self.writer
+            .remove_finalizer(&current, FINALIZER_CONTENT_BOUND)
+            .await
+            .map_err(|e| {
+                format!(
+                    "snapshot controller failed to update {name} on API server: {}",
+                    api_message(&e)
+                )
+            })?;
         Ok(Action::Done)
     }
 }

@@ -1,7 +1,7 @@
 //! What to do with one VolumeGroupSnapshotContent, and what to write: pure functions of the
 //! cached object (no client, no driver), as [`crate::decide`] is for contents.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use plugreg_sidecar_kit::groupsnapshot::{
@@ -299,27 +299,13 @@ pub fn failure(action: Action, err: &str) -> (&'static str, String) {
 /// sidecar's own writes leave it unchanged (upstream wakes at every update, its own writes
 /// included, and re-sends CreateVolumeGroupSnapshot in a loop until the group is ready).
 pub fn fingerprint(content: &VolumeGroupSnapshotContent) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
-    let m = &content.metadata;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut annotations: BTreeMap<String, String> = m.annotations.clone().unwrap_or_default();
-    annotations.remove(ANN_BEING_CREATED);
-    annotations.hash(&mut h);
-    m.labels.hash(&mut h);
-    m.deletion_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second())
-        .hash(&mut h);
-    m.uid.hash(&mut h);
-    serde_json::to_string(&content.spec)
-        .unwrap_or_default()
-        .hash(&mut h);
-    h.finish()
+    crate::decide::fingerprint_of(&content.metadata, &content.spec, ANN_BEING_CREATED)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn content(v: Value) -> VolumeGroupSnapshotContent {
         serde_json::from_value(v).unwrap()
