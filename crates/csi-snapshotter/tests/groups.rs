@@ -2,7 +2,8 @@
 //! snapshot-controller v8.6.0 (its gate on too) on a real kube-apiserver v1.36.2, the test
 //! driver's GroupController and `csi-snapshotter`: the controller makes the group content, the
 //! sidecar cuts the group, the controller makes the members from the sidecar's status, and the
-//! group's deletion ends in one DeleteVolumeGroupSnapshot.
+//! group's deletion ends in one DeleteVolumeGroupSnapshot; a pre-provisioned group is made ready
+//! through GetVolumeGroupSnapshot; a driver without a GroupController gets upstream's event.
 
 mod common;
 
@@ -200,6 +201,85 @@ async fn a_refused_group_is_an_event_and_snapshots_go_on_without_a_group_control
     let snap = env.snapshot("one", "db-0", "cls").await;
     env.wait_content(&format!("snapcontent-{snap}"), "a ready snapshot", |c| {
         c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+    })
+    .await;
+    drop(sidecar);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_provisioned_group_is_ready_through_get_volume_group_snapshot() {
+    let env = Env::with_controller(&[GATE], |d| d.group_snapshots = true).await;
+    // A group the driver already holds (cut by hand, as an administrator importing it would).
+    let conn = plugreg_csi_core::client::Connection::connect(
+        env.socket.to_str().unwrap(),
+        std::time::Duration::from_secs(5),
+        std::time::Duration::from_secs(5),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let cut = conn
+        .group_controller()
+        .create_volume_group_snapshot(plugreg_proto::csi::v1::CreateVolumeGroupSnapshotRequest {
+            name: "imported".into(),
+            source_volume_ids: vec!["vol-c".into(), "vol-d".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    let members: Vec<String> = cut
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id.clone())
+        .collect();
+    let sidecar = env.snapshotter(&[GATE]);
+    env.create::<VolumeGroupSnapshotContent>(json!({
+        "metadata": {"name": "imported-content"},
+        "spec": {"driver": env.name, "deletionPolicy": "Retain",
+                 "source": {"groupSnapshotHandles": {
+                     "volumeGroupSnapshotHandle": cut.group_snapshot_id,
+                     "volumeSnapshotHandles": members}},
+                 "volumeGroupSnapshotRef": {"name": "imported", "namespace": NS}},
+    }))
+    .await;
+    groups(&env)
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot",
+                "metadata": {"name": "imported", "namespace": NS},
+                "spec": {"source": {"volumeGroupSnapshotContentName": "imported-content"}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let contents: Api<VolumeGroupSnapshotContent> = Api::all(env.client.clone());
+    let content = env
+        .poll("imported content ready", || async {
+            contents
+                .get_opt("imported-content")
+                .await
+                .ok()
+                .flatten()
+                .filter(|c| c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true))
+        })
+        .await;
+    let status = content.status.unwrap();
+    assert_eq!(
+        status.volume_group_snapshot_handle.as_deref(),
+        Some(cut.group_snapshot_id.as_str())
+    );
+    assert!(status.creation_time.is_some());
+    // Asked with GetVolumeGroupSnapshot, never cut again.
+    assert!(env.calls.count(Method::GetVolumeGroupSnapshot) >= 1);
+    assert_eq!(env.calls.create_group_snapshot_requests().len(), 1);
+    env.poll("group imported readyToUse", || async {
+        let g = groups(&env).get_opt("imported").await.ok().flatten()?;
+        (g.data["status"]["readyToUse"] == json!(true)).then_some(())
     })
     .await;
     drop(sidecar);
