@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
@@ -37,15 +36,13 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
+use crate::cached::{self, CACHE_CATCH_UP};
 use crate::csi::{Driver, DriverCaps, Failed};
 use crate::decide::{self, Taken};
 use crate::writes::{Writer, api_message, now_rfc3339};
 
 /// The content queue's name (upstream's).
 pub const CONTENT_QUEUE: &str = "csi-snapshotter-content";
-
-/// How long a sync that found the cache behind its own last write waits before looking again.
-const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
 
 /// What the controller needs to know.
 #[derive(Debug, Clone)]
@@ -111,38 +108,10 @@ const KEPT_ANNOTATIONS: [&str; 5] = [
     ANN_GROUP_SNAPSHOT_HANDLE,
 ];
 
-/// Keeps of a content's metadata what the decisions and the events read.
+/// Keeps of a content what the decisions and the events read.
 fn trim_content(c: &mut VolumeSnapshotContent) {
-    let m = &mut c.metadata;
-    let annotations = m.annotations.take().map(|mut a| {
-        a.retain(|k, _| KEPT_ANNOTATIONS.contains(&k.as_str()));
-        a
-    });
-    *m = ObjectMeta {
-        name: m.name.take(),
-        uid: m.uid.take(),
-        resource_version: m.resource_version.take(),
-        finalizers: m.finalizers.take(),
-        deletion_timestamp: m.deletion_timestamp.take(),
-        annotations: annotations.filter(|a| !a.is_empty()),
-        ..ObjectMeta::default()
-    };
-    // Only the reference's identity is read (name, namespace, UID).
-    let r = &mut c.spec.volume_snapshot_ref;
-    r.api_version = None;
-    r.field_path = None;
-    r.kind = None;
-    r.resource_version = None;
-}
-
-/// Keeps of a class what the decisions read: its driver and parameters.
-fn trim_class(c: &mut VolumeSnapshotClass) {
-    let m = &mut c.metadata;
-    *m = ObjectMeta {
-        name: m.name.take(),
-        resource_version: m.resource_version.take(),
-        ..ObjectMeta::default()
-    };
+    cached::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS);
+    cached::trim_ref(&mut c.spec.volume_snapshot_ref);
 }
 
 struct Controller {
@@ -174,7 +143,7 @@ pub async fn run(
     // covers (labels and annotations the cache does not keep); the trim and the event of one
     // object run one after the other on the watch's task.
     let pending_fp: Arc<Mutex<u64>> = Arc::default();
-    let seen: Mutex<HashMap<String, (u64, bool, bool)>> = Mutex::default();
+    let seen = cached::Sightings::default();
     let written: Arc<Writes<String>> = Arc::default();
     let (q, driver, fp_in, fp_out, w) = (
         Arc::clone(&queue),
@@ -199,33 +168,25 @@ pub async fn run(
         move |c, deleted| {
             let name = c.name_any();
             let fp = *fp_out.lock().unwrap_or_else(|e| e.into_inner());
-            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
             if deleted {
-                seen.remove(&name);
+                seen.forget(&name);
                 w.forget(&name);
                 return;
             }
             if c.spec.driver != driver {
                 return;
             }
-            let is_ready = c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true);
-            // A group member is this sidecar's to check (ListSnapshots) once the
-            // snapshot-controller writes its snapshot into its status, and again when that
-            // controller writes it back to not ready (it copies the group content's member list
-            // while the group is not ready): status changes, but not this sidecar's own.
-            let member_handle = decide::group_member(c)
-                && c.status
-                    .as_ref()
-                    .is_some_and(|s| s.snapshot_handle.is_some());
-            let before = seen.insert(name.clone(), (fp, is_ready, member_handle));
-            let wake = match before {
-                None => true,
-                Some((old_fp, was_ready, had_handle)) => {
-                    old_fp != fp
-                        || (is_ready && !was_ready)
-                        || (member_handle && (!had_handle || (was_ready && !is_ready)))
-                }
-            };
+            let wake = seen.wake(
+                &name,
+                cached::Sighting {
+                    fingerprint: fp,
+                    ready: c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true),
+                    member_handle: decide::group_member(c)
+                        && c.status
+                            .as_ref()
+                            .is_some_and(|s| s.snapshot_handle.is_some()),
+                },
+            );
             if wake {
                 q.add(name);
             }
@@ -235,7 +196,7 @@ pub async fn run(
         &clients.watches,
         &shutdown,
         &mut ready,
-        trim_class,
+        |c| cached::trim_class_meta(&mut c.metadata),
         |_, _| {},
     );
 

@@ -8,12 +8,14 @@
 //! - [`flags`]: upstream's command line (Go `flag` syntax) on the sidecar kit's skeleton;
 //! - [`decide`]: pure decisions (what a sync does, names, parameters, secrets, texts);
 //! - [`csi`]: the driver's calls;
+//! - [`cached`]: what both controllers' caches keep, and when a change wakes a sync;
 //! - [`controller`]: watch caches, the content queue, the sync;
 //! - [`group`]: volume group snapshots (the `CSIVolumeGroupSnapshot` gate): the group content
 //!   controller;
 //! - [`writes`]: how both controllers write (merge patches remembered by resource version);
 //! - [`service`]: the Kubernetes clients and leader election around the controller.
 
+pub mod cached;
 pub mod controller;
 pub mod csi;
 pub mod decide;

@@ -21,10 +21,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -42,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
 use super::decide::{self, GroupTaken};
+use crate::cached::{self, CACHE_CATCH_UP};
 use crate::controller::{Clients, Config};
 use crate::csi::Failed;
 use crate::decide::{go_quote, may_be_in_progress, snapshot_name, strip_parameters};
@@ -49,9 +48,6 @@ use crate::writes::{Writer, api_message, now_rfc3339};
 
 /// The group content queue's name (upstream's).
 pub const GROUP_QUEUE: &str = "csi-snapshotter-groupsnapshotcontent";
-
-/// How long a sync that found the cache behind its own last write waits before looking again.
-const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
 
 /// What the group controller needs beyond the content controller's [`Config`].
 #[derive(Debug, Clone)]
@@ -74,34 +70,8 @@ const KEPT_ANNOTATIONS: [&str; 4] = [
 ];
 
 fn trim_content(c: &mut VolumeGroupSnapshotContent) {
-    let m = &mut c.metadata;
-    let annotations = m.annotations.take().map(|mut a| {
-        a.retain(|k, _| KEPT_ANNOTATIONS.contains(&k.as_str()));
-        a
-    });
-    *m = ObjectMeta {
-        name: m.name.take(),
-        uid: m.uid.take(),
-        resource_version: m.resource_version.take(),
-        finalizers: m.finalizers.take(),
-        deletion_timestamp: m.deletion_timestamp.take(),
-        annotations: annotations.filter(|a| !a.is_empty()),
-        ..ObjectMeta::default()
-    };
-    let r = &mut c.spec.volume_group_snapshot_ref;
-    r.api_version = None;
-    r.field_path = None;
-    r.kind = None;
-    r.resource_version = None;
-}
-
-fn trim_class(c: &mut VolumeGroupSnapshotClass) {
-    let m = &mut c.metadata;
-    *m = ObjectMeta {
-        name: m.name.take(),
-        resource_version: m.resource_version.take(),
-        ..ObjectMeta::default()
-    };
+    cached::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS);
+    cached::trim_ref(&mut c.spec.volume_group_snapshot_ref);
 }
 
 struct Controller {
@@ -126,7 +96,7 @@ pub async fn run(cfg: Config, group: GroupConfig, clients: Clients, shutdown: Ca
     );
     let mut ready = Vec::new();
     let pending_fp: Arc<Mutex<u64>> = Arc::default();
-    let seen: Mutex<HashMap<String, (u64, bool)>> = Mutex::default();
+    let seen = cached::Sightings::default();
     let written: Arc<Writes<String>> = Arc::default();
     let (q, driver, fp_in, fp_out, w) = (
         Arc::clone(&queue),
@@ -151,20 +121,22 @@ pub async fn run(cfg: Config, group: GroupConfig, clients: Clients, shutdown: Ca
         move |c, deleted| {
             let name = c.name_any();
             let fp = *fp_out.lock().unwrap_or_else(|e| e.into_inner());
-            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
             if deleted {
-                seen.remove(&name);
+                seen.forget(&name);
                 w.forget(&name);
                 return;
             }
             if c.spec.driver != driver {
                 return;
             }
-            let is_ready = c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true);
-            let wake = match seen.insert(name.clone(), (fp, is_ready)) {
-                None => true,
-                Some((old_fp, was_ready)) => old_fp != fp || (is_ready && !was_ready),
-            };
+            let wake = seen.wake(
+                &name,
+                cached::Sighting {
+                    fingerprint: fp,
+                    ready: c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true),
+                    member_handle: false,
+                },
+            );
             if wake {
                 q.add(name);
             }
@@ -174,7 +146,7 @@ pub async fn run(cfg: Config, group: GroupConfig, clients: Clients, shutdown: Ca
         &clients.watches,
         &shutdown,
         &mut ready,
-        trim_class,
+        |c| cached::trim_class_meta(&mut c.metadata),
         |_, _| {},
     );
     for r in ready {

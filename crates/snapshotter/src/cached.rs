@@ -1,0 +1,127 @@
+//! What both controllers' watch caches (contents and group contents) keep of an object, and
+//! when a changed object is worth a sync.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// How long a sync that found the cache behind its own last write waits before looking again.
+pub const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
+
+/// Keeps of an object's metadata what the decisions and the events read: name, UID, resource
+/// version, finalizers, deletion time and the annotations `kept`.
+pub fn trim_meta(m: &mut ObjectMeta, kept: &[&str]) {
+    let annotations = m.annotations.take().map(|mut a| {
+        a.retain(|k, _| kept.contains(&k.as_str()));
+        a
+    });
+    *m = ObjectMeta {
+        name: m.name.take(),
+        uid: m.uid.take(),
+        resource_version: m.resource_version.take(),
+        finalizers: m.finalizers.take(),
+        deletion_timestamp: m.deletion_timestamp.take(),
+        annotations: annotations.filter(|a| !a.is_empty()),
+        ..ObjectMeta::default()
+    };
+}
+
+/// Keeps of a class's metadata its name and resource version (the decisions read its driver
+/// and parameters).
+pub fn trim_class_meta(m: &mut ObjectMeta) {
+    *m = ObjectMeta {
+        name: m.name.take(),
+        resource_version: m.resource_version.take(),
+        ..ObjectMeta::default()
+    };
+}
+
+/// Keeps of a reference its identity (name, namespace, UID), all that is read of it.
+pub fn trim_ref(r: &mut ObjectReference) {
+    r.api_version = None;
+    r.field_path = None;
+    r.kind = None;
+    r.resource_version = None;
+}
+
+/// What the watch delivered of an object, as far as waking its sync goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sighting {
+    /// What makes a change worth a sync (the sidecar's own writes leave it unchanged).
+    pub fingerprint: u64,
+    /// `status.readyToUse` is true.
+    pub ready: bool,
+    /// A group member whose status has its snapshot (written by the snapshot-controller).
+    pub member_handle: bool,
+}
+
+/// The last sighting of each object, by name.
+#[derive(Debug, Default)]
+pub struct Sightings(Mutex<HashMap<String, Sighting>>);
+
+impl Sightings {
+    /// Records `now` for `name` and says whether it is worth a sync: a new object, a changed
+    /// fingerprint, readiness gained, or a group member that the snapshot-controller just gave
+    /// its snapshot or wrote back to not ready (status changes, but not this sidecar's own).
+    pub fn wake(&self, name: &str, now: Sighting) -> bool {
+        let before = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_owned(), now);
+        match before {
+            None => true,
+            Some(was) => {
+                was.fingerprint != now.fingerprint
+                    || (now.ready && !was.ready)
+                    || (now.member_handle && (!was.member_handle || (was.ready && !now.ready)))
+            }
+        }
+    }
+
+    /// Forgets a deleted object.
+    pub fn forget(&self, name: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(fingerprint: u64, ready: bool, member_handle: bool) -> Sighting {
+        Sighting {
+            fingerprint,
+            ready,
+            member_handle,
+        }
+    }
+
+    #[test]
+    fn only_changes_worth_a_sync_wake_it() {
+        let s = Sightings::default();
+        assert!(s.wake("a", seen(1, false, false)), "new");
+        assert!(
+            !s.wake("a", seen(1, false, false)),
+            "a status write of ours"
+        );
+        assert!(s.wake("a", seen(2, false, false)), "changed");
+        assert!(s.wake("a", seen(2, true, false)), "became ready");
+        assert!(!s.wake("a", seen(2, false, false)), "not a member: no wake");
+        assert!(s.wake("m", seen(1, false, false)));
+        assert!(
+            s.wake("m", seen(1, false, true)),
+            "the member's snapshot written"
+        );
+        assert!(s.wake("m", seen(1, true, true)));
+        assert!(s.wake("m", seen(1, false, true)), "the member written back");
+        s.forget("m");
+        assert!(s.wake("m", seen(1, false, true)), "new again");
+    }
+}
