@@ -336,7 +336,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                 }
                 Part::Snapshotter(o, g) => {
                     let caps = snapshotter::csi::DriverCaps::from(&found.capabilities);
-                    match snapshotter::service::refusal(o, g, &found.name, caps) {
+                    match snapshotter::service::refusal(o, &found.name, caps) {
                         Some(refusal) if !caps.create_delete_snapshot => {
                             Err(NotRun::Driver(refusal))
                         }

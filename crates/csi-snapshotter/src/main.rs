@@ -172,7 +172,7 @@ async fn run(options: Options, gates: FeatureGates) -> i32 {
             }
         };
         let (name, caps) = (found.name, DriverCaps::from(&found.capabilities));
-        if let Some(refusal) = service::refusal(&options, &gates, &name, caps) {
+        if let Some(refusal) = service::refusal(&options, &name, caps) {
             tracing::error!(target: LOG, "{refusal}");
             return Err(1);
         }

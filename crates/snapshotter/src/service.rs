@@ -14,12 +14,7 @@ use crate::group::controller::{self as group, GroupConfig};
 
 /// Why the driver `driver` with `caps` cannot be served as the command line asks (upstream's
 /// start-up refusals, exit 1), in upstream's words.
-pub fn refusal(
-    options: &Options,
-    _gates: &FeatureGates,
-    driver: &str,
-    caps: DriverCaps,
-) -> Option<String> {
+pub fn refusal(options: &Options, driver: &str, caps: DriverCaps) -> Option<String> {
     if !caps.create_delete_snapshot {
         return Some(format!(
             "CSI driver {driver} does not support ControllerCreateSnapshot"
