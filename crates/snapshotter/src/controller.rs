@@ -15,12 +15,11 @@
 //! looks again shortly instead of acting on what it already changed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
@@ -29,8 +28,7 @@ use plugreg_sidecar_kit::queue::WorkQueue;
 use plugreg_sidecar_kit::runtime::{Action, Lane, Runner, Writes};
 use plugreg_sidecar_kit::snapshot::{
     ANN_BEING_CREATED, ANN_BEING_DELETED, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
-    ANN_GROUP_SNAPSHOT_HANDLE, FINALIZER_CONTENT_BOUND, LABEL_MANAGED_BY, VolumeSnapshotClass,
-    VolumeSnapshotContent,
+    ANN_GROUP_SNAPSHOT_HANDLE, FINALIZER_CONTENT_BOUND, VolumeSnapshotClass, VolumeSnapshotContent,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -139,58 +137,27 @@ pub async fn run(
     );
     let mut ready = Vec::new();
 
-    // The fingerprint of the object being delivered, computed before the trim drops what it
-    // covers (labels and annotations the cache does not keep); the trim and the event of one
-    // object run one after the other on the watch's task.
-    let pending_fp: Arc<Mutex<u64>> = Arc::default();
-    let seen = cached::Sightings::default();
     let written: Arc<Writes<String>> = Arc::default();
-    let (q, driver, fp_in, fp_out, w) = (
-        Arc::clone(&queue),
-        cfg.driver.clone(),
-        Arc::clone(&pending_fp),
-        Arc::clone(&pending_fp),
-        Arc::clone(&written),
-    );
-    let mut selector = watcher::Config::default();
-    if let Some(node) = &cfg.node {
-        selector = selector.labels(&format!("{LABEL_MANAGED_BY}={node}"));
-    }
-    let contents = cache::watch_selected::<VolumeSnapshotContent>(
+    let contents = cached::watch_ours(
         &clients.watches,
-        selector,
+        cfg.node.as_deref(),
+        cfg.driver.clone(),
+        cached::Watched {
+            fingerprint: decide::fingerprint,
+            trim: trim_content,
+            look: |c: &VolumeSnapshotContent| {
+                let status = c.status.as_ref();
+                (
+                    c.spec.driver.as_str(),
+                    status.and_then(|s| s.ready_to_use) == Some(true),
+                    decide::group_member(c) && status.is_some_and(|s| s.snapshot_handle.is_some()),
+                )
+            },
+        },
+        Arc::clone(&queue),
+        Arc::clone(&written),
         &shutdown,
         &mut ready,
-        move |c| {
-            *fp_in.lock().unwrap_or_else(|e| e.into_inner()) = decide::fingerprint(c);
-            trim_content(c);
-        },
-        move |c, deleted| {
-            let name = c.name_any();
-            let fp = *fp_out.lock().unwrap_or_else(|e| e.into_inner());
-            if deleted {
-                seen.forget(&name);
-                w.forget(&name);
-                return;
-            }
-            if c.spec.driver != driver {
-                return;
-            }
-            let wake = seen.wake(
-                &name,
-                cached::Sighting {
-                    fingerprint: fp,
-                    ready: c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true),
-                    member_handle: decide::group_member(c)
-                        && c.status
-                            .as_ref()
-                            .is_some_and(|s| s.snapshot_handle.is_some()),
-                },
-            );
-            if wake {
-                q.add(name);
-            }
-        },
     );
     let classes = cache::watch::<VolumeSnapshotClass>(
         &clients.watches,

@@ -20,12 +20,11 @@
 //!   serves no snapshot at all while the group CRDs are missing).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use plugreg_sidecar_kit::cache;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::groupsnapshot::{
@@ -34,7 +33,6 @@ use plugreg_sidecar_kit::groupsnapshot::{
 };
 use plugreg_sidecar_kit::queue::WorkQueue;
 use plugreg_sidecar_kit::runtime::{Action, Lane, Runner, Writes};
-use plugreg_sidecar_kit::snapshot::LABEL_MANAGED_BY;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
@@ -95,52 +93,26 @@ pub async fn run(cfg: Config, group: GroupConfig, clients: Clients, shutdown: Ca
         shutdown.clone(),
     );
     let mut ready = Vec::new();
-    let pending_fp: Arc<Mutex<u64>> = Arc::default();
-    let seen = cached::Sightings::default();
     let written: Arc<Writes<String>> = Arc::default();
-    let (q, driver, fp_in, fp_out, w) = (
-        Arc::clone(&queue),
-        cfg.driver.clone(),
-        Arc::clone(&pending_fp),
-        Arc::clone(&pending_fp),
-        Arc::clone(&written),
-    );
-    let mut selector = watcher::Config::default();
-    if let Some(node) = &cfg.node {
-        selector = selector.labels(&format!("{LABEL_MANAGED_BY}={node}"));
-    }
-    let contents = cache::watch_selected::<VolumeGroupSnapshotContent>(
+    let contents = cached::watch_ours(
         &clients.watches,
-        selector,
+        cfg.node.as_deref(),
+        cfg.driver.clone(),
+        cached::Watched {
+            fingerprint: decide::fingerprint,
+            trim: trim_content,
+            look: |c: &VolumeGroupSnapshotContent| {
+                (
+                    c.spec.driver.as_str(),
+                    c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true),
+                    false,
+                )
+            },
+        },
+        Arc::clone(&queue),
+        Arc::clone(&written),
         &shutdown,
         &mut ready,
-        move |c| {
-            *fp_in.lock().unwrap_or_else(|e| e.into_inner()) = decide::fingerprint(c);
-            trim_content(c);
-        },
-        move |c, deleted| {
-            let name = c.name_any();
-            let fp = *fp_out.lock().unwrap_or_else(|e| e.into_inner());
-            if deleted {
-                seen.forget(&name);
-                w.forget(&name);
-                return;
-            }
-            if c.spec.driver != driver {
-                return;
-            }
-            let wake = seen.wake(
-                &name,
-                cached::Sighting {
-                    fingerprint: fp,
-                    ready: c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true),
-                    member_handle: false,
-                },
-            );
-            if wake {
-                q.add(name);
-            }
-        },
     );
     let classes = cache::watch::<VolumeGroupSnapshotClass>(
         &clients.watches,
