@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Build the container images as OCI archives, without a container engine (umoci only).
 #
-#   images/build.sh [--bin-dir DIR] [--out DIR] [--conf FILE] [IMAGE...]
+#   images/build.sh [--platform P] [--bin-dir DIR] [--out DIR] [--conf FILE] [IMAGE...]
 #
 # For each image of images/images.conf (or only the IMAGEs named): the root file system from
 # images/rootfs.sh (the binary DIR/<image> and the libraries it needs), one layer, entrypoint
 # /<image>, the user from images.conf, OCI labels with version and source revision. Writes
 # OUT/<image>.oci.tar (an `oci-archive`, tag = version) and prints each archive's size.
 #
+#   --platform P    the OCI platform of the binaries (default linux/amd64): linux/arm64,
+#                   linux/arm/v7, linux/ppc64le, linux/s390x, linux/riscv64 are cross builds
+#                   (scripts/cross.sh), whose glibc comes from Debian's cross sysroot; each
+#                   binary's ELF machine must be the platform's. images/index.sh joins one
+#                   archive per platform into one multi-platform image (scripts/release.sh).
 #   --bin-dir DIR   where the binaries are (default: target/release)
 #   --out DIR       where the archives go (default: target/images)
 #   --conf FILE     the list of images (default: images/images.conf, the shipped images;
@@ -28,17 +33,38 @@ die() { echo "images/build.sh: $*" >&2; exit 1; }
 bin_dir=$repo/target/release
 out=$repo/target/images
 conf=$here/images.conf
+platform=linux/amd64
 wanted=()
 while [ $# -gt 0 ]; do
     case $1 in
     --bin-dir) bin_dir=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --conf) conf=$2; shift 2 ;;
-    -h | --help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --platform) platform=$2; shift 2 ;;
+    -h | --help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $1" ;;
     *) wanted+=("$1"); shift ;;
     esac
 done
+
+# The platform: OCI architecture, the ELF machine its binaries must have (readelf -h), and
+# the cross sysroot whose glibc goes into the image (none for amd64: the build machine's).
+os=${platform%%/*}
+arch=${platform#*/}
+arch=${arch%%/*}
+case $platform in
+linux/amd64) machine="Advanced Micro Devices X86-64" ;;
+linux/arm64) machine=AArch64 ;;
+linux/arm/v7) machine=ARM ;;
+linux/ppc64le) machine=PowerPC64 ;;
+linux/s390x) machine="IBM S/390" ;;
+linux/riscv64) machine=RISC-V ;;
+*) die "unknown platform $platform (see: scripts/cross.sh platforms)" ;;
+esac
+sysroot=()
+if [ "$platform" != linux/amd64 ]; then
+    sysroot=(--sysroot "$("$repo/scripts/cross.sh" sysroot "$platform")")
+fi
 
 command -v umoci >/dev/null || die "umoci is not installed (Debian: apt-get install umoci; see images/setup.sh)"
 
@@ -56,10 +82,6 @@ SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/d
 export SOURCE_DATE_EPOCH
 created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
 source_url=$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository *= *"\(.*\)"/\1/p' "$repo/Cargo.toml" | head -n1)
-
-# As root, file owners are recorded as they are (root); otherwise umoci maps us to root.
-rootless=()
-[ "$(id -u)" -eq 0 ] || rootless=(--rootless)
 
 # images.conf: "image package user description...", '#' comments.
 declare -A user_of desc_of
@@ -81,19 +103,29 @@ for image in "${wanted[@]}"; do
     [ -n "${user_of[$image]+set}" ] || die "unknown image $image (not in $conf)"
     bin=$bin_dir/$image
     [ -x "$bin" ] || die "missing binary $bin (build it first: scripts/release.sh builds all)"
+    got=$(readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
+    [ "$got" = "$machine" ] || die "$bin is built for $got, not for $platform ($machine)"
 
     root=$work/$image/rootfs
     layout=$work/$image/oci
     mkdir -p "$work/$image"
-    "$here/rootfs.sh" "$bin" "$root"
+    "$here/rootfs.sh" "${sysroot[@]}" "$bin" "$root"
 
+    # The layer: the root as a tar of our own (sorted, owners 0:0, the files' times already
+    # SOURCE_DATE_EPOCH), which umoci only compresses. `umoci insert` (0.4.7) writes a layer
+    # whose tar stream ends early: the last file lost its tail and the archive its end
+    # blocks; engines took it, GNU tar does not.
+    # Member names as engines write them (etc/passwd, not ./etc/passwd).
+    (cd "$root" && LC_ALL=C ls -A) >"$work/$image/top"
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$SOURCE_DATE_EPOCH" \
+        -C "$root" -cf "$work/$image/layer.tar" -T "$work/$image/top"
     umoci init --layout "$layout"
     umoci new --image "$layout:$VERSION"
-    umoci insert "${rootless[@]}" --image "$layout:$VERSION" \
+    umoci raw add-layer --image "$layout:$VERSION" \
         --history.created "$created" --history.created_by "images/build.sh ($image)" \
-        "$root" /
+        "$work/$image/layer.tar"
     umoci config --image "$layout:$VERSION" --no-history \
-        --created "$created" --author plugreg --architecture amd64 --os linux \
+        --created "$created" --author plugreg --architecture "$arch" --os "$os" \
         --config.entrypoint "/$image" \
         --config.user "${user_of[$image]}" \
         --config.workingdir / \
@@ -112,6 +144,6 @@ for image in "${wanted[@]}"; do
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$SOURCE_DATE_EPOCH" \
         -C "$layout" -cf "$archive.tmp" .
     mv "$archive.tmp" "$archive"
-    printf '%s\t%s bytes\t(%s %s, user %s)\n' "$archive" "$(stat -c %s "$archive")" \
-        "$image" "$VERSION" "${user_of[$image]}"
+    printf '%s\t%s bytes\t(%s %s %s, user %s)\n' "$archive" "$(stat -c %s "$archive")" \
+        "$image" "$VERSION" "$platform" "${user_of[$image]}"
 done

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Cross builds for the platforms upstream's sidecar images ship, and riscv64 (issue 32, in
-# progress: binaries and qemu runs work; images, OCI indexes and the suite's proofs do not yet).
+# Cross builds for the platforms upstream's sidecar images ship, and riscv64 (issue 32):
+# scripts/release.sh builds every platform with it, crates/interop/tests/qemu.rs the suite's
+# arm64 and s390x proofs.
 #
-#   scripts/cross.sh setup                         as root: the toolchain below (Debian packages)
+#   scripts/cross.sh setup [PLATFORM...]           as root: the toolchain below (Debian packages),
+#                                                  for every platform or the ones named
 #   scripts/cross.sh build PLATFORM [CARGO ARGS]   release binaries for PLATFORM into
-#                                                  target/cross/<triple>/release
+#                                                  target/cross/<triple>/release (another
+#                                                  profile with --profile NAME: .../<NAME>)
 #   scripts/cross.sh run PLATFORM BINARY [ARGS]    BINARY of PLATFORM under qemu-user-static
 #   scripts/cross.sh platforms                     PLATFORM -> Rust target triple
+#   scripts/cross.sh sysroot PLATFORM              the cross glibc's root (images/rootfs.sh)
 #
 # PLATFORM is an OCI platform: linux/amd64, linux/arm64, linux/arm/v7, linux/ppc64le,
 # linux/s390x, linux/riscv64. Example:
@@ -50,12 +54,34 @@ platform_or_die() {
 
 case ${1:-} in
 setup)
-    pkgs=(rustc-web rust-web-src qemu-user-static)
+    # Every platform's linker and C library, or only those of the PLATFORMs named.
+    shift
+    for platform in "$@"; do platform_or_die "$platform"; done
+    pkgs=(rustc-web rust-web-src qemu-user-static binutils)
     while read -r platform _triple gcc arch _qemu; do
         [ -z "$platform" ] || [ "$gcc" = - ] && continue
+        if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qxF "$platform"; then
+            continue
+        fi
         pkgs+=("gcc-$gcc" "libc6-dev-$arch-cross")
     done <<<"$PLATFORMS"
-    apt-get install -y --no-install-recommends "${pkgs[@]}"
+    missing=()
+    for pkg in "${pkgs[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get -o DPkg::Lock::Timeout=300 update -q
+        apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${missing[@]}"
+    fi
+    echo "scripts/cross.sh: ${pkgs[*]} installed"
+    ;;
+sysroot)
+    # The cross C library's root (/usr/<multiarch>) of PLATFORM; nothing for linux/amd64.
+    platform=${2:?PLATFORM}
+    platform_or_die "$platform"
+    gcc=$(field "$platform" 3)
+    [ "$gcc" = - ] || echo "/usr/$gcc"
     ;;
 build)
     platform=${2:?PLATFORM}
@@ -63,13 +89,18 @@ build)
     platform_or_die "$platform"
     triple=$(field "$platform" 2)
     gcc=$(field "$platform" 3)
+    # The release profile unless the arguments name another (`--profile qemu`).
+    profile=(--release)
+    for arg in "$@"; do
+        case $arg in --profile | --profile=*) profile=() ;; esac
+    done
     if [ "$gcc" = - ]; then
-        exec cargo build --release --locked --target "$triple" --target-dir "$repo/target/cross" "$@"
+        exec cargo build "${profile[@]}" --locked --target "$triple" --target-dir "$repo/target/cross" "$@"
     fi
     linker_var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$triple")_LINKER"
     cd "$repo"
     export "$linker_var=$gcc-gcc"
-    RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc exec cargo build --release --locked \
+    RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc exec cargo build "${profile[@]}" --locked \
         -Zbuild-std=std,panic_abort --target "$triple" --target-dir "$repo/target/cross" "$@"
     ;;
 run)
@@ -82,13 +113,15 @@ run)
     if [ "$qemu" = - ]; then
         exec "$binary" "$@"
     fi
-    exec "qemu-$qemu-static" -L "/usr/$gcc" "$binary" "$@"
+    # LD_LIBRARY_PATH: the sysroot's glibc before the host's /lib/<multiarch>, which holds
+    # another glibc build when the machine has that architecture's libc6 installed.
+    LD_LIBRARY_PATH=/usr/$gcc/lib exec "qemu-$qemu-static" -L "/usr/$gcc" "$binary" "$@"
     ;;
 platforms)
     awk 'NF { print $1, $2 }' <<<"$PLATFORMS"
     ;;
 *)
-    sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || exit 2
     ;;
 esac

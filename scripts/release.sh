@@ -1,31 +1,45 @@
 #!/usr/bin/env bash
-# One command for a release: the release binaries of every image in images/images.conf, their
-# images (images/build.sh), and SHA256SUMS over all of them.
+# One command for a release: the release binaries of every image in images/images.conf for
+# every platform, one multi-platform image per binary, and SHA256SUMS over all of them.
 #
-#   scripts/release.sh [--out DIR]        (default DIR: target/dist)
+#   scripts/release.sh [--out DIR] [--platforms LIST]
 #
-# DIR gets <binary> for each image, <image>.oci.tar, and SHA256SUMS (check with
+#   --out DIR          default target/dist
+#   --platforms LIST   comma-separated OCI platforms; default all six: linux/amd64,
+#                      linux/arm64, linux/arm/v7, linux/ppc64le, linux/s390x, linux/riscv64
+#
+# DIR gets <os>-<arch>[-<variant>]/<binary> for each platform and image (linux-amd64/plugreg,
+# linux-arm-v7/csi-provisioner, ...), <image>.oci.tar (an OCI image index with one manifest per
+# platform: images/index.py), and SHA256SUMS over every binary and archive (check with
 # `cd DIR && sha256sum -c SHA256SUMS`). VERSION, REVISION and SOURCE_DATE_EPOCH are as in
-# images/build.sh; the binaries report VERSION in --version (PLUGREG_VERSION at build time).
-# Needs cargo and umoci (images/setup.sh installs umoci).
+# images/build.sh, so one commit gives the same bytes; the binaries report VERSION in
+# --version (PLUGREG_VERSION at build time).
+#
+# linux/amd64 is built with the workspace's toolchain; the other platforms with
+# scripts/cross.sh (Debian's rustc-web and cross gcc: `scripts/cross.sh setup`, as root).
+# Needs umoci (images/setup.sh installs it) and python3.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=$repo/target/dist
+platforms=linux/amd64,linux/arm64,linux/arm/v7,linux/ppc64le,linux/s390x,linux/riscv64
 while [ $# -gt 0 ]; do
     case $1 in
     --out) out=$2; shift 2 ;;
-    -h | --help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --platforms) platforms=$2; shift 2 ;;
+    -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/release.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
+IFS=, read -r -a platforms <<<"$platforms"
 
 workspace_version() {
     sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' "$repo/Cargo.toml" | head -n1
 }
 export VERSION=${VERSION:-v$(workspace_version)}
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 0)}
 
-# Every image's binary, in one cargo invocation.
+# Every image's binary, in one cargo invocation per platform.
 images=()
 cargo_args=()
 while read -r image package _rest; do
@@ -34,22 +48,44 @@ while read -r image package _rest; do
     cargo_args+=(-p "$package" --bin "$image")
 done <"$repo/images/images.conf"
 
-echo "== cargo build --release ${cargo_args[*]} (PLUGREG_VERSION=$VERSION)"
-(cd "$repo" && PLUGREG_VERSION=$VERSION cargo build --release --locked "${cargo_args[@]}")
-
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-for image in "${images[@]}"; do
-    install -m 0755 "$repo/target/release/$image" "$out/$image"
-done
-
-echo "== images"
-"$repo/images/build.sh" --bin-dir "$out" --out "$out" "${images[@]}"
-
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 files=()
-for image in "${images[@]}"; do
-    files+=("$image" "$image.oci.tar")
+for platform in "${platforms[@]}"; do
+    dir=${platform//\//-}
+    if [ "$platform" = linux/amd64 ]; then
+        echo "== $platform: cargo build --release (PLUGREG_VERSION=$VERSION)"
+        (cd "$repo" && PLUGREG_VERSION=$VERSION cargo build --release --locked "${cargo_args[@]}")
+        bin_dir=$repo/target/release
+    else
+        triple=$("$repo/scripts/cross.sh" platforms | awk -v p="$platform" '$1 == p { print $2 }')
+        [ -n "$triple" ] || { echo "scripts/release.sh: unknown platform $platform" >&2; exit 2; }
+        echo "== $platform: scripts/cross.sh build (PLUGREG_VERSION=$VERSION)"
+        PLUGREG_VERSION=$VERSION "$repo/scripts/cross.sh" build "$platform" "${cargo_args[@]}"
+        bin_dir=$repo/target/cross/$triple/release
+    fi
+    mkdir -p "$out/$dir"
+    for image in "${images[@]}"; do
+        install -m 0755 "$bin_dir/$image" "$out/$dir/$image"
+        touch -d "@$SOURCE_DATE_EPOCH" "$out/$dir/$image"
+        files+=("$dir/$image")
+    done
+    echo "== $platform: images"
+    "$repo/images/build.sh" --platform "$platform" --bin-dir "$out/$dir" --out "$work/$dir" "${images[@]}"
 done
+
+echo "== multi-platform images"
+for image in "${images[@]}"; do
+    inputs=()
+    for platform in "${platforms[@]}"; do
+        inputs+=("$platform=$work/${platform//\//-}/$image.oci.tar")
+    done
+    "$repo/images/index.py" "$out/$image.oci.tar" "${inputs[@]}"
+    files+=("$image.oci.tar")
+done
+
 (cd "$out" && sha256sum "${files[@]}" >SHA256SUMS)
 echo "== $out"
 (cd "$out" && ls -l "${files[@]}" SHA256SUMS && cat SHA256SUMS)
