@@ -14,6 +14,8 @@
 //! on two cores). The toolchain is Debian's (`scripts/cross.sh setup`, which `.ci/run` runs);
 //! without it these tests fail and say so.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -23,10 +25,7 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeCl
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
 use plugreg_csi_test_driver::{DriverConfig, Method, MountMode, NodeCapability};
-use plugreg_testpeers::{
-    ApiServer, ControllerManager, HandlerCall, KubeVersion, LinesFrom, PeerProcess,
-    PluginManagerOptions, RealPluginManager,
-};
+use plugreg_testpeers::{ApiServer, ControllerManager, KubeVersion, LinesFrom, PeerProcess};
 use serde_json::json;
 use tokio::sync::OnceCell;
 
@@ -173,62 +172,13 @@ async fn driver(name: &str, socket: &Path) -> plugreg_csi_test_driver::RunningDr
 }
 
 async fn registrar_registers_with_the_real_kubelet(p: &'static Platform) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("plugins_registry");
-    let mut kubelet = RealPluginManager::start(
+    common::node_driver_registrar_registers_and_deregisters(
         KubeVersion::V1_36_2,
-        &dir,
-        &PluginManagerOptions::default(),
+        &format!("csi-node-driver-registrar ({})", p.oci),
+        foreign(p, "csi-node-driver-registrar").await,
         WAIT,
     )
-    .await
-    .expect("the real kubelet plugin manager");
-    let name = "csi.qemu.plugreg.io";
-    let csi_sock = tmp.path().join("csi.sock");
-    let driver = driver(name, &csi_sock).await;
-    let host_path = "/var/lib/kubelet/plugins/csi.qemu.plugreg.io/csi.sock";
-    let mut cmd = foreign(p, "csi-node-driver-registrar").await;
-    cmd.args([
-        format!("--csi-address={}", csi_sock.display()),
-        format!("--kubelet-registration-path={host_path}"),
-        format!("--plugin-registration-path={}", dir.display()),
-        "-v=2".into(),
-    ]);
-    let mut sidecar = PeerProcess::spawn_command(
-        &format!("csi-node-driver-registrar ({})", p.oci),
-        cmd,
-        LinesFrom::Stdout,
-    )
-    .unwrap();
-
-    let v = kubelet
-        .next(HandlerCall::Validate, name, WAIT)
-        .await
-        .unwrap_or_else(|e| panic!("validate: {e}\n{}", sidecar.stderr_tail()));
-    assert_eq!(v.plugin_type, "CSIPlugin");
-    assert_eq!(v.endpoint.as_deref(), Some(host_path));
-    assert_eq!(v.versions, ["1.0.0"]);
-    let r = kubelet
-        .next(HandlerCall::Register, name, WAIT)
-        .await
-        .expect("register");
-    assert_eq!(r.endpoint.as_deref(), Some(host_path));
-
-    // SIGTERM: the foreign registrar removes its socket and exits 0; the kubelet deregisters.
-    sidecar.terminate().unwrap();
-    let status = sidecar.wait_exit(WAIT).await.unwrap();
-    assert!(
-        status.success(),
-        "SIGTERM exits 0: {status:?}\n{}",
-        sidecar.stderr_tail()
-    );
-    assert!(!dir.join(format!("{name}-reg.sock")).exists());
-    kubelet
-        .next(HandlerCall::Deregister, name, WAIT)
-        .await
-        .expect("deregister");
-    kubelet.terminate().unwrap();
-    let _ = driver.stop().await;
+    .await;
 }
 
 async fn livenessprobe_answers_a_probe(p: &'static Platform) {

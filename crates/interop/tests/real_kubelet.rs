@@ -2,6 +2,8 @@
 //! of every release the peers provide (v1.20.2 and v1.36.2, see `interop/build-peers.sh`):
 //! each test is a body run once per release, `<test>::v1_20_2` and `<test>::v1_36_2`.
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -344,60 +346,13 @@ for_each_kube_version! {
     async fn node_driver_registrar_with_csi_test_driver_registers_with_the_real_kubelet(
         k: KubeVersion
     ) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("plugins_registry");
-        let mut kubelet = kubelet(k, &dir, PluginManagerOptions::default()).await;
-        let csi_sock = tmp.path().join("csi.sock");
-        let driver = plugreg_csi_test_driver::start(
-            plugreg_csi_test_driver::DriverConfig {
-                name: "csi.interop.plugreg.io".into(),
-                ..Default::default()
-            },
-            &csi_sock,
-        )
-        .await
-        .unwrap();
-        let host_path = "/var/lib/kubelet/plugins/csi.interop.plugreg.io/csi.sock";
-        let mut sidecar = PeerProcess::spawn_program(
+        common::node_driver_registrar_registers_and_deregisters(
+            k,
             "csi-node-driver-registrar (plugreg)",
-            &workspace_bin("csi-node-driver-registrar"),
-            [
-                format!("--csi-address={}", csi_sock.display()),
-                format!("--kubelet-registration-path={host_path}"),
-                format!("--plugin-registration-path={}", dir.display()),
-                "-v=2".into(),
-            ],
+            std::process::Command::new(workspace_bin("csi-node-driver-registrar")),
+            WAIT,
         )
-        .unwrap();
-        let name = "csi.interop.plugreg.io";
-        let v = kubelet
-            .next(HandlerCall::Validate, name, WAIT)
-            .await
-            .expect("real kubelet: validate");
-        assert_eq!(v.plugin_type, "CSIPlugin");
-        assert_eq!(v.endpoint.as_deref(), Some(host_path));
-        assert_eq!(v.versions, ["1.0.0"]);
-        let r = kubelet
-            .next(HandlerCall::Register, name, WAIT)
-            .await
-            .expect("real kubelet: register");
-        assert_eq!(r.endpoint.as_deref(), Some(host_path));
-        eprintln!("{k}: register line {}", r.raw);
-
-        sidecar.terminate().unwrap();
-        let status = sidecar.wait_exit(WAIT).await.unwrap();
-        assert!(
-            status.success(),
-            "SIGTERM exits 0: {status:?}\n{}",
-            sidecar.stderr_tail()
-        );
-        assert!(!dir.join(format!("{name}-reg.sock")).exists());
-        kubelet
-            .next(HandlerCall::Deregister, name, WAIT)
-            .await
-            .expect("real kubelet: deregister");
-        kubelet.terminate().unwrap();
-        let _ = driver.stop().await;
+        .await;
     }
 }
 
