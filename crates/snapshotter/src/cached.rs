@@ -94,24 +94,6 @@ where
 /// How long a sync that found the cache behind its own last write waits before looking again.
 pub const CACHE_CATCH_UP: Duration = Duration::from_millis(200);
 
-/// Keeps of an object's metadata what the decisions and the events read: name, UID, resource
-/// version, finalizers, deletion time and the annotations `kept`.
-pub fn trim_meta(m: &mut ObjectMeta, kept: &[&str]) {
-    let annotations = m.annotations.take().map(|mut a| {
-        a.retain(|k, _| kept.contains(&k.as_str()));
-        a
-    });
-    *m = ObjectMeta {
-        name: m.name.take(),
-        uid: m.uid.take(),
-        resource_version: m.resource_version.take(),
-        finalizers: m.finalizers.take(),
-        deletion_timestamp: m.deletion_timestamp.take(),
-        annotations: annotations.filter(|a| !a.is_empty()),
-        ..ObjectMeta::default()
-    };
-}
-
 /// Keeps of a class's metadata its name and resource version (the decisions read its driver
 /// and parameters).
 pub fn trim_class_meta(m: &mut ObjectMeta) {

@@ -108,7 +108,9 @@ const KEPT_ANNOTATIONS: [&str; 5] = [
 
 /// Keeps of a content what the decisions and the events read.
 fn trim_content(c: &mut VolumeSnapshotContent) {
-    cached::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS);
+    // Contents are cluster-scoped: the kit's trim with the lifecycle fields (finalizers,
+    // deletion time) the decisions read.
+    plugreg_sidecar_kit::compact::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS, true);
     cached::trim_ref(&mut c.spec.volume_snapshot_ref);
 }
 

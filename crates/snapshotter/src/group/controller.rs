@@ -68,7 +68,9 @@ const KEPT_ANNOTATIONS: [&str; 4] = [
 ];
 
 fn trim_content(c: &mut VolumeGroupSnapshotContent) {
-    cached::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS);
+    // Contents are cluster-scoped: the kit's trim with the lifecycle fields (finalizers,
+    // deletion time) the decisions read.
+    plugreg_sidecar_kit::compact::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS, true);
     cached::trim_ref(&mut c.spec.volume_group_snapshot_ref);
 }
 
