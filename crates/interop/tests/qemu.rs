@@ -201,8 +201,7 @@ async fn livenessprobe_answers_a_probe(p: &'static Platform) {
     let (status, body) = loop {
         match get(port, "/healthz").await {
             Ok(answer) => break answer,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
+            Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => panic!("no /healthz answer: {e}\n{}", probe.stderr_tail()),
