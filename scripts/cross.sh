@@ -94,11 +94,21 @@ build)
     for arg in "$@"; do
         case $arg in --profile | --profile=*) profile=() ;; esac
     done
+    # The same bytes wherever the checkout and cargo's home are: the only machine paths a
+    # release binary holds are cargo home's (the registry crates' sources, in panic locations),
+    # so they are written as /cargo. Build scripts and proc macros are host code, which
+    # RUSTFLAGS does not reach with --target.
+    cargo_home=${CARGO_HOME:-$HOME/.cargo}
+    remap="--remap-path-prefix=$cargo_home=/cargo"$'\x1f'"--remap-path-prefix=$repo=/plugreg"
+    if [ -z "${CARGO_ENCODED_RUSTFLAGS:-}" ] && [ -n "${RUSTFLAGS:-}" ]; then
+        CARGO_ENCODED_RUSTFLAGS=$(tr -s ' ' '\037' <<<"$RUSTFLAGS")
+    fi
+    export CARGO_ENCODED_RUSTFLAGS=${CARGO_ENCODED_RUSTFLAGS:+$CARGO_ENCODED_RUSTFLAGS$'\x1f'}$remap
+    cd "$repo"
     if [ "$gcc" = - ]; then
         exec cargo build "${profile[@]}" --locked --target "$triple" --target-dir "$repo/target/cross" "$@"
     fi
     linker_var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$triple")_LINKER"
-    cd "$repo"
     export "$linker_var=$gcc-gcc"
     RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc exec cargo build "${profile[@]}" --locked \
         -Zbuild-std=std,panic_abort --target "$triple" --target-dir "$repo/target/cross" "$@"

@@ -15,9 +15,13 @@
 # images/build.sh, so one commit gives the same bytes; the binaries report VERSION in
 # --version (PLUGREG_VERSION at build time).
 #
-# linux/amd64 is built with the workspace's toolchain; the other platforms with
-# scripts/cross.sh (Debian's rustc-web and cross gcc: `scripts/cross.sh setup`, as root).
-# Needs umoci (images/setup.sh installs it) and python3.
+# Every platform, linux/amd64 included, is built by scripts/cross.sh build into
+# target/cross/<triple>/release: linux/amd64 with the workspace's toolchain, the others with
+# Debian's rustc-web and cross gcc (`scripts/cross.sh setup`, as root). cross.sh writes cargo
+# home's paths as /cargo, so the bytes do not depend on where the checkout or cargo's home are.
+# They do depend on the tools: DIR/BUILDINFO names every one (compilers, Debian packages,
+# umoci, tar), for a rebuild that should match. Needs umoci (images/setup.sh installs it) and
+# python3.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,6 +52,11 @@ while read -r image package _rest; do
     cargo_args+=(-p "$package" --bin "$image")
 done <"$repo/images/images.conf"
 
+if [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    echo "scripts/release.sh: warning: tracked files have changed; the images' revision is" \
+        "$(git -C "$repo" rev-parse HEAD)-dirty and no commit gives these bytes" >&2
+fi
+
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d)
@@ -55,17 +64,11 @@ trap 'rm -rf "$work"' EXIT
 files=()
 for platform in "${platforms[@]}"; do
     dir=${platform//\//-}
-    if [ "$platform" = linux/amd64 ]; then
-        echo "== $platform: cargo build --release (PLUGREG_VERSION=$VERSION)"
-        (cd "$repo" && PLUGREG_VERSION=$VERSION cargo build --release --locked "${cargo_args[@]}")
-        bin_dir=$repo/target/release
-    else
-        triple=$("$repo/scripts/cross.sh" platforms | awk -v p="$platform" '$1 == p { print $2 }')
-        [ -n "$triple" ] || { echo "scripts/release.sh: unknown platform $platform" >&2; exit 2; }
-        echo "== $platform: scripts/cross.sh build (PLUGREG_VERSION=$VERSION)"
-        PLUGREG_VERSION=$VERSION "$repo/scripts/cross.sh" build "$platform" "${cargo_args[@]}"
-        bin_dir=$repo/target/cross/$triple/release
-    fi
+    triple=$("$repo/scripts/cross.sh" platforms | awk -v p="$platform" '$1 == p { print $2 }')
+    [ -n "$triple" ] || { echo "scripts/release.sh: unknown platform $platform" >&2; exit 2; }
+    echo "== $platform: scripts/cross.sh build (PLUGREG_VERSION=$VERSION)"
+    PLUGREG_VERSION=$VERSION "$repo/scripts/cross.sh" build "$platform" "${cargo_args[@]}"
+    bin_dir=$repo/target/cross/$triple/release
     mkdir -p "$out/$dir"
     for image in "${images[@]}"; do
         install -m 0755 "$bin_dir/$image" "$out/$dir/$image"
@@ -87,5 +90,27 @@ for image in "${images[@]}"; do
 done
 
 (cd "$out" && sha256sum "${files[@]}" >SHA256SUMS)
+
+# What made these bytes: a rebuild with the same commit and these tools gives the same
+# SHA256SUMS (BUILDINFO itself is not in it).
+{
+    echo "commit: $(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "version: $VERSION"
+    echo "source_date_epoch: $SOURCE_DATE_EPOCH"
+    echo "platforms: ${platforms[*]}"
+    echo "== rustc (linux/amd64)"
+    (cd "$repo" && rustc -vV && cargo -V)
+    if [ -x /usr/bin/rustc ]; then
+        echo "== rustc (other platforms, RUSTC_BOOTSTRAP=1 -Zbuild-std)"
+        /usr/bin/rustc -vV
+    fi
+    echo "== Debian packages"
+    dpkg-query -W -f '${Package} ${Version} ${Architecture}\n' libc6 rustc-web rust-web-src \
+        'gcc-*-linux-gnu*' 'libc6-*-cross' binutils 2>/dev/null | grep -v ' $' | sort || true
+    echo "== image tools"
+    umoci --version
+    tar --version | head -n1
+    python3 --version
+} >"$out/BUILDINFO"
 echo "== $out"
-(cd "$out" && ls -l "${files[@]}" SHA256SUMS && cat SHA256SUMS)
+(cd "$out" && ls -l "${files[@]}" SHA256SUMS BUILDINFO && cat SHA256SUMS)
