@@ -25,6 +25,9 @@
 # Load or push: `podman load -i OUT/<image>.oci.tar`, or
 # `skopeo copy oci-archive:OUT/<image>.oci.tar docker://REGISTRY/plugreg/<image>:VERSION`.
 set -euo pipefail
+# Directories and files are created with the modes the images should have, whatever the
+# caller's umask: part of the same bytes from the same commit.
+umask 022
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -137,12 +140,15 @@ for image in "${wanted[@]}"; do
         --config.label "org.opencontainers.image.source=$source_url" \
         --config.label "org.opencontainers.image.licenses=Apache-2.0" \
         --config.label "org.opencontainers.image.created=$created"
+    # umoci's own gzip is 7% larger than GNU gzip -9 (images/regzip.py).
+    "$here/regzip.py" "$layout"
     umoci gc --layout "$layout"
 
-    # An oci-archive is the layout as a tar; sorted, fixed owners and times: reproducible.
+    # An oci-archive is the layout as a tar; sorted, fixed owners, modes and times (umoci
+    # writes some files 0600, others follow the umask): reproducible.
     archive=$out/$image.oci.tar
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$SOURCE_DATE_EPOCH" \
-        -C "$layout" -cf "$archive.tmp" .
+        --mode=u=rwX,go=rX -C "$layout" -cf "$archive.tmp" .
     mv "$archive.tmp" "$archive"
     printf '%s\t%s bytes\t(%s %s %s, user %s)\n' "$archive" "$(stat -c %s "$archive")" \
         "$image" "$VERSION" "$platform" "${user_of[$image]}"
