@@ -117,8 +117,17 @@ pub async fn run(options: &BenchOptions) -> Result<Vec<ReleaseFigures>, Error> {
                 if snapshots.is_some() {
                     let windows = claim_lives(&cluster, options, &mut figures).await?;
                     if let Some(log) = cluster.api_server().audit_log_path() {
-                        let requests = crate::trace::read(log)?;
-                        figures.trace = Some(crate::trace::markdown(&requests, &windows));
+                        let mut requests = crate::trace::read(log)?;
+                        // The driver's own calls (deploy/test's --call-log), beside them.
+                        let calls = cluster.node().host_path(format!(
+                            "/var/lib/plugreg-csi-test-driver/{DRIVER}.calls.log"
+                        ));
+                        requests.extend(crate::trace::read_calls(&calls)?);
+                        figures.trace = Some(format!(
+                            "{}{}",
+                            crate::trace::summary(&requests, &windows),
+                            crate::trace::markdown(&requests, &windows)
+                        ));
                     }
                 }
             }
@@ -243,16 +252,15 @@ async fn claim_lives(
     options: &BenchOptions,
     figures: &mut ReleaseFigures,
 ) -> Result<Vec<Window>, Error> {
-    // The last life's steps, for the trace.
+    // Every life's steps, for the trace: the last life's in full, every life's in sum.
     let mut windows = Vec::new();
-    let mut mark = |last: bool, step: &str, start: SystemTime| {
-        if last {
-            windows.push(Window {
-                step: step.to_owned(),
-                start,
-                end: SystemTime::now(),
-            });
-        }
+    let mut mark = |life: usize, step: &str, start: SystemTime| {
+        windows.push(Window {
+            step: step.to_owned(),
+            life,
+            start,
+            end: SystemTime::now(),
+        });
     };
     use k8s_openapi::api::storage::v1::VolumeAttachment;
     use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
@@ -316,14 +324,13 @@ async fn claim_lives(
         }
     };
     for i in 0..options.lives {
-        let last = i + 1 == options.lives;
         let (data, app) = (format!("data-{i}"), format!("app-{i}"));
         let wall = SystemTime::now();
         workload::claim(cluster, ns, &data, "bench-wffc").await?;
         workload::pod_with_claim(cluster, ns, &app, &options.images.busybox, &data, "f", "x")
             .await?;
         until(STEP, "the pod Running", running(app.clone())).await?;
-        mark(last, "claim + pod created -> Running", wall);
+        mark(i, "claim + pod created -> Running", wall);
 
         let snap = format!("snap-{i}");
         let t = Instant::now();
@@ -358,7 +365,7 @@ async fn claim_lives(
         let cut = *cut.lock().unwrap_or_else(|e| e.into_inner());
         figures.snapshot_cut.push(cut.unwrap_or(ready));
         figures.snapshot_ready.push(ready);
-        mark(last, "VolumeSnapshot created -> readyToUse", wall);
+        mark(i, "VolumeSnapshot created -> readyToUse", wall);
 
         let (restored, reader) = (format!("restored-{i}"), format!("reader-{i}"));
         let t = Instant::now();
@@ -384,7 +391,7 @@ async fn claim_lives(
         .await?;
         until(STEP, "the restored pod Running", running(reader.clone())).await?;
         figures.restored_running.push(t.elapsed());
-        mark(last, "restored claim + pod created -> Running", wall);
+        mark(i, "restored claim + pod created -> Running", wall);
 
         let clone = format!("clone-{i}");
         let t = Instant::now();
@@ -400,7 +407,7 @@ async fn claim_lives(
             .await?;
         until(STEP, "the clone Bound", bound(clone.clone())).await?;
         figures.clone_bound.push(t.elapsed());
-        mark(last, "cloned claim created -> Bound", wall);
+        mark(i, "cloned claim created -> Bound", wall);
 
         let t = Instant::now();
         let wall = SystemTime::now();
@@ -424,7 +431,7 @@ async fn claim_lives(
         })
         .await?;
         figures.expanded.push(t.elapsed());
-        mark(last, "claim in use grown -> status capacity", wall);
+        mark(i, "claim in use grown -> status capacity", wall);
 
         let t = Instant::now();
         let wall = SystemTime::now();
@@ -450,7 +457,7 @@ async fn claim_lives(
         .await?;
         figures.all_gone.push(t.elapsed());
         mark(
-            last,
+            i,
             "everything deleted -> no PV, VolumeAttachment or content",
             wall,
         );

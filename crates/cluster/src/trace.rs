@@ -14,6 +14,15 @@
 //!
 //! Left out: watches and lists (long-running), Leases (leader election and node heartbeats),
 //! Events (not on any step's path), and the benchmark's own requests (no user agent).
+//!
+//! The driver's own calls come from csi-test-driver's `--call-log` ([`read_calls`]) and join
+//! the timeline as the driver's rows: the time before a call is then its caller's reaction
+//! without the driver in it. [`summary`] sums each step of every life: plugreg's requests,
+//! their API time, the driver time of the calls plugreg's sidecars made, and plugreg's
+//! reactions; a step's floor is its time less plugreg's reactions (what plugreg could take out
+//! of it at most). The reactions are measured from the previous answer in the window, whoever
+//! it was for, so a reaction to an earlier answer counts only from the latest one: they are a
+//! lower bound, and they include the watch event's delivery, which is the API server's.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -47,6 +56,8 @@ pub struct Request {
 pub struct Window {
     /// What the step is.
     pub step: String,
+    /// Which life (0, 1, ...).
+    pub life: usize,
     /// When the benchmark started it.
     pub start: SystemTime,
     /// When the benchmark saw it done.
@@ -92,6 +103,60 @@ pub fn parse_line(line: &str) -> Option<Request> {
     })
 }
 
+/// Who answers the driver's calls in a timeline.
+pub const DRIVER: &str = "driver";
+
+/// The programs of plugreg's controller sidecars, as their user agents name them.
+pub const SIDECARS: &[&str] = &[
+    "csi-provisioner",
+    "csi-attacher",
+    "csi-resizer",
+    "csi-snapshotter",
+    "csi-sidecars",
+    "csi-external-health-monitor-controller",
+];
+
+/// Reads csi-test-driver's call log at `path` (`<start µs> <end µs> <method>` lines) as
+/// requests answered by [`DRIVER`] (verb `call`, the method as resource, no HTTP status).
+/// Probe is left out: livenessprobe asks it every few seconds, on no step's path. No file: no
+/// calls (a driver without `--call-log`).
+pub fn read_calls(path: &Path) -> Result<Vec<Request>, Error> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(text.lines().filter_map(parse_call).collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+    }
+}
+
+/// One line of csi-test-driver's call log, unless it is a Probe.
+pub fn parse_call(line: &str) -> Option<Request> {
+    let mut fields = line.split(' ');
+    let received = fields.next()?.parse().ok()?;
+    let answered = fields.next()?.parse().ok()?;
+    let method = fields.next()?;
+    if fields.next().is_some() || method == "Probe" {
+        return None;
+    }
+    Some(Request {
+        received,
+        answered,
+        actor: DRIVER.to_owned(),
+        verb: "call".to_owned(),
+        resource: method.to_owned(),
+        name: String::new(),
+        code: 0,
+    })
+}
+
+/// Whether plugreg made `r`: a request of one of its sidecars, or a driver call that is not
+/// the kubelet's (the Node service's).
+fn plugreg_made(r: &Request) -> bool {
+    if r.actor == DRIVER {
+        return !r.resource.starts_with("Node");
+    }
+    SIDECARS.contains(&r.actor.as_str())
+}
+
 /// Who made a request: the program of its user agent (`csi-provisioner/v0.1.0 (linux/amd64)
 /// plugreg` -> `csi-provisioner`); kube-controller-manager's controllers by the service account
 /// client-go appends to its agent (`kcm:persistent-volume-binder`); no agent: the user.
@@ -132,14 +197,16 @@ fn ms(micros: i64) -> String {
 
 /// The timeline of each window, as Markdown: one table per step, then who made how many
 /// requests and how long they waited in all.
+/// Only the last life's windows are written out.
 pub fn markdown(requests: &[Request], windows: &[Window]) -> String {
     let mut o = String::new();
-    for w in windows {
+    let last = windows.iter().map(|w| w.life).max();
+    for w in windows.iter().filter(|w| Some(w.life) == last) {
         let list = in_window(requests, w);
         let start = micros_of(w.start);
         let took = w.end.duration_since(w.start).unwrap_or(Duration::ZERO);
         o.push_str(&format!(
-            "#### {} ({:.0} ms, {} requests)\n\n| at ms | who | request | API ms | after the previous answer, ms |\n|---|---|---|---|---|\n",
+            "#### {} ({:.0} ms, {} requests and driver calls)\n\n| at ms | who | request or driver call | API (driver) ms | after the previous answer, ms |\n|---|---|---|---|---|\n",
             w.step,
             took.as_secs_f64() * 1000.0,
             list.len()
@@ -153,14 +220,16 @@ pub fn markdown(requests: &[Request], windows: &[Window]) -> String {
             } else {
                 format!(" {}", r.name)
             };
+            let what = if r.actor == DRIVER {
+                r.resource.clone()
+            } else {
+                format!("{} {}{} ({})", r.verb, r.resource, name, r.code)
+            };
             o.push_str(&format!(
-                "| {} | {} | {} {}{} ({}) | {} | {} |\n",
+                "| {} | {} | {} | {} | {} |\n",
                 ms(r.received - start),
                 r.actor,
-                r.verb,
-                r.resource,
-                name,
-                r.code,
+                what,
                 ms(r.answered - r.received),
                 gap.map(ms).unwrap_or_default()
             ));
@@ -175,7 +244,7 @@ pub fn markdown(requests: &[Request], windows: &[Window]) -> String {
             .iter()
             .map(|(a, (n, api, gap))| {
                 format!(
-                    "{a} {n} request(s), {} ms at the API server, {} ms before them",
+                    "{a} {n} request(s) or call(s), {} ms at the API server (the driver), {} ms before them",
                     ms(*api),
                     ms(*gap)
                 )
@@ -184,6 +253,99 @@ pub fn markdown(requests: &[Request], windows: &[Window]) -> String {
         o.push_str(&parts.join("; "));
         o.push_str(".\n\n");
     }
+    o
+}
+
+/// plugreg's share of one step of one life ([`summary`]), in µs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Share {
+    step: i64,
+    requests: usize,
+    api: i64,
+    driver: i64,
+    reactions: i64,
+}
+
+impl Share {
+    fn of(requests: &[Request], w: &Window) -> Share {
+        let mut share = Share {
+            step: micros_of(w.end) - micros_of(w.start),
+            ..Share::default()
+        };
+        let mut previous: Option<i64> = None;
+        for r in in_window(requests, w) {
+            if plugreg_made(r) {
+                share.reactions += previous.map_or(0, |p| (r.received - p).max(0));
+                if r.actor == DRIVER {
+                    share.driver += r.answered - r.received;
+                } else {
+                    share.requests += 1;
+                    share.api += r.answered - r.received;
+                }
+            }
+            previous = Some(previous.map_or(r.answered, |p| p.max(r.answered)));
+        }
+        share
+    }
+
+    /// The step's time over its floor: the step less plugreg's reactions.
+    fn step_ratio(&self) -> f64 {
+        self.step as f64 / (self.step - self.reactions).max(1) as f64
+    }
+
+    /// plugreg's part (reactions, API time, driver time) over its floor (API and driver time).
+    fn own_ratio(&self) -> f64 {
+        let floor = self.api + self.driver;
+        (floor + self.reactions) as f64 / floor.max(1) as f64
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Each step over every life, as Markdown: the medians of the step's time, of plugreg's
+/// requests, their API time, the driver time of plugreg's calls and plugreg's reactions, and
+/// two ratios (see the module documentation): the step over its floor (the step less plugreg's
+/// reactions), and plugreg's part over its own floor (its API and driver time).
+pub fn summary(requests: &[Request], windows: &[Window]) -> String {
+    let mut steps: Vec<&str> = Vec::new();
+    for w in windows {
+        if !steps.contains(&w.step.as_str()) {
+            steps.push(&w.step);
+        }
+    }
+    let mut o = String::from(
+        "#### Every life's steps: plugreg's share (medians over the lives)\n\n\
+         | step | lives | step | plugreg's requests | their API time | its driver calls' time | \
+         plugreg's reactions | step / (step - reactions) | plugreg's part / (its API + driver time) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for step in steps {
+        let shares: Vec<Share> = windows
+            .iter()
+            .filter(|w| w.step == step)
+            .map(|w| Share::of(requests, w))
+            .collect();
+        let m = |f: &dyn Fn(&Share) -> f64| median(shares.iter().map(f).collect());
+        o.push_str(&format!(
+            "| {step} | {} | {:.1} ms | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.3}x | {:.2}x |\n",
+            shares.len(),
+            m(&|s| s.step as f64 / 1000.0),
+            m(&|s| s.requests as f64),
+            m(&|s| s.api as f64 / 1000.0),
+            m(&|s| s.driver as f64 / 1000.0),
+            m(&|s| s.reactions as f64 / 1000.0),
+            m(&|s| s.step_ratio()),
+            m(&|s| s.own_ratio()),
+        ));
+    }
+    o.push('\n');
     o
 }
 
@@ -239,6 +401,7 @@ mod tests {
         let all = vec![r.clone(), lease, bench, early.clone()];
         let w = Window {
             step: "snapshot".into(),
+            life: 0,
             start: UNIX_EPOCH + Duration::from_micros(early.received as u64 - 1000),
             end: UNIX_EPOCH + Duration::from_micros(r.received as u64 + 1000),
         };
@@ -248,5 +411,81 @@ mod tests {
         assert!(md.contains("| 1.0 | snapshot-controller |"), "{md}");
         // The second request came 46.5 ms after the first one's answer.
         assert!(md.contains("| 46.5 |"), "{md}");
+    }
+
+    #[test]
+    fn a_call_log_line_reads_as_the_drivers_request() {
+        let r = parse_call("1700000000000100 1700000000002600 CreateSnapshot").unwrap();
+        assert_eq!(r.actor, DRIVER);
+        assert_eq!(r.resource, "CreateSnapshot");
+        assert_eq!(r.answered - r.received, 2500);
+        assert!(plugreg_made(&r));
+        let node = parse_call("1 2 NodeStageVolume").unwrap();
+        assert!(!plugreg_made(&node), "the kubelet's call");
+        assert!(parse_call("1 2 Probe").is_none());
+        assert!(parse_call("1 2").is_none());
+        assert!(parse_call("1 2 CreateVolume extra").is_none());
+        assert!(parse_call("x 2 CreateVolume").is_none());
+        let missing = read_calls(Path::new("/nonexistent/plugreg/calls.log")).unwrap();
+        assert!(missing.is_empty());
+    }
+
+    #[test]
+    fn the_summary_counts_plugregs_reactions_without_the_driver() {
+        let at = |ms: i64| 1_700_000_000_000_000 + ms * 1000;
+        let req = |actor: &str, verb: &str, from: i64, to: i64| Request {
+            received: at(from),
+            answered: at(to),
+            actor: actor.into(),
+            verb: verb.into(),
+            resource: "volumesnapshotcontents".into(),
+            name: "c".into(),
+            code: 200,
+        };
+        let mut call = req(DRIVER, "call", 5, 15);
+        call.resource = "CreateSnapshot".into();
+        let mut node = req(DRIVER, "call", 40, 50);
+        node.resource = "NodeStageVolume".into();
+        let requests = vec![
+            req("snapshot-controller", "create", 1, 3),
+            call,
+            req("csi-snapshotter", "patch", 16, 20),
+            node,
+        ];
+        let window = |life| Window {
+            step: "snapshot".into(),
+            life,
+            start: UNIX_EPOCH + Duration::from_micros(at(0) as u64),
+            end: UNIX_EPOCH + Duration::from_micros(at(100) as u64),
+        };
+        let share = Share::of(&requests, &window(0));
+        // Reactions: 2 ms before the call (after the content's create), 1 ms after it.
+        assert_eq!(
+            share,
+            Share {
+                step: 100_000,
+                requests: 1,
+                api: 4000,
+                driver: 10_000,
+                reactions: 3000,
+            }
+        );
+        assert!((share.step_ratio() - 100.0 / 97.0).abs() < 1e-9);
+        assert!((share.own_ratio() - 17.0 / 14.0).abs() < 1e-9);
+        let md = summary(&requests, &[window(0), window(1)]);
+        assert!(
+            md.contains(
+                "| snapshot | 2 | 100.0 ms | 1 | 4.0 ms | 10.0 ms | 3.0 ms | 1.031x | 1.21x |"
+            ),
+            "{md}"
+        );
+        // The timeline writes the last life only, the driver's rows by method.
+        let timeline = markdown(&requests, &[window(0), window(1)]);
+        assert_eq!(timeline.matches("#### snapshot").count(), 1, "{timeline}");
+        assert!(
+            timeline.contains("| driver | CreateSnapshot | 10.0 | 2.0 |"),
+            "{timeline}"
+        );
+        assert_eq!(median(vec![3.0, 1.0, 2.0, 10.0]), 2.5);
     }
 }

@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use plugreg_proto::csi::v1::controller_server::ControllerServer;
 use plugreg_proto::csi::v1::group_controller_server::GroupControllerServer;
@@ -774,6 +774,57 @@ pub struct DriverConfig {
     pub omit_content_source: bool,
     /// Where calls are counted; clone it before handing the config over to watch the driver.
     pub calls: Calls,
+    /// Where each answered call is written down with its times ([`CallLog`]), for a benchmark
+    /// that lines the driver's own time up with the API server's audit log.
+    pub call_log: Option<CallLog>,
+}
+
+/// An append-only file with one line per call the driver answered:
+/// `<start µs> <end µs> <method>` (microseconds since the Unix epoch, the method as
+/// [`Method::as_str`] spells it). Several drivers may share one file: each line is one
+/// `write` to a file opened for appending, so lines never interleave. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CallLog {
+    file: Arc<std::fs::File>,
+}
+
+impl CallLog {
+    /// Opens (creating) `path` for appending.
+    pub fn open(path: &Path) -> std::io::Result<CallLog> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(CallLog {
+            file: Arc::new(file),
+        })
+    }
+
+    fn write(&self, method: Method, start: SystemTime, end: SystemTime) {
+        use std::io::Write as _;
+        let micros = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        let line = format!("{} {} {method}\n", micros(start), micros(end));
+        // A benchmark's aid: a full disk loses a line, never a call.
+        if let Err(e) = (&*self.file).write_all(line.as_bytes()) {
+            tracing::warn!(error = %e, "writing the call log");
+        }
+    }
+}
+
+/// One call being answered: written to the [`CallLog`], if there is one, when the handler
+/// returns and drops it.
+struct CallTimer<'a> {
+    log: Option<&'a CallLog>,
+    method: Method,
+    start: SystemTime,
+}
+
+impl Drop for CallTimer<'_> {
+    fn drop(&mut self) {
+        if let Some(log) = self.log {
+            log.write(self.method, self.start, SystemTime::now());
+        }
+    }
 }
 
 impl Default for DriverConfig {
@@ -823,6 +874,7 @@ impl Default for DriverConfig {
             reported_capacity: None,
             omit_content_source: false,
             calls: Calls::default(),
+            call_log: None,
         }
     }
 }
@@ -1152,8 +1204,14 @@ impl Driver {
         })
     }
 
-    /// Counts and publishes a call, then carries out its fault plan.
-    async fn enter(&self, method: Method) -> Result<(), tonic::Status> {
+    /// Counts and publishes a call, then carries out its fault plan. The handler keeps the
+    /// timer until it answers ([`CallLog`]).
+    async fn enter(&self, method: Method) -> Result<CallTimer<'_>, tonic::Status> {
+        let timer = CallTimer {
+            log: self.config.call_log.as_ref(),
+            method,
+            start: SystemTime::now(),
+        };
         let index = self.config.calls.record(method);
         let plan = self
             .fault(method)
@@ -1180,7 +1238,7 @@ impl Driver {
         }
         match plan.error {
             Some(e) => Err(e.status()),
-            None => Ok(()),
+            None => Ok(timer),
         }
     }
 }
@@ -1195,7 +1253,7 @@ impl Identity for Driver {
         &self,
         _: Request<GetPluginInfoRequest>,
     ) -> Result<Response<GetPluginInfoResponse>, tonic::Status> {
-        self.enter(Method::GetPluginInfo).await?;
+        let _call = self.enter(Method::GetPluginInfo).await?;
         Ok(Response::new(GetPluginInfoResponse {
             name: self.config.name.clone(),
             vendor_version: self.config.vendor_version.clone(),
@@ -1207,7 +1265,7 @@ impl Identity for Driver {
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, tonic::Status> {
-        self.enter(Method::GetPluginCapabilities).await?;
+        let _call = self.enter(Method::GetPluginCapabilities).await?;
         use plugin_capability::service::Type;
         let service = |t: Type| PluginCapability {
             r#type: Some(plugin_capability::Type::Service(
@@ -1235,7 +1293,7 @@ impl Identity for Driver {
         &self,
         _: Request<ProbeRequest>,
     ) -> Result<Response<ProbeResponse>, tonic::Status> {
-        self.enter(Method::Probe).await?;
+        let _call = self.enter(Method::Probe).await?;
         Ok(Response::new(ProbeResponse {
             ready: Some(self.config.ready),
         }))

@@ -296,7 +296,7 @@ impl Driver {
         r: CreateSnapshotRequest,
     ) -> Result<CreateSnapshotResponse, Status> {
         self.config.calls.keep_create_snapshot(&r);
-        self.enter(Method::CreateSnapshot).await?;
+        let _call = self.enter(Method::CreateSnapshot).await?;
         let name = crate::volumes::required(&r.name, "name")?;
         let source = crate::volumes::required(&r.source_volume_id, "source_volume_id")?;
         if name.len() > 128 || name.chars().any(char::is_control) {
@@ -381,7 +381,7 @@ impl Driver {
         r: DeleteSnapshotRequest,
     ) -> Result<DeleteSnapshotResponse, Status> {
         self.config.calls.keep_delete_snapshot(&r);
-        self.enter(Method::DeleteSnapshot).await?;
+        let _call = self.enter(Method::DeleteSnapshot).await?;
         let id = crate::volumes::required(&r.snapshot_id, "snapshot_id")?;
         let mut state = self.lock();
         // The spec's "Snapshot is part of a group" row: a member goes only with its group.
@@ -427,7 +427,7 @@ impl Driver {
         &self,
         r: ListSnapshotsRequest,
     ) -> Result<ListSnapshotsResponse, Status> {
-        self.enter(Method::ListSnapshots).await?;
+        let _call = self.enter(Method::ListSnapshots).await?;
         if r.max_entries < 0 {
             return Err(Status::invalid_argument("max_entries must not be negative"));
         }
@@ -485,7 +485,7 @@ impl Driver {
         &self,
         r: GetSnapshotRequest,
     ) -> Result<GetSnapshotResponse, Status> {
-        self.enter(Method::GetSnapshot).await?;
+        let _call = self.enter(Method::GetSnapshot).await?;
         let id = crate::volumes::required(&r.snapshot_id, "snapshot_id")?;
         let mut state = self.lock();
         let missing = || Status::not_found(format!("snapshot {id:?} does not exist"));
@@ -715,7 +715,7 @@ impl Driver {
         r: CreateVolumeGroupSnapshotRequest,
     ) -> Result<CreateVolumeGroupSnapshotResponse, Status> {
         self.config.calls.keep_create_group_snapshot(&r);
-        self.enter(Method::CreateVolumeGroupSnapshot).await?;
+        let _call = self.enter(Method::CreateVolumeGroupSnapshot).await?;
         let name = crate::volumes::required(&r.name, "name")?;
         if name.len() > 128 || has_banned_char(name) {
             return Err(Status::invalid_argument(
@@ -870,7 +870,7 @@ impl Driver {
         r: DeleteVolumeGroupSnapshotRequest,
     ) -> Result<DeleteVolumeGroupSnapshotResponse, Status> {
         self.config.calls.keep_delete_group_snapshot(&r);
-        self.enter(Method::DeleteVolumeGroupSnapshot).await?;
+        let _call = self.enter(Method::DeleteVolumeGroupSnapshot).await?;
         let id = crate::volumes::required(&r.group_snapshot_id, "group_snapshot_id")?;
         required_ids(&r.snapshot_ids)?;
         let mut state = self.lock();
@@ -896,7 +896,7 @@ impl Driver {
         &self,
         r: GetVolumeGroupSnapshotRequest,
     ) -> Result<GetVolumeGroupSnapshotResponse, Status> {
-        self.enter(Method::GetVolumeGroupSnapshot).await?;
+        let _call = self.enter(Method::GetVolumeGroupSnapshot).await?;
         let id = crate::volumes::required(&r.group_snapshot_id, "group_snapshot_id")?;
         required_ids(&r.snapshot_ids)?;
         let mut state = self.lock();
@@ -920,7 +920,7 @@ impl GroupController for Driver {
         &self,
         _: Request<GroupControllerGetCapabilitiesRequest>,
     ) -> Result<Response<GroupControllerGetCapabilitiesResponse>, Status> {
-        self.enter(Method::GroupControllerGetCapabilities).await?;
+        let _call = self.enter(Method::GroupControllerGetCapabilities).await?;
         Ok(Response::new(GroupControllerGetCapabilitiesResponse {
             capabilities: vec![group_capability()],
         }))

@@ -382,7 +382,7 @@ impl Node for Driver {
         &self,
         _: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        self.enter(Method::NodeGetCapabilities).await?;
+        let _call = self.enter(Method::NodeGetCapabilities).await?;
         let mut types = self.config.node_capabilities.clone();
         if self.node_reports_condition() && !types.contains(&NodeCapability::VolumeCondition) {
             types.push(NodeCapability::VolumeCondition);
@@ -402,7 +402,7 @@ impl Node for Driver {
         &self,
         _: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
-        self.enter(Method::NodeGetInfo).await?;
+        let _call = self.enter(Method::NodeGetInfo).await?;
         let accessible_topology = (!self.config.topology.is_empty()).then(|| Topology {
             segments: to_map(&self.config.topology),
         });
@@ -417,7 +417,7 @@ impl Node for Driver {
         &self,
         request: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
-        self.enter(Method::NodeStageVolume).await?;
+        let _call = self.enter(Method::NodeStageVolume).await?;
         if !self.has(NodeCapability::StageUnstageVolume) {
             return Err(Status::unimplemented(
                 "NodeStageVolume: STAGE_UNSTAGE_VOLUME is not advertised",
@@ -480,7 +480,7 @@ impl Node for Driver {
         &self,
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
-        self.enter(Method::NodeUnstageVolume).await?;
+        let _call = self.enter(Method::NodeUnstageVolume).await?;
         if !self.has(NodeCapability::StageUnstageVolume) {
             return Err(Status::unimplemented(
                 "NodeUnstageVolume: STAGE_UNSTAGE_VOLUME is not advertised",
@@ -514,7 +514,7 @@ impl Node for Driver {
         &self,
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
-        self.enter(Method::NodePublishVolume).await?;
+        let _call = self.enter(Method::NodePublishVolume).await?;
         let r = request.into_inner();
         let id = required(&r.volume_id, "volume_id")?;
         let target = required_path(&r.target_path, "target_path")?;
@@ -593,7 +593,7 @@ impl Node for Driver {
         &self,
         request: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
-        self.enter(Method::NodeUnpublishVolume).await?;
+        let _call = self.enter(Method::NodeUnpublishVolume).await?;
         let r = request.into_inner();
         let id = required(&r.volume_id, "volume_id")?;
         let target = required_path(&r.target_path, "target_path")?;
@@ -620,7 +620,7 @@ impl Node for Driver {
         &self,
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        self.enter(Method::NodeGetVolumeStats).await?;
+        let _call = self.enter(Method::NodeGetVolumeStats).await?;
         if !self.has(NodeCapability::GetVolumeStats) {
             return Err(Status::unimplemented(
                 "NodeGetVolumeStats: GET_VOLUME_STATS is not advertised",
@@ -669,7 +669,7 @@ impl Node for Driver {
         &self,
         request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
-        self.enter(Method::NodeExpandVolume).await?;
+        let _call = self.enter(Method::NodeExpandVolume).await?;
         if !self.has(NodeCapability::ExpandVolume) {
             return Err(Status::unimplemented(
                 "NodeExpandVolume: EXPAND_VOLUME is not advertised",
@@ -760,7 +760,7 @@ impl Controller for Driver {
         let r = request.into_inner();
         // Kept before the fault plan runs, so that a hanging call can be inspected too.
         self.config.calls.keep_create(&r);
-        self.enter(Method::CreateVolume).await?;
+        let _call = self.enter(Method::CreateVolume).await?;
         let name = required(&r.name, "name")?;
         if name.len() > 128 || name.chars().any(char::is_control) {
             return Err(Status::invalid_argument(
@@ -967,7 +967,7 @@ impl Controller for Driver {
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
         let r = request.into_inner();
         self.config.calls.keep_delete(&r);
-        self.enter(Method::DeleteVolume).await?;
+        let _call = self.enter(Method::DeleteVolume).await?;
         let id = required(&r.volume_id, "volume_id")?;
         let mut state = self.lock_with(id);
         let Some(v) = state.volumes.get(id) else {
@@ -1008,7 +1008,7 @@ impl Controller for Driver {
         &self,
         _: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
-        self.enter(Method::ControllerGetCapabilities).await?;
+        let _call = self.enter(Method::ControllerGetCapabilities).await?;
         use controller_service_capability::rpc::Type;
         let mut types = vec![Type::CreateDeleteVolume];
         if self.config.controller_publish {
@@ -1068,7 +1068,7 @@ impl Controller for Driver {
         if !self.config.controller_publish {
             return unimplemented("ControllerPublishVolume");
         }
-        self.enter(Method::ControllerPublishVolume).await?;
+        let _call = self.enter(Method::ControllerPublishVolume).await?;
         let r = request.into_inner();
         self.config.calls.keep_publish(&r);
         let id = required(&r.volume_id, "volume_id")?;
@@ -1096,7 +1096,7 @@ impl Controller for Driver {
         if !self.config.controller_publish {
             return unimplemented("ControllerUnpublishVolume");
         }
-        self.enter(Method::ControllerUnpublishVolume).await?;
+        let _call = self.enter(Method::ControllerUnpublishVolume).await?;
         let r = request.into_inner();
         self.config.calls.keep_unpublish(&r);
         let id = required(&r.volume_id, "volume_id")?;
@@ -1129,7 +1129,7 @@ impl Controller for Driver {
         if !self.config.list_volumes {
             return unimplemented("ListVolumes");
         }
-        self.enter(Method::ListVolumes).await?;
+        let _call = self.enter(Method::ListVolumes).await?;
         let r = request.into_inner();
         if r.max_entries < 0 {
             return Err(Status::invalid_argument("max_entries must not be negative"));
@@ -1193,7 +1193,7 @@ impl Controller for Driver {
             return unimplemented("GetCapacity");
         }
         self.config.calls.keep_get_capacity(&r);
-        self.enter(Method::GetCapacity).await?;
+        let _call = self.enter(Method::GetCapacity).await?;
         for c in &r.volume_capabilities {
             capability(Some(c), "volume_capabilities")?;
         }
@@ -1269,7 +1269,7 @@ impl Controller for Driver {
         let r = request.into_inner();
         // Kept before the fault plan runs, so that a failing call can be inspected too.
         self.config.calls.keep_expand(&r);
-        self.enter(Method::ControllerExpandVolume).await?;
+        let _call = self.enter(Method::ControllerExpandVolume).await?;
         let id = required(&r.volume_id, "volume_id")?;
         let (required_bytes, limit) = r
             .capacity_range
@@ -1303,7 +1303,7 @@ impl Controller for Driver {
         if !self.config.volume_condition || self.config.no_get_volume {
             return unimplemented("ControllerGetVolume");
         }
-        self.enter(Method::ControllerGetVolume).await?;
+        let _call = self.enter(Method::ControllerGetVolume).await?;
         let r = request.into_inner();
         self.config.calls.keep_get_volume(&r.volume_id);
         let id = required(&r.volume_id, "volume_id")?;
@@ -1333,7 +1333,7 @@ impl Controller for Driver {
         }
         let r = request.into_inner();
         self.config.calls.keep_modify(&r);
-        self.enter(Method::ControllerModifyVolume).await?;
+        let _call = self.enter(Method::ControllerModifyVolume).await?;
         let id = required(&r.volume_id, "volume_id")?;
         if r.mutable_parameters.contains_key("invalid") {
             return Err(Status::invalid_argument(

@@ -319,6 +319,70 @@ async fn binary_reports_events_and_removes_its_socket_on_sigterm() {
     }
 }
 
+/// `--call-log`: every answered call is a line `<start µs> <end µs> <method>`, its start at or
+/// before its end and both inside the time the client waited; two drivers share the file
+/// without mixing their lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_writes_each_answered_call_to_the_call_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("calls.log");
+    let micros = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+    };
+    let mut children = Vec::new();
+    let before = micros();
+    for (n, delay) in [(1, "30ms"), (2, "0s")] {
+        let path = dir.path().join(format!("csi-{n}.sock"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_csi-test-driver"))
+            .arg(format!("--endpoint=unix://{}", path.display()))
+            .arg(format!("--call-log={}", log.display()))
+            .arg(format!("--fault=Probe:delay={delay}"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        next_event(&mut lines, "listening");
+        let mut identity = IdentityClient::new(channel(&path).await);
+        identity.probe(ProbeRequest {}).await.unwrap();
+        identity
+            .get_plugin_info(GetPluginInfoRequest {})
+            .await
+            .unwrap();
+        children.push(child);
+    }
+    let after = micros();
+    for child in &mut children {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let calls: Vec<(u128, u128, &str)> = text
+        .lines()
+        .map(|line| {
+            let mut f = line.split(' ');
+            let start = f.next().unwrap().parse().unwrap();
+            let end = f.next().unwrap().parse().unwrap();
+            let method = f.next().unwrap();
+            assert_eq!(f.next(), None, "{line}");
+            (start, end, method)
+        })
+        .collect();
+    let methods: Vec<&str> = calls.iter().map(|c| c.2).collect();
+    assert_eq!(
+        methods,
+        ["Probe", "GetPluginInfo", "Probe", "GetPluginInfo"],
+        "{text}"
+    );
+    for (start, end, _) in &calls {
+        assert!(before <= *start && start <= end && *end <= after, "{text}");
+    }
+    // The first driver's Probe waited its 30 ms fault before answering.
+    assert!(calls[0].1 - calls[0].0 >= 30_000, "{text}");
+}
+
 /// `strict_paths` looks at the paths the CO provides before the volume, as csi-test's mock
 /// driver does: a staging path that does not exist, or a target whose parent does not exist,
 /// is INTERNAL even for an unknown volume; with the paths in place the volume decides.

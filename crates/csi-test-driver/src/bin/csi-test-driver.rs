@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use plugreg_csi_test_driver::{
-    Capacity, Code, Conditions, DriverConfig, Failure, Fault, Method, MountMode, NodeCapability,
-    SmallerThanSource, parse_topology, valid_volume_id,
+    CallLog, Capacity, Code, Conditions, DriverConfig, Failure, Fault, Method, MountMode,
+    NodeCapability, SmallerThanSource, parse_topology, valid_volume_id,
 };
 use plugreg_runtime::signal::Signals;
 use tokio_util::sync::CancellationToken;
@@ -186,6 +186,11 @@ struct Args {
     /// Wait this long before creating the socket.
     #[arg(long, value_parser = humantime::parse_duration)]
     start_delay: Option<Duration>,
+    /// Append a line for every call answered to this file: `<start µs> <end µs> <method>`
+    /// (microseconds since the Unix epoch), for a benchmark that lines the driver's time up
+    /// with the API server's audit log. Drivers may share the file.
+    #[arg(long, value_name = "PATH")]
+    call_log: Option<PathBuf>,
 }
 
 impl Args {
@@ -269,6 +274,13 @@ impl Args {
                 c
             },
             capacity_file: self.capacity_file.clone(),
+            call_log: match &self.call_log {
+                Some(path) => Some(
+                    CallLog::open(path)
+                        .with_context(|| format!("opening the call log {}", path.display()))?,
+                ),
+                None => None,
+            },
             ..DriverConfig::default()
         })
     }
