@@ -55,15 +55,7 @@ done
 os=${platform%%/*}
 arch=${platform#*/}
 arch=${arch%%/*}
-case $platform in
-linux/amd64) machine="Advanced Micro Devices X86-64" ;;
-linux/arm64) machine=AArch64 ;;
-linux/arm/v7) machine=ARM ;;
-linux/ppc64le) machine=PowerPC64 ;;
-linux/s390x) machine="IBM S/390" ;;
-linux/riscv64) machine=RISC-V ;;
-*) die "unknown platform $platform (see: scripts/cross.sh platforms)" ;;
-esac
+machine=$("$repo/scripts/cross.sh" machine "$platform") || die "unknown platform $platform"
 sysroot=()
 if [ "$platform" != linux/amd64 ]; then
     sysroot=(--sysroot "$("$repo/scripts/cross.sh" sysroot "$platform")")

@@ -11,6 +11,7 @@
 #   scripts/cross.sh run PLATFORM BINARY [ARGS]    BINARY of PLATFORM under qemu-user-static
 #   scripts/cross.sh platforms                     PLATFORM -> Rust target triple
 #   scripts/cross.sh sysroot PLATFORM              the cross glibc's root (images/rootfs.sh)
+#   scripts/cross.sh machine PLATFORM              the ELF machine of its binaries (readelf -h)
 #
 # PLATFORM is an OCI platform: linux/amd64, linux/arm64, linux/arm/v7, linux/ppc64le,
 # linux/s390x, linux/riscv64. Example:
@@ -31,14 +32,15 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# platform triple gcc-prefix debian-arch qemu
+# The one list of release platforms (release.sh and images/build.sh read it from here):
+# platform triple gcc-prefix debian-arch qemu elf-machine (readelf's name, _ for a space)
 PLATFORMS="
-linux/amd64 x86_64-unknown-linux-gnu - amd64 -
-linux/arm64 aarch64-unknown-linux-gnu aarch64-linux-gnu arm64 aarch64
-linux/arm/v7 armv7-unknown-linux-gnueabihf arm-linux-gnueabihf armhf arm
-linux/ppc64le powerpc64le-unknown-linux-gnu powerpc64le-linux-gnu ppc64el ppc64le
-linux/s390x s390x-unknown-linux-gnu s390x-linux-gnu s390x s390x
-linux/riscv64 riscv64gc-unknown-linux-gnu riscv64-linux-gnu riscv64 riscv64
+linux/amd64 x86_64-unknown-linux-gnu - amd64 - Advanced_Micro_Devices_X86-64
+linux/arm64 aarch64-unknown-linux-gnu aarch64-linux-gnu arm64 aarch64 AArch64
+linux/arm/v7 armv7-unknown-linux-gnueabihf arm-linux-gnueabihf armhf arm ARM
+linux/ppc64le powerpc64le-unknown-linux-gnu powerpc64le-linux-gnu ppc64el ppc64le PowerPC64
+linux/s390x s390x-unknown-linux-gnu s390x-linux-gnu s390x s390x IBM_S/390
+linux/riscv64 riscv64gc-unknown-linux-gnu riscv64-linux-gnu riscv64 riscv64 RISC-V
 "
 
 field() { # field PLATFORM N
@@ -58,7 +60,7 @@ setup)
     shift
     for platform in "$@"; do platform_or_die "$platform"; done
     pkgs=(rustc-web rust-web-src qemu-user-static binutils)
-    while read -r platform _triple gcc arch _qemu; do
+    while read -r platform _triple gcc arch _qemu _machine; do
         [ -z "$platform" ] || [ "$gcc" = - ] && continue
         if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qxF "$platform"; then
             continue
@@ -130,8 +132,14 @@ run)
 platforms)
     awk 'NF { print $1, $2 }' <<<"$PLATFORMS"
     ;;
+machine)
+    # The ELF machine `readelf -h` names for PLATFORM's binaries (images/build.sh checks it).
+    platform=${2:?PLATFORM}
+    platform_or_die "$platform"
+    field "$platform" 6 | tr _ ' '
+    ;;
 *)
-    sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || exit 2
     ;;
 esac

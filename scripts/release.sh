@@ -26,7 +26,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=$repo/target/dist
-platforms=linux/amd64,linux/arm64,linux/arm/v7,linux/ppc64le,linux/s390x,linux/riscv64
+platforms=$("$repo/scripts/cross.sh" platforms | awk '{ print $1 }' | paste -sd, -)
 while [ $# -gt 0 ]; do
     case $1 in
     --out) out=$2; shift 2 ;;
