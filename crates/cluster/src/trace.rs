@@ -191,13 +191,25 @@ pub fn in_window<'a>(requests: &'a [Request], window: &Window) -> Vec<&'a Reques
     out
 }
 
+/// Each request of a window's chain with how long after the latest earlier answer it came
+/// (none for the first): its maker's reaction, as the timeline and [`summary`] count it.
+fn with_gaps<'a>(list: &[&'a Request]) -> Vec<(&'a Request, Option<i64>)> {
+    let mut previous: Option<i64> = None;
+    list.iter()
+        .map(|&r| {
+            let gap = previous.map(|p| r.received - p);
+            previous = Some(previous.map_or(r.answered, |p| p.max(r.answered)));
+            (r, gap)
+        })
+        .collect()
+}
+
 fn ms(micros: i64) -> String {
     format!("{:.1}", micros as f64 / 1000.0)
 }
 
 /// The timeline of each window, as Markdown: one table per step, then who made how many
-/// requests and how long they waited in all.
-/// Only the last life's windows are written out.
+/// requests and how long they waited in all; only the last life's windows.
 pub fn markdown(requests: &[Request], windows: &[Window]) -> String {
     let mut o = String::new();
     let last = windows.iter().map(|w| w.life).max();
@@ -211,10 +223,8 @@ pub fn markdown(requests: &[Request], windows: &[Window]) -> String {
             took.as_secs_f64() * 1000.0,
             list.len()
         ));
-        let mut previous: Option<i64> = None;
         let mut by_actor: BTreeMap<&str, (usize, i64, i64)> = BTreeMap::new();
-        for r in &list {
-            let gap = previous.map(|p| r.received - p);
+        for (r, gap) in with_gaps(&list) {
             let name = if r.name.is_empty() {
                 String::new()
             } else {
@@ -237,7 +247,6 @@ pub fn markdown(requests: &[Request], windows: &[Window]) -> String {
             e.0 += 1;
             e.1 += r.answered - r.received;
             e.2 += gap.unwrap_or(0).max(0);
-            previous = Some(previous.map_or(r.answered, |p| p.max(r.answered)));
         }
         o.push_str("\nBy whom: ");
         let parts: Vec<String> = by_actor
@@ -272,10 +281,9 @@ impl Share {
             step: micros_of(w.end) - micros_of(w.start),
             ..Share::default()
         };
-        let mut previous: Option<i64> = None;
-        for r in in_window(requests, w) {
+        for (r, gap) in with_gaps(&in_window(requests, w)) {
             if plugreg_made(r) {
-                share.reactions += previous.map_or(0, |p| (r.received - p).max(0));
+                share.reactions += gap.unwrap_or(0).max(0);
                 if r.actor == DRIVER {
                     share.driver += r.answered - r.received;
                 } else {
@@ -283,7 +291,6 @@ impl Share {
                     share.api += r.answered - r.received;
                 }
             }
-            previous = Some(previous.map_or(r.answered, |p| p.max(r.answered)));
         }
         share
     }
