@@ -1217,15 +1217,36 @@ impl Controller {
                 Ok((Some(source), Some(raw)))
             }
             request::DataSource::Claim { name, namespace } => {
-                // Read live: the cache keeps of a Bound claim only what provisioning it needs.
-                let raw = get_json(high, &claims_path(namespace), name).await;
+                // Read live: the cache keeps of a Bound claim only what provisioning it needs,
+                // and the Update that protects it must start from the whole object. Upstream
+                // reads the claim from its informer and then GETs its PV; so that the live
+                // read adds no round trip to the step, the PV the cached claim is bound to is
+                // read at the same time (a claim's volumeName does not change once set), and
+                // read again only if the live claim names another.
+                let pvs: Api<PersistentVolume> = Api::all(high.clone());
+                let cached_volume = self
+                    .caches
+                    .claims
+                    .get(&format!("{namespace}/{name}"))
+                    .and_then(|c| c.claim().spec?.volume_name)
+                    .filter(|v| !v.is_empty());
+                let path = claims_path(namespace);
+                let (raw, early) = tokio::join!(get_json(high, &path, name), async {
+                    match &cached_volume {
+                        Some(v) => Some(pvs.get(v).await),
+                        None => None,
+                    }
+                });
                 let (src, raw) = typed::<PersistentVolumeClaim>(raw).map_err(|e| {
                     let ns = claim.namespace().unwrap_or_default();
                     wrap(plan::source_claim_unreadable(name, &ns, &api_error(&e)))
                 })?;
                 let volume = source::clone_claim_checks(claim, &src).map_err(wrap)?;
-                let pvs: Api<PersistentVolume> = Api::all(high.clone());
-                let pv = match pvs.get(&volume).await {
+                let read = match early {
+                    Some(read) if cached_volume.as_deref() == Some(volume.as_str()) => read,
+                    _ => pvs.get(&volume).await,
+                };
+                let pv = match read {
                     Ok(pv) => Some(pv),
                     Err(e) => {
                         warn!(
