@@ -13,7 +13,10 @@
 //! unavoidable part of the reactions.
 //!
 //! Left out: watches and lists (long-running), Leases (leader election and node heartbeats),
-//! Events (not on any step's path), and the benchmark's own requests (no user agent).
+//! Events (not on any step's path), and the benchmark's own requests (no user agent). The one
+//! kind of Lease kept is csi-provisioner's volume record (`<lease>-volumes-<n>`, decisions P3):
+//! it is written before CreateVolume, so it is on the provisioning steps' path, a round trip
+//! upstream does not make (it keeps in-flight volumes in memory only, and can leak them).
 //!
 //! The driver's own calls come from csi-test-driver's `--call-log` ([`read_calls`]) and join
 //! the timeline as the driver's rows: the time before a call is then its caller's reaction
@@ -22,7 +25,10 @@
 //! reactions; a step's floor is its time less plugreg's reactions (what plugreg could take out
 //! of it at most). The reactions are measured from the previous answer in the window, whoever
 //! it was for, so a reaction to an earlier answer counts only from the latest one: they are a
-//! lower bound, and they include the watch event's delivery, which is the API server's.
+//! lower bound, and they include the watch event's delivery, which is the API server's. The
+//! summary also gives how long after the answer of plugreg's last driver call the step ended
+//! (a snapshot's readyToUse after CreateSnapshot's answer); the end is when the benchmark's
+//! poll (every 10 ms) saw it, so it is late by up to one poll.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -118,7 +124,7 @@ pub const SIDECARS: &[&str] = &[
 
 /// Reads csi-test-driver's call log at `path` (`<start µs> <end µs> <method>` lines) as
 /// requests answered by [`DRIVER`] (verb `call`, the method as resource, no HTTP status).
-/// Probe is left out: livenessprobe asks it every few seconds, on no step's path. No file: no
+/// The calls made on a timer are left out, being on no step's path ([`TIMED`]). No file: no
 /// calls (a driver without `--call-log`).
 pub fn read_calls(path: &Path) -> Result<Vec<Request>, Error> {
     match std::fs::read_to_string(path) {
@@ -128,13 +134,18 @@ pub fn read_calls(path: &Path) -> Result<Vec<Request>, Error> {
     }
 }
 
-/// One line of csi-test-driver's call log, unless it is a Probe.
+/// Driver calls made on a timer, not in answer to an object: livenessprobe's Probe every few
+/// seconds, the health monitor's ControllerGetVolume or ListVolumes each `--monitor-interval`,
+/// the attacher's ListVolumes each `--reconcile-sync`.
+pub const TIMED: &[&str] = &["Probe", "ControllerGetVolume", "ListVolumes"];
+
+/// One line of csi-test-driver's call log, unless it is a [`TIMED`] call.
 pub fn parse_call(line: &str) -> Option<Request> {
     let mut fields = line.split(' ');
     let received = fields.next()?.parse().ok()?;
     let answered = fields.next()?.parse().ok()?;
     let method = fields.next()?;
-    if fields.next().is_some() || method == "Probe" {
+    if fields.next().is_some() || TIMED.contains(&method) {
         return None;
     }
     Some(Request {
@@ -184,11 +195,18 @@ pub fn in_window<'a>(requests: &'a [Request], window: &Window) -> Vec<&'a Reques
         .iter()
         .filter(|r| r.received >= start && r.received <= end)
         .filter(|r| !matches!(r.verb.as_str(), "watch" | "list"))
-        .filter(|r| !r.resource.starts_with("leases") && !r.resource.starts_with("events"))
+        .filter(|r| !r.resource.starts_with("leases") || is_volume_record(r))
+        .filter(|r| !r.resource.starts_with("events"))
         .filter(|r| !r.actor.starts_with("user "))
         .collect();
     out.sort_by_key(|r| r.received);
     out
+}
+
+/// Whether `r` is a write of csi-provisioner's volume record (a Lease named
+/// `<lease>-volumes-<n>`; see the module documentation).
+fn is_volume_record(r: &Request) -> bool {
+    r.resource == "leases" && r.name.contains("-volumes-") && SIDECARS.contains(&r.actor.as_str())
 }
 
 /// Each request of a window's chain with how long after the latest earlier answer it came
@@ -273,6 +291,9 @@ struct Share {
     api: i64,
     driver: i64,
     reactions: i64,
+    /// From the answer of the last driver call plugreg made in the step to the step's end
+    /// (none without a call): for a snapshot, readyToUse after CreateSnapshot's answer.
+    after_call: Option<i64>,
 }
 
 impl Share {
@@ -286,6 +307,7 @@ impl Share {
                 share.reactions += gap.unwrap_or(0).max(0);
                 if r.actor == DRIVER {
                     share.driver += r.answered - r.received;
+                    share.after_call = Some(share.step - (r.answered - micros_of(w.start)));
                 } else {
                     share.requests += 1;
                     share.api += r.answered - r.received;
@@ -330,8 +352,9 @@ pub fn summary(requests: &[Request], windows: &[Window]) -> String {
     let mut o = String::from(
         "#### Every life's steps: plugreg's share (medians over the lives)\n\n\
          | step | lives | step | plugreg's requests | their API time | its driver calls' time | \
-         plugreg's reactions | step / (step - reactions) | plugreg's part / (its API + driver time) |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+         plugreg's reactions | step / (step - reactions) | plugreg's part / (its API + driver time) | \
+         end after plugreg's last driver answer: median (max) |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for step in steps {
         let shares: Vec<Share> = windows
@@ -340,8 +363,17 @@ pub fn summary(requests: &[Request], windows: &[Window]) -> String {
             .map(|w| Share::of(requests, w))
             .collect();
         let m = |f: &dyn Fn(&Share) -> f64| median(shares.iter().map(f).collect());
+        let after: Vec<f64> = shares
+            .iter()
+            .filter_map(|s| s.after_call)
+            .map(|a| a as f64 / 1000.0)
+            .collect();
+        let after = match after.iter().copied().reduce(f64::max) {
+            Some(max) => format!("{:.1} ms ({max:.1} ms)", median(after)),
+            None => "no call".to_owned(),
+        };
         o.push_str(&format!(
-            "| {step} | {} | {:.1} ms | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.3}x | {:.2}x |\n",
+            "| {step} | {} | {:.1} ms | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.3}x | {:.2}x | {after} |\n",
             shares.len(),
             m(&|s| s.step as f64 / 1000.0),
             m(&|s| s.requests as f64),
@@ -403,9 +435,14 @@ mod tests {
         early.actor = "snapshot-controller".into();
         let mut lease = r.clone();
         lease.resource = "leases".into();
+        let mut record = r.clone();
+        record.resource = "leases".into();
+        record.actor = "csi-provisioner".into();
+        record.name = "csi-plugreg-test-volumes-0".into();
+        record.received += 10;
         let mut bench = r.clone();
         bench.actor = "user plugreg-admin".into();
-        let all = vec![r.clone(), lease, bench, early.clone()];
+        let all = vec![r.clone(), lease, record.clone(), bench, early.clone()];
         let w = Window {
             step: "snapshot".into(),
             life: 0,
@@ -413,7 +450,8 @@ mod tests {
             end: UNIX_EPOCH + Duration::from_micros(r.received as u64 + 1000),
         };
         let got = in_window(&all, &w);
-        assert_eq!(got, vec![&early, &r]);
+        // Leader election's Lease goes, the provisioner's volume record stays.
+        assert_eq!(got, vec![&early, &r, &record]);
         let md = markdown(&all, &[w]);
         assert!(md.contains("| 1.0 | snapshot-controller |"), "{md}");
         // The second request came 46.5 ms after the first one's answer.
@@ -430,6 +468,10 @@ mod tests {
         let node = parse_call("1 2 NodeStageVolume").unwrap();
         assert!(!plugreg_made(&node), "the kubelet's call");
         assert!(parse_call("1 2 Probe").is_none());
+        assert!(
+            parse_call("1 2 ControllerGetVolume").is_none(),
+            "the health monitor's"
+        );
         assert!(parse_call("1 2").is_none());
         assert!(parse_call("1 2 CreateVolume extra").is_none());
         assert!(parse_call("x 2 CreateVolume").is_none());
@@ -475,6 +517,7 @@ mod tests {
                 api: 4000,
                 driver: 10_000,
                 reactions: 3000,
+                after_call: Some(85_000),
             }
         );
         assert!((share.step_ratio() - 100.0 / 97.0).abs() < 1e-9);
@@ -482,7 +525,7 @@ mod tests {
         let md = summary(&requests, &[window(0), window(1)]);
         assert!(
             md.contains(
-                "| snapshot | 2 | 100.0 ms | 1 | 4.0 ms | 10.0 ms | 3.0 ms | 1.031x | 1.21x |"
+                "| snapshot | 2 | 100.0 ms | 1 | 4.0 ms | 10.0 ms | 3.0 ms | 1.031x | 1.21x | 85.0 ms (85.0 ms) |"
             ),
             "{md}"
         );
