@@ -13,6 +13,14 @@
 //! - kube's own retries (429/503/504, inside the client's stack) are not limited or counted
 //!   again; client-go throttles each retry. Only the first attempt is seen here.
 //!
+//! Every client here is kube's client stack built by [`client_builder`], which differs from
+//! `ClientBuilder::try_from(Config)` in one thing: its sockets have `TCP_NODELAY`, as every TCP
+//! connection of a Go program has (client-go's included). kube 5.0 leaves Nagle's algorithm on
+//! (kube-rs #2056): a request written in two segments then waits for the API server's delayed
+//! ACK, 40 ms on Linux. The one-node cluster's trace (issue 33) saw it whenever a sidecar
+//! needed a second connection: the attacher's second of two concurrent detaches answered
+//! 41-45 ms after the first.
+//!
 //! [`RateLimiter`] also counts the requests, in total and per verb and resource
 //! (`"POST persistentvolumes"`, `"WATCH persistentvolumeclaims"`,
 //! `"PUT persistentvolumeclaims/status"`), for the benchmark's requests per volume.
@@ -26,10 +34,18 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use kube::client::{Body, ClientBuilder};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper_timeout::TimeoutConnector;
+use hyper_util::client::legacy::Client as LegacyClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::retry::RetryPolicy;
+use kube::client::{Body, ClientBuilder, DynBody};
 use plugreg_runtime::{prom, report};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tower::util::BoxService;
 use tower::{BoxError, Layer, Service, ServiceExt as _};
 
 use crate::flags::{ControllerFlags, kubeconfig_path};
@@ -81,10 +97,10 @@ pub fn clients(
     burst: u32,
 ) -> Result<(kube::Client, kube::Client, Arc<RateLimiter>), Error> {
     let limiter = Arc::new(RateLimiter::new(qps, burst));
-    let high = ClientBuilder::try_from(config.clone())?
+    let high = client_builder(config.clone())?
         .with_layer(&limiter.layer(Priority::High))
         .build();
-    let low = ClientBuilder::try_from(config)?
+    let low = client_builder(config)?
         .with_layer(&limiter.layer(Priority::Low))
         .build();
     Ok((high, low, limiter))
@@ -95,7 +111,7 @@ pub fn clients(
 /// clientset).
 pub fn own_client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Client, Error> {
     let limiter = Arc::new(RateLimiter::new(qps, burst));
-    Ok(ClientBuilder::try_from(config)?
+    Ok(client_builder(config)?
         .with_layer(&limiter.layer(Priority::High))
         .build())
 }
@@ -104,7 +120,50 @@ pub fn own_client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Cl
 /// [`RateLimiter`] itself ([`RateLimiter::acquire`]) so that it can choose or change a
 /// request's priority while it waits.
 pub fn unlimited_client(config: kube::Config) -> Result<kube::Client, Error> {
-    Ok(ClientBuilder::try_from(config)?.build())
+    Ok(client_builder(config)?.build())
+}
+
+/// The service of [`client_builder`]'s clients: kube's (`ClientBuilder::try_from(Config)`).
+pub type KubeService = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
+
+/// kube's client stack for `config` (see the module documentation), with `TCP_NODELAY` on
+/// its sockets: kube's HTTPS connector with the config's TLS and server name, its connect,
+/// read and write timeouts, base URI, retries (`default_retry`), authentication and extra
+/// headers. A config with a proxy gets kube's own builder (kube's proxy connectors), whose
+/// sockets keep Nagle's algorithm on.
+pub fn client_builder(config: kube::Config) -> Result<ClientBuilder<KubeService>, kube::Error> {
+    use kube::client::ConfigExt as _;
+    if config.proxy_url.is_some() {
+        return ClientBuilder::try_from(config);
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let mut connector = TimeoutConnector::new(config.rustls_https_connector_with_connector(http)?);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let client: LegacyClient<_, Body> =
+        LegacyClient::builder(TokioExecutor::new()).build(connector);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(client)
+        .map_response(|r: Response<Incoming>| {
+            r.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+        });
+    Ok(ClientBuilder::new(
+        BoxService::new(service),
+        config.default_namespace.clone(),
+    ))
 }
 
 /// The REST config from `--master`, `--kubeconfig` (or `KUBECONFIG`) or the in-cluster
