@@ -651,13 +651,17 @@ pub fn markdown(info: &RunInfo, figures: &[ReleaseFigures]) -> String {
         o.push('\n');
         if let Some(trace) = &f.trace {
             o.push_str(
-                "### Where the last claim life's time went (audit log of the API server)\n\n\
+                "### Where each claim life's time went (audit log of the API server, the driver's call log)\n\n\
                  The API server's audit log (level Metadata, written in blocking mode: each \
-                 request waits for its line) read back for each step of the last life \
-                 (`crates/cluster/src/trace.rs`): every request but watches, lists, Leases, \
-                 Events and the benchmark's own, in the order received, with who made it, \
-                 the API server's time, and how long after the previous answer it came (its \
-                 maker's reaction: the watch event, its queue, its own work and driver call).\n\n",
+                 request waits for its line) and csi-test-driver's `--call-log` read back for \
+                 each step of every life (`crates/cluster/src/trace.rs`): every request but \
+                 watches, lists, Events, the benchmark's own and Leases other than \
+                 csi-provisioner's volume record, and every driver call but those made on a \
+                 timer (Probe, ControllerGetVolume, ListVolumes), in the order received, with \
+                 who made it, the API server's (the driver's) time, and how long after the \
+                 previous answer it came (its maker's reaction: the watch event, its queue, \
+                 its own work). First each step summed over the lives, then the last life's \
+                 timeline.\n\n",
             );
             o.push_str(trace);
         }
