@@ -307,7 +307,7 @@ impl Share {
                 share.reactions += gap.unwrap_or(0).max(0);
                 if r.actor == DRIVER {
                     share.driver += r.answered - r.received;
-                    share.after_call = Some(share.step - (r.answered - micros_of(w.start)));
+                    share.after_call = Some(micros_of(w.end) - r.answered);
                 } else {
                     share.requests += 1;
                     share.api += r.answered - r.received;
