@@ -32,8 +32,10 @@ fn sockets_to(port: u16) -> BTreeSet<i32> {
         };
         let is_socket = std::fs::read_link(entry.path())
             .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
         let peer = copy_of(fd)
-            .filter(|_| is_socket)
             .and_then(|s| rustix::net::getpeername(&s).ok().flatten())
             .and_then(|a| SocketAddr::try_from(a).ok());
         if peer.is_some_and(|p| p.port() == port && p.ip().is_loopback()) {
