@@ -14,8 +14,11 @@
 //!   again; client-go throttles each retry. Only the first attempt is seen here.
 //!
 //! Every client here is kube's client stack built by [`client_builder`], which differs from
-//! `ClientBuilder::try_from(Config)` in one thing: its sockets have `TCP_NODELAY`, as every TCP
-//! connection of a Go program has (client-go's included). kube 5.0 leaves Nagle's algorithm on
+//! `ClientBuilder::try_from(Config)` where it matters in one thing: its sockets have
+//! `TCP_NODELAY`, as every TCP connection of a Go program has (client-go's included). It also
+//! leaves out kube's tracing layer (debug spans named `HTTP`, which no sidecar logs) and the
+//! expiry of an exec plugin's client certificate (`Client::valid_until`, crate-private in kube,
+//! read by no sidecar). kube 5.0 leaves Nagle's algorithm on
 //! (kube-rs #2056): a request written in two segments then waits for the API server's delayed
 //! ACK, 40 ms on Linux. The one-node cluster's trace (issue 33) saw it whenever a sidecar
 //! needed a second connection: the attacher's second of two concurrent detaches answered
