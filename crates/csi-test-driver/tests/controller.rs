@@ -472,3 +472,58 @@ async fn persistent_instances_share_volumes_and_leave_mounts_to_the_orchestrator
     assert!(left.is_empty(), "the backing store is not empty: {left:?}");
     controller.stop().await.unwrap();
 }
+
+/// Messages many times the codec's starting buffer (plugreg-proto's `codec::BUFFER_BYTES`) go
+/// through whole in both directions (a cut or garbled message fails to decode): a CreateVolume
+/// with 64 long parameters, twice, and a ListVolumes answer of every volume in one message.
+#[tokio::test]
+async fn messages_larger_than_the_codec_buffer_go_through_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let _d = start(
+        DriverConfig {
+            controller: true,
+            list_volumes: true,
+            max_capacity: 1 << 30,
+            ..DriverConfig::default()
+        },
+        &sock,
+    )
+    .await
+    .unwrap();
+    let mut ctl = ControllerClient::new(channel(&sock).await);
+    let parameters: HashMap<String, String> = (0..64)
+        .map(|i| (format!("key-{i:02}"), format!("{i:02}-{}", "v".repeat(100))))
+        .collect();
+    let big = CreateVolumeRequest {
+        parameters: parameters.clone(),
+        ..create("big", 1 << 20)
+    };
+    assert!(prost::Message::encoded_len(&big) > 8 * plugreg_proto::codec::BUFFER_BYTES);
+    let first = ctl.create_volume(big.clone()).await.unwrap().into_inner();
+    let again = ctl.create_volume(big.clone()).await.unwrap().into_inner();
+    assert_eq!(
+        first.volume, again.volume,
+        "the repeat matches every parameter"
+    );
+    for i in 0..100 {
+        ctl.create_volume(create(&format!("volume-{i:03}"), 1 << 20))
+            .await
+            .unwrap();
+    }
+    let listed = ctl
+        .list_volumes(plugreg_proto::csi::v1::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.entries.len(), 101);
+    let ids: std::collections::HashSet<_> = listed
+        .entries
+        .iter()
+        .filter_map(|e| e.volume.as_ref())
+        .filter(|v| v.capacity_bytes == 1 << 20)
+        .map(|v| v.volume_id.clone())
+        .collect();
+    assert_eq!(ids.len(), 101, "every volume listed once, whole");
+    assert!(prost::Message::encoded_len(&listed) > 2 * plugreg_proto::codec::BUFFER_BYTES);
+}

@@ -77,6 +77,8 @@ pub fn generate(out: &Path) -> Result<(), Error> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost's codec with small per-call buffers (plugreg-proto's `codec` module).
+        .codec_path("crate::codec::ProstCodec")
         .out_dir(out)
         .compile_fds(fds)
         .map_err(|source| Error::Generate {

@@ -11,6 +11,11 @@
 //! - [`deviceplugin`]: the kubelet device plugin API v1beta1 (`DevicePlugin`, and the classic
 //!   `Registration` served on kubelet.sock).
 //! - [`dra`]: the kubelet DRA plugin API (v1, v1beta1) and the DRA health API (v1alpha1).
+//!
+//! Every generated client and server uses [`codec::ProstCodec`]: prost's encoding with small
+//! per-call buffers.
+
+pub mod codec;
 
 /// The kubelet plugin registration API (proto package `pluginregistration`).
 pub mod pluginregistration {

@@ -1281,7 +1281,7 @@ pub mod identity_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Identity/GetPluginInfo",
             );
@@ -1305,7 +1305,7 @@ pub mod identity_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Identity/GetPluginCapabilities",
             );
@@ -1326,7 +1326,7 @@ pub mod identity_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static("/csi.v1.Identity/Probe");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("csi.v1.Identity", "Probe"));
@@ -1472,7 +1472,7 @@ pub mod identity_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetPluginInfoSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1518,7 +1518,7 @@ pub mod identity_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetPluginCapabilitiesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1561,7 +1561,7 @@ pub mod identity_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ProbeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1711,7 +1711,7 @@ pub mod node_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Node/NodeStageVolume",
             );
@@ -1735,7 +1735,7 @@ pub mod node_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Node/NodeUnstageVolume",
             );
@@ -1759,7 +1759,7 @@ pub mod node_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Node/NodePublishVolume",
             );
@@ -1783,7 +1783,7 @@ pub mod node_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Node/NodeUnpublishVolume",
             );
@@ -1807,7 +1807,7 @@ pub mod node_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Node/NodeGetVolumeStats",
             );
@@ -1831,7 +1831,7 @@ pub mod node_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Node/NodeExpandVolume",
             );
@@ -1855,7 +1855,7 @@ pub mod node_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Node/NodeGetCapabilities",
             );
@@ -1879,7 +1879,7 @@ pub mod node_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static("/csi.v1.Node/NodeGetInfo");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("csi.v1.Node", "NodeGetInfo"));
@@ -2063,7 +2063,7 @@ pub mod node_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeStageVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2108,7 +2108,7 @@ pub mod node_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeUnstageVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2153,7 +2153,7 @@ pub mod node_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodePublishVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2198,7 +2198,7 @@ pub mod node_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeUnpublishVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2243,7 +2243,7 @@ pub mod node_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeGetVolumeStatsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2288,7 +2288,7 @@ pub mod node_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeExpandVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2333,7 +2333,7 @@ pub mod node_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeGetCapabilitiesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2376,7 +2376,7 @@ pub mod node_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeGetInfoSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2526,7 +2526,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/CreateVolume",
             );
@@ -2550,7 +2550,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/DeleteVolume",
             );
@@ -2574,7 +2574,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/ControllerPublishVolume",
             );
@@ -2598,7 +2598,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/ControllerUnpublishVolume",
             );
@@ -2624,7 +2624,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/ValidateVolumeCapabilities",
             );
@@ -2650,7 +2650,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/ListVolumes",
             );
@@ -2674,7 +2674,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/GetCapacity",
             );
@@ -2698,7 +2698,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/ControllerGetCapabilities",
             );
@@ -2724,7 +2724,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/CreateSnapshot",
             );
@@ -2748,7 +2748,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/DeleteSnapshot",
             );
@@ -2772,7 +2772,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/ListSnapshots",
             );
@@ -2796,7 +2796,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/GetSnapshot",
             );
@@ -2820,7 +2820,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/ControllerExpandVolume",
             );
@@ -2844,7 +2844,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/ControllerGetVolume",
             );
@@ -2868,7 +2868,7 @@ pub mod controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.Controller/ControllerModifyVolume",
             );
@@ -3104,7 +3104,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3149,7 +3149,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3200,7 +3200,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ControllerPublishVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3252,7 +3252,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ControllerUnpublishVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3304,7 +3304,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ValidateVolumeCapabilitiesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3349,7 +3349,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListVolumesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3394,7 +3394,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetCapacitySvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3446,7 +3446,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ControllerGetCapabilitiesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3491,7 +3491,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateSnapshotSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3536,7 +3536,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteSnapshotSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3581,7 +3581,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListSnapshotsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3626,7 +3626,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetSnapshotSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3672,7 +3672,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ControllerExpandVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3718,7 +3718,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ControllerGetVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3764,7 +3764,7 @@ pub mod controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ControllerModifyVolumeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3916,7 +3916,7 @@ pub mod group_controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.GroupController/GroupControllerGetCapabilities",
             );
@@ -3945,7 +3945,7 @@ pub mod group_controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.GroupController/CreateVolumeGroupSnapshot",
             );
@@ -3974,7 +3974,7 @@ pub mod group_controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.GroupController/DeleteVolumeGroupSnapshot",
             );
@@ -4003,7 +4003,7 @@ pub mod group_controller_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/csi.v1.GroupController/GetVolumeGroupSnapshot",
             );
@@ -4173,7 +4173,7 @@ pub mod group_controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GroupControllerGetCapabilitiesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4225,7 +4225,7 @@ pub mod group_controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateVolumeGroupSnapshotSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4277,7 +4277,7 @@ pub mod group_controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteVolumeGroupSnapshotSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4326,7 +4326,7 @@ pub mod group_controller_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetVolumeGroupSnapshotSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

@@ -167,7 +167,7 @@ pub mod dra_plugin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
             );
@@ -197,7 +197,7 @@ pub mod dra_plugin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
             );
@@ -351,7 +351,7 @@ pub mod dra_plugin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodePrepareResourcesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -397,7 +397,7 @@ pub mod dra_plugin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeUnprepareResourcesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

@@ -164,7 +164,7 @@ pub mod dra_plugin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources",
             );
@@ -194,7 +194,7 @@ pub mod dra_plugin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources",
             );
@@ -348,7 +348,7 @@ pub mod dra_plugin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodePrepareResourcesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -394,7 +394,7 @@ pub mod dra_plugin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeUnprepareResourcesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

@@ -125,7 +125,7 @@ pub mod registration_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/pluginregistration.Registration/GetInfo",
             );
@@ -150,7 +150,7 @@ pub mod registration_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/pluginregistration.Registration/NotifyRegistrationStatus",
             );
@@ -298,7 +298,7 @@ pub mod registration_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetInfoSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -347,7 +347,7 @@ pub mod registration_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NotifyRegistrationStatusSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

@@ -159,7 +159,7 @@ pub mod dra_resource_health_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/v1alpha1.DRAResourceHealth/NodeWatchResources",
             );
@@ -316,7 +316,7 @@ pub mod dra_resource_health_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NodeWatchResourcesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

@@ -110,7 +110,7 @@ pub mod example_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/v1beta1.Example/GetExampleInfo",
             );
@@ -245,7 +245,7 @@ pub mod example_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetExampleInfoSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -564,7 +564,7 @@ pub mod registration_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/v1beta1.Registration/Register",
             );
@@ -701,7 +701,7 @@ pub mod registration_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = RegisterSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -853,7 +853,7 @@ pub mod device_plugin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/v1beta1.DevicePlugin/GetDevicePluginOptions",
             );
@@ -880,7 +880,7 @@ pub mod device_plugin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/v1beta1.DevicePlugin/ListAndWatch",
             );
@@ -905,7 +905,7 @@ pub mod device_plugin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/v1beta1.DevicePlugin/GetPreferredAllocation",
             );
@@ -932,7 +932,7 @@ pub mod device_plugin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/v1beta1.DevicePlugin/Allocate",
             );
@@ -957,7 +957,7 @@ pub mod device_plugin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/v1beta1.DevicePlugin/PreStartContainer",
             );
@@ -1137,7 +1137,7 @@ pub mod device_plugin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetDevicePluginOptionsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1183,7 +1183,7 @@ pub mod device_plugin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListAndWatchSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1232,7 +1232,7 @@ pub mod device_plugin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetPreferredAllocationSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1277,7 +1277,7 @@ pub mod device_plugin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = AllocateSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1323,7 +1323,7 @@ pub mod device_plugin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PreStartContainerSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

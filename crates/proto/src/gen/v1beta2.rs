@@ -110,7 +110,7 @@ pub mod example_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/v1beta2.Example/GetExampleInfo",
             );
@@ -245,7 +245,7 @@ pub mod example_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetExampleInfoSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
