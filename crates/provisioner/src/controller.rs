@@ -1071,7 +1071,9 @@ impl Controller {
         // protected by its finalizer until the volume exists.
         let mut source_read = None;
         if ready.read_source {
-            let (source, read) = self.content_source(claim, class, &ready.source).await?;
+            // Boxed: its two reads at once are the largest state of a claim's sync, and only a
+            // restore or a clone needs it.
+            let (source, read) = Box::pin(self.content_source(claim, class, &ready.source)).await?;
             ready.prepared.request.volume_content_source = source;
             source_read = read;
         }
@@ -1967,10 +1969,13 @@ impl Controller {
             .map_err(|e| ActError::Driver(e.to_status()))?;
         self.inflight.set_deleted(&uid, false, Instant::now());
         let api: Api<PersistentVolume> = Api::all(self.clients.high.clone());
-        // The answer is the PV itself while finalizers hold it: no need to read it again.
-        let left = match api.delete(&name, &DeleteParams::default()).await {
-            Ok(answer) => answer.left(),
-            Err(kube::Error::Api(s)) if s.code == 404 => None,
+        // The answer is the PV itself while finalizers hold it: no need to read it again (and
+        // no decoded PV kept across the next await).
+        let ours_left = match api.delete(&name, &DeleteParams::default()).await {
+            Ok(answer) => answer
+                .left()
+                .is_some_and(|pv| pv.finalizers().iter().any(|f| f == PV_FINALIZER)),
+            Err(kube::Error::Api(s)) if s.code == 404 => false,
             Err(source) => {
                 return Err(ActError::DeletePv {
                     volume: name,
@@ -1979,9 +1984,7 @@ impl Controller {
             }
         };
         info!(pv = %name, "volume deleted");
-        if let Some(pv) = left
-            && pv.finalizers().iter().any(|f| f == PV_FINALIZER)
-        {
+        if ours_left {
             self.patch_pv_finalizer(&name, false).await?;
         }
         self.inflight.set_deleted(&uid, true, Instant::now());

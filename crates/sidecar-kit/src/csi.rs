@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,13 +146,13 @@ impl Client {
 
     /// Runs one call of `method` (the full gRPC path) that concerns no volume: see
     /// [`timed_as`](Self::timed_as).
-    pub async fn timed<T: Debug + Default>(
-        &self,
-        method: &str,
-        request: &(dyn Debug + Sync),
-        call: impl Future<Output = Result<T, CallError>>,
-    ) -> Result<T, CallError> {
-        self.timed_as(method, None, request, call).await
+    pub fn timed<'a, T: Debug + Default + 'a>(
+        &'a self,
+        method: &'a str,
+        request: &'a (dyn Debug + Sync),
+        call: impl Future<Output = Result<T, CallError>> + 'a,
+    ) -> impl Future<Output = Result<T, CallError>> + 'a {
+        self.timed_as(method, None, request, call)
     }
 
     /// Runs one call and records it in `csi_sidecar_operations_seconds`; `migrated` is the
@@ -160,12 +161,28 @@ impl Client {
     /// csi-lib-utils does: "GRPC call" with `request` as given (such a sidecar passes its
     /// requests with their secrets [`stripped`]), then "GRPC response" with the answer (capped)
     /// and the error.
-    pub async fn timed_as<T: Debug + Default>(
+    ///
+    /// The call's future is boxed here, before it is first polled: a tonic call's state is
+    /// several KiB (its request encoding, the channel's response future, the timeout), and
+    /// inline it would be part of every future that awaits a CSI call (a provisioner's claim
+    /// sync, a PV's deletion) for the whole of that future's life, not only while the call
+    /// runs (docs/design.md S7).
+    pub fn timed_as<'a, T: Debug + Default + 'a>(
+        &'a self,
+        method: &'a str,
+        migrated: Option<bool>,
+        request: &'a (dyn Debug + Sync),
+        call: impl Future<Output = Result<T, CallError>> + 'a,
+    ) -> impl Future<Output = Result<T, CallError>> + 'a {
+        self.timed_boxed(method, migrated, request, Box::pin(call))
+    }
+
+    async fn timed_boxed<T: Debug + Default>(
         &self,
         method: &str,
         migrated: Option<bool>,
         request: &(dyn Debug + Sync),
-        call: impl Future<Output = Result<T, CallError>>,
+        call: Pin<Box<impl Future<Output = Result<T, CallError>>>>,
     ) -> Result<T, CallError> {
         if self.grpc_log.is_some() {
             tracing::debug!(target: V5, method, request = ?request, "GRPC call");
