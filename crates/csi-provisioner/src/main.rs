@@ -133,7 +133,8 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
     // set explicitly is switched off when the API server serves no v1 VolumeAttributesClass.
     let mut volume_attributes_class = gates.volume_attributes_class;
     if volume_attributes_class && !gates.volume_attributes_class_explicit {
-        let available = match kube::Client::try_from(kube_config.clone()) {
+        let available = match plugreg_sidecar_kit::ratelimit::unlimited_client(kube_config.clone())
+        {
             Ok(client) => plugreg_sidecar_kit::vac::api_available(&client).await,
             Err(_) => None,
         };

@@ -94,7 +94,8 @@ fn start(argv0: &str, flags: Flags) -> anyhow::Result<i32> {
 /// `Ok(false)` for a 404 or a list without them (the kit's discovery, shared with csi-provisioner
 /// and csi-sidecars).
 async fn vac_available(config: &kube::Config) -> Result<bool, String> {
-    let client = kube::Client::try_from(config.clone()).map_err(|e| e.to_string())?;
+    let client = plugreg_sidecar_kit::ratelimit::unlimited_client(config.clone())
+        .map_err(|e| e.to_string())?;
     plugreg_sidecar_kit::vac::discover(&client)
         .await
         .map_err(|e| e.to_string())

@@ -445,7 +445,7 @@ async fn vac_discovered(parts: &[Part], config: &kube::Config) -> Option<bool> {
     if !needed {
         return None;
     }
-    let client = kube::Client::try_from(config.clone()).ok()?;
+    let client = plugreg_sidecar_kit::ratelimit::unlimited_client(config.clone()).ok()?;
     let available = vac::api_available(&client).await;
     if available == Some(false) {
         tracing::info!(
