@@ -7,7 +7,11 @@
 //! running watch needs the whole list, so the hub lists again for everyone (each cache sees a
 //! re-list, as after a watch that expired: its store is replaced, its handler sees every object
 //! once more, as at a resync). Subscribers join when their controller starts (or starts again
-//! after losing its Lease), so this happens a few times in a process's life.
+//! after losing its Lease), so this happens a few times in a process's life. A list starts
+//! once no subscriber has joined for [`QUIET`]: the controllers of a process start within
+//! milliseconds of each other, and a kind three of them read is then listed once, not three
+//! times (a list of 10,000 PVs is tens of megabytes for the API server to send and for every
+//! cache to decode).
 //!
 //! [`Watches`] is what a controller's caches are given: its own watches on its client (a
 //! sidecar of its own), or the hub's.
@@ -28,6 +32,9 @@ use kube::{Api, Client, Resource};
 use serde::de::{Deserialize, Deserializer, Error as _};
 use serde_json::value::RawValue;
 use tokio::sync::{Notify, mpsc};
+
+/// How long a watch waits, before each list, for no more subscribers to join.
+pub const QUIET: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// An object as the API server sent it: its JSON, and the metadata the watch itself needs
 /// (name, namespace, uid, resourceVersion). Of any kind: the feed's `ApiResource` names it.
@@ -145,6 +152,8 @@ pub struct Hub {
     feeds: Feeds,
     /// Watches started so far (each list-and-watch, not counting re-lists), for tests.
     started: Arc<std::sync::atomic::AtomicUsize>,
+    /// Lists started so far (first lists and re-lists), for tests.
+    lists: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl fmt::Debug for Hub {
@@ -201,12 +210,19 @@ impl Hub {
             client,
             feeds: Arc::default(),
             started: Arc::default(),
+            lists: Arc::default(),
         })
     }
 
     /// How many list-and-watches were started so far (re-lists of a running one not counted).
     pub fn watches_started(&self) -> usize {
         self.started.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many lists the watches have started so far: each watch's first, and each re-list
+    /// for subscribers that joined it (not kube-runtime's own after an expired watch).
+    pub fn lists_started(&self) -> usize {
+        self.lists.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The events of the objects `config` selects of kind `K`, decoded, from the one watch of
@@ -243,6 +259,7 @@ impl Hub {
                     key,
                     feed,
                     Arc::clone(&self.feeds),
+                    Arc::clone(&self.lists),
                 ));
             }
         }
@@ -277,7 +294,8 @@ fn decode<K: serde::de::DeserializeOwned>(ev: RawEvent, kind: &str) -> Option<wa
 }
 
 /// One watch: listed, then watched, its events handed to every subscriber; listed again when
-/// one joins; ended when none is left.
+/// one joins; ended when none is left. Each list waits for [`QUIET`] without a joining
+/// subscriber first.
 async fn run_feed(
     client: Client,
     resource: ApiResource,
@@ -285,9 +303,16 @@ async fn run_feed(
     key: String,
     feed: Arc<Feed>,
     feeds: Feeds,
+    lists: Arc<std::sync::atomic::AtomicUsize>,
 ) {
     let kind = resource.kind.clone();
     loop {
+        // Quiet for a while (the wait starts again with each subscriber that joins meanwhile).
+        while tokio::time::timeout(QUIET, feed.relist.notified())
+            .await
+            .is_ok()
+        {}
+        lists.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let api: Api<Raw> = Api::all_with(client.clone(), &resource);
         let mut stream = std::pin::pin!(watcher(api, config.clone()).default_backoff());
         loop {

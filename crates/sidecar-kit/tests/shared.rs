@@ -1,8 +1,8 @@
 //! The shared watches (`shared::Hub`, as `csi-sidecars` runs them) against a real
 //! kube-apiserver v1.36.2: one list-and-watch per kind and selection serves caches of
 //! different shapes; a cache that joins late gets the whole list (and the others a re-list they
-//! take in their stride); changes and deletions reach every cache; a cache that stops leaves
-//! the others served.
+//! take in their stride); caches that join together share one list; changes and deletions
+//! reach every cache; a cache that stops leaves the others served.
 
 mod common;
 
@@ -116,6 +116,7 @@ async fn one_watch_serves_every_cache_and_a_late_one_gets_the_whole_list() {
         "each cache trims its own copy"
     );
     assert_eq!(hub.watches_started(), 1, "one watch for both");
+    assert_eq!(hub.lists_started(), 2, "the late cache's join listed again");
     // The first cache took the re-list the second one's joining caused: every object handed
     // over with the store already holding it as listed.
     let mut relisted = BTreeMap::new();
@@ -169,4 +170,46 @@ async fn one_watch_serves_every_cache_and_a_late_one_gets_the_whole_list() {
     })
     .await;
     stop_second.cancel();
+}
+
+/// Controllers of one process start within milliseconds of each other: caches that join a
+/// watch before its list has started (within `shared::QUIET` of each other) share one list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caches_that_join_together_share_one_list() {
+    let api = ApiServer::shared(KubeVersion::V1_36_2).await.unwrap();
+    let client = api.client().await.unwrap();
+    let label = format!("hub-together-{}", std::process::id());
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for (i, v) in ["1", "2", "3"].iter().enumerate() {
+        cms.create(
+            &PostParams::default(),
+            &config_map(&format!("{label}-{i}"), &label, v),
+        )
+        .await
+        .unwrap();
+    }
+    let hub = Hub::new(client.clone());
+    let watches = Watches::shared(Arc::clone(&hub));
+    let selected = watcher::Config::default().labels(&format!("test={label}"));
+    let stop = CancellationToken::new();
+    let mut r = Vec::new();
+    let caches: Vec<CompactStore<Compact>> = (0..3)
+        .map(|_| {
+            cache::watch_compact::<ConfigMap, _>(
+                &watches,
+                selected.clone(),
+                &stop,
+                &mut r,
+                compact,
+                |_: &Compact, _| {},
+            )
+        })
+        .collect();
+    ready(r).await;
+    for c in &caches {
+        assert_eq!(c.len(), 3, "every cache has the whole list");
+    }
+    assert_eq!(hub.watches_started(), 1);
+    assert_eq!(hub.lists_started(), 1, "one list for the three");
+    stop.cancel();
 }
