@@ -29,6 +29,10 @@ use crate::peers::{
 };
 use crate::process::PeerProcess;
 
+/// What the plugin manager logs (klog, stderr) once its watcher has walked the registry
+/// directory, in every release.
+const WATCHING: &str = "Starting Kubelet Plugin Manager";
+
 /// kube-apiserver v1.36.2 (prebuilt, see `shared/peers`).
 pub const APISERVER_V1_36: &str = "kube-apiserver-v1.36.2";
 /// kube-controller-manager v1.36.2 (prebuilt).
@@ -230,6 +234,22 @@ impl RealPluginManager {
             KubeVersion::V1_36_2 => "Started",
         };
         process.next_event(started, timeout).await?;
+        // The harness says it started when it has called the plugin manager's Run, which first
+        // walks the registry directory (adding a watch to every directory in it, hidden ones
+        // included) and only then logs this line and starts its reconciler. A socket bound
+        // while that walk runs can be stat'ed by it after a rename took it away, and the
+        // kubelet then logs an error no running kubelet would.
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !process.stderr_tail().contains(WATCHING) {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::NotReady {
+                    peer: process.label().to_owned(),
+                    reason: format!("no {WATCHING:?} on stderr within {timeout:?}"),
+                    log: process.stderr_tail(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         Ok(RealPluginManager { version, process })
     }
 
