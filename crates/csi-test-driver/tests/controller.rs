@@ -492,16 +492,15 @@ async fn messages_larger_than_the_codec_buffer_go_through_whole() {
     .await
     .unwrap();
     let mut ctl = ControllerClient::new(channel(&sock).await);
-    let parameters: HashMap<String, String> = (0..64)
-        .map(|i| (format!("key-{i:02}"), format!("{i:02}-{}", "v".repeat(100))))
-        .collect();
     let big = CreateVolumeRequest {
-        parameters: parameters.clone(),
+        parameters: (0..64)
+            .map(|i| (format!("key-{i:02}"), format!("{i:02}-{}", "v".repeat(100))))
+            .collect(),
         ..create("big", 1 << 20)
     };
     assert!(prost::Message::encoded_len(&big) > 8 * plugreg_proto::codec::BUFFER_BYTES);
     let first = ctl.create_volume(big.clone()).await.unwrap().into_inner();
-    let again = ctl.create_volume(big.clone()).await.unwrap().into_inner();
+    let again = ctl.create_volume(big).await.unwrap().into_inner();
     assert_eq!(
         first.volume, again.volume,
         "the repeat matches every parameter"

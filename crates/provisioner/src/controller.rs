@@ -2105,12 +2105,8 @@ async fn list_snapshot_finalizers(
     client: &Client,
     params: &kube::api::ListParams,
 ) -> Result<SnapshotPage, kube::Error> {
-    let path = format!(
-        "/apis/{}/{}/volumesnapshots",
-        snapshot::GROUP,
-        snapshot::VERSION
-    );
-    let req = kube::core::Request::new(path)
+    use kube::Resource as _;
+    let req = kube::core::Request::new(VolumeSnapshot::url_path(&(), None))
         .list_metadata(params)
         .map_err(kube::Error::BuildRequest)?;
     client.request(req).await
