@@ -19,6 +19,9 @@
 //!   the [`AGGREGATE_MAX_MESSAGES`]th different message within [`AGGREGATE_WINDOW`] of the last
 //!   one (and every one after it) is written as one event with the message prefixed by
 //!   [`AGGREGATE_PREFIX`], whose count grows and whose message is the latest.
+//! - The three caches hold at most [`CACHE_ENTRIES`] keys each, least recently used out, as
+//!   client-go's; a similar-event record older than the window and a spam bucket full again
+//!   are forgotten before that, since a key without them behaves the same.
 //! - Names: `<object name>.<unix nanoseconds in hex>`; namespace: the object's, `default` for
 //!   cluster-scoped objects (PersistentVolumes); message cut to [`MAX_MESSAGE_BYTES`].
 //! - On shutdown the task stops; events still queued are lost (as client-go's broadcaster).
@@ -368,6 +371,20 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         self.map.insert(key, (value, self.tick));
     }
 
+    /// Removes the least recently used entries for as long as `dead` says of the oldest that
+    /// it is as good as absent: for a cache whose values are touched with their time, those
+    /// that have aged out. Amortised O(1) per entry.
+    fn forget_oldest_while(&mut self, mut dead: impl FnMut(&V) -> bool) {
+        while let Some((_, key)) = self.order.first_key_value() {
+            if !self.map.get(key).is_some_and(|(v, _)| dead(v)) {
+                return;
+            }
+            if let Some((_, key)) = self.order.pop_first() {
+                self.map.remove(&key);
+            }
+        }
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.map.len()
@@ -379,8 +396,8 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
 struct Observation {
     count: i32,
     first_timestamp: Option<Time>,
-    name: Option<String>,
-    resource_version: Option<String>,
+    name: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
 }
 
 /// client-go's passive token bucket for the spam filter.
@@ -398,10 +415,12 @@ pub(crate) struct Correlated {
     patch: Option<serde_json::Value>,
 }
 
-/// The different messages seen of similar events (client-go's `aggregateRecord`), as digests.
+/// The different messages seen of similar events (client-go's `aggregateRecord`), as digests:
+/// fewer than [`AGGREGATE_MAX_MESSAGES`], so a list (one allocation of 8 bytes a message, where
+/// a set's table took 64 for the usual one).
 #[derive(Debug, Default)]
 struct Similar {
-    messages: std::collections::HashSet<u64>,
+    messages: Vec<u64>,
     last: Option<Instant>,
 }
 
@@ -498,11 +517,12 @@ impl Correlator {
     /// client-go's `EventCorrelate`: the event to write (a PATCH of the earlier identical
     /// one, or a POST), or `None` when the spam filter drops it.
     pub(crate) fn correlate(&mut self, event: Event, now: Instant) -> Option<Correlated> {
+        self.forget_aged(now);
         let (mut event, key) = self.aggregate(event, now);
         let mut patch = None;
         if let Some(last) = self.observed.touch(&key).cloned() {
-            event.metadata.name = last.name;
-            event.metadata.resource_version = last.resource_version;
+            event.metadata.name = last.name.map(String::from);
+            event.metadata.resource_version = last.resource_version.map(String::from);
             event.first_timestamp = last.first_timestamp;
             event.count = Some(last.count.saturating_add(1));
             // What client-go's two-way strategic merge patch of (count 0, lastTimestamp 0,
@@ -525,6 +545,23 @@ impl Correlator {
         Some(Correlated { event, patch })
     }
 
+    /// Forgets the similar-event records and spam buckets that have aged into what an absent
+    /// key gives: a record whose last event is more than [`AGGREGATE_WINDOW`] ago starts again
+    /// empty, and a bucket refilled to [`SPAM_BURST`] is a new bucket. client-go keeps both
+    /// until its LRU evicts them, which changes nothing but the memory: every object's
+    /// records would stay for the process's life, up to [`CACHE_ENTRIES`] keys a cache. Each
+    /// cache's entries are touched with their
+    /// time, so its oldest entries are the ones to look at; a bucket behind an older one
+    /// that is still refilling waits for it, at most `SPAM_BURST * SPAM_REFILL`.
+    fn forget_aged(&mut self, now: Instant) {
+        self.similar.forget_oldest_while(|r| {
+            r.last
+                .is_none_or(|last| now.saturating_duration_since(last) > AGGREGATE_WINDOW)
+        });
+        self.spam
+            .forget_oldest_while(|b| refilled(b, now) >= SPAM_BURST);
+    }
+
     /// client-go's `EventAggregate`: `event` and its key, or from the
     /// [`AGGREGATE_MAX_MESSAGES`]th different message of similar events on, a new event with
     /// the combined message under the similar events' key (so that it is written once and then
@@ -543,15 +580,15 @@ impl Correlator {
         {
             record.messages.clear();
         }
-        record.messages.insert(message);
+        if !record.messages.contains(&message) {
+            record.messages.push(message);
+        }
         record.last = Some(now);
         if record.messages.len() < AGGREGATE_MAX_MESSAGES {
             return (event, full);
         }
         // client-go keeps the set at its size by dropping any one message.
-        if let Some(&any) = record.messages.iter().next() {
-            record.messages.remove(&any);
-        }
+        record.messages.swap_remove(0);
         let combined = format!(
             "{AGGREGATE_PREFIX}{}",
             event.message.as_deref().unwrap_or("")
@@ -567,13 +604,11 @@ impl Correlator {
 
     fn spam_accept(&mut self, event: &Event, now: Instant) -> bool {
         let key = join_key(event, false);
-        let refill = 1.0 / SPAM_REFILL.as_secs_f64();
         let bucket = self.spam.entry(key, || SpamBucket {
             tokens: SPAM_BURST,
             last: now,
         });
-        let elapsed = now.saturating_duration_since(bucket.last).as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed * refill).min(SPAM_BURST);
+        bucket.tokens = refilled(bucket, now).min(SPAM_BURST);
         bucket.last = now;
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
@@ -584,12 +619,18 @@ impl Correlator {
     }
 }
 
+/// The tokens `b` holds at `now`, before the cap at [`SPAM_BURST`].
+fn refilled(b: &SpamBucket, now: Instant) -> f64 {
+    let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
+    b.tokens + elapsed / SPAM_REFILL.as_secs_f64()
+}
+
 fn observation(e: &Event) -> Observation {
     Observation {
         count: e.count.unwrap_or(0),
         first_timestamp: e.first_timestamp.clone(),
-        name: e.metadata.name.clone(),
-        resource_version: e.metadata.resource_version.clone(),
+        name: e.metadata.name.as_deref().map(Box::from),
+        resource_version: e.metadata.resource_version.as_deref().map(Box::from),
     }
 }
 
@@ -928,6 +969,53 @@ mod tests {
         }
         assert_eq!(c.observed.len(), CACHE_ENTRIES);
         assert_eq!(c.spam.len(), CACHE_ENTRIES);
+    }
+
+    /// A similar-event record older than the window and a spam bucket full again are
+    /// forgotten (the next event finds what a new key gives); the identical-event log stays.
+    #[test]
+    fn aged_records_and_refilled_buckets_are_forgotten() {
+        let mut c = Correlator::default();
+        let t0 = Instant::now();
+        let e = |obj: &str, msg: &str| {
+            make_event(
+                &source(),
+                &pvc(obj),
+                EventType::Normal,
+                "R",
+                msg,
+                SystemTime::now(),
+            )
+        };
+        assert!(c.correlate(e("a", "m"), t0).is_some());
+        assert_eq!((c.similar.len(), c.spam.len(), c.observed.len()), (1, 1, 1));
+        // One token spent: "a"'s bucket is full again after five minutes.
+        assert!(
+            c.correlate(e("b", "m"), t0 + Duration::from_secs(299))
+                .is_some()
+        );
+        assert_eq!((c.similar.len(), c.spam.len()), (2, 2));
+        assert!(
+            c.correlate(e("b", "n"), t0 + Duration::from_secs(301))
+                .is_some()
+        );
+        assert_eq!((c.similar.len(), c.spam.len()), (2, 1));
+        // "a"'s record is more than ten minutes old, "b"'s is not; "b"'s bucket (two spent)
+        // is still refilling.
+        assert!(
+            c.correlate(e("c", "m"), t0 + Duration::from_secs(601))
+                .is_some()
+        );
+        assert_eq!((c.similar.len(), c.spam.len(), c.observed.len()), (2, 2, 4));
+        // The identical event is still counted on.
+        let again = c.correlate(e("a", "m"), t0 + Duration::from_secs(602));
+        assert_eq!(again.and_then(|c| c.event.count), Some(2));
+        // "a" starts again as a new object: 25 events pass (the one above was the first).
+        let later = t0 + Duration::from_secs(603);
+        let passed = (0..30)
+            .filter(|i| c.correlate(e("a", &format!("x{i}")), later).is_some())
+            .count();
+        assert_eq!(passed, 24);
     }
 
     /// The keys tell what client-go's joined strings tell: the same event is the same key, a
