@@ -508,8 +508,8 @@ pub async fn run(
         workers.spawn(Runner::new(vec![lane]).run(
             Arc::clone(&ctl),
             shutdown.clone(),
-            |c: Arc<Controller>, _, key: Box<str>| {
-                Box::pin(async move { c.sync_clone_source(&key).await.map(|()| Action::Done) })
+            |c: Arc<Controller>, _, key: Box<str>| async move {
+                c.sync_clone_source(&key).await.map(|()| Action::Done)
             },
             |_: &Controller, _, _, Requeue| Action::Retry,
         ));
@@ -551,8 +551,8 @@ pub async fn run(
             .run(
                 Arc::clone(&ctl),
                 shutdown.clone(),
-                |c: Arc<Controller>, _, key: Box<str>| {
-                    Box::pin(async move { c.sync_claim(&key).await.map(|()| Action::Done) })
+                |c: Arc<Controller>, _, key: Box<str>| async move {
+                    c.sync_claim(&key).await.map(|()| Action::Done)
                 },
                 |c: &Controller, _, key, Requeue| {
                     let failures = c.claims.failures(key) + 1;
@@ -590,14 +590,12 @@ fn volume_runner(
     Runner::new(vec![Lane::new(Arc::clone(queue), ctl.cfg.workers)]).run(
         Arc::clone(ctl),
         shutdown.clone(),
-        move |c: Arc<Controller>, _, key: String| {
-            Box::pin(async move {
-                match which {
-                    Volumes::Pv => c.sync_volume(&key).await,
-                    Volumes::Record => c.sync_record(&key).await,
-                }
-                .map(|()| Action::Done)
-            })
+        move |c: Arc<Controller>, _, key: String| async move {
+            match which {
+                Volumes::Pv => c.sync_volume(&key).await,
+                Volumes::Record => c.sync_record(&key).await,
+            }
+            .map(|()| Action::Done)
         },
         move |c: &Controller, _, key: &String, Requeue| {
             match which {

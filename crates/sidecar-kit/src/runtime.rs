@@ -123,7 +123,11 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Runner<K> {
                         } else {
                             None
                         };
-                        let action = match reconcile(Arc::clone(&ctx), id, key.clone()).await {
+                        // Boxed: a worker's task is as large as the largest future it
+                        // awaits inline, and a worker waits on its queue most of its life
+                        // (design S8).
+                        let sync = Box::pin(reconcile(Arc::clone(&ctx), id, key.clone()));
+                        let action = match sync.await {
                             Ok(action) => action,
                             Err(e) => on_error(&ctx, id, &key, e),
                         };
