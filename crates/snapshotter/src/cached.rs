@@ -8,84 +8,92 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
-use plugreg_sidecar_kit::cache::{self, Readiness, Watches};
+use plugreg_sidecar_kit::cache::{self, CompactStore, Keyed, Readiness, Watches};
+use plugreg_sidecar_kit::compact::{Compact, Trim};
 use plugreg_sidecar_kit::queue::WorkQueue;
 use plugreg_sidecar_kit::runtime::Writes;
 use plugreg_sidecar_kit::snapshot::LABEL_MANAGED_BY;
-use serde::de::DeserializeOwned;
 
-/// What the watch of a controller's kind `K` reads of each object.
+/// What the watch of a controller's kind `K` reads of each object before the cache trims it
+/// (the trim is the kind's [`Trim`]).
 pub struct Watched<K> {
-    /// What makes a change worth a sync, read before the trim.
+    /// What makes a change worth a sync.
     pub fingerprint: fn(&K) -> u64,
-    /// Keeps of the object what the cache holds.
-    pub trim: fn(&mut K),
     /// Its driver, readiness, and whether it is a group member with its snapshot.
     pub look: fn(&K) -> (&str, bool, bool),
 }
 
-/// The watch cache of the driver's objects of kind `K` (with `--node-deployment`, only those
-/// labelled for `node`): each one worth a sync ([`Sightings::wake`]) goes on `queue`; a
-/// deleted one is forgotten there and in `written`.
+/// An object as the cache keeps it: its compact form (design S7), with what its watch event
+/// saw of it before the trim.
+pub struct Cached<T: Trim> {
+    /// The object, trimmed by `T`.
+    pub compact: Compact<T>,
+    /// Whether it is the driver's.
+    pub ours: bool,
+    sighting: Sighting,
+}
+
+impl<T: Trim> Keyed for Cached<T> {
+    fn key(&self) -> &str {
+        self.compact.key()
+    }
+}
+
+/// The watch cache of the driver's objects of kind `T::Object` (with `--node-deployment`, only
+/// those labelled for `node`), kept compact: each one worth a sync ([`Sightings::wake`]) goes
+/// on `queue`; a deleted one is forgotten there and in `written`.
 #[allow(clippy::too_many_arguments)]
-pub fn watch_ours<K>(
+pub fn watch_ours<T>(
     watches: &Watches,
     node: Option<&str>,
     driver: String,
-    what: Watched<K>,
+    what: Watched<T::Object>,
     queue: Arc<WorkQueue<String>>,
     written: Arc<Writes<String>>,
     shutdown: &tokio_util::sync::CancellationToken,
     ready: &mut Readiness,
-) -> Store<K>
+) -> CompactStore<Cached<T>>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    T: Trim + Send + Sync + 'static,
+    T::Object: Clone + Debug + Send + Sync + 'static,
 {
     let mut selector = watcher::Config::default();
     if let Some(node) = node {
         selector = selector.labels(&format!("{LABEL_MANAGED_BY}={node}"));
     }
-    // The fingerprint of the object being delivered, computed before the trim drops what it
-    // covers (labels and annotations the cache does not keep); the trim and the event of one
-    // object run one after the other on the watch's task.
-    let pending_fp: Arc<Mutex<u64>> = Arc::default();
-    let fp_in = Arc::clone(&pending_fp);
     let seen = Sightings::default();
-    let Watched {
-        fingerprint,
-        trim,
-        look,
-    } = what;
-    cache::watch_selected::<K>(
+    let Watched { fingerprint, look } = what;
+    cache::watch_compact::<T::Object, _>(
         watches,
         selector,
         shutdown,
         ready,
-        move |o| {
-            *fp_in.lock().unwrap_or_else(|e| e.into_inner()) = fingerprint(o);
-            trim(o);
-        },
-        move |o, deleted| {
-            let name = o.name_any();
-            if deleted {
-                seen.forget(&name);
-                written.forget(&name);
-                return;
-            }
-            let (its_driver, is_ready, member_handle) = look(o);
-            if its_driver != driver {
-                return;
-            }
-            let now = Sighting {
-                fingerprint: *pending_fp.lock().unwrap_or_else(|e| e.into_inner()),
+        // The sighting is taken of the whole object, before the trim drops what the
+        // fingerprint covers (labels and annotations the cache does not keep).
+        move |o: T::Object| {
+            let (its_driver, is_ready, member_handle) = look(&o);
+            let ours = its_driver == driver;
+            let sighting = Sighting {
+                fingerprint: fingerprint(&o),
                 ready: is_ready,
                 member_handle,
             };
-            if seen.wake(&name, now) {
-                queue.add(name);
+            Cached {
+                compact: Compact::new(o),
+                ours,
+                sighting,
+            }
+        },
+        move |c: &Cached<T>, deleted| {
+            let name = c.compact.name();
+            if deleted {
+                seen.forget(name);
+                written.forget(name);
+                return;
+            }
+            if c.ours && seen.wake(name, c.sighting) {
+                queue.add(name.to_owned());
             }
         },
     )

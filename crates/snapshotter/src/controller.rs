@@ -21,7 +21,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
-use plugreg_sidecar_kit::cache;
+use plugreg_sidecar_kit::cache::{self, CompactStore};
+use plugreg_sidecar_kit::compact::Trim;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::metrics::Metrics;
 use plugreg_sidecar_kit::queue::WorkQueue;
@@ -34,7 +35,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
-use crate::cached::{self, CACHE_CATCH_UP};
+use crate::cached::{self, CACHE_CATCH_UP, Cached};
 use crate::csi::{Driver, DriverCaps, Failed};
 use crate::decide::{self, Taken};
 use crate::writes::{Writer, api_message, now_rfc3339};
@@ -107,6 +108,17 @@ const KEPT_ANNOTATIONS: [&str; 5] = [
 ];
 
 /// Keeps of a content what the decisions and the events read.
+/// The cache's trim of a content.
+pub enum ContentTrim {}
+
+impl Trim for ContentTrim {
+    type Object = VolumeSnapshotContent;
+
+    fn trim(c: &mut VolumeSnapshotContent) {
+        trim_content(c);
+    }
+}
+
 fn trim_content(c: &mut VolumeSnapshotContent) {
     // Contents are cluster-scoped: the kit's trim with the lifecycle fields (finalizers,
     // deletion time) the decisions read.
@@ -118,7 +130,7 @@ struct Controller {
     cfg: Config,
     clients: Clients,
     recorder: Recorder,
-    contents: Store<VolumeSnapshotContent>,
+    contents: CompactStore<Cached<ContentTrim>>,
     classes: Store<VolumeSnapshotClass>,
     /// Its writes, each remembered by resource version.
     writer: Writer<VolumeSnapshotContent>,
@@ -140,13 +152,12 @@ pub async fn run(
     let mut ready = Vec::new();
 
     let written: Arc<Writes<String>> = Arc::default();
-    let contents = cached::watch_ours(
+    let contents = cached::watch_ours::<ContentTrim>(
         &clients.watches,
         cfg.node.as_deref(),
         cfg.driver.clone(),
         cached::Watched {
             fingerprint: decide::fingerprint,
-            trim: trim_content,
             look: |c: &VolumeSnapshotContent| {
                 let status = c.status.as_ref();
                 (
@@ -199,8 +210,8 @@ pub async fn run(
     Runner::new(vec![Lane::new(queue, ctl.cfg.workers)])
         .resync(ctl.cfg.resync, move || {
             for content in c.contents.state() {
-                if content.spec.driver == c.cfg.driver {
-                    q.add(content.name_any());
+                if content.ours {
+                    q.add(content.compact.name().to_owned());
                 }
             }
         })
@@ -249,11 +260,11 @@ impl Controller {
     /// One sync of the content `name`: what next, or why it needs another one after the
     /// back-off.
     async fn sync(&self, name: &str) -> Result<Action, String> {
-        let Some(cached) = self.contents.get(&ObjectRef::new(name)) else {
+        let Some(cached) = self.contents.get(name) else {
             debug!(content = name, "content was deleted, ignoring");
             return Ok(Action::Done);
         };
-        let content = (*cached).clone();
+        let content = cached.compact.object();
         drop(cached);
         let class_driver = content
             .spec

@@ -25,7 +25,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use plugreg_sidecar_kit::cache;
+use plugreg_sidecar_kit::cache::{self, CompactStore};
+use plugreg_sidecar_kit::compact::Trim;
 use plugreg_sidecar_kit::events::{EventType, Recorder};
 use plugreg_sidecar_kit::groupsnapshot::{
     ANN_BEING_CREATED, ANN_BEING_DELETED, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
@@ -38,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
 use super::decide::{self, GroupTaken};
-use crate::cached::{self, CACHE_CATCH_UP};
+use crate::cached::{self, CACHE_CATCH_UP, Cached};
 use crate::controller::{Clients, Config};
 use crate::csi::Failed;
 use crate::decide::{go_quote, may_be_in_progress, snapshot_name, strip_parameters};
@@ -67,6 +68,17 @@ const KEPT_ANNOTATIONS: [&str; 4] = [
     ANN_DELETION_SECRET_NAMESPACE,
 ];
 
+/// The cache's trim of a content.
+pub enum GroupContentTrim {}
+
+impl Trim for GroupContentTrim {
+    type Object = VolumeGroupSnapshotContent;
+
+    fn trim(c: &mut VolumeGroupSnapshotContent) {
+        trim_content(c);
+    }
+}
+
 fn trim_content(c: &mut VolumeGroupSnapshotContent) {
     // Contents are cluster-scoped: the kit's trim with the lifecycle fields (finalizers,
     // deletion time) the decisions read.
@@ -79,7 +91,7 @@ struct Controller {
     group: GroupConfig,
     clients: Clients,
     recorder: Recorder,
-    contents: Store<VolumeGroupSnapshotContent>,
+    contents: CompactStore<Cached<GroupContentTrim>>,
     classes: Store<VolumeGroupSnapshotClass>,
     writer: Writer<VolumeGroupSnapshotContent>,
 }
@@ -96,13 +108,12 @@ pub async fn run(cfg: Config, group: GroupConfig, clients: Clients, shutdown: Ca
     );
     let mut ready = Vec::new();
     let written: Arc<Writes<String>> = Arc::default();
-    let contents = cached::watch_ours(
+    let contents = cached::watch_ours::<GroupContentTrim>(
         &clients.watches,
         cfg.node.as_deref(),
         cfg.driver.clone(),
         cached::Watched {
             fingerprint: decide::fingerprint,
-            trim: trim_content,
             look: |c: &VolumeGroupSnapshotContent| {
                 (
                     c.spec.driver.as_str(),
@@ -151,8 +162,8 @@ pub async fn run(cfg: Config, group: GroupConfig, clients: Clients, shutdown: Ca
     Runner::new(vec![Lane::new(queue, ctl.cfg.workers)])
         .resync(ctl.cfg.resync, move || {
             for content in c.contents.state() {
-                if content.spec.driver == c.cfg.driver {
-                    q.add(content.name_any());
+                if content.ours {
+                    q.add(content.compact.name().to_owned());
                 }
             }
         })
@@ -187,11 +198,11 @@ impl Controller {
     }
 
     async fn sync(&self, name: &str) -> Result<Action, String> {
-        let Some(cached) = self.contents.get(&ObjectRef::new(name)) else {
+        let Some(cached) = self.contents.get(name) else {
             debug!(group_content = name, "group content was deleted, ignoring");
             return Ok(Action::Done);
         };
-        let content = (*cached).clone();
+        let content = cached.compact.object();
         drop(cached);
         let class_driver = content
             .spec
