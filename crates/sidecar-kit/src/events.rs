@@ -374,14 +374,20 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
     /// Removes the least recently used entries for as long as `dead` says of the oldest that
     /// it is as good as absent: for a cache whose values are touched with their time, those
     /// that have aged out. Amortised O(1) per entry.
+    /// The table shrinks to twice its entries once they fill less than a quarter of it (a map
+    /// keeps its largest size otherwise).
     fn forget_oldest_while(&mut self, mut dead: impl FnMut(&V) -> bool) {
+        let before = self.map.len();
         while let Some((_, key)) = self.order.first_key_value() {
             if !self.map.get(key).is_some_and(|(v, _)| dead(v)) {
-                return;
+                break;
             }
             if let Some((_, key)) = self.order.pop_first() {
                 self.map.remove(&key);
             }
+        }
+        if self.map.len() < before && self.map.len() < self.map.capacity() / 4 {
+            self.map.shrink_to(self.map.len() * 2);
         }
     }
 
@@ -1007,6 +1013,20 @@ mod tests {
                 .is_some()
         );
         assert_eq!((c.similar.len(), c.spam.len(), c.observed.len()), (2, 2, 4));
+        // The tables shrink with what they hold.
+        let mut l = Lru::new(CACHE_ENTRIES);
+        for i in 0..1000 {
+            l.put(i, i);
+        }
+        let grown = l.map.capacity();
+        l.forget_oldest_while(|&v| v < 990);
+        assert_eq!(l.len(), 10);
+        assert!(
+            l.map.capacity() < grown / 4,
+            "{} of {grown}",
+            l.map.capacity()
+        );
+        assert_eq!(l.touch(&995).copied(), Some(995));
         // The identical event is still counted on.
         let again = c.correlate(e("a", "m"), t0 + Duration::from_secs(602));
         assert_eq!(again.and_then(|c| c.event.count), Some(2));
