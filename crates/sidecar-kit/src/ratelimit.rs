@@ -142,7 +142,7 @@ pub fn client_builder(config: kube::Config) -> Result<ClientBuilder<KubeService>
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    let mut connector = TimeoutConnector::new(config.rustls_https_connector_with_connector(http)?);
+    let mut connector = TimeoutConnector::new(https_connector(&config, http)?);
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
@@ -167,6 +167,34 @@ pub fn client_builder(config: kube::Config) -> Result<ClientBuilder<KubeService>
         BoxService::new(service),
         config.default_namespace.clone(),
     ))
+}
+
+/// TLS sessions a client keeps for resumption, one per server name: a client talks to one API
+/// server (rustls' default keeps 256 and allocates room for them up front, about 15 KB for
+/// every client of a process, ten or so in csi-sidecars).
+const TLS_SESSIONS: usize = 4;
+
+/// kube's HTTPS connector for `config` over `http`, built as
+/// `ConfigExt::rustls_https_connector_with_connector` builds it (kube's TLS config, the
+/// config's server name), with a session cache of [`TLS_SESSIONS`].
+fn https_connector(
+    config: &kube::Config,
+    http: HttpConnector,
+) -> Result<hyper_rustls::HttpsConnector<HttpConnector>, kube::Error> {
+    use kube::client::ConfigExt as _;
+    let mut tls = config.rustls_client_config()?;
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(TLS_SESSIONS);
+    let mut builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| {
+            kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(e))
+        })?;
+        builder =
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    Ok(builder.enable_http1().wrap_connector(http))
 }
 
 /// The REST config from `--master`, `--kubeconfig` (or `KUBECONFIG`) or the in-cluster
@@ -600,6 +628,21 @@ mod tests {
     }
 
     use super::*;
+
+    /// The connector takes the config's server name as kube's does, and refuses one that is
+    /// no server name as kube does.
+    #[test]
+    fn the_https_connector_takes_the_configs_server_name() {
+        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().expect("uri"));
+        assert!(https_connector(&config, HttpConnector::new()).is_ok());
+        config.tls_server_name = Some("kubernetes.default.svc".into());
+        assert!(https_connector(&config, HttpConnector::new()).is_ok());
+        config.tls_server_name = Some("not a name".into());
+        assert!(matches!(
+            https_connector(&config, HttpConnector::new()),
+            Err(kube::Error::RustlsTls(_))
+        ));
+    }
 
     fn spawn_acquire(
         limiter: &Arc<RateLimiter>,
