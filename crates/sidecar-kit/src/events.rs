@@ -374,6 +374,7 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
     /// Removes the least recently used entries for as long as `dead` says of the oldest that
     /// it is as good as absent: for a cache whose values are touched with their time, those
     /// that have aged out. Amortised O(1) per entry.
+    ///
     /// The table shrinks to twice its entries once they fill less than a quarter of it (a map
     /// keeps its largest size otherwise).
     fn forget_oldest_while(&mut self, mut dead: impl FnMut(&V) -> bool) {
@@ -555,10 +556,10 @@ impl Correlator {
     /// key gives: a record whose last event is more than [`AGGREGATE_WINDOW`] ago starts again
     /// empty, and a bucket refilled to [`SPAM_BURST`] is a new bucket. client-go keeps both
     /// until its LRU evicts them, which changes nothing but the memory: every object's
-    /// records would stay for the process's life, up to [`CACHE_ENTRIES`] keys a cache. Each
-    /// cache's entries are touched with their
-    /// time, so its oldest entries are the ones to look at; a bucket behind an older one
-    /// that is still refilling waits for it, at most `SPAM_BURST * SPAM_REFILL`.
+    /// records would stay for the process's life, up to [`CACHE_ENTRIES`] keys a cache.
+    /// Each cache's entries are touched with their time, so its oldest entries are the ones
+    /// to look at; a bucket behind an older one that is still refilling waits for it, at
+    /// most `SPAM_BURST * SPAM_REFILL`.
     fn forget_aged(&mut self, now: Instant) {
         self.similar.forget_oldest_while(|r| {
             r.last

@@ -107,23 +107,18 @@ const KEPT_ANNOTATIONS: [&str; 5] = [
     ANN_GROUP_SNAPSHOT_HANDLE,
 ];
 
-/// Keeps of a content what the decisions and the events read.
-/// The cache's trim of a content.
+/// What the content cache keeps of a content: what the decisions and the events read.
 pub enum ContentTrim {}
 
 impl Trim for ContentTrim {
     type Object = VolumeSnapshotContent;
 
     fn trim(c: &mut VolumeSnapshotContent) {
-        trim_content(c);
+        // Contents are cluster-scoped: the kit's trim with the lifecycle fields (finalizers,
+        // deletion time) the decisions read.
+        plugreg_sidecar_kit::compact::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS, true);
+        cached::trim_ref(&mut c.spec.volume_snapshot_ref);
     }
-}
-
-fn trim_content(c: &mut VolumeSnapshotContent) {
-    // Contents are cluster-scoped: the kit's trim with the lifecycle fields (finalizers,
-    // deletion time) the decisions read.
-    plugreg_sidecar_kit::compact::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS, true);
-    cached::trim_ref(&mut c.spec.volume_snapshot_ref);
 }
 
 struct Controller {

@@ -68,22 +68,19 @@ const KEPT_ANNOTATIONS: [&str; 4] = [
     ANN_DELETION_SECRET_NAMESPACE,
 ];
 
-/// The cache's trim of a content.
+/// What the group content cache keeps of a group content: what the decisions and the events
+/// read.
 pub enum GroupContentTrim {}
 
 impl Trim for GroupContentTrim {
     type Object = VolumeGroupSnapshotContent;
 
     fn trim(c: &mut VolumeGroupSnapshotContent) {
-        trim_content(c);
+        // Contents are cluster-scoped: the kit's trim with the lifecycle fields (finalizers,
+        // deletion time) the decisions read.
+        plugreg_sidecar_kit::compact::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS, true);
+        cached::trim_ref(&mut c.spec.volume_group_snapshot_ref);
     }
-}
-
-fn trim_content(c: &mut VolumeGroupSnapshotContent) {
-    // Contents are cluster-scoped: the kit's trim with the lifecycle fields (finalizers,
-    // deletion time) the decisions read.
-    plugreg_sidecar_kit::compact::trim_meta(&mut c.metadata, &KEPT_ANNOTATIONS, true);
-    cached::trim_ref(&mut c.spec.volume_group_snapshot_ref);
 }
 
 struct Controller {
