@@ -260,7 +260,16 @@ async fn run(parts: Vec<Part>) -> i32 {
             let (pq, pb) = p.process().0.rate_limit();
             (q + pq, b + pb)
         });
-        let hub = match ratelimit::own_client(kube_config.clone(), qps, burst) {
+        // One connection for every controller's requests and the shared watches (HTTP/2);
+        // the Leases keep the leader election client's own.
+        let transport = match ratelimit::Transport::new(kube_config.clone()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(target: LOG, err = %e, "Failed to build the Kubernetes transport");
+                return Err(1);
+            }
+        };
+        let hub = match ratelimit::own_client_on(&transport, qps, burst) {
             Ok(c) => Hub::new(c),
             Err(e) => {
                 tracing::error!(target: LOG, err = %e, "Failed to build the watch client");
@@ -288,6 +297,7 @@ async fn run(parts: Vec<Part>) -> i32 {
                 k.controller = Some(part.controller().name());
                 k.leader_client = le_client.clone();
                 k.hub = Some(hub.clone());
+                k.transport = Some(transport.clone());
                 if let Some(le) = &mut k.leader {
                     // client-go's Name: the `name` label of leader_election_master_status,
                     // which tells the controllers' series apart.

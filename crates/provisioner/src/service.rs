@@ -65,7 +65,7 @@ impl Service {
     /// Runs until `shutdown` (Ok) or until leadership is lost or the caches fail (Err).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServiceError> {
         let Service {
-            kube,
+            mut kube,
             driver,
             driver_name,
             identity,
@@ -84,8 +84,10 @@ impl Service {
         } = self;
         // The record's client has no bucket of its own: the record takes its tokens from the
         // work's bucket itself, choosing each write's priority.
-        let record_client =
-            ratelimit::unlimited_client(kube.config.clone()).map_err(ServiceError::Clients)?;
+        let record_client = kube
+            .transport()
+            .and_then(|t| ratelimit::unlimited_client_on(&t))
+            .map_err(ServiceError::Clients)?;
         // Each node keeps a record of its own: a volume one node's driver may have made is
         // finished or deleted by that node only.
         let record = match &node {

@@ -13,16 +13,22 @@
 //! - kube's own retries (429/503/504, inside the client's stack) are not limited or counted
 //!   again; client-go throttles each retry. Only the first attempt is seen here.
 //!
-//! Every client here is kube's client stack built by [`client_builder`], which differs from
-//! `ClientBuilder::try_from(Config)` where it matters in one thing: its sockets have
-//! `TCP_NODELAY`, as every TCP connection of a Go program has (client-go's included). It also
-//! leaves out kube's tracing layer (debug spans named `HTTP`, which no sidecar logs) and the
-//! expiry of an exec plugin's client certificate (`Client::valid_until`, crate-private in kube,
-//! read by no sidecar). kube 5.0 leaves Nagle's algorithm on
-//! (kube-rs #2056): a request written in two segments then waits for the API server's delayed
-//! ACK, 40 ms on Linux. The one-node cluster's trace (issue 33) saw it whenever a sidecar
-//! needed a second connection: the attacher's second of two concurrent detaches answered
-//! 41-45 ms after the first.
+//! Every client here is kube's client stack built on a [`Transport`], which differs from
+//! `ClientBuilder::try_from(Config)` where it matters in two things:
+//! - Its sockets have `TCP_NODELAY`, as every TCP connection of a Go program has (client-go's
+//!   included). kube 5.0 leaves Nagle's algorithm on (kube-rs #2056): a request written in two
+//!   segments then waits for the API server's delayed ACK, 40 ms on Linux. The one-node
+//!   cluster's trace (issue 33) saw it whenever a sidecar needed a second connection: the
+//!   attacher's second of two concurrent detaches answered 41-45 ms after the first.
+//! - It speaks HTTP/2 to an API server that offers it, as client-go does: one connection
+//!   carries every request and watch of the clients built on one transport. kube speaks
+//!   HTTP/1.1 only, one connection per request in flight and one per watch: `csi-sidecars`
+//!   held 23 connections to the API server at 300 claims, each with its TLS state, buffers and
+//!   task (about 35 KB each; issue 29).
+//!
+//! It also leaves out kube's tracing layer (debug spans named `HTTP`, which no sidecar logs)
+//! and the expiry of an exec plugin's client certificate (`Client::valid_until`, crate-private
+//! in kube, read by no sidecar).
 //!
 //! [`RateLimiter`] also counts the requests, in total and per verb and resource
 //! (`"POST persistentvolumes"`, `"WATCH persistentvolumeclaims"`,
@@ -42,7 +48,7 @@ use hyper::body::Incoming;
 use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::Client as LegacyClient;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::retry::RetryPolicy;
 use kube::client::{Body, ClientBuilder, DynBody};
 use plugreg_runtime::{prom, report};
@@ -91,7 +97,8 @@ impl Priority {
 }
 
 /// Builds the two clients of the provisioner from `config`, sharing one bucket of `burst`
-/// tokens refilled at `qps` a second (see the module documentation for 0 and negative values).
+/// tokens refilled at `qps` a second (see the module documentation for 0 and negative values)
+/// and one connection ([`Transport`]).
 /// Returns (high-priority client, low-priority client, the shared limiter). Must be called
 /// within a Tokio runtime (kube's client spawns its buffer task).
 pub fn clients(
@@ -99,22 +106,40 @@ pub fn clients(
     qps: f64,
     burst: u32,
 ) -> Result<(kube::Client, kube::Client, Arc<RateLimiter>), Error> {
+    clients_on(&Transport::new(config)?, qps, burst)
+}
+
+/// [`clients`] on `transport`'s connection.
+pub fn clients_on(
+    transport: &Transport,
+    qps: f64,
+    burst: u32,
+) -> Result<(kube::Client, kube::Client, Arc<RateLimiter>), Error> {
     let limiter = Arc::new(RateLimiter::new(qps, burst));
-    let high = client_builder(config.clone())?
+    let high = transport
+        .builder()?
         .with_layer(&limiter.layer(Priority::High))
         .build();
-    let low = client_builder(config)?
+    let low = transport
+        .builder()?
         .with_layer(&limiter.layer(Priority::Low))
         .build();
     Ok((high, low, limiter))
 }
 
-/// A client of its own with its own bucket of `burst` tokens refilled at `qps` a second, for
-/// work that must never wait behind the others (leader election, as upstream gives it its own
-/// clientset).
+/// A client of its own with its own bucket of `burst` tokens refilled at `qps` a second, and
+/// its own connection, for work that must never wait behind the others (leader election, as
+/// upstream gives it its own clientset).
 pub fn own_client(config: kube::Config, qps: f64, burst: u32) -> Result<kube::Client, Error> {
+    own_client_on(&Transport::new(config)?, qps, burst)
+}
+
+/// A client with its own bucket of `burst` tokens refilled at `qps` a second, on
+/// `transport`'s connection.
+pub fn own_client_on(transport: &Transport, qps: f64, burst: u32) -> Result<kube::Client, Error> {
     let limiter = Arc::new(RateLimiter::new(qps, burst));
-    Ok(client_builder(config)?
+    Ok(transport
+        .builder()?
         .with_layer(&limiter.layer(Priority::High))
         .build())
 }
@@ -126,47 +151,121 @@ pub fn unlimited_client(config: kube::Config) -> Result<kube::Client, Error> {
     Ok(client_builder(config)?.build())
 }
 
+/// [`unlimited_client`] on `transport`'s connection.
+pub fn unlimited_client_on(transport: &Transport) -> Result<kube::Client, Error> {
+    Ok(transport.builder()?.build())
+}
+
 /// The service of [`client_builder`]'s clients: kube's (`ClientBuilder::try_from(Config)`).
 pub type KubeService = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
 
-/// kube's client stack for `config` (see the module documentation), with `TCP_NODELAY` on
-/// its sockets: kube's HTTPS connector with the config's TLS and server name, its connect,
-/// read and write timeouts, base URI, retries (`default_retry`), authentication and extra
-/// headers. A config with a proxy gets kube's own builder (kube's proxy connectors), whose
-/// sockets keep Nagle's algorithm on.
+/// kube's client stack for `config` on a [`Transport`] of its own (see the module
+/// documentation).
 pub fn client_builder(config: kube::Config) -> Result<ClientBuilder<KubeService>, kube::Error> {
-    use kube::client::ConfigExt as _;
-    if config.proxy_url.is_some() {
-        return ClientBuilder::try_from(config);
+    Transport::new(config)?.builder()
+}
+
+/// The HTTP client under a [`Transport`]'s Kubernetes clients.
+type HttpClient = LegacyClient<TimeoutConnector<hyper_rustls::HttpsConnector<HttpConnector>>, Body>;
+
+/// One connection pool to the API server, for every client built on it: an HTTPS API server
+/// that offers HTTP/2 (kube-apiserver does) gets one HTTP/2 connection, which carries every
+/// request and watch of those clients as streams of their own, as client-go's transport does;
+/// over plain HTTP, or when the server offers HTTP/1.1 only, one connection per request in
+/// flight, kept for the next.
+///
+/// A connection that has received nothing for [`PING_AFTER`] is pinged and closed when the
+/// ping is not answered within [`PING_TIMEOUT`] (client-go's `ReadIdleTimeout` and
+/// `PingTimeout` for HTTP/2): a dead connection fails its requests and watches, which are then
+/// made again on a new one, instead of hanging them all.
+///
+/// Cloning shares the pool. Each client built on it ([`Transport::builder`]) keeps its own
+/// token bucket, authentication and retries above it.
+#[derive(Clone)]
+pub struct Transport {
+    config: kube::Config,
+    /// `None` with a proxy: each client is then kube's own (kube's proxy connectors, HTTP/1.1).
+    http: Option<HttpClient>,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("cluster_url", &self.config.cluster_url)
+            .field("proxy", &self.http.is_none())
+            .finish_non_exhaustive()
     }
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    let mut connector = TimeoutConnector::new(https_connector(&config, http)?);
-    connector.set_connect_timeout(config.connect_timeout);
-    connector.set_read_timeout(config.read_timeout);
-    connector.set_write_timeout(config.write_timeout);
-    connector.set_reset_reader_on_write(config.reset_reader_on_write);
-    let client: LegacyClient<_, Body> =
-        LegacyClient::builder(TokioExecutor::new()).build(connector);
-    let service = tower::ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(
-            config
-                .default_retry
-                .then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry())),
-        )
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
-        .map_err(BoxError::from)
-        .service(client)
-        .map_response(|r: Response<Incoming>| {
-            r.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
-        });
-    Ok(ClientBuilder::new(
-        BoxService::new(service),
-        config.default_namespace.clone(),
-    ))
+}
+
+/// How long an HTTP/2 connection may receive nothing before it is pinged (client-go's
+/// `ReadIdleTimeout`).
+pub const PING_AFTER: Duration = Duration::from_secs(30);
+/// How long a ping may go unanswered before its connection is closed (client-go's
+/// `PingTimeout`).
+pub const PING_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl Transport {
+    /// The pool for `config`: kube's HTTPS connector with the config's TLS and server name
+    /// (offering HTTP/2 and HTTP/1.1), its connect, read and write timeouts, and `TCP_NODELAY`
+    /// on its sockets. A config with a proxy gets kube's own builder for each client (kube's
+    /// proxy connectors), whose sockets keep Nagle's algorithm on.
+    pub fn new(config: kube::Config) -> Result<Self, kube::Error> {
+        if config.proxy_url.is_some() {
+            return Ok(Self { config, http: None });
+        }
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        let mut connector = TimeoutConnector::new(https_connector(&config, http)?);
+        connector.set_connect_timeout(config.connect_timeout);
+        connector.set_read_timeout(config.read_timeout);
+        connector.set_write_timeout(config.write_timeout);
+        connector.set_reset_reader_on_write(config.reset_reader_on_write);
+        let client = LegacyClient::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .http2_keep_alive_interval(PING_AFTER)
+            .http2_keep_alive_timeout(PING_TIMEOUT)
+            .http2_keep_alive_while_idle(true)
+            .build(connector);
+        Ok(Self {
+            config,
+            http: Some(client),
+        })
+    }
+
+    /// The configuration the pool was built from.
+    pub fn config(&self) -> &kube::Config {
+        &self.config
+    }
+
+    /// kube's client stack for the config on this pool (see the module documentation): its
+    /// base URI, retries (`default_retry`), authentication and extra headers.
+    pub fn builder(&self) -> Result<ClientBuilder<KubeService>, kube::Error> {
+        use kube::client::ConfigExt as _;
+        let config = &self.config;
+        let Some(client) = &self.http else {
+            return ClientBuilder::try_from(config.clone());
+        };
+        let service = tower::ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(
+                config
+                    .default_retry
+                    .then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry())),
+            )
+            .option_layer(config.auth_layer()?)
+            .layer(config.extra_headers_layer()?)
+            .map_err(BoxError::from)
+            .service(client.clone())
+            .map_response(|r: Response<Incoming>| {
+                r.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+            });
+        Ok(ClientBuilder::new(
+            BoxService::new(service),
+            config.default_namespace.clone(),
+        ))
+    }
 }
 
 /// TLS sessions a client keeps for resumption, one per server name: a client talks to one API
@@ -176,7 +275,8 @@ const TLS_SESSIONS: usize = 4;
 
 /// kube's HTTPS connector for `config` over `http`, built as
 /// `ConfigExt::rustls_https_connector_with_connector` builds it (kube's TLS config, the
-/// config's server name), with a session cache of [`TLS_SESSIONS`].
+/// config's server name), with a session cache of [`TLS_SESSIONS`], offering HTTP/2 beside
+/// HTTP/1.1 by ALPN (kube's offers HTTP/1.1 only).
 fn https_connector(
     config: &kube::Config,
     http: HttpConnector,
@@ -194,7 +294,7 @@ fn https_connector(
         builder =
             builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    Ok(builder.enable_http1().wrap_connector(http))
+    Ok(builder.enable_http1().enable_http2().wrap_connector(http))
 }
 
 /// The REST config from `--master`, `--kubeconfig` (or `KUBECONFIG`) or the in-cluster

@@ -42,6 +42,10 @@ pub struct Kube {
     /// The watches the controllers of one process share (`csi-sidecars`); `None`: the
     /// controller's caches watch on their own, on the high-priority client.
     pub hub: Option<Arc<Hub>>,
+    /// The connection the work's clients share: the process's, shared by its controllers
+    /// (`csi-sidecars`); `None`: one of their own, made by [`Kube::transport`] or
+    /// [`Kube::run`]. The leader election's client never shares it.
+    pub transport: Option<ratelimit::Transport>,
 }
 
 /// The clients of the work, sharing one token bucket.
@@ -103,6 +107,21 @@ impl Kube {
             controller: None,
             leader_client: None,
             hub: None,
+            transport: None,
+        }
+    }
+
+    /// The connection of the work's clients: the one given, else one made now and kept for
+    /// [`Kube::run`]. For a client the work builds itself beside [`Clients`] (the
+    /// provisioner's record).
+    pub fn transport(&mut self) -> Result<ratelimit::Transport, ratelimit::Error> {
+        match &self.transport {
+            Some(t) => Ok(t.clone()),
+            None => {
+                let t = ratelimit::Transport::new(self.config.clone())?;
+                self.transport = Some(t.clone());
+                Ok(t)
+            }
         }
     }
 
@@ -110,7 +129,7 @@ impl Kube {
     /// is lost or until `work` fails (Err). `work` gets the token that ends it: `shutdown`,
     /// or with leader election the end of this process's leadership.
     pub async fn run<E, F, Fut>(
-        self,
+        mut self,
         shutdown: CancellationToken,
         work: F,
     ) -> Result<(), ServiceError<E>>
@@ -119,7 +138,8 @@ impl Kube {
         F: FnOnce(Clients, CancellationToken) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
-        let (high, low, limiter) = ratelimit::clients(self.config.clone(), self.qps, self.burst)?;
+        let transport = self.transport()?;
+        let (high, low, limiter) = ratelimit::clients_on(&transport, self.qps, self.burst)?;
         match self.controller {
             None => self.metrics.register("kube-requests", limiter.clone()),
             Some(c) => self.metrics.register(

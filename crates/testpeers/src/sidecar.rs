@@ -294,6 +294,11 @@ impl LoggedSidecar {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// How many established TCP connections the process holds to `port` ([`connections_to`]).
+    pub fn connections_to(&self, port: u16) -> usize {
+        connections_to(self.child.id(), port)
+    }
+
     /// Whether the process still runs.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -498,4 +503,43 @@ async fn set_status_phase<K: kube::Resource<DynamicType = ()>>(
     api.patch_status(name, &PatchParams::default(), &bound)
         .await
         .unwrap_or_else(|e| panic!("setting the {} {name} Bound: {e}", ar.kind));
+}
+
+/// How many established TCP connections process `pid` holds to a remote `port` (of any
+/// address; tests run on loopback only): its socket descriptors (`/proc/<pid>/fd`) matched by inode with the kernel's table of its
+/// network namespace (`/proc/<pid>/net/tcp` and `tcp6`).
+pub fn connections_to(pid: u32, port: u16) -> usize {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    let inodes: std::collections::BTreeSet<String> = fds
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|t| {
+            t.to_string_lossy()
+                .strip_prefix("socket:[")
+                .and_then(|r| r.strip_suffix(']'))
+                .map(str::to_owned)
+        })
+        .collect();
+    let mut n = 0;
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(remote), Some(state), Some(inode)) = (f.get(2), f.get(3), f.get(9)) else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit_once(':')
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            if *state == "01" && remote_port == Some(port) && inodes.contains(*inode) {
+                n += 1;
+            }
+        }
+    }
+    n
 }
