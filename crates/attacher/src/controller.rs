@@ -107,6 +107,15 @@ pub enum ControllerError {
 #[derive(Debug)]
 struct Requeue(String);
 
+/// How a PV patch is sent: the finalizer is added by a JSON Patch (RFC 6902) whose `test`
+/// makes a concurrent change fail it instead of being undone, and removed by value with a
+/// strategic-merge patch ([`decide::pv_remove_finalizer_patch`]).
+#[derive(Debug, Clone, Copy)]
+enum PatchKind {
+    Json,
+    Strategic,
+}
+
 /// For each VolumeAttachment whose last sync failed, the [`decide::sync_fingerprint`] of what
 /// that sync left (the object after its own writes, errors aside).
 #[derive(Default, Clone)]
@@ -555,11 +564,15 @@ impl Controller {
             .collect())
     }
 
-    /// A JSON Patch (RFC 6902) on the PV `name`.
-    async fn patch_pv(&self, name: &str, patch: &Value) -> Result<(), String> {
+    /// A patch of `kind` on the PV `name`.
+    async fn patch_pv(&self, name: &str, patch: &Value, kind: PatchKind) -> Result<(), String> {
         let body = serde_json::to_vec(patch).map_err(|e| e.to_string())?;
+        let content_type = match kind {
+            PatchKind::Json => "application/json-patch+json",
+            PatchKind::Strategic => "application/strategic-merge-patch+json",
+        };
         let req = http::Request::patch(format!("/api/v1/persistentvolumes/{name}"))
-            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+            .header(http::header::CONTENT_TYPE, content_type)
             .body(body)
             .map_err(|e| e.to_string())?;
         self.clients
@@ -626,7 +639,7 @@ impl Controller {
             Err(e) => return Err(self.attach_failed(va, &e, None).await),
         };
         if let Some((pv_name, patch)) = &plan.pv_patch
-            && let Err(e) = self.patch_pv(pv_name, patch).await
+            && let Err(e) = self.patch_pv(pv_name, patch, PatchKind::Json).await
         {
             let msg = format!("could not add PersistentVolume finalizer: {e}");
             return Err(self.attach_failed(va, &msg, None).await);
@@ -796,7 +809,9 @@ impl Controller {
             debug!(PersistentVolume = name, "finalizer kept");
             return Ok(());
         };
-        self.patch_pv(name, &patch).await.map_err(Requeue)?;
+        self.patch_pv(name, &patch, PatchKind::Strategic)
+            .await
+            .map_err(Requeue)?;
         debug!(
             PersistentVolume = name,
             "Removed finalizer from PersistentVolume"

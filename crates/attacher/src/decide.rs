@@ -397,8 +397,15 @@ pub fn pv_add_finalizer_patch(pv: &PersistentVolume, fin: &str) -> Option<Value>
 
 /// Whether a PV from the PV queue may lose the finalizer `fin`: it carries it, it is being
 /// deleted (or is an in-tree PV migrated away from `driver`), and no VolumeAttachment in
-/// `attachment_pvs` (the PV names of every cached VolumeAttachment) names it. Returns the JSON
-/// Patch (`test` + `remove` at its index).
+/// `attachment_pvs` (the PV names of every cached VolumeAttachment) names it. Returns the
+/// strategic-merge patch that removes `fin` by value (`$deleteFromPrimitiveList`, as
+/// csi-provisioner removes its own).
+///
+/// Upstream sends a JSON Patch, `test` + `remove` at the finalizer's index in its cached PV.
+/// The API server refuses it (422) whenever the list changed since, and a deleted PV's list
+/// does change then: the provisioner removes its own finalizer in the same second. Each refusal
+/// costs a back-off, a request and a token of the attacher's bucket before the retry. Removing
+/// by value conflicts with no one and undoes no other client's change (checklist 14).
 pub fn pv_remove_finalizer_patch<S: AsRef<str>>(
     pv: &PersistentVolume,
     fin: &str,
@@ -416,20 +423,13 @@ pub fn pv_remove_finalizer_patch<S: AsRef<str>>(
     if pv.metadata.deletion_timestamp.is_none() && !migrated_away {
         return None;
     }
-    let index = pv
-        .metadata
-        .finalizers
-        .as_ref()?
-        .iter()
-        .position(|f| f == fin)?;
+    if !has_finalizer(pv.metadata.finalizers.as_ref(), fin) {
+        return None;
+    }
     if attachment_pvs.any(|p| p.as_ref() == name) {
         return None;
     }
-    let path = format!("/metadata/finalizers/{index}");
-    Some(json!([
-        {"op": "test", "path": path, "value": fin},
-        {"op": "remove", "path": path},
-    ]))
+    Some(json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [fin]}}))
 }
 
 /// Whether a PV event is worth queueing: it carries `fin` and is being deleted (or migrated
@@ -986,7 +986,7 @@ mod tests {
     }
 
     #[test]
-    fn pv_finalizer_patches_are_json_patches_with_tests() {
+    fn pv_finalizers_are_added_with_tests_and_removed_by_value() {
         let fin = finalizer(DRIVER);
         let mut p = pv("pv", &["ReadWriteOnce"]);
         assert_eq!(
@@ -1013,8 +1013,11 @@ mod tests {
         assert!(pv_remove_finalizer_patch(&p, &fin, DRIVER, ["x", "pv"].into_iter()).is_none());
         assert_eq!(
             pv_remove_finalizer_patch(&p, &fin, DRIVER, ["x"].into_iter()).unwrap(),
-            json!([{"op":"test","path":"/metadata/finalizers/1","value":fin},{"op":"remove","path":"/metadata/finalizers/1"}])
+            json!({"metadata":{"$deleteFromPrimitiveList/finalizers":[fin]}})
         );
+        // Not carrying it: nothing to remove.
+        p.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
+        assert!(pv_remove_finalizer_patch(&p, &fin, DRIVER, ["x"].into_iter()).is_none());
     }
 
     #[test]

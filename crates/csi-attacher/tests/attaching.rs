@@ -1139,6 +1139,87 @@ async fn another_clients_pv_finalizer_is_not_undone() {
     );
 }
 
+/// The attacher's PV finalizer removal, computed from a cached PV that another client's change
+/// has since overtaken (the provisioner removes its own finalizer from a deleted PV in the same
+/// second): the real API server applies it, removes only ours, and keeps what the other client
+/// changed. Upstream's JSON Patch (`test` + `remove` at the cached index) is refused with 422
+/// here and retried after a back-off.
+async fn a_stale_pv_finalizer_removal_applies(version: KubeVersion) {
+    let env = Env::new(version, |_| {}).await;
+    let fin = env.finalizer();
+    let pv = env.unique("pv");
+    env.pv(
+        &pv,
+        "vol-e",
+        json!({"metadata": {"finalizers": ["example.com/first", fin, "example.com/last"]}}),
+    )
+    .await;
+    env.pvs()
+        .delete(&pv, &DeleteParams::default())
+        .await
+        .unwrap();
+    let cached = env.pvs().get(&pv).await.unwrap();
+    assert!(cached.metadata.deletion_timestamp.is_some());
+    // Another client removes the finalizer before ours: ours moves from index 1 to 0.
+    env.pvs()
+        .patch(
+            &pv,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::<()>::Json(
+                serde_json::from_value(json!([{"op": "remove", "path": "/metadata/finalizers/0"}]))
+                    .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    let patch = plugreg_attacher::decide::pv_remove_finalizer_patch(
+        &cached,
+        &fin,
+        &env.name,
+        std::iter::empty::<&str>(),
+    )
+    .expect("a deleted PV without attachments loses our finalizer");
+    let after = env
+        .pvs()
+        .patch(
+            &pv,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(&patch),
+        )
+        .await
+        .expect("the removal applies to the changed list");
+    // The API server's admission adds kubernetes.io/pv-protection; it stays too.
+    let left = after.metadata.finalizers.unwrap_or_default();
+    assert!(!left.contains(&fin), "ours is removed: {left:?}");
+    assert!(
+        left.contains(&"example.com/last".to_owned()),
+        "the others stay: {left:?}"
+    );
+    assert!(
+        !left.contains(&"example.com/first".to_owned()),
+        "the other client's removal stays: {left:?}"
+    );
+    // The PV goes (the shared API server outlives the test).
+    let _ = env
+        .pvs()
+        .patch(
+            &pv,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_pv_finalizer_removal_applies_v1_20_2() {
+    a_stale_pv_finalizer_removal_applies(KubeVersion::V1_20_2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_pv_finalizer_removal_applies_v1_36_2() {
+    a_stale_pv_finalizer_removal_applies(KubeVersion::V1_36_2).await;
+}
+
 /// Checklist 15: a failing ListVolumes is logged as upstream logs it, and the attacher goes
 /// on: it neither exits nor stops attaching.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
