@@ -252,15 +252,32 @@ async fn deleting_pod_and_claim_cleans_up(version: KubeVersion) {
     assert!(!csi_mounts(&cluster).is_empty());
 
     delete_pod(&cluster, ns, "app").await;
-    let node_calls = driver_calls(&cluster, &node_plugin_pod(&cluster).await);
+    // The pod's object goes once its volume is unpublished; the kubelet unstages the volume
+    // after that, on a later pass of its volume manager.
+    let node_pod = node_plugin_pod(&cluster).await;
+    let node_calls = wait(&cluster, "NodeUnstageVolume", || {
+        let calls = driver_calls(&cluster, &node_pod);
+        async move {
+            Ok::<_, plugreg_cluster::Error>(
+                calls
+                    .iter()
+                    .any(|m| m == "NodeUnstageVolume")
+                    .then_some(calls),
+            )
+        }
+    })
+    .await;
     let unpublish = node_calls.iter().position(|m| m == "NodeUnpublishVolume");
     let unstage = node_calls.iter().position(|m| m == "NodeUnstageVolume");
     assert!(
         matches!((unpublish, unstage), (Some(p), Some(s)) if p < s),
         "NodeUnpublishVolume then NodeUnstageVolume: {node_calls:?}"
     );
-    let left = csi_mounts(&cluster);
-    assert!(left.is_empty(), "CSI mounts left on the node: {left:?}");
+    wait(&cluster, "no CSI mount left on the node", || {
+        let left = csi_mounts(&cluster);
+        async move { Ok::<_, plugreg_cluster::Error>(left.is_empty().then_some(())) }
+    })
+    .await;
     // Unmounted, the volume is detached: csi-attacher unpublishes it and releases the
     // VolumeAttachment KCM deletes.
     let attachments: Api<VolumeAttachment> = Api::all(cluster.client());
