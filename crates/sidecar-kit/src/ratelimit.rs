@@ -148,7 +148,7 @@ pub fn own_client_on(transport: &Transport, qps: f64, burst: u32) -> Result<kube
 /// [`RateLimiter`] itself ([`RateLimiter::acquire`]) so that it can choose or change a
 /// request's priority while it waits.
 pub fn unlimited_client(config: kube::Config) -> Result<kube::Client, Error> {
-    Ok(client_builder(config)?.build())
+    unlimited_client_on(&Transport::new(config)?)
 }
 
 /// [`unlimited_client`] on `transport`'s connection.
@@ -156,14 +156,8 @@ pub fn unlimited_client_on(transport: &Transport) -> Result<kube::Client, Error>
     Ok(transport.builder()?.build())
 }
 
-/// The service of [`client_builder`]'s clients: kube's (`ClientBuilder::try_from(Config)`).
+/// The service of [`Transport::builder`]'s clients: kube's (`ClientBuilder::try_from(Config)`).
 pub type KubeService = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
-
-/// kube's client stack for `config` on a [`Transport`] of its own (see the module
-/// documentation).
-pub fn client_builder(config: kube::Config) -> Result<ClientBuilder<KubeService>, kube::Error> {
-    Transport::new(config)?.builder()
-}
 
 /// The HTTP client under a [`Transport`]'s Kubernetes clients.
 type HttpClient = LegacyClient<TimeoutConnector<hyper_rustls::HttpsConnector<HttpConnector>>, Body>;
@@ -232,11 +226,6 @@ impl Transport {
             config,
             http: Some(client),
         })
-    }
-
-    /// The configuration the pool was built from.
-    pub fn config(&self) -> &kube::Config {
-        &self.config
     }
 
     /// kube's client stack for the config on this pool (see the module documentation): its

@@ -506,8 +506,8 @@ async fn set_status_phase<K: kube::Resource<DynamicType = ()>>(
 }
 
 /// How many established TCP connections process `pid` holds to a remote `port` (of any
-/// address; tests run on loopback only): its socket descriptors (`/proc/<pid>/fd`) matched by inode with the kernel's table of its
-/// network namespace (`/proc/<pid>/net/tcp` and `tcp6`).
+/// address; tests run on loopback only): its socket descriptors (`/proc/<pid>/fd`) matched by
+/// inode with the kernel's table of its network namespace (`/proc/<pid>/net/tcp` and `tcp6`).
 pub fn connections_to(pid: u32, port: u16) -> usize {
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return 0;
