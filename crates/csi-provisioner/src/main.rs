@@ -27,7 +27,7 @@ use plugreg_sidecar_kit::driver::{CapabilityReads, Identify, IdentifyError, iden
 use plugreg_sidecar_kit::leader::LeaderHealth;
 use plugreg_sidecar_kit::lifecycle::{self, LeaderLostLine, Lifecycle, OnSignal, Stop};
 use plugreg_sidecar_kit::migration;
-use plugreg_sidecar_kit::ratelimit::kube_config;
+use plugreg_sidecar_kit::ratelimit::{self, kube_config};
 use plugreg_sidecar_kit::service::Kube;
 use tokio_util::sync::CancellationToken;
 
@@ -220,17 +220,25 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
                 "CSI driver does not support PUBLISH_UNPUBLISH_VOLUME, not watching VolumeAttachments"
             );
         }
-        // Step 17: capacity tracking's client, owner, manager and API version.
-        let capacity = if options.enable_capacity {
-            match start::capacity(&options, &kube_config, &name, local.as_ref()).await {
-                Ok(c) => Some(c),
+        // Step 17: capacity tracking's client, owner, manager and API version, on the
+        // connection the work will share (built here, handed to the service below).
+        let (capacity, transport) = if options.enable_capacity {
+            let transport = match ratelimit::Transport::new(kube_config.clone()) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!(target: LOG, "Failed to create client: {e}");
+                    return Err(FATAL_EXIT);
+                }
+            };
+            match start::capacity(&options, &transport, &name, local.as_ref()).await {
+                Ok(c) => (Some(c), Some(transport)),
                 Err(e) => {
                     tracing::error!(target: LOG, "{e}");
                     return Err(FATAL_EXIT);
                 }
             }
         } else {
-            None
+            (None, None)
         };
         // Step 18.
         let health = LeaderHealth::new();
@@ -249,15 +257,15 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
             driver: Arc::new(driver),
             capabilities,
         };
-        Ok((started, metrics, health, http))
+        Ok((started, metrics, health, http, transport))
     };
-    let (started, metrics, health, http) = match life.start(startup).await {
+    let (started, metrics, health, http, transport) = match life.start(startup).await {
         Ok(s) => s,
         Err(code) => return code,
     };
 
     // Steps 19-20: the controller, directly or under the Lease.
-    let kube = Kube::from_flags(
+    let mut kube = Kube::from_flags(
         &options.controller,
         kube_config,
         &flags::lock_name(&started.name),
@@ -265,6 +273,7 @@ async fn run(options: Options, gates: FeatureGates, node_name: Option<String>) -
         health,
         metrics,
     );
+    kube.transport = transport;
     let service = start::service(&options, &gates, volume_attributes_class, kube, started);
     // Workers finish their current call on a signal; the Lease is released when the gate asks.
     // A failed run is upstream's klog.Fatal.

@@ -134,6 +134,13 @@ async fn capacity_objects_follow_segments_classes_and_the_driver() {
         l.iter().all(|o| o.capacity.is_some())
     })
     .await;
+    // Capacity tracking's requests and watches share the provisioner's HTTP/2 connection (no
+    // leader election here: it would add one of its own).
+    let port = env.cluster.api.port();
+    poll("one connection to the API server", || async {
+        (p.connections_to(port) == 1).then_some(())
+    })
+    .await;
     let o = find(&list, &fast, &zone_a);
     assert!(
         o.metadata.name.as_ref().unwrap().starts_with("csisc-"),

@@ -308,7 +308,7 @@ async fn run(parts: Vec<Part>) -> i32 {
             let client = found.client.with_timeout(part.timeout());
             let made = match part {
                 Part::Provisioner(o, g) => {
-                    provisioner_ready(o, g, vac, client, &found, &kube_config, kube)
+                    provisioner_ready(o, g, vac, client, &found, &transport, kube)
                         .await
                         .map_err(NotRun::Fatal)
                 }
@@ -473,7 +473,7 @@ async fn provisioner_ready(
     vac: Option<bool>,
     client: plugreg_sidecar_kit::csi::Client,
     found: &plugreg_sidecar_kit::driver::Identified<()>,
-    kube_config: &kube::Config,
+    transport: &ratelimit::Transport,
     kube: impl Fn(&ControllerFlags, String) -> Kube,
 ) -> Result<Ready, String> {
     use provisioner::start;
@@ -486,7 +486,7 @@ async fn provisioner_ready(
     let node = local.as_ref().map(|l| l.node.as_str());
     let identity = start::identity(&found.name, node);
     let capacity = if o.enable_capacity {
-        Some(start::capacity(o, kube_config, &found.name, local.as_ref()).await?)
+        Some(start::capacity(o, transport, &found.name, local.as_ref()).await?)
     } else {
         None
     };

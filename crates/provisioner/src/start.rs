@@ -76,15 +76,16 @@ pub fn identity(driver: &str, node: Option<&str>) -> String {
 /// Capacity tracking's start, step 17 (`docs/upstream/upstream-capacity-and-node-deployment.md` §A.2): the capacity client
 /// at `--kube-api-capacity-qps/-burst`, `NAMESPACE`, the owner from `POD_NAME` and
 /// `--capacity-ownerref-level`, the manager id and the API version. Every replica does this;
-/// only the leader runs the controller.
+/// only the leader runs the controller. The client has a bucket of its own on `transport`, the
+/// connection the provisioner's work shares.
 pub async fn capacity(
     options: &Options,
-    kube_config: &kube::Config,
+    transport: &plugreg_sidecar_kit::ratelimit::Transport,
     driver: &str,
     local: Option<&node::Local>,
 ) -> Result<(capacity::Config, kube::Client), String> {
-    let client = plugreg_sidecar_kit::ratelimit::own_client(
-        kube_config.clone(),
+    let client = plugreg_sidecar_kit::ratelimit::own_client_on(
+        transport,
         f64::from(options.kube_api_capacity_qps),
         u32::try_from(options.kube_api_capacity_burst.max(0)).unwrap_or(u32::MAX),
     )

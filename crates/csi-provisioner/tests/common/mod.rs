@@ -510,6 +510,11 @@ impl Provisioner {
         .await
     }
 
+    /// How many established TCP connections the process holds to `port`.
+    pub fn connections_to(&self, port: u16) -> usize {
+        plugreg_testpeers::sidecar::connections_to(self.child.id(), port)
+    }
+
     /// Waits until the HTTP endpoint at `addr` accepts connections.
     pub async fn wait_http(&self, addr: std::net::SocketAddr) {
         poll(&format!("HTTP endpoint {addr}"), || async {
