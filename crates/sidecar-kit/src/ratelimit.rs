@@ -204,13 +204,24 @@ impl Transport {
     /// on its sockets. A config with a proxy gets kube's own builder for each client (kube's
     /// proxy connectors), whose sockets keep Nagle's algorithm on.
     pub fn new(config: kube::Config) -> Result<Self, kube::Error> {
+        Self::with_protocols(config, true)
+    }
+
+    /// [`Transport::new`] offering HTTP/1.1 only: one connection per request in flight. For
+    /// measuring what HTTP/2 costs one request (the kit's `hop` benchmark); sidecars use
+    /// [`Transport::new`].
+    pub fn new_http1(config: kube::Config) -> Result<Self, kube::Error> {
+        Self::with_protocols(config, false)
+    }
+
+    fn with_protocols(config: kube::Config, http2: bool) -> Result<Self, kube::Error> {
         if config.proxy_url.is_some() {
             return Ok(Self { config, http: None });
         }
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
-        let mut connector = TimeoutConnector::new(https_connector(&config, http)?);
+        let mut connector = TimeoutConnector::new(https_connector(&config, http, http2)?);
         connector.set_connect_timeout(config.connect_timeout);
         connector.set_read_timeout(config.read_timeout);
         connector.set_write_timeout(config.write_timeout);
@@ -265,10 +276,11 @@ const TLS_SESSIONS: usize = 4;
 /// kube's HTTPS connector for `config` over `http`, built as
 /// `ConfigExt::rustls_https_connector_with_connector` builds it (kube's TLS config, the
 /// config's server name), with a session cache of [`TLS_SESSIONS`], offering HTTP/2 beside
-/// HTTP/1.1 by ALPN (kube's offers HTTP/1.1 only).
+/// HTTP/1.1 by ALPN when `http2` (kube's offers HTTP/1.1 only).
 fn https_connector(
     config: &kube::Config,
     http: HttpConnector,
+    http2: bool,
 ) -> Result<hyper_rustls::HttpsConnector<HttpConnector>, kube::Error> {
     use kube::client::ConfigExt as _;
     let mut tls = config.rustls_client_config()?;
@@ -283,7 +295,12 @@ fn https_connector(
         builder =
             builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    Ok(builder.enable_http1().enable_http2().wrap_connector(http))
+    let builder = builder.enable_http1();
+    Ok(if http2 {
+        builder.enable_http2().wrap_connector(http)
+    } else {
+        builder.wrap_connector(http)
+    })
 }
 
 /// The REST config from `--master`, `--kubeconfig` (or `KUBECONFIG`) or the in-cluster
@@ -723,12 +740,12 @@ mod tests {
     #[test]
     fn the_https_connector_takes_the_configs_server_name() {
         let mut config = kube::Config::new("https://127.0.0.1:6443".parse().expect("uri"));
-        assert!(https_connector(&config, HttpConnector::new()).is_ok());
+        assert!(https_connector(&config, HttpConnector::new(), true).is_ok());
         config.tls_server_name = Some("kubernetes.default.svc".into());
-        assert!(https_connector(&config, HttpConnector::new()).is_ok());
+        assert!(https_connector(&config, HttpConnector::new(), true).is_ok());
         config.tls_server_name = Some("not a name".into());
         assert!(matches!(
-            https_connector(&config, HttpConnector::new()),
+            https_connector(&config, HttpConnector::new(), true),
             Err(kube::Error::RustlsTls(_))
         ));
     }
