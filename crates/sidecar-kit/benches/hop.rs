@@ -474,7 +474,7 @@ fn main() {
         diff(Client::CurlH2, Client::CurlH1, "patch"),
     );
     let block = format!(
-        "### One API round trip on each protocol ({}, commit {}; `cargo bench -p plugreg-sidecar-kit --bench hop`)\n\n\
+        "{START}\n#### One API round trip on each protocol ({}, commit {}; `cargo bench -p plugreg-sidecar-kit --bench hop`)\n\n\
          kube-apiserver v1.36.2 (audit log, blocking), one ConfigMap read and patched in turn, one request at a \
          time, {} GET + PATCH pairs per client in {ROUNDS} rounds taken in turn, {} spinning thread(s) beside; load at \
          start {load_at_start}; {:.0} s in all. Times in µs.\n\n\
@@ -483,7 +483,7 @@ fn main() {
          A PATCH and its own watch event on the same client (a sidecar's write coming back), the watch opened on \
          the client's transport as a sidecar's cache opens it (on HTTP/2 the same connection): from sending the \
          PATCH to the event's arrival, µs.\n\n\
-         | client | events | PATCH sent -> its event p50 / p90 |\n|---|---|---|\n{watch_rows}",
+         | client | events | PATCH sent -> its event p50 / p90 |\n|---|---|---|\n{watch_rows}{END}\n",
         date(),
         commit(),
         per_round * ROUNDS,
