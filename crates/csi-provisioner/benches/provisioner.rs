@@ -3,6 +3,8 @@
 //! ```sh
 //! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --out BENCHMARKS.md
 //! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --quick   # 100 claims, no 10k run
+//! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --raised-only
+//!     # 100 claims at the raised limit only, never written (runs in turn against another build)
 //! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --big-only [--out BENCHMARKS.md]
 //!     # only the 10k run (its own block of BENCHMARKS.md)
 //! cargo bench -p plugreg-csi-provisioner --bench provisioner -- --big-only --with-sidecars [--out BENCHMARKS.md]
@@ -53,6 +55,9 @@ struct Args {
     raised_qps: String,
     /// Whether the big run is repeated with `csi-sidecars --controllers=provisioner`.
     with_sidecars: bool,
+    /// Only the small run at the raised limit (`--raised-only`: for runs in turn against
+    /// another build; never written).
+    raised_only: bool,
 }
 
 fn args() -> Args {
@@ -62,6 +67,7 @@ fn args() -> Args {
         big: Some(10_000),
         raised_qps: "1000".into(),
         with_sidecars: false,
+        raised_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -77,8 +83,16 @@ fn args() -> Args {
                 a.claims = 100;
                 a.big = None;
             }
+            "--raised-only" => {
+                a.claims = 100;
+                a.big = None;
+                a.raised_only = true;
+            }
             _ => {} // cargo bench passes --bench
         }
+    }
+    if a.raised_only {
+        a.out = None;
     }
     a
 }
@@ -530,7 +544,9 @@ async fn main() {
     let mut small = Vec::new();
     if a.claims > 0 {
         let p = Binary::Provisioner;
-        small.push(run("`--kube-api-qps 5` (default)", p, a.claims, &[], true).await);
+        if !a.raised_only {
+            small.push(run("`--kube-api-qps 5` (default)", p, a.claims, &[], true).await);
+        }
         small.push(
             run(
                 &format!("`--kube-api-qps {}`", a.raised_qps),
@@ -567,7 +583,17 @@ async fn main() {
     if !big_runs.is_empty() {
         blocks.push((BIG_START, BIG_END, big_block(&big_runs)));
     }
-    if !small.is_empty() {
+    if a.raised_only {
+        for r in &small {
+            println!(
+                "raised-only: all PVs created {:.2} s, all Bound {:.2} s, peak RSS {:.1} MiB, Lease lost {}",
+                r.pvs_done.as_secs_f64(),
+                r.makespan.as_secs_f64(),
+                r.hwm_kib as f64 / 1024.0,
+                r.lease_lost
+            );
+        }
+    } else if !small.is_empty() {
         blocks.push((START, END, small_block(&small)));
     }
     for (_, _, t) in &blocks {
