@@ -3,7 +3,8 @@
 //! requests made at once (issue 29: kube's HTTP/1.1 took one connection per request in
 //! flight), a client of its own has its own; and every socket they open to the API server has
 //! TCP_NODELAY, as every Go program's connections have (issue 33: with Nagle's algorithm on, a
-//! request waited 40 ms for the API server's delayed ACK). One test in its own binary, so that
+//! request waited 40 ms for the API server's delayed ACK); a transport on HTTP/1.1 only takes a
+//! connection per request in flight. One test in its own binary, so that
 //! the sockets this process opens meanwhile are the clients'.
 
 use std::collections::BTreeMap;
@@ -89,10 +90,22 @@ async fn one_http2_connection_per_transport_with_tcp_nodelay() {
     );
 
     // A client of its own (the leader election's) has a connection of its own.
-    let own: Api<Namespace> = Api::all(ratelimit::own_client(config, -1.0, 10).unwrap());
+    let own: Api<Namespace> = Api::all(ratelimit::own_client(config.clone(), -1.0, 10).unwrap());
     assert!(own.get("default").await.is_ok());
+    assert_eq!(opened_since(&before, api.port()).len(), 2);
+
+    // HTTP/1.1 only (the hop benchmark's side to compare with): one connection per request
+    // in flight, as kube's own client has.
+    let http1 = ratelimit::Transport::new_http1(config).unwrap();
+    let http1: Api<Namespace> = Api::all(ratelimit::unlimited_client_on(&http1).unwrap());
+    let (a, b, c) = tokio::join!(
+        http1.get("default"),
+        http1.get("kube-system"),
+        http1.get("kube-public")
+    );
+    assert!(a.is_ok() && b.is_ok() && c.is_ok());
     let ours = opened_since(&before, api.port());
-    assert_eq!(ours.len(), 2, "connections: {ours:?}");
+    assert_eq!(ours.len(), 5, "connections: {ours:?}");
     for fd in ours {
         // The clients keep their idle connections open.
         let socket = copy_of(fd).expect("the client's connection is open");
