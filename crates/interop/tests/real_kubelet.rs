@@ -498,6 +498,32 @@ async fn each_of(kubelet: &mut RealPluginManager, call: HandlerCall, names: &[St
     }
 }
 
+/// Waits, for each name in `names`, for a DeRegisterPlugin and then a RegisterPlugin (its
+/// socket removed and bound again). Both kinds are read together: a registrar binds again
+/// within 50 ms, so the first plugins are registered again while the kubelet still
+/// deregisters the last ones, and waiting for every deregistration first would skip those
+/// registrations.
+async fn each_deregistered_then_registered(kubelet: &mut RealPluginManager, names: &[String]) {
+    let mut deregistered = std::collections::BTreeSet::new();
+    let mut missing: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    while !missing.is_empty() {
+        let (call, e) = kubelet
+            .next_of(&[HandlerCall::Deregister, HandlerCall::Register], WAIT)
+            .await
+            .unwrap_or_else(|err| panic!("re-registration of {missing:?}: {err}"));
+        match call {
+            HandlerCall::Deregister => {
+                deregistered.insert(e.name);
+            }
+            _ => {
+                if deregistered.contains(&e.name) {
+                    missing.remove(e.name.as_str());
+                }
+            }
+        }
+    }
+}
+
 for_each_kube_version! {
     /// The kubelet stats every file created in its registry directory before it ignores
     /// dot-names: a socket bound under a hidden name and renamed into place before the kubelet
@@ -537,8 +563,7 @@ for_each_kube_version! {
         for i in 0..PLUGINS {
             std::fs::remove_file(dir.join(format!("quiet{i}.sock"))).unwrap();
         }
-        each_of(&mut kubelet, HandlerCall::Deregister, &names).await;
-        each_of(&mut kubelet, HandlerCall::Register, &names).await;
+        each_deregistered_then_registered(&mut kubelet, &names).await;
 
         token.cancel();
         for t in tasks {

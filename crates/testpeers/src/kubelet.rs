@@ -291,6 +291,39 @@ impl RealPluginManager {
         })
     }
 
+    /// Waits at most `timeout` for the next of the handler calls `calls`, for any plugin, and
+    /// says which it was: for calls of different kinds that race (a plugin registered again
+    /// before the others are deregistered), which waiting for one kind at a time would skip.
+    pub async fn next_of(
+        &mut self,
+        calls: &[HandlerCall],
+        timeout: Duration,
+    ) -> Result<(HandlerCall, HandlerEvent), Error> {
+        let version = self.version;
+        let v = self
+            .process
+            .next_matching(
+                |v| {
+                    let e = v.get("event").and_then(serde_json::Value::as_str);
+                    calls.iter().any(|c| Some(c.event(version)) == e)
+                },
+                timeout,
+            )
+            .await?;
+        let e = v.get("event").and_then(serde_json::Value::as_str);
+        let call = calls
+            .iter()
+            .copied()
+            .find(|c| Some(c.event(version)) == e)
+            .unwrap_or(calls[0]);
+        parse_handler_event(version, call, v)
+            .map(|ev| (call, ev))
+            .map_err(|reason| Error::BadLine {
+                peer: self.process.label().to_owned(),
+                reason,
+            })
+    }
+
     /// The error text the harness's handler returns for a name in
     /// [`PluginManagerOptions::fail_validate`].
     pub fn validate_error(&self, name: &str) -> String {
