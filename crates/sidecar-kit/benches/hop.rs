@@ -114,6 +114,13 @@ fn patch_body(i: usize) -> serde_json::Value {
     json!({"data": {"i": i.to_string()}})
 }
 
+/// The ConfigMap's key `i` set to `i` (a merge PATCH).
+async fn patch(api: &Api<ConfigMap>, i: usize) {
+    api.patch(NAME, &PatchParams::default(), &Patch::Merge(patch_body(i)))
+        .await
+        .expect("PATCH");
+}
+
 async fn kit_round(api: &Api<ConfigMap>, pairs: usize, seen: &mut Seen, counter: &mut usize) {
     for _ in 0..pairs {
         let t = Instant::now();
@@ -121,13 +128,7 @@ async fn kit_round(api: &Api<ConfigMap>, pairs: usize, seen: &mut Seen, counter:
         seen.push(("get", t.elapsed().as_secs_f64() * 1e6));
         *counter += 1;
         let t = Instant::now();
-        api.patch(
-            NAME,
-            &PatchParams::default(),
-            &Patch::Merge(patch_body(*counter)),
-        )
-        .await
-        .expect("PATCH");
+        patch(api, *counter).await;
         seen.push(("patch", t.elapsed().as_secs_f64() * 1e6));
     }
 }
@@ -164,13 +165,7 @@ async fn watch_round(api: &Api<ConfigMap>, pairs: usize, seen: &mut Vec<f64>, co
     for _ in 0..pairs {
         *counter += 1;
         let t = Instant::now();
-        api.patch(
-            NAME,
-            &PatchParams::default(),
-            &Patch::Merge(patch_body(*counter)),
-        )
-        .await
-        .expect("PATCH");
+        patch(api, *counter).await;
         loop {
             let (i, at) = rx.recv().await.expect("watch event");
             if i == *counter {
