@@ -227,21 +227,12 @@ fn curl_round(server: &ApiServer, client: Client, pairs: usize, counter: &mut us
         .collect()
 }
 
-/// Seconds since the epoch's day count of an RFC 3339 UTC timestamp with a fraction
-/// (`2026-11-30T18:40:01.123456Z`), enough to subtract two of one run.
-fn seconds(ts: &str) -> f64 {
-    let (date, time) = ts.split_once('T').expect("timestamp");
-    let day: f64 = date
-        .rsplit('-')
-        .next()
-        .and_then(|d| d.parse().ok())
-        .unwrap_or(0.0);
-    let time = time.trim_end_matches('Z');
-    let mut parts = time.split(':');
-    let h: f64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let m: f64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let s: f64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    day * 86_400.0 + h * 3600.0 + m * 60.0 + s
+/// Microseconds since the epoch of an audit timestamp (RFC 3339), parsed as the cluster
+/// trace parses the same fields (`crates/cluster/src/trace.rs`).
+fn micros(ts: &str) -> i64 {
+    ts.parse::<k8s_openapi::jiff::Timestamp>()
+        .expect("an RFC 3339 audit timestamp")
+        .as_microsecond()
 }
 
 /// The API server's time for each request of each of our clients, in order (µs), with its verb.
@@ -264,7 +255,7 @@ fn server_times(audit: &std::path::Path) -> BTreeMap<String, Vec<(String, f64)>>
         };
         by_agent.entry(agent.to_owned()).or_default().push((
             ev["verb"].as_str().unwrap_or_default().to_owned(),
-            (seconds(done) - seconds(received)) * 1e6,
+            (micros(done) - micros(received)) as f64,
         ));
     }
     by_agent
@@ -316,6 +307,7 @@ fn main() {
         })
         .collect();
 
+    let per_round = a.n / ROUNDS;
     let mut seen: BTreeMap<Client, Seen> = BTreeMap::new();
     let mut events: BTreeMap<Client, Vec<f64>> = BTreeMap::new();
     runtime.block_on(async {
@@ -361,7 +353,6 @@ fn main() {
         let mut warm = Vec::new();
         kit_round(&h2, WARM, &mut warm, &mut counter).await;
         kit_round(&h1, WARM, &mut warm, &mut counter).await;
-        let per_round = a.n / ROUNDS;
         for _ in 0..ROUNDS {
             for (client, api) in [(Client::KitH2, &w2), (Client::KitH1, &w1)] {
                 watch_round(
@@ -395,12 +386,11 @@ fn main() {
     }
 
     // The audit log is written before each answer (blocking mode): it is complete.
-    let servers = server_times(&audit);
-    let per_round = a.n / ROUNDS;
+    let mut servers = server_times(&audit);
     let mut rows = String::new();
     let mut outside_p50: BTreeMap<(Client, &str), f64> = BTreeMap::new();
     for client in Client::ALL {
-        let mut server_seq = servers.get(client.agent()).cloned().unwrap_or_default();
+        let mut server_seq = servers.remove(client.agent()).unwrap_or_default();
         // Drop the warm-ups from the API server's list as from the client's.
         match client {
             Client::KitH2 | Client::KitH1 => {
@@ -408,7 +398,7 @@ fn main() {
             }
             Client::CurlH2 | Client::CurlH1 => {}
         }
-        let mut client_seq = seen.remove(&client).unwrap_or_default();
+        let client_seq = seen.remove(&client).unwrap_or_default();
         assert_eq!(
             client_seq.len(),
             server_seq.len(),
@@ -448,7 +438,6 @@ fn main() {
                 out50,
             ));
         }
-        client_seq.clear();
     }
     let mut watch_rows = String::new();
     for (client, mut v) in events {
