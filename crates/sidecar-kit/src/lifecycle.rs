@@ -10,6 +10,8 @@
 //! hands to [`Lifecycle::start`]. The lines logged here (`Shutting down`, `Stopped leading`,
 //! the connection loss) are the same in every sidecar.
 
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use plugreg_runtime::signal::{Received, Signals};
@@ -24,13 +26,63 @@ use crate::service::ServiceError;
 /// heap, not the highest peak of work so far (a crowd of objects, the first LIST of a cache).
 const TRIM_PERIOD: Duration = Duration::from_secs(10);
 
+/// The exit code of a process that panicked while its runtime ran: 2, a Go program's on an
+/// unrecovered panic.
+pub const PANIC_EXIT: i32 = 2;
+
+/// Whether a panic now ends the process: while [`block_on`]'s future runs.
+static FAIL_FAST: AtomicBool = AtomicBool::new(false);
+
+/// Armed while a sidecar's runtime runs its future: a panic on any thread ends the process.
+struct FailFast;
+
+impl FailFast {
+    /// Installs the panic hook (once: it stays for the process's life and only acts while
+    /// armed) and arms it.
+    ///
+    /// Tokio catches a panicking task and goes on without it. In a controller that is a worker
+    /// gone and its key left in the queue's processing set, never synced again: an operation
+    /// lost until the process restarts. client-go's controllers crash the process instead (an
+    /// unrecovered panic in any goroutine ends a Go program, exit 2), so Kubernetes restarts
+    /// the container and the new process lists everything afresh. The hook does the same
+    /// after the default hook has printed the panic. A panic after the future has returned
+    /// (the runtime's teardown) is left to the default hook alone: the exit code is then the
+    /// run's own.
+    fn arm() -> Self {
+        static HOOK: Once = Once::new();
+        HOOK.call_once(|| {
+            let default = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                default(info);
+                if FAIL_FAST.load(Ordering::SeqCst) {
+                    // A crash, not a shutdown: the state the panic left is not to be drained
+                    // (no drain, no Lease release: it expires, as a crashed Go sidecar's). A
+                    // controller sidecar owns no socket file that would stay behind.
+                    #[allow(clippy::disallowed_methods)]
+                    std::process::exit(PANIC_EXIT);
+                }
+            }));
+        });
+        FAIL_FAST.store(true, Ordering::SeqCst);
+        Self
+    }
+}
+
+impl Drop for FailFast {
+    fn drop(&mut self) {
+        FAIL_FAST.store(false, Ordering::SeqCst);
+    }
+}
+
 /// Runs `future` on a one-thread runtime and returns its output. One thread: a controller
 /// sidecar's work waits on the API server's token bucket and the driver, never on the CPU,
-/// and one thread keeps one malloc arena (several grow apart after a crowd).
+/// and one thread keeps one malloc arena (several grow apart after a crowd). A panic while
+/// it runs, on any thread, ends the process with [`PANIC_EXIT`], as it would a Go sidecar.
 pub fn block_on<F: Future>(future: F) -> std::io::Result<F::Output> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let _armed = FailFast::arm();
     Ok(runtime.block_on(future))
 }
 
@@ -41,6 +93,7 @@ pub fn block_on_multi_thread<F: Future>(future: F) -> std::io::Result<F::Output>
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let _armed = FailFast::arm();
     Ok(runtime.block_on(future))
 }
 
