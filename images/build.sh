@@ -13,7 +13,8 @@
 #                   (scripts/cross.sh), whose glibc comes from Debian's cross sysroot; each
 #                   binary's ELF machine must be the platform's. images/index.sh joins one
 #                   archive per platform into one multi-platform image (scripts/release.sh).
-#   --bin-dir DIR   where the binaries are (default: target/release)
+#   --bin-dir DIR   where the binaries are (default: each image's profile directory,
+#                   target/<profile>: target/release, target/sidecar)
 #   --out DIR       where the archives go (default: target/images)
 #   --conf FILE     the list of images (default: images/images.conf, the shipped images;
 #                   images/test-images.conf lists the images only the tests use)
@@ -33,7 +34,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
 die() { echo "images/build.sh: $*" >&2; exit 1; }
 
-bin_dir=$repo/target/release
+bin_dir=
 out=$repo/target/images
 conf=$here/images.conf
 platform=linux/amd64
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --conf) conf=$2; shift 2 ;;
     --platform) platform=$2; shift 2 ;;
-    -h | --help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $1" ;;
     *) wanted+=("$1"); shift ;;
     esac
@@ -78,12 +79,13 @@ export SOURCE_DATE_EPOCH
 created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
 source_url=$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository *= *"\(.*\)"/\1/p' "$repo/Cargo.toml" | head -n1)
 
-# images.conf: "image package user description...", '#' comments.
-declare -A user_of desc_of
+# images.conf: "image package profile user description...", '#' comments.
+declare -A profile_of user_of desc_of
 images=()
-while read -r image _package user description; do
+while read -r image _package profile user description; do
     case $image in '' | '#'*) continue ;; esac
     images+=("$image")
+    profile_of[$image]=$profile
     user_of[$image]=$user
     desc_of[$image]=$description
 done <"$conf"
@@ -96,8 +98,8 @@ trap 'rm -rf "$work"' EXIT
 
 for image in "${wanted[@]}"; do
     [ -n "${user_of[$image]+set}" ] || die "unknown image $image (not in $conf)"
-    bin=$bin_dir/$image
-    [ -x "$bin" ] || die "missing binary $bin (build it first: scripts/release.sh builds all)"
+    bin=${bin_dir:-$repo/target/${profile_of[$image]}}/$image
+    [ -x "$bin" ] || die "missing binary $bin (build it first: cargo build --profile ${profile_of[$image]}; scripts/release.sh builds all)"
     got=$(readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
     [ "$got" = "$machine" ] || die "$bin is built for $got, not for $platform ($machine)"
 

@@ -16,9 +16,10 @@
 # --version (PLUGREG_VERSION at build time).
 #
 # Every platform, linux/amd64 included, is built by scripts/cross.sh build into
-# target/cross/<triple>/release: linux/amd64 with the workspace's toolchain, the others with
-# Debian's rustc-web and cross gcc (`scripts/cross.sh setup`, as root). cross.sh writes cargo
-# home's paths as /cargo, so the bytes do not depend on where the checkout or cargo's home are.
+# target/cross/<triple>/<profile> (each image's profile in images/images.conf): linux/amd64
+# with the workspace's toolchain, the others with Debian's rustc-web and cross gcc
+# (`scripts/cross.sh setup`, as root). cross.sh writes cargo home's paths as /cargo, so the
+# bytes do not depend on where the checkout or cargo's home are.
 # They do depend on the tools: DIR/BUILDINFO names every one (compilers, Debian packages,
 # umoci, tar), for a rebuild that should match. Needs umoci (images/setup.sh installs it) and
 # python3.
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     --out) out=$2; shift 2 ;;
     --platforms) platforms=$2; shift 2 ;;
-    -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/release.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -43,13 +44,15 @@ workspace_version() {
 export VERSION=${VERSION:-v$(workspace_version)}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 0)}
 
-# Every image's binary, in one cargo invocation per platform.
+# Every image's binary, in one cargo invocation per platform and profile (images.conf's
+# third column: `sidecar` for the controller sidecars, `release` for the others).
 images=()
-cargo_args=()
-while read -r image package _rest; do
+declare -A profile_of cargo_args
+while read -r image package profile _rest; do
     case $image in '' | '#'*) continue ;; esac
     images+=("$image")
-    cargo_args+=(-p "$package" --bin "$image")
+    profile_of[$image]=$profile
+    cargo_args[$profile]+=" -p $package --bin $image"
 done <"$repo/images/images.conf"
 
 if [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
@@ -66,12 +69,14 @@ for platform in "${platforms[@]}"; do
     dir=${platform//\//-}
     triple=$("$repo/scripts/cross.sh" platforms | awk -v p="$platform" '$1 == p { print $2 }')
     [ -n "$triple" ] || { echo "scripts/release.sh: unknown platform $platform" >&2; exit 2; }
-    echo "== $platform: scripts/cross.sh build (PLUGREG_VERSION=$VERSION)"
-    PLUGREG_VERSION=$VERSION "$repo/scripts/cross.sh" build "$platform" "${cargo_args[@]}"
-    bin_dir=$repo/target/cross/$triple/release
+    for profile in "${!cargo_args[@]}"; do
+        echo "== $platform: scripts/cross.sh build --profile $profile (PLUGREG_VERSION=$VERSION)"
+        # shellcheck disable=SC2086 # the packages and binaries, one word each
+        PLUGREG_VERSION=$VERSION "$repo/scripts/cross.sh" build "$platform" --profile "$profile" ${cargo_args[$profile]}
+    done
     mkdir -p "$out/$dir"
     for image in "${images[@]}"; do
-        install -m 0755 "$bin_dir/$image" "$out/$dir/$image"
+        install -m 0755 "$repo/target/cross/$triple/${profile_of[$image]}/$image" "$out/$dir/$image"
         touch -d "@$SOURCE_DATE_EPOCH" "$out/$dir/$image"
         files+=("$dir/$image")
     done

@@ -10,7 +10,7 @@
 //! PV controller binds; `--kube-api-qps 1000 --kube-api-burst 1000`, so that it is not what is
 //! measured), the snapshot CRDs and the real Go snapshot-controller v8.6.0 (likewise), and the
 //! test CSI driver in-process (answers at once; create, publish, expand, snapshots). Then either
-//! the release `csi-provisioner`, `csi-attacher`, `csi-resizer` and `csi-snapshotter` as four
+//! `csi-provisioner`, `csi-attacher`, `csi-resizer` and `csi-snapshotter` as four
 //! processes, or `csi-sidecars --controllers=provisioner,attacher,resizer,snapshotter` as one;
 //! every controller at its upstream defaults (`--kube-api-qps 5 --kube-api-burst 10`, its
 //! worker counts) with `--leader-election`.
@@ -23,9 +23,10 @@
 //! side; the peak RSS (VmHWM) of `csi-sidecars` against the four processes' (the sum of their
 //! VmHWM, and the highest sum sampled every 100 ms); the watches the API server holds open for
 //! the sidecars (`apiserver_longrunning_requests`, WATCH, with the peers' subtracted) by
-//! resource; the sidecars' API requests by verb. The binaries of the separate sidecars are the
-//! ones next to this bench's (`target/release`), built from this checkout first; `PLUGREG_<NAME>_BIN`
-//! (`PLUGREG_PROVISIONER_BIN`, ...) picks others.
+//! resource; the sidecars' API requests by verb. All five binaries are the images' builds: the
+//! `sidecar` profile (release with panics that abort, `images/images.conf`), built from this
+//! checkout first into `target/sidecar`; `PLUGREG_<NAME>_BIN` (`PLUGREG_PROVISIONER_BIN`,
+//! `PLUGREG_SIDECARS_BIN`, ...) picks others.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -33,7 +34,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::Peers;
@@ -83,12 +84,35 @@ impl Side {
     }
 }
 
+/// The highest sum of a side's RSS sampled: anonymous and file-backed, and the phase.
+#[derive(Debug, Default, Clone, Copy)]
+struct Peak {
+    sum_kib: u64,
+    anon_kib: u64,
+    file_kib: u64,
+    /// An index of [`PHASES`].
+    phase: usize,
+}
+
+impl Peak {
+    /// "N MiB (A MiB anonymous, F MiB file-backed, in the P phase)".
+    fn describe(&self) -> String {
+        format!(
+            "{:.1} MiB ({:.1} MiB anonymous, {:.1} MiB file-backed, in the {} phase)",
+            mib(self.sum_kib),
+            mib(self.anon_kib),
+            mib(self.file_kib),
+            PHASES.get(self.phase).copied().unwrap_or("stopping"),
+        )
+    }
+}
+
 struct Run {
     makespans: Vec<Duration>,
     /// VmHWM of each process, KiB.
     hwm_kib: Vec<u64>,
-    /// The highest sum of the processes' RSS sampled, KiB.
-    peak_sum_kib: u64,
+    /// The highest sum of the processes' RSS sampled (and its split and phase).
+    peak: Peak,
     /// The sum of the processes' RSS once the caches are filled, KiB.
     idle_kib: u64,
     /// Watches the API server held open for the sidecars, by resource.
@@ -108,36 +132,72 @@ fn variable(name: &str) -> String {
     )
 }
 
-/// A sidecar binary: `PLUGREG_<NAME>_BIN`, or the one this checkout built.
-fn binary(name: &str) -> PathBuf {
-    if let Ok(p) = std::env::var(variable(name)) {
-        return PathBuf::from(p);
-    }
-    if name == "csi-sidecars" {
-        return PathBuf::from(env!("CARGO_BIN_EXE_csi-sidecars"));
-    }
-    common::binaries().join(name)
+/// The profile the images build the controller sidecars with (`images/images.conf`).
+const SHIPPED_PROFILE: &str = "sidecar";
+
+/// Where cargo puts the [`SHIPPED_PROFILE`]'s binaries: beside this bench's profile directory.
+fn shipped_dir() -> PathBuf {
+    let profile_dir = common::binaries();
+    profile_dir
+        .parent()
+        .expect("target/<profile>")
+        .join(SHIPPED_PROFILE)
 }
 
-/// Builds the separate sidecars' release binaries from this checkout (cargo's no-op when they
-/// are up to date), unless `PLUGREG_<NAME>_BIN` names every one.
-fn ensure_separate() {
-    let names = [
-        "csi-provisioner",
-        "csi-attacher",
-        "csi-resizer",
-        "csi-snapshotter",
-    ];
-    if names
+/// A sidecar binary: `PLUGREG_<NAME>_BIN`, or the images' build of this checkout.
+fn binary(name: &str) -> PathBuf {
+    match std::env::var(variable(name)) {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => shipped_dir().join(name),
+    }
+}
+
+/// Which binaries ran, for the report.
+fn binaries_note() -> String {
+    let named: Vec<String> = SIDECARS
+        .iter()
+        .filter(|n| std::env::var_os(variable(n)).is_some())
+        .map(|n| format!("`{}`", variable(n)))
+        .collect();
+    if named.is_empty() {
+        format!("all five binaries built with the `{SHIPPED_PROFILE}` profile, as the images")
+    } else {
+        format!(
+            "binaries named by {} (the others built with the `{SHIPPED_PROFILE}` profile)",
+            named.join(", ")
+        )
+    }
+}
+
+/// The five binaries this bench runs.
+const SIDECARS: [&str; 5] = [
+    "csi-provisioner",
+    "csi-attacher",
+    "csi-resizer",
+    "csi-snapshotter",
+    "csi-sidecars",
+];
+
+/// Builds the five binaries with the images' profile from this checkout (cargo's no-op when
+/// they are up to date), unless `PLUGREG_<NAME>_BIN` names every one.
+fn ensure_binaries() {
+    if SIDECARS
         .iter()
         .all(|n| std::env::var_os(variable(n)).is_some())
     {
         return;
     }
-    println!("building the separate sidecars (release)...");
-    let packages: Vec<String> = names.iter().map(|n| format!("plugreg-{n}")).collect();
-    let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
-    common::build(&packages);
+    println!("building the sidecars (profile {SHIPPED_PROFILE}, as the images)...");
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    cargo.args(["build", "--locked", "--bins", "--profile", SHIPPED_PROFILE]);
+    for n in SIDECARS {
+        cargo.args(["-p", &format!("plugreg-{n}")]);
+    }
+    let status = cargo
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo");
+    assert!(status.success(), "building the sidecars");
 }
 
 /// Watches the API server holds open, by resource (`apiserver_longrunning_requests`).
@@ -362,13 +422,23 @@ async fn run(side: Side, n: usize) -> Run {
     let watches = grown(&open_watches(&client).await, &peers_watches);
 
     let stop = Arc::new(AtomicBool::new(false));
+    // The phase running (an index of PHASES), for the sampler.
+    let phase = Arc::new(AtomicUsize::new(0));
     let sampler = {
-        let (stop, pids) = (stop.clone(), pids.clone());
+        let (stop, pids, phase) = (stop.clone(), pids.clone(), phase.clone());
         std::thread::spawn(move || {
-            let mut peak = 0;
+            let mut peak = Peak::default();
             while !stop.load(Ordering::Relaxed) {
-                let sum: u64 = pids.iter().map(|p| status_kib(*p, "VmRSS")).sum();
-                peak = peak.max(sum);
+                let sum = |field| pids.iter().map(|p| status_kib(*p, field)).sum::<u64>();
+                let rss = sum("VmRSS");
+                if rss > peak.sum_kib {
+                    peak = Peak {
+                        sum_kib: rss,
+                        anon_kib: sum("RssAnon"),
+                        file_kib: sum("RssFile"),
+                        phase: phase.load(Ordering::Relaxed),
+                    };
+                }
                 std::thread::sleep(Duration::from_millis(100));
             }
             peak
@@ -401,6 +471,7 @@ async fn run(side: Side, n: usize) -> Run {
         .expect("all claims Bound in time")
         .unwrap();
     makespans.push(t.elapsed());
+    phase.store(makespans.len(), Ordering::Relaxed);
     println!("{}: {n} claims Bound in {:?}", side.label(), t.elapsed());
 
     // Attached.
@@ -430,6 +501,7 @@ async fn run(side: Side, n: usize) -> Run {
         .expect("all attached in time")
         .unwrap();
     makespans.push(t.elapsed());
+    phase.store(makespans.len(), Ordering::Relaxed);
     println!("{}: {n} attached in {:?}", side.label(), t.elapsed());
 
     // Expanded.
@@ -457,6 +529,7 @@ async fn run(side: Side, n: usize) -> Run {
         .expect("all expanded in time")
         .unwrap();
     makespans.push(t.elapsed());
+    phase.store(makespans.len(), Ordering::Relaxed);
     println!("{}: {n} expanded in {:?}", side.label(), t.elapsed());
 
     // Snapshotted.
@@ -482,6 +555,7 @@ async fn run(side: Side, n: usize) -> Run {
         .expect("all snapshots ready in time")
         .unwrap();
     makespans.push(t.elapsed());
+    phase.store(makespans.len(), Ordering::Relaxed);
     println!("{}: {n} snapshots ready in {:?}", side.label(), t.elapsed());
 
     // Deleted.
@@ -502,10 +576,11 @@ async fn run(side: Side, n: usize) -> Run {
     until_none::<VolumeSnapshotContent>(&client).await;
     until_none::<PersistentVolume>(&client).await;
     makespans.push(t.elapsed());
+    phase.store(makespans.len(), Ordering::Relaxed);
     println!("{}: everything deleted in {:?}", side.label(), t.elapsed());
 
     stop.store(true, Ordering::Relaxed);
-    let peak_sum_kib = sampler.join().unwrap_or(0);
+    let peak = sampler.join().unwrap_or_default();
     let hwm_kib = pids.iter().map(|p| status_kib(*p, "VmHWM")).collect();
     let mut all_requests = BTreeMap::new();
     for port in &ports {
@@ -525,7 +600,7 @@ async fn run(side: Side, n: usize) -> Run {
     Run {
         makespans,
         hwm_kib,
-        peak_sum_kib,
+        peak,
         idle_kib,
         watches,
         requests: all_requests,
@@ -544,12 +619,13 @@ fn report(n: usize, built: &str, separate: &Run, combined: &Run) -> String {
         "{START}\n### csi-sidecars beside the four separate sidecars ({} {}, {n} claims)\n\n\
          `cargo bench -p plugreg-csi-sidecars --bench sidecars{}`. The two sides run at the same time, each on a fresh kube-apiserver and \
          kube-controller-manager v1.36.2 and the Go snapshot-controller v8.6.0 (all raised to QPS 1000), the test \
-         driver in-process; every controller at its upstream defaults (QPS 5, burst 10) with `--leader-election`. \
+         driver in-process; every controller at its upstream defaults (QPS 5, burst 10) with `--leader-election`; {}. \
          Load {} (at the start and end of the four sidecars' run) and {} (csi-sidecars'), 2 cores shared by both sides and their peers.\n\n\
          | phase | four sidecars | csi-sidecars | ratio |\n|---|---|---|---|\n",
         date(),
         built,
         if n == 100 { " -- --quick" } else { "" },
+        binaries_note(),
         separate.load,
         combined.load,
     );
@@ -565,9 +641,10 @@ fn report(n: usize, built: &str, separate: &Run, combined: &Run) -> String {
     let sep_hwm: u64 = separate.hwm_kib.iter().sum();
     let comb_hwm: u64 = combined.hwm_kib.iter().sum();
     out.push_str(&format!(
-        "\nMemory: csi-sidecars peak RSS (VmHWM) **{:.1} MiB**, idle {:.1} MiB. The four sidecars: VmHWM {} \
-         (sum {:.1} MiB), the highest sum sampled {:.1} MiB, idle {:.1} MiB together.\n\n",
+        "\nMemory: csi-sidecars peak RSS (VmHWM) **{:.1} MiB**, the highest sampled (every 100 ms) {}, idle {:.1} MiB. \
+         The four sidecars: VmHWM {} (sum {:.1} MiB), the highest sum sampled {}, idle {:.1} MiB together.\n\n",
         mib(comb_hwm),
+        combined.peak.describe(),
         mib(combined.idle_kib),
         separate
             .hwm_kib
@@ -576,7 +653,7 @@ fn report(n: usize, built: &str, separate: &Run, combined: &Run) -> String {
             .collect::<Vec<_>>()
             .join(" + "),
         mib(sep_hwm),
-        mib(separate.peak_sum_kib),
+        separate.peak.describe(),
         mib(separate.idle_kib),
     ));
     let resources: HashSet<&String> = separate
@@ -654,7 +731,7 @@ fn report(n: usize, built: &str, separate: &Run, combined: &Run) -> String {
 async fn main() {
     let args = BenchArgs::parse(1000);
     let built = commit();
-    ensure_separate();
+    ensure_binaries();
     // Both sides at once, each on peers of its own: the same machine load for both.
     let (separate, combined) =
         tokio::join!(run(Side::Separate, args.n), run(Side::Combined, args.n));

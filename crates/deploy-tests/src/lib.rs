@@ -36,6 +36,8 @@ pub struct ImageSpec {
     pub name: String,
     /// The cargo package that builds the binary.
     pub package: String,
+    /// The cargo profile the image's binary is built with (`release`, `sidecar`).
+    pub profile: String,
     /// The image's default user (numeric).
     pub user: String,
     /// The image's description label.
@@ -53,11 +55,12 @@ pub fn image_specs() -> Vec<ImageSpec> {
         .map(|l| {
             let mut words = l.split_whitespace();
             let mut next = || words.next().map(str::to_owned).unwrap_or_default();
-            let (name, package, user) = (next(), next(), next());
+            let (name, package, profile, user) = (next(), next(), next(), next());
             let description = words.collect::<Vec<_>>().join(" ");
             ImageSpec {
                 name,
                 package,
+                profile,
                 user,
                 description,
             }

@@ -351,3 +351,39 @@ fn images_conf_lines_have_a_dockerfile_stage() {
         );
     }
 }
+
+#[test]
+fn images_conf_profiles_are_cargo_profiles_and_plugreg_unwinds() {
+    let cargo = std::fs::read_to_string(plugreg_deploy_tests::repo_root().join("Cargo.toml"))
+        .expect("Cargo.toml");
+    for spec in image_specs() {
+        assert!(
+            spec.profile == "release" || cargo.contains(&format!("\n[profile.{}]\n", spec.profile)),
+            "{}: profile `{}` is not in the root Cargo.toml",
+            spec.name,
+            spec.profile
+        );
+    }
+    // The manager catches a handler's panic (crates/manager/src/operation.rs): its binary must
+    // unwind; the controller sidecars end on a panic and are built to abort.
+    let profile = |name: &str| {
+        image_specs()
+            .into_iter()
+            .find(|s| s.name == name)
+            .map(|s| s.profile)
+            .unwrap_or_else(|| panic!("{name} is not in images/images.conf"))
+    };
+    assert_eq!(profile("plugreg"), "release");
+    let release = cargo
+        .split("\n[profile.release]\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("[profile.release] in Cargo.toml");
+    assert!(
+        !release.contains("panic"),
+        "the release profile must unwind: {release}"
+    );
+    for sidecar in ["csi-provisioner", "csi-attacher", "csi-sidecars"] {
+        assert_eq!(profile(sidecar), "sidecar", "{sidecar}");
+    }
+}

@@ -94,24 +94,6 @@ pub fn build_workspace_binaries() {
     assert!(status.success(), "building the workspace's binaries");
 }
 
-/// Builds the binaries of `packages` with the running profile (the benchmark's, in release,
-/// where no workspace test build is there to reuse).
-pub fn build(packages: &[&str]) {
-    let mut cargo = Command::new(env!("CARGO"));
-    cargo.args(["build", "--bins"]);
-    if binaries().ends_with("release") {
-        cargo.arg("--release");
-    }
-    for p in packages {
-        cargo.args(["-p", p]);
-    }
-    let status = cargo
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("cargo");
-    assert!(status.success(), "building {packages:?}");
-}
-
 /// Polls `f` every 100 ms until it returns `Some`, for at most `within`; on time-out the panic
 /// shows the log of the csi-sidecars `process`.
 pub async fn poll<T, F, Fut>(
