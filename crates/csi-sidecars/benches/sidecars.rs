@@ -20,8 +20,10 @@
 //! attached (N VolumeAttachments, all attached), expanded (all claims to 2Gi, every PV 2Gi),
 //! snapshotted (N VolumeSnapshots, all ready), deleted (snapshots, attachments and claims at
 //! once; no PV, VolumeAttachment or content left). Reported: each phase's makespan on each
-//! side; the peak RSS (VmHWM) of `csi-sidecars` against the four processes' (the sum of their
-//! VmHWM, and the highest sum sampled every 100 ms); the watches the API server holds open for
+//! side; the peak RSS of `csi-sidecars` (VmHWM or the highest sample, whichever is higher; with
+//! the highest sample's anonymous and file-backed parts and phase) against the four processes'
+//! (the sum of their VmHWM, and the highest sum sampled every 100 ms); the watches the API
+//! server holds open for
 //! the sidecars (`apiserver_longrunning_requests`, WATCH, with the peers' subtracted) by
 //! resource; the sidecars' API requests by verb. All five binaries are the images' builds: the
 //! `sidecar` profile (release with panics that abort, `images/images.conf`), built from this
@@ -640,9 +642,13 @@ fn report(n: usize, built: &str, separate: &Run, combined: &Run) -> String {
     }
     let sep_hwm: u64 = separate.hwm_kib.iter().sum();
     let comb_hwm: u64 = combined.hwm_kib.iter().sum();
+    // The kernel raises VmHWM to the current RSS only at some events (an unmap, the exit), so
+    // a sample can be higher: the peak is the higher of the two.
+    let comb_peak = comb_hwm.max(combined.peak.sum_kib);
     out.push_str(&format!(
-        "\nMemory: csi-sidecars peak RSS (VmHWM) **{:.1} MiB**, the highest sampled (every 100 ms) {}, idle {:.1} MiB. \
+        "\nMemory: csi-sidecars peak RSS **{:.1} MiB** (the higher of VmHWM, {:.1} MiB, and the highest sampled every 100 ms, {}), idle {:.1} MiB. \
          The four sidecars: VmHWM {} (sum {:.1} MiB), the highest sum sampled {}, idle {:.1} MiB together.\n\n",
+        mib(comb_peak),
         mib(comb_hwm),
         combined.peak.describe(),
         mib(combined.idle_kib),
@@ -689,13 +695,13 @@ fn report(n: usize, built: &str, separate: &Run, combined: &Run) -> String {
     let rows = vec![
         (
             "csi-sidecars peak RSS under 24 MiB".to_owned(),
-            format!("{:.1} MiB", mib(comb_hwm)),
-            mib(comb_hwm) < 24.0,
+            format!("{:.1} MiB", mib(comb_peak)),
+            mib(comb_peak) < 24.0,
         ),
         (
             "at most half the four sidecars' (sum of VmHWM)".to_owned(),
-            format!("{:.1} of {:.1} MiB", mib(comb_hwm), mib(sep_hwm)),
-            comb_hwm * 2 <= sep_hwm,
+            format!("{:.1} of {:.1} MiB", mib(comb_peak), mib(sep_hwm)),
+            comb_peak * 2 <= sep_hwm,
         ),
         (
             "every phase within 1.05x of the separate sidecars".to_owned(),
