@@ -4,6 +4,7 @@
 //! (this test binary, the one test, an environment variable saying which part to play), so
 //! the exit code and the lines are a real process's.
 
+use std::pin::Pin;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -50,24 +51,33 @@ async fn panic_in_a_task() {
     tokio::time::sleep(LONG).await;
 }
 
-#[test]
-fn a_panicking_task_ends_a_one_thread_sidecar_with_exit_2() {
-    const NAME: &str = "a_panicking_task_ends_a_one_thread_sidecar_with_exit_2";
-    if is_child(NAME) {
-        lifecycle::block_on(panic_in_a_task()).expect("a runtime");
+/// `lifecycle::block_on` or `block_on_multi_thread`, for one future type.
+type BlockOn = fn(Pin<Box<dyn Future<Output = ()>>>) -> std::io::Result<()>;
+
+/// Test `name`: as the child, runs [`panic_in_a_task`] on the runtime `block_on` builds; as
+/// the parent, checks that the child ended with [`PANIC_EXIT`] and the panic's message.
+fn a_panicking_task_ends_the_process(name: &str, block_on: BlockOn) {
+    if is_child(name) {
+        block_on(Box::pin(panic_in_a_task())).expect("a runtime");
         return;
     }
-    assert_panicked_out(&run_child(NAME), "a worker's sync panicked");
+    assert_panicked_out(&run_child(name), "a worker's sync panicked");
+}
+
+#[test]
+fn a_panicking_task_ends_a_one_thread_sidecar_with_exit_2() {
+    a_panicking_task_ends_the_process(
+        "a_panicking_task_ends_a_one_thread_sidecar_with_exit_2",
+        lifecycle::block_on,
+    );
 }
 
 #[test]
 fn a_panicking_task_ends_a_multi_thread_sidecar_with_exit_2() {
-    const NAME: &str = "a_panicking_task_ends_a_multi_thread_sidecar_with_exit_2";
-    if is_child(NAME) {
-        lifecycle::block_on_multi_thread(panic_in_a_task()).expect("a runtime");
-        return;
-    }
-    assert_panicked_out(&run_child(NAME), "a worker's sync panicked");
+    a_panicking_task_ends_the_process(
+        "a_panicking_task_ends_a_multi_thread_sidecar_with_exit_2",
+        lifecycle::block_on_multi_thread,
+    );
 }
 
 #[test]
