@@ -269,10 +269,7 @@ impl RealPluginManager {
             .process
             .next_event_named(call.event(self.version), name, timeout)
             .await?;
-        parse_handler_event(self.version, call, v).map_err(|reason| Error::BadLine {
-            peer: self.process.label().to_owned(),
-            reason,
-        })
+        self.parse(call, v)
     }
 
     /// Waits at most `timeout` for the next `call`, for any plugin.
@@ -285,10 +282,7 @@ impl RealPluginManager {
             .process
             .next_event(call.event(self.version), timeout)
             .await?;
-        parse_handler_event(self.version, call, v).map_err(|reason| Error::BadLine {
-            peer: self.process.label().to_owned(),
-            reason,
-        })
+        self.parse(call, v)
     }
 
     /// Waits at most `timeout` for the next of the handler calls `calls`, for any plugin, and
@@ -316,12 +310,15 @@ impl RealPluginManager {
             .copied()
             .find(|c| Some(c.event(version)) == e)
             .unwrap_or(calls[0]);
-        parse_handler_event(version, call, v)
-            .map(|ev| (call, ev))
-            .map_err(|reason| Error::BadLine {
-                peer: self.process.label().to_owned(),
-                reason,
-            })
+        self.parse(call, v).map(|ev| (call, ev))
+    }
+
+    /// The harness's line `v` of a `call`, read as a [`HandlerEvent`].
+    fn parse(&self, call: HandlerCall, v: Value) -> Result<HandlerEvent, Error> {
+        parse_handler_event(self.version, call, v).map_err(|reason| Error::BadLine {
+            peer: self.process.label().to_owned(),
+            reason,
+        })
     }
 
     /// The error text the harness's handler returns for a name in
