@@ -202,6 +202,13 @@ fn ensure_binaries() {
     assert!(status.success(), "building the sidecars");
 }
 
+/// Ends a phase that started at `t`: its makespan recorded, the next phase's index (the
+/// number of phases done) shown to the sampler.
+fn phase_done(makespans: &mut Vec<Duration>, phase: &AtomicUsize, t: Instant) {
+    makespans.push(t.elapsed());
+    phase.store(makespans.len(), Ordering::Relaxed);
+}
+
 /// Watches the API server holds open, by resource (`apiserver_longrunning_requests`).
 async fn open_watches(client: &kube::Client) -> BTreeMap<String, u64> {
     let req = http::Request::get("/metrics")
@@ -472,8 +479,7 @@ async fn run(side: Side, n: usize) -> Run {
         .await
         .expect("all claims Bound in time")
         .unwrap();
-    makespans.push(t.elapsed());
-    phase.store(makespans.len(), Ordering::Relaxed);
+    phase_done(&mut makespans, &phase, t);
     println!("{}: {n} claims Bound in {:?}", side.label(), t.elapsed());
 
     // Attached.
@@ -502,8 +508,7 @@ async fn run(side: Side, n: usize) -> Run {
         .await
         .expect("all attached in time")
         .unwrap();
-    makespans.push(t.elapsed());
-    phase.store(makespans.len(), Ordering::Relaxed);
+    phase_done(&mut makespans, &phase, t);
     println!("{}: {n} attached in {:?}", side.label(), t.elapsed());
 
     // Expanded.
@@ -530,8 +535,7 @@ async fn run(side: Side, n: usize) -> Run {
         .await
         .expect("all expanded in time")
         .unwrap();
-    makespans.push(t.elapsed());
-    phase.store(makespans.len(), Ordering::Relaxed);
+    phase_done(&mut makespans, &phase, t);
     println!("{}: {n} expanded in {:?}", side.label(), t.elapsed());
 
     // Snapshotted.
@@ -556,8 +560,7 @@ async fn run(side: Side, n: usize) -> Run {
         .await
         .expect("all snapshots ready in time")
         .unwrap();
-    makespans.push(t.elapsed());
-    phase.store(makespans.len(), Ordering::Relaxed);
+    phase_done(&mut makespans, &phase, t);
     println!("{}: {n} snapshots ready in {:?}", side.label(), t.elapsed());
 
     // Deleted.
@@ -577,8 +580,7 @@ async fn run(side: Side, n: usize) -> Run {
     until_none::<VolumeAttachment>(&client).await;
     until_none::<VolumeSnapshotContent>(&client).await;
     until_none::<PersistentVolume>(&client).await;
-    makespans.push(t.elapsed());
-    phase.store(makespans.len(), Ordering::Relaxed);
+    phase_done(&mut makespans, &phase, t);
     println!("{}: everything deleted in {:?}", side.label(), t.elapsed());
 
     stop.store(true, Ordering::Relaxed);
