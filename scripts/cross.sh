@@ -108,6 +108,8 @@ build)
     export CARGO_ENCODED_RUSTFLAGS=${CARGO_ENCODED_RUSTFLAGS:+$CARGO_ENCODED_RUSTFLAGS$'\x1f'}$remap
     cd "$repo"
     if [ "$gcc" = - ]; then
+        # .cargo/config.toml's packed relocations (x86 only), which these RUSTFLAGS replace.
+        CARGO_ENCODED_RUSTFLAGS+=$'\x1f'-Clink-arg=-Wl,-z,pack-relative-relocs
         exec cargo build "${profile[@]}" --locked --target "$triple" --target-dir "$repo/target/cross" "$@"
     fi
     linker_var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$triple")_LINKER"

@@ -6,11 +6,11 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use plugreg_deploy_tests::{
-    IMAGES_DIR_ENV, Podman, image_archive, image_specs, read_or_note, workspace_bin,
+    IMAGES_DIR_ENV, Podman, image_archive, image_specs, read_or_note, run_ok, workspace_bin,
     workspace_version,
 };
 use plugreg_testpeers::PeerProcess;
@@ -92,7 +92,7 @@ fn every_image_has_its_entrypoint_user_labels_and_version_and_no_shell() {
 
         // The binary's own --version names the release the label names. plugreg prints the
         // crate version without the "v" (clap's default), hence the comparison without it.
-        let out = plugreg_deploy_tests::run_ok(podman.run_cmd().arg(&id).arg("--version"));
+        let out = run_ok(podman.run_cmd().arg(&id).arg("--version"));
         let stdout = String::from_utf8_lossy(&out.stdout);
         let printed = stdout.split_whitespace().last().unwrap_or_default();
         assert_eq!(
@@ -385,5 +385,24 @@ fn images_conf_profiles_are_cargo_profiles_and_plugreg_unwinds() {
     );
     for sidecar in ["csi-provisioner", "csi-attacher", "csi-sidecars"] {
         assert_eq!(profile(sidecar), "sidecar", "{sidecar}");
+    }
+}
+
+/// The binaries the amd64 images carry pack their relative relocations (`.cargo/config.toml`):
+/// their dynamic section has DT_RELR. The images run them (`--version`, above), so the glibc
+/// the images carry reads it.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn amd64_binaries_pack_their_relative_relocations() {
+    for spec in image_specs() {
+        let bin = workspace_bin(&spec.name);
+        let out = run_ok(Command::new("readelf").arg("--dynamic").arg(&bin));
+        let dynamic = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            dynamic.contains("(RELR)"),
+            "{}: {} has no DT_RELR:\n{dynamic}",
+            spec.name,
+            bin.display()
+        );
     }
 }
