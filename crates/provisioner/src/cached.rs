@@ -12,12 +12,13 @@
 //! - [`CachedClaim`]: a claim's decisions read much of it (its spec makes the CreateVolume
 //!   request; any annotation may name a secret), but typed it costs about 3 KiB of heap, most
 //!   of it `BTreeMap` nodes of one or two entries and `None` fields. The cache keeps its
-//!   identity as strings and the rest, trimmed to what the decisions read ([`trim_claim`]), as compact JSON: a few hundred bytes. A sync decodes it
+//!   identity and the rest, trimmed to what the decisions read ([`trim_claim`]), as compact JSON: a few hundred bytes. A sync decodes it
 //!   again ([`CachedClaim::claim`]), microseconds against the writes it then makes.
 //!
 //! Both are kept in the kit's compact store (`cache::watch_compact`), keyed by themselves:
-//! their identity (name, namespace, UID, resourceVersion) is a few boxed strings, not an
-//! `ObjectMeta` of 360 bytes beside a reflector's key of four more strings.
+//! their identity (name, namespace, UID, resourceVersion) is a few strings (a claim's packed
+//! with its rest in one allocation, the kit's `compact::Packed`), not an `ObjectMeta` of 360
+//! bytes beside a reflector's key of four more strings.
 //!
 //! Writes never come from these copies: a claim is changed by a read-modify-write of its
 //! whole JSON (so fields this build does not know survive), a PV's finalizer by a patch.
@@ -31,7 +32,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use plugreg_sidecar_kit::cache;
-use plugreg_sidecar_kit::compact::null_as_default;
+use plugreg_sidecar_kit::compact::{Packed, null_as_default};
 use plugreg_sidecar_kit::core_v1_resource;
 use plugreg_sidecar_kit::migration;
 use serde::{Deserialize, Serialize};
@@ -41,18 +42,14 @@ use crate::{decide, request};
 /// kubectl's copy of the applied object: large, and read by no decision.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// A claim as cached: its identity as boxed strings, the rest as compact JSON (see the module
-/// docs).
+/// A claim as cached: its identity and the rest as compact JSON, packed in one allocation (see
+/// the module docs).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CachedClaim {
-    /// `namespace/name`: the compact store's key (a namespace's name has no `/`).
-    key: Box<str>,
-    /// Its UID (empty if it had none).
-    uid: Box<str>,
-    /// Its resourceVersion (empty if it had none).
-    resource_version: Box<str>,
-    /// The trimmed rest of the claim ([`Rest`]), JSON-encoded.
-    rest: Box<str>,
+    /// `namespace/name` (the compact store's key; a namespace's name has no `/`), its UID and
+    /// resourceVersion (empty if it had none), and the trimmed rest of the claim ([`Rest`]),
+    /// JSON-encoded: one allocation.
+    packed: Packed,
 }
 
 /// What a cached claim keeps besides its identity.
@@ -76,12 +73,8 @@ impl CachedClaim {
         trim_claim(&mut claim);
         let m = &mut claim.metadata;
         let key = cache::store_key(m);
-        let uid = m.uid.take().unwrap_or_default().into_boxed_str();
-        let resource_version = m
-            .resource_version
-            .take()
-            .unwrap_or_default()
-            .into_boxed_str();
+        let uid = m.uid.take().unwrap_or_default();
+        let resource_version = m.resource_version.take().unwrap_or_default();
         let rest = Rest {
             metadata: ObjectMeta {
                 annotations: m.annotations.take(),
@@ -95,22 +88,19 @@ impl CachedClaim {
         // Serialising these types into a string cannot fail (no maps with non-string keys).
         let rest = serde_json::to_string(&rest).unwrap_or_default();
         CachedClaim {
-            key,
-            uid,
-            resource_version,
-            rest: rest.into_boxed_str(),
+            packed: Packed::new(&key, Some(&uid), Some(&resource_version), &rest),
         }
     }
 
     /// The claim as the decisions read it (trimmed, see [`trim_claim`]).
     pub fn claim(&self) -> PersistentVolumeClaim {
         // Written by `new` from the same types: it decodes.
-        let rest: Rest = serde_json::from_str(&self.rest).unwrap_or_default();
+        let rest: Rest = serde_json::from_str(self.packed.rest()).unwrap_or_default();
         let mut metadata = rest.metadata;
         metadata.name = Some(self.name().to_owned());
         metadata.namespace = Some(self.namespace().to_owned());
-        metadata.uid = non_empty(&self.uid);
-        metadata.resource_version = non_empty(&self.resource_version);
+        metadata.uid = non_empty(self.uid());
+        metadata.resource_version = non_empty(self.resource_version());
         PersistentVolumeClaim {
             metadata,
             spec: rest.spec,
@@ -120,39 +110,40 @@ impl CachedClaim {
 
     /// Its name.
     pub fn name(&self) -> &str {
-        self.key.split_once('/').map_or(&self.key, |(_, n)| n)
+        let key = self.packed.key();
+        key.split_once('/').map_or(key, |(_, n)| n)
     }
 
     /// Its namespace.
     pub fn namespace(&self) -> &str {
-        self.key.split_once('/').map_or("", |(ns, _)| ns)
+        self.packed.key().split_once('/').map_or("", |(ns, _)| ns)
     }
 
     /// Its UID (empty if it had none).
     pub fn uid(&self) -> &str {
-        &self.uid
+        self.packed.uid().unwrap_or_default()
     }
 
     /// Its resourceVersion (empty if it had none).
     pub fn resource_version(&self) -> &str {
-        &self.resource_version
+        self.packed.resource_version().unwrap_or_default()
     }
 
     /// Whether the trimmed rest of the claim contains `text` (a cheap filter before
     /// [`CachedClaim::claim`] decodes it).
     pub fn mentions(&self, text: &str) -> bool {
-        self.rest.contains(text)
+        self.packed.rest().contains(text)
     }
 
     /// The bytes the rest of the claim takes (for tests and sizing).
     pub fn rest_len(&self) -> usize {
-        self.rest.len()
+        self.packed.rest().len()
     }
 }
 
 impl cache::Keyed for CachedClaim {
     fn key(&self) -> &str {
-        &self.key
+        self.packed.key()
     }
 }
 

@@ -5,10 +5,11 @@
 //! volume, one claim, one VolumeAttachment per attached volume. Typed, k8s-openapi keeps every
 //! volume source inline: a `PersistentVolume` is about 3.4 KiB before a single string, nearly
 //! all of it `None`, and the objects the API server returns carry their managed fields on top.
-//! [`Compact`] keeps the identity as boxed strings (its store key `namespace/name`, its UID and
-//! resource version: what the store, the watch and a freshness check need) and the rest,
-//! trimmed by the sidecar's [`Trim`], as JSON without the `None`s, `apiVersion` and `kind`: a
-//! few hundred bytes. It lives in the kit's [`CompactStore`](crate::cache::CompactStore)
+//! [`Compact`] keeps the identity (its store key `namespace/name`, its UID and resource
+//! version: what the store, the watch and a freshness check need) and the rest, trimmed by the
+//! sidecar's [`Trim`], as JSON without the `None`s, `apiVersion` and `kind`, all four packed
+//! in one allocation ([`Packed`]): a few hundred bytes. It lives in the kit's
+//! [`CompactStore`](crate::cache::CompactStore)
 //! ([`watch_compact`](crate::cache::watch_compact)), which keys it by itself: no `ObjectMeta`
 //! of 360 bytes, mostly `None`, and no reflector key of four more strings beside it (about
 //! 500 bytes an object less than kube-runtime's reflector store keeps). A sync decodes it
@@ -47,24 +48,93 @@ pub trait Trim {
     fn trim(obj: &mut Self::Object);
 }
 
+/// An object's identity and trimmed rest as a cache keeps them: its store key, UID,
+/// resourceVersion and rest back to back in one allocation. A cache holds one per object,
+/// thousands of them, and four boxed strings would be four heap blocks (each with malloc's
+/// header and rounding) and 64 bytes of pointers; packed they are one block and 32 bytes.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Packed {
+    /// The key, the UID, the resourceVersion and the rest, in that order.
+    text: Box<str>,
+    /// Where the key, the UID and the resourceVersion end in `text`.
+    ends: [u32; 3],
+    /// Which of the UID (bit 0) and the resourceVersion (bit 1) are set (`None` is not `""`).
+    set: u8,
+}
+
+impl Packed {
+    /// `key`, `uid`, `resource_version` and `rest`, packed. Objects are far smaller than the
+    /// 4 GiB the offsets reach (the API server takes at most 3 MiB).
+    pub fn new(key: &str, uid: Option<&str>, resource_version: Option<&str>, rest: &str) -> Self {
+        let parts = [key, uid.unwrap_or(""), resource_version.unwrap_or(""), rest];
+        let mut text = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+        let mut ends = [0; 3];
+        for (i, part) in parts.iter().enumerate() {
+            text.push_str(part);
+            if let Some(end) = ends.get_mut(i) {
+                *end = u32::try_from(text.len()).unwrap_or(u32::MAX);
+            }
+        }
+        Self {
+            text: text.into_boxed_str(),
+            ends,
+            set: u8::from(uid.is_some()) | (u8::from(resource_version.is_some()) << 1),
+        }
+    }
+
+    fn part(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        let end = self.ends.get(i).map_or(self.text.len(), |&e| e as usize);
+        self.text.get(start..end).unwrap_or_default()
+    }
+
+    /// The store key ([`store_key`]).
+    pub fn key(&self) -> &str {
+        self.part(0)
+    }
+
+    /// The UID.
+    pub fn uid(&self) -> Option<&str> {
+        (self.set & 1 != 0).then(|| self.part(1))
+    }
+
+    /// The resourceVersion.
+    pub fn resource_version(&self) -> Option<&str> {
+        (self.set & 2 != 0).then(|| self.part(2))
+    }
+
+    /// The rest.
+    pub fn rest(&self) -> &str {
+        self.part(3)
+    }
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Packed")
+            .field("key", &self.key())
+            .field("uid", &self.uid())
+            .field("resource_version", &self.resource_version())
+            .field("rest", &self.rest())
+            .finish()
+    }
+}
+
 /// An object as cached (see the module docs).
 pub struct Compact<T: Trim> {
-    /// `namespace/name`, or the name of a cluster-scoped object ([`store_key`]).
-    key: Box<str>,
-    uid: Option<Box<str>>,
-    resource_version: Option<Box<str>>,
-    /// The trimmed rest, JSON without `apiVersion` and `kind`.
-    rest: Box<str>,
+    /// Its [`store_key`] (`namespace/name`, or the name of a cluster-scoped object), UID,
+    /// resourceVersion and the trimmed rest (JSON without `apiVersion` and `kind`).
+    packed: Packed,
     trim: PhantomData<fn() -> T>,
 }
 
 impl<T: Trim> std::fmt::Debug for Compact<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Compact")
-            .field("key", &self.key)
-            .field("uid", &self.uid)
-            .field("resource_version", &self.resource_version)
-            .field("rest", &self.rest)
+            .field("key", &self.packed.key())
+            .field("uid", &self.packed.uid())
+            .field("resource_version", &self.packed.resource_version())
+            .field("rest", &self.packed.rest())
             .finish()
     }
 }
@@ -72,10 +142,7 @@ impl<T: Trim> std::fmt::Debug for Compact<T> {
 impl<T: Trim> Clone for Compact<T> {
     fn clone(&self) -> Self {
         Self {
-            key: self.key.clone(),
-            uid: self.uid.clone(),
-            resource_version: self.resource_version.clone(),
-            rest: self.rest.clone(),
+            packed: self.packed.clone(),
             trim: PhantomData,
         }
     }
@@ -90,8 +157,8 @@ impl<T: Trim> Compact<T> {
         let key = store_key(m);
         m.name = None;
         m.namespace = None;
-        let uid = m.uid.take().map(String::into_boxed_str);
-        let resource_version = m.resource_version.take().map(String::into_boxed_str);
+        let uid = m.uid.take();
+        let resource_version = m.resource_version.take();
         // Serialising k8s-openapi types and plain serde structs cannot fail (string keys only).
         let mut rest = serde_json::to_value(&obj).unwrap_or_default();
         if let Value::Object(o) = &mut rest {
@@ -104,40 +171,41 @@ impl<T: Trim> Compact<T> {
             }
         }
         Self {
-            key,
-            uid,
-            resource_version,
-            rest: rest.to_string().into_boxed_str(),
+            packed: Packed::new(
+                &key,
+                uid.as_deref(),
+                resource_version.as_deref(),
+                &rest.to_string(),
+            ),
             trim: PhantomData,
         }
     }
 
     /// The object's name.
     pub fn name(&self) -> &str {
-        self.key
-            .split_once('/')
-            .map_or(&*self.key, |(_, name)| name)
+        let key = self.packed.key();
+        key.split_once('/').map_or(key, |(_, name)| name)
     }
 
     /// The object's namespace (`None` for a cluster-scoped object).
     pub fn namespace(&self) -> Option<&str> {
-        self.key.split_once('/').map(|(ns, _)| ns)
+        self.packed.key().split_once('/').map(|(ns, _)| ns)
     }
 
     /// The object's UID.
     pub fn uid(&self) -> Option<&str> {
-        self.uid.as_deref()
+        self.packed.uid()
     }
 
     /// The object's resourceVersion.
     pub fn resource_version(&self) -> Option<&str> {
-        self.resource_version.as_deref()
+        self.packed.resource_version()
     }
 
     /// The object as the decisions read it (trimmed, see [`Trim`]).
     pub fn object(&self) -> T::Object {
         // Written by `new` from the same type: it decodes.
-        let mut obj: T::Object = serde_json::from_str(&self.rest).unwrap_or_default();
+        let mut obj: T::Object = serde_json::from_str(self.packed.rest()).unwrap_or_default();
         let m = obj.meta_mut();
         m.name = Some(self.name().to_owned()).filter(|n| !n.is_empty());
         m.namespace = self.namespace().map(str::to_owned);
@@ -148,7 +216,7 @@ impl<T: Trim> Compact<T> {
 
     /// The bytes the rest of the object takes (for tests and sizing).
     pub fn rest_len(&self) -> usize {
-        self.rest.len()
+        self.packed.rest().len()
     }
 }
 
@@ -242,7 +310,7 @@ impl<T: Trim> Resource for Decoded<T> {
 
 impl<T: Trim> Keyed for Compact<T> {
     fn key(&self) -> &str {
-        &self.key
+        self.packed.key()
     }
 }
 
@@ -342,6 +410,33 @@ mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use serde_json::json;
 
+    #[test]
+    fn packed_parts_come_back_as_given_with_none_apart_from_empty() {
+        let p = Packed::new("ns/a", Some("u-1"), Some("42"), r#"{"data":{"k":"v"}}"#);
+        assert_eq!(p.key(), "ns/a");
+        assert_eq!(p.uid(), Some("u-1"));
+        assert_eq!(p.resource_version(), Some("42"));
+        assert_eq!(p.rest(), r#"{"data":{"k":"v"}}"#);
+        let q = Packed::new("b", None, Some(""), "{}");
+        assert_eq!(
+            (q.key(), q.uid(), q.resource_version(), q.rest()),
+            ("b", None, Some(""), "{}")
+        );
+        let empty = Packed::default();
+        assert_eq!(
+            (
+                empty.key(),
+                empty.uid(),
+                empty.resource_version(),
+                empty.rest()
+            ),
+            ("", None, None, "")
+        );
+        // One pointer to one block, three offsets and the flags: half of four boxed strings.
+        assert_eq!(std::mem::size_of::<Packed>(), 32);
+        assert_eq!(std::mem::size_of::<Compact<Cm>>(), 32);
+    }
+
     /// A trim that keeps the data and one annotation.
     enum Cm {}
     impl Trim for Cm {
@@ -382,7 +477,11 @@ mod tests {
         );
         assert_eq!((o.metadata.labels, o.metadata.managed_fields), (None, None));
         assert_eq!(o.metadata.uid.as_deref(), Some("u"));
-        assert!(!c.rest.contains("ConfigMap"), "{}", c.rest);
+        assert!(
+            !c.packed.rest().contains("ConfigMap"),
+            "{}",
+            c.packed.rest()
+        );
     }
 
     /// A list page's item decodes straight into its compact form, with the identity the
@@ -406,7 +505,7 @@ mod tests {
         assert_eq!(Decoded::<Cm>::plural(&()), "configmaps");
         let c = d.into_compact();
         let direct: Compact<Cm> = serde_json::from_value(wire()).unwrap();
-        assert_eq!((c.key(), &c.rest), (direct.key(), &direct.rest));
+        assert_eq!(c.packed, direct.packed);
     }
 
     /// `null` metadata and missing fields read as the full type reads them.
