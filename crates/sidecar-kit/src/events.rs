@@ -26,7 +26,7 @@
 //!   cluster-scoped objects (PersistentVolumes); message cut to [`MAX_MESSAGE_BYTES`].
 //! - On shutdown the task stops; events still queued are lost (as client-go's broadcaster).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -303,56 +303,132 @@ fn cut(s: &str, max: usize) -> &str {
 
 /// A small least-recently-used map (client-go's `lru.Cache`): `get` and `put` make a key the
 /// most recent; `put` beyond the capacity removes the least recent.
+///
+/// The entries live in one dense `Vec`, linked from most to least recent by index; the table
+/// maps a key to its entry's index. A burst of claims fills each of a recorder's three caches
+/// to thousands of keys, so the layout counts: a table of `(key, value)` beside an ordered map
+/// of ticks would hold each key twice and a tick twice, in two structures with their own slack.
 #[derive(Debug)]
 struct Lru<K, V> {
     capacity: usize,
-    tick: u64,
-    map: HashMap<K, (V, u64)>,
-    order: BTreeMap<u64, K>,
+    map: HashMap<K, u32>,
+    nodes: Vec<Node<K, V>>,
+    /// The most recent entry ([`NIL`] when empty).
+    head: u32,
+    /// The least recent entry ([`NIL`] when empty).
+    tail: u32,
 }
 
+/// An entry of [`Lru`] with its neighbours: `prev` more recent, `next` less.
+#[derive(Debug)]
+struct Node<K, V> {
+    key: K,
+    value: V,
+    prev: u32,
+    next: u32,
+}
+
+/// No entry.
+const NIL: u32 = u32::MAX;
+
 impl<K: Hash + Eq + Clone, V> Lru<K, V> {
+    /// An empty cache of at most `capacity` keys (fewer than `u32::MAX`).
     fn new(capacity: usize) -> Self {
         Self {
-            capacity,
-            tick: 0,
+            capacity: capacity.min(NIL as usize - 1),
             map: HashMap::new(),
-            order: BTreeMap::new(),
+            nodes: Vec::new(),
+            head: NIL,
+            tail: NIL,
         }
     }
 
+    /// Takes entry `i` out of the recency list.
+    fn unlink(&mut self, i: u32) {
+        let (prev, next) = {
+            let n = &self.nodes[i as usize];
+            (n.prev, n.next)
+        };
+        match prev {
+            NIL => self.head = next,
+            p => self.nodes[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.nodes[n as usize].prev = prev,
+        }
+    }
+
+    /// Makes entry `i` (out of the list) the most recent.
+    fn push_front(&mut self, i: u32) {
+        let old = self.head;
+        {
+            let n = &mut self.nodes[i as usize];
+            n.prev = NIL;
+            n.next = old;
+        }
+        match old {
+            NIL => self.tail = i,
+            o => self.nodes[o as usize].prev = i,
+        }
+        self.head = i;
+    }
+
+    /// Removes entry `i`; the last entry moves into its place.
+    fn remove(&mut self, i: u32) {
+        self.unlink(i);
+        let gone = self.nodes.swap_remove(i as usize);
+        self.map.remove(&gone.key);
+        if let Some(moved) = self.nodes.get(i as usize) {
+            let (prev, next) = (moved.prev, moved.next);
+            if let Some(slot) = self.map.get_mut(&moved.key) {
+                *slot = i;
+            }
+            match prev {
+                NIL => self.head = i,
+                p => self.nodes[p as usize].next = i,
+            }
+            match next {
+                NIL => self.tail = i,
+                n => self.nodes[n as usize].prev = i,
+            }
+        }
+    }
+
+    /// Adds `key` (not present) as the most recent, evicting the least recent when full.
+    fn insert_new(&mut self, key: K, value: V) -> &mut V {
+        if self.nodes.len() >= self.capacity && self.tail != NIL {
+            self.remove(self.tail);
+        }
+        let i = self.nodes.len() as u32;
+        self.map.insert(key.clone(), i);
+        self.nodes.push(Node {
+            key,
+            value,
+            prev: NIL,
+            next: NIL,
+        });
+        self.push_front(i);
+        &mut self.nodes[i as usize].value
+    }
+
     fn touch(&mut self, key: &K) -> Option<&mut V> {
-        let (v, t) = self.map.get_mut(key)?;
-        self.order.remove(t);
-        self.tick += 1;
-        *t = self.tick;
-        self.order.insert(self.tick, key.clone());
-        Some(v)
+        let i = *self.map.get(key)?;
+        self.unlink(i);
+        self.push_front(i);
+        Some(&mut self.nodes[i as usize].value)
     }
 
     /// The value of `key`, made the most recent; one made by `make` (evicting the least recent
     /// when full) if there is none.
     fn entry(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
-        if !self.map.contains_key(&key)
-            && self.map.len() >= self.capacity
-            && let Some((_, oldest)) = self.order.pop_first()
-        {
-            self.map.remove(&oldest);
-        }
-        self.tick += 1;
-        let tick = self.tick;
-        match self.map.entry(key.clone()) {
-            std::collections::hash_map::Entry::Occupied(o) => {
-                let (v, t) = o.into_mut();
-                self.order.remove(t);
-                *t = tick;
-                self.order.insert(tick, key);
-                v
+        match self.map.get(&key).copied() {
+            Some(i) => {
+                self.unlink(i);
+                self.push_front(i);
+                &mut self.nodes[i as usize].value
             }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                self.order.insert(tick, key);
-                &mut e.insert((make(), tick)).0
-            }
+            None => self.insert_new(key, make()),
         }
     }
 
@@ -361,50 +437,42 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
             *v = value;
             return;
         }
-        if self.map.len() >= self.capacity
-            && let Some((_, oldest)) = self.order.pop_first()
-        {
-            self.map.remove(&oldest);
-        }
-        self.tick += 1;
-        self.order.insert(self.tick, key.clone());
-        self.map.insert(key, (value, self.tick));
+        self.insert_new(key, value);
     }
 
     /// Removes the least recently used entries for as long as `dead` says of the oldest that
     /// it is as good as absent: for a cache whose values are touched with their time, those
     /// that have aged out. Amortised O(1) per entry.
     ///
-    /// The table shrinks to twice its entries once they fill less than a quarter of it (a map
-    /// keeps its largest size otherwise).
+    /// The table and the entries shrink to twice their number once they fill less than a
+    /// quarter (a map or `Vec` keeps its largest size otherwise).
     fn forget_oldest_while(&mut self, mut dead: impl FnMut(&V) -> bool) {
-        let before = self.map.len();
-        while let Some((_, key)) = self.order.first_key_value() {
-            if !self.map.get(key).is_some_and(|(v, _)| dead(v)) {
-                break;
-            }
-            if let Some((_, key)) = self.order.pop_first() {
-                self.map.remove(&key);
-            }
+        let before = self.nodes.len();
+        while self.tail != NIL && dead(&self.nodes[self.tail as usize].value) {
+            self.remove(self.tail);
         }
-        if self.map.len() < before && self.map.len() < self.map.capacity() / 4 {
-            self.map.shrink_to(self.map.len() * 2);
+        let len = self.nodes.len();
+        if len < before && len < self.map.capacity() / 4 {
+            self.map.shrink_to(len * 2);
+            self.nodes.shrink_to(len * 2);
         }
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.map.len()
+        self.nodes.len()
     }
 }
 
-/// What was last written for an identical event (client-go's `eventLog`).
+/// What was last written for an identical event (client-go's `eventLog`), less its
+/// resourceVersion: client-go keeps that too, but neither its PATCH (by name, of count,
+/// lastTimestamp and message) nor a POST after it sends it, so here it would only be one more
+/// heap block per key, thousands of keys in a burst.
 #[derive(Debug, Clone)]
 struct Observation {
     count: i32,
     first_timestamp: Option<Time>,
     name: Option<Box<str>>,
-    resource_version: Option<Box<str>>,
 }
 
 /// client-go's passive token bucket for the spam filter.
@@ -455,8 +523,9 @@ impl Default for Correlator {
 /// of the parts instead of the string. The caches hold thousands of keys when a burst of
 /// claims queues two events each (the message alone is often 100 bytes, and an LRU keeps its
 /// key twice); two different events share a key with a chance of about n^2 / 2^129 for n keys
-/// held, nil for 4,096.
-type Key = u128;
+/// held, nil for 4,096. Two `u64`s, not a `u128`: a `u128`'s 16-byte alignment would pad every
+/// entry of the caches' tables to a multiple of 16 bytes.
+type Key = [u64; 2];
 
 /// The key of similar events (client-go's `EventAggregatorByReasonFunc`): source, involved
 /// object, type, reason and the reporting controller and instance; tagged apart from
@@ -494,7 +563,7 @@ fn digest(parts: &[&str]) -> Key {
         p.hash(&mut a);
         p.hash(&mut b);
     }
-    (u128::from(a.finish()) << 64) | u128::from(b.finish())
+    [a.finish(), b.finish()]
 }
 
 fn join_key(e: &Event, with_event: bool) -> Key {
@@ -529,7 +598,6 @@ impl Correlator {
         let mut patch = None;
         if let Some(last) = self.observed.touch(&key).cloned() {
             event.metadata.name = last.name.map(String::from);
-            event.metadata.resource_version = last.resource_version.map(String::from);
             event.first_timestamp = last.first_timestamp;
             event.count = Some(last.count.saturating_add(1));
             // What client-go's two-way strategic merge patch of (count 0, lastTimestamp 0,
@@ -637,7 +705,6 @@ fn observation(e: &Event) -> Observation {
         count: e.count.unwrap_or(0),
         first_timestamp: e.first_timestamp.clone(),
         name: e.metadata.name.as_deref().map(Box::from),
-        resource_version: e.metadata.resource_version.as_deref().map(Box::from),
     }
 }
 
@@ -722,7 +789,6 @@ async fn record_once(
             r => return r,
         }
     }
-    event.metadata.resource_version = None;
     api.create(&PostParams::default(), event).await
 }
 
@@ -766,6 +832,15 @@ mod tests {
         assert_eq!(empty.object(), ObjectReference::default());
         assert_eq!((empty.reason(), empty.message()), ("", ""));
         assert!(std::mem::size_of::<Queued>() <= 80);
+    }
+
+    #[test]
+    fn a_cache_entry_is_not_padded_to_sixteen_bytes() {
+        // An observed event's entry and its table slot, at 8-byte alignment (a `u128` key made
+        // the entry 96 bytes, beside a tick in an ordered map).
+        assert_eq!(std::mem::align_of::<Key>(), 8);
+        assert!(std::mem::size_of::<Node<Key, Observation>>() <= 72);
+        assert_eq!(std::mem::size_of::<(Key, u32)>(), 24);
     }
 
     fn source() -> EventSource {
@@ -976,6 +1051,73 @@ mod tests {
         }
         assert_eq!(c.observed.len(), CACHE_ENTRIES);
         assert_eq!(c.spam.len(), CACHE_ENTRIES);
+    }
+
+    /// The linked entries against the plainest model of an LRU (a list, most recent first),
+    /// over a long run of every operation on few keys, so that evictions, moves of the last
+    /// entry into a removed one's place and forgetting at the tail all happen often.
+    #[test]
+    fn the_cache_agrees_with_a_list_model_over_random_operations() {
+        let mut l: Lru<u32, u64> = Lru::new(16);
+        let mut model: Vec<(u32, u64)> = Vec::new();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for step in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = (x % 40) as u32;
+            let pos = model.iter().position(|(k, _)| *k == key);
+            match (x >> 8) % 4 {
+                0 => {
+                    let got = l.touch(&key).copied();
+                    assert_eq!(got, pos.map(|p| model[p].1), "touch {key} at {step}");
+                    if let Some(p) = pos {
+                        let e = model.remove(p);
+                        model.insert(0, e);
+                    }
+                }
+                1 => {
+                    l.put(key, step);
+                    if let Some(p) = pos {
+                        model.remove(p);
+                    } else if model.len() >= 16 {
+                        model.pop();
+                    }
+                    model.insert(0, (key, step));
+                }
+                2 => {
+                    let v = *l.entry(key, || step);
+                    let e = match pos {
+                        Some(p) => model.remove(p),
+                        None => {
+                            if model.len() >= 16 {
+                                model.pop();
+                            }
+                            (key, step)
+                        }
+                    };
+                    assert_eq!(v, e.1, "entry {key} at {step}");
+                    model.insert(0, e);
+                }
+                _ => {
+                    let cut = step.saturating_sub(30);
+                    l.forget_oldest_while(|&v| v < cut);
+                    while model.last().is_some_and(|&(_, v)| v < cut) {
+                        model.pop();
+                    }
+                }
+            }
+            assert_eq!(l.len(), model.len(), "length at {step}");
+            // The recency order, most recent first, is the model's.
+            let mut order = Vec::new();
+            let mut i = l.head;
+            while i != NIL {
+                let n = &l.nodes[i as usize];
+                order.push((n.key, n.value));
+                i = n.next;
+            }
+            assert_eq!(order, model, "order at {step}");
+        }
     }
 
     /// A similar-event record older than the window and a spam bucket full again are
