@@ -12,8 +12,9 @@
 //! - [`CachedClaim`]: a claim's decisions read much of it (its spec makes the CreateVolume
 //!   request; any annotation may name a secret), but typed it costs about 3 KiB of heap, most
 //!   of it `BTreeMap` nodes of one or two entries and `None` fields. The cache keeps its
-//!   identity and the rest, trimmed to what the decisions read ([`trim_claim`]), as compact JSON: a few hundred bytes. A sync decodes it
-//!   again ([`CachedClaim::claim`]), microseconds against the writes it then makes.
+//!   identity and the rest, trimmed to what the decisions read ([`trim_claim`]), as compact
+//!   JSON: a few hundred bytes. A sync decodes it again ([`CachedClaim::claim`]), microseconds
+//!   against the writes it then makes.
 //!
 //! Both are kept in the kit's compact store (`cache::watch_compact`), keyed by themselves:
 //! their identity (name, namespace, UID, resourceVersion) is a few strings (a claim's packed

@@ -130,12 +130,7 @@ pub struct Compact<T: Trim> {
 
 impl<T: Trim> std::fmt::Debug for Compact<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Compact")
-            .field("key", &self.packed.key())
-            .field("uid", &self.packed.uid())
-            .field("resource_version", &self.packed.resource_version())
-            .field("rest", &self.packed.rest())
-            .finish()
+        f.debug_tuple("Compact").field(&self.packed).finish()
     }
 }
 

@@ -343,20 +343,26 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         }
     }
 
+    /// Points the entry `prev` (the head when [`NIL`]) forward at `forward`, and the entry
+    /// `next` (the tail when [`NIL`]) back at `back`.
+    fn relink(&mut self, prev: u32, next: u32, forward: u32, back: u32) {
+        match prev {
+            NIL => self.head = forward,
+            p => self.nodes[p as usize].next = forward,
+        }
+        match next {
+            NIL => self.tail = back,
+            n => self.nodes[n as usize].prev = back,
+        }
+    }
+
     /// Takes entry `i` out of the recency list.
     fn unlink(&mut self, i: u32) {
         let (prev, next) = {
             let n = &self.nodes[i as usize];
             (n.prev, n.next)
         };
-        match prev {
-            NIL => self.head = next,
-            p => self.nodes[p as usize].next = next,
-        }
-        match next {
-            NIL => self.tail = prev,
-            n => self.nodes[n as usize].prev = prev,
-        }
+        self.relink(prev, next, next, prev);
     }
 
     /// Makes entry `i` (out of the list) the most recent.
@@ -384,14 +390,7 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
             if let Some(slot) = self.map.get_mut(&moved.key) {
                 *slot = i;
             }
-            match prev {
-                NIL => self.head = i,
-                p => self.nodes[p as usize].next = i,
-            }
-            match next {
-                NIL => self.tail = i,
-                n => self.nodes[n as usize].prev = i,
-            }
+            self.relink(prev, next, i, i);
         }
     }
 
