@@ -111,13 +111,12 @@ impl CachedClaim {
 
     /// Its name.
     pub fn name(&self) -> &str {
-        let key = self.packed.key();
-        key.split_once('/').map_or(key, |(_, n)| n)
+        self.packed.name()
     }
 
     /// Its namespace.
     pub fn namespace(&self) -> &str {
-        self.packed.key().split_once('/').map_or("", |(ns, _)| ns)
+        self.packed.namespace().unwrap_or_default()
     }
 
     /// Its UID (empty if it had none).

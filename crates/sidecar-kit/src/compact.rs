@@ -93,6 +93,17 @@ impl Packed {
         self.part(0)
     }
 
+    /// The name: the key after its `/` (a namespace's name has none), or all of it.
+    pub fn name(&self) -> &str {
+        let key = self.key();
+        key.split_once('/').map_or(key, |(_, name)| name)
+    }
+
+    /// The namespace: the key before its `/` (`None` for a cluster-scoped object).
+    pub fn namespace(&self) -> Option<&str> {
+        self.key().split_once('/').map(|(ns, _)| ns)
+    }
+
     /// The UID.
     pub fn uid(&self) -> Option<&str> {
         (self.set & 1 != 0).then(|| self.part(1))
@@ -178,13 +189,12 @@ impl<T: Trim> Compact<T> {
 
     /// The object's name.
     pub fn name(&self) -> &str {
-        let key = self.packed.key();
-        key.split_once('/').map_or(key, |(_, name)| name)
+        self.packed.name()
     }
 
     /// The object's namespace (`None` for a cluster-scoped object).
     pub fn namespace(&self) -> Option<&str> {
-        self.packed.key().split_once('/').map(|(ns, _)| ns)
+        self.packed.namespace()
     }
 
     /// The object's UID.
@@ -408,7 +418,10 @@ mod tests {
     #[test]
     fn packed_parts_come_back_as_given_with_none_apart_from_empty() {
         let p = Packed::new("ns/a", Some("u-1"), Some("42"), r#"{"data":{"k":"v"}}"#);
-        assert_eq!(p.key(), "ns/a");
+        assert_eq!(
+            (p.key(), p.namespace(), p.name()),
+            ("ns/a", Some("ns"), "a")
+        );
         assert_eq!(p.uid(), Some("u-1"));
         assert_eq!(p.resource_version(), Some("42"));
         assert_eq!(p.rest(), r#"{"data":{"k":"v"}}"#);
@@ -417,6 +430,7 @@ mod tests {
             (q.key(), q.uid(), q.resource_version(), q.rest()),
             ("b", None, Some(""), "{}")
         );
+        assert_eq!((q.namespace(), q.name()), (None, "b"));
         let empty = Packed::default();
         assert_eq!(
             (

@@ -368,16 +368,17 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
     /// Makes entry `i` (out of the list) the most recent.
     fn push_front(&mut self, i: u32) {
         let old = self.head;
-        {
-            let n = &mut self.nodes[i as usize];
-            n.prev = NIL;
-            n.next = old;
-        }
-        match old {
-            NIL => self.tail = i,
-            o => self.nodes[o as usize].prev = i,
-        }
-        self.head = i;
+        let n = &mut self.nodes[i as usize];
+        n.prev = NIL;
+        n.next = old;
+        self.relink(NIL, old, i, i);
+    }
+
+    /// Makes entry `i` (in the list) the most recent; its value.
+    fn promote(&mut self, i: u32) -> &mut V {
+        self.unlink(i);
+        self.push_front(i);
+        &mut self.nodes[i as usize].value
     }
 
     /// Removes entry `i`; the last entry moves into its place.
@@ -413,20 +414,14 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
 
     fn touch(&mut self, key: &K) -> Option<&mut V> {
         let i = *self.map.get(key)?;
-        self.unlink(i);
-        self.push_front(i);
-        Some(&mut self.nodes[i as usize].value)
+        Some(self.promote(i))
     }
 
     /// The value of `key`, made the most recent; one made by `make` (evicting the least recent
     /// when full) if there is none.
     fn entry(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
         match self.map.get(&key).copied() {
-            Some(i) => {
-                self.unlink(i);
-                self.push_front(i);
-                &mut self.nodes[i as usize].value
-            }
+            Some(i) => self.promote(i),
             None => self.insert_new(key, make()),
         }
     }
